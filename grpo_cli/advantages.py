@@ -1,0 +1,65 @@
+"""Group-relative advantages (GRPO, DeepSeekMath arXiv:2402.03300, sec. 4.1.2 "outcome supervision").
+
+A_i = (r_i - mean(group)) / (std + 1e-4), where the std is the group's (`group`, the paper),
+the whole batch's (`batch`, as in TRL's scale_rewards="batch"), or 1 (`none`, Dr. GRPO arXiv:2503.20783,
+which shows that dividing by the group std biases towards too-easy and too-hard prompts).
+Rows are B groups of G contiguous completions. A NaN reward means "no reward" (a reward function
+returned None): it is left out of the group statistics and its advantage is 0.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from grpo_cli.registry import Registry
+
+EPS = 1e-4
+
+# scale name -> fn(rewards [B, G] with NaN, centered [B, G]) -> denominator broadcastable to [B, G]
+ADVANTAGE_SCALES: Registry[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = Registry("advantage scale")
+
+
+def _nan_std(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
+    """Unbiased sample std ignoring NaN (torch.std semantics); 0 where fewer than 2 values."""
+    valid = ~torch.isnan(x)
+    n = valid.sum(dim=dim, keepdim=True) if dim is not None else valid.sum()
+    mean = torch.nanmean(x, dim=dim, keepdim=True) if dim is not None else torch.nanmean(x)
+    sq = torch.where(valid, (x - mean) ** 2, torch.zeros_like(x))
+    ss = sq.sum(dim=dim, keepdim=True) if dim is not None else sq.sum()
+    std = torch.sqrt(ss / (n - 1).clamp(min=1))
+    std = torch.where(n >= 2, std, torch.zeros_like(std))
+    return std if keepdim or dim is None else std.squeeze(dim)
+
+
+@ADVANTAGE_SCALES.register("group")
+def _scale_group(rewards: torch.Tensor, centered: torch.Tensor) -> torch.Tensor:
+    return _nan_std(rewards, dim=1, keepdim=True) + EPS  # [B, 1]
+
+
+@ADVANTAGE_SCALES.register("batch")
+def _scale_batch(rewards: torch.Tensor, centered: torch.Tensor) -> torch.Tensor:
+    return _nan_std(rewards) + EPS  # scalar: std of every reward in the batch
+
+
+@ADVANTAGE_SCALES.register("none")
+def _scale_none(rewards: torch.Tensor, centered: torch.Tensor) -> torch.Tensor:
+    return torch.ones((), dtype=rewards.dtype, device=rewards.device)
+
+
+def compute_advantages(rewards: torch.Tensor, group_size: int, scale: str) -> torch.Tensor:
+    """[N] rewards (NaN = missing), groups of `group_size` contiguous rows -> [N] advantages."""
+    if rewards.dim() != 1 or rewards.numel() % group_size:
+        raise ValueError(f"rewards must be [B*G] with G={group_size}, got shape {tuple(rewards.shape)}")
+    r = rewards.float().view(-1, group_size)  # [B, G]
+    mean = torch.nanmean(r, dim=1, keepdim=True)  # [B, 1]; NaN for an all-NaN group
+    centered = r - mean
+    adv = centered / ADVANTAGE_SCALES.get(scale)(r, centered)
+    adv = torch.where(torch.isnan(adv), torch.zeros_like(adv), adv)
+    return adv.view(-1)
+
+
+def group_std(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[N] -> [B] unbiased std of each group's rewards (NaN ignored); for frac_reward_zero_std."""
+    return _nan_std(rewards.float().view(-1, group_size), dim=1)

@@ -1,0 +1,348 @@
+"""The training loop: generate -> score -> group-relative advantages -> mu clipped policy updates.
+
+GRPO as in DeepSeekMath (arXiv:2402.03300, Algorithm 1), on accelerate-managed devices. The
+generation batch (B prompts x G completions, rows of a group contiguous) is split evenly over
+processes by rows; rewards are gathered so every group is normalised over all its G completions.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpo_cli.advantages import compute_advantages
+from grpo_cli.datatypes import Rollout
+from grpo_cli.logprobs import token_logprobs
+from grpo_cli.losses import POLICY_LOSSES, compute_loss
+from grpo_cli.recipe import Recipe, recipe_to_yaml
+from grpo_cli.stepstats import MetricSums, rollout_records, step_metrics
+
+
+class SetupError(RuntimeError):
+    """The run cannot start as asked (the message says what to change)."""
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, kind: str, warmup: int, total: int):
+    """Linear warm-up, then constant / linear decay to 0 / cosine decay to 0 over `total` optimizer steps."""
+
+    def factor(i: int) -> float:
+        if i < warmup:
+            return (i + 1) / (warmup + 1)
+        progress = min(1.0, (i - warmup) / max(1, total - warmup))
+        return {"constant": 1.0, "linear": 1.0 - progress, "cosine": 0.5 * (1 + math.cos(math.pi * progress))}[kind]
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
+    """Keep the top-`quantile` highest-entropy active tokens (arXiv:2506.01939, "80/20 rule")."""
+    active = entropy[mask.bool()]
+    if quantile >= 1.0 or active.numel() == 0:
+        return mask
+    threshold = torch.quantile(active.float(), 1.0 - quantile)
+    return mask * (entropy >= threshold).to(mask.dtype)
+
+
+def _disable_dropout(model: torch.nn.Module) -> None:
+    # RL ratios compare two forward passes of the same weights; dropout would make them differ.
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+
+
+class Engine:
+    """Owns the model, optimizer, data stream, generator and logs of one run."""
+
+    def __init__(self, recipe: Recipe, run_dir: str | Path, resume: str | None = None) -> None:
+        import transformers
+        from accelerate import Accelerator
+
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()  # our own progress bar is the one that matters
+        self.recipe, self.run_dir = recipe, Path(run_dir)
+        t = recipe.train
+        if t.threads:
+            torch.set_num_threads(t.threads)
+        self.accelerator = Accelerator(
+            mixed_precision=t.mixed_precision, log_with=recipe.logging.trackers or None, project_dir=str(self.run_dir)
+        )
+        self.G = recipe.algorithm.num_generations
+        self._check_process_split()
+        self.checkpoint_path = self._resolve_resume(resume)
+        self._build_model()
+        self._build_data()
+        self.start_step = self._restore() if self.checkpoint_path else self._fresh_start()
+        self._open_logs()
+        self.stop_requested = False
+
+    # ----- set-up -----------------------------------------------------------------------------
+    def _check_process_split(self) -> None:
+        P, N, mbs = self.accelerator.num_processes, self.recipe.generation_batch_size, self.recipe.train.micro_batch_size
+        if N % P or (N // P) % mbs:
+            raise SetupError(
+                f"prompts_per_step * num_generations = {N} completions must split evenly over {P} processes "
+                f"into micro-batches of train.micro_batch_size = {mbs}"
+            )
+        self.rows = range(self.accelerator.process_index * (N // P), (self.accelerator.process_index + 1) * (N // P))
+
+    def _resolve_resume(self, resume: str | None) -> Path | None:
+        from grpo_cli.checkpoint import list_checkpoints, resolve_resume
+
+        if resume is None:
+            if list_checkpoints(self.run_dir):
+                raise SetupError(
+                    f"{self.run_dir} already holds checkpoints: pass --resume auto to continue that run, "
+                    "or --output-dir to start a new one elsewhere"
+                )
+            return None
+        return resolve_resume(self.run_dir, resume)
+
+    def _build_model(self) -> None:
+        from grpo_cli.models import load_model, load_tokenizer
+        from grpo_cli.rollout.hf import HFGenerator
+
+        r = self.recipe
+        cfg = r.model
+        if self.checkpoint_path is not None:  # weights and tokenizer come from the checkpoint
+            cfg = cfg.model_copy(update={"name_or_path": str(self.checkpoint_path), "gguf_file": None, "revision": None})
+        self.tokenizer = load_tokenizer(cfg)
+        model = load_model(cfg)
+        _disable_dropout(model)
+        self.ref_model = None
+        if r.algorithm.beta > 0:
+            ref_cfg = r.model.model_copy(update={"gradient_checkpointing": False})
+            self.ref_model = load_model(ref_cfg).to(self.accelerator.device).eval().requires_grad_(False)
+        params = [p for p in model.parameters() if p.requires_grad]
+        a, t = r.algorithm, r.train
+        optimizer = torch.optim.AdamW(
+            params, lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay
+        )
+        total_updates = t.max_steps * a.num_iterations
+        self.scheduler = make_scheduler(optimizer, t.scheduler, t.warmup_steps, total_updates)
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.generator = HFGenerator(self.accelerator.unwrap_model(self.model), self.tokenizer, r.rollout)
+
+    def _build_data(self) -> None:
+        from grpo_cli.data import PromptStream, load_rows
+
+        d, seed = self.recipe.data, self.recipe.train.seed
+        data_seed = d.seed if d.seed is not None else seed
+        self.dataset = load_rows(d, data_seed)
+        self.stream = PromptStream(self.dataset, d, self.tokenizer, self.recipe.train.prompts_per_step, data_seed)
+
+    def _fresh_start(self) -> int:
+        # Every process samples different completions; the data stream is seeded separately and identical.
+        seed = self.recipe.train.seed + self.accelerator.process_index
+        import random
+
+        import numpy as np
+
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+        return 0
+
+    def _restore(self) -> int:
+        from grpo_cli.checkpoint import load_training_state
+
+        state = load_training_state(self.checkpoint_path, optimizer=self.optimizer, scheduler=self.scheduler)
+        self.stream.load_state_dict(state["data"])
+        return int(state["step"])
+
+    def _open_logs(self) -> None:
+        from grpo_cli.metrics import Console, JsonlLog
+
+        main = self.accelerator.is_main_process
+        self.metrics_log = self.rollout_log = None
+        if main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "recipe.yaml").write_text(recipe_to_yaml(self.recipe))
+            self.metrics_log = JsonlLog(self.run_dir / "metrics.jsonl", self.start_step)
+            if self.recipe.logging.rollouts:
+                self.rollout_log = JsonlLog(self.run_dir / "rollouts.jsonl", self.start_step)
+        if self.recipe.logging.trackers:
+            self.accelerator.init_trackers(self.recipe.name, config=self.recipe.model_dump(mode="json"))
+        self.console = Console(self.recipe.train.max_steps, self.start_step, self.recipe.logging.every_steps, main)
+
+    # ----- the loop ---------------------------------------------------------------------------
+    def fit(self) -> int:
+        """Train to train.max_steps; returns the last completed step. SIGINT/SIGTERM stop after a checkpoint."""
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        step = self.start_step
+        if self.checkpoint_path:
+            self.console.print(f"resumed from {self.checkpoint_path} at step {step}")
+        try:
+            while step < self.recipe.train.max_steps:
+                step += 1
+                metrics = self.train_step(step)
+                self._log(step, metrics)
+                if self._should_save(step):
+                    self.save(step)
+                if self.stop_requested:
+                    self.console.print(f"stopped by signal after step {step}; resume with --resume auto")
+                    break
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+            self.close()
+        return step
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        """One GRPO step: B prompts -> B*G completions -> rewards -> advantages -> mu updates."""
+        from grpo_cli.rewards import score
+
+        r, G = self.recipe, self.G
+        t0 = time.perf_counter()
+        batch = self.stream.next_batch()  # the same B prompts on every process
+        rows = self.rows  # this process's slice of the B*G completion rows
+        rollout = self.generator.generate([batch.input_ids[i // G] for i in rows], [batch.texts[i // G] for i in rows])
+        t_gen = time.perf_counter()
+
+        columns = {k: [v[i // G] for i in rows] for k, v in batch.columns.items()}
+        columns.setdefault("max_completion_length", [r.rollout.max_completion_length] * len(rows))
+        ids = [row[m.bool()].tolist() for row, m in zip(rollout.completion_ids, rollout.completion_mask)]
+        rewards = score(r.rewards, rollout.prompts, rollout.completions, ids, columns, step=step)
+        t_score = time.perf_counter()
+
+        total = self._gather(torch.tensor(rewards.total, dtype=torch.float32))  # [N], all processes
+        advantages = compute_advantages(total, G, r.algorithm.scale_rewards)  # [N]
+        local_adv = advantages[rows.start : rows.stop]
+        mask = rollout.completion_mask.clone()
+        if r.algorithm.mask_truncated_completions:
+            mask[rollout.truncated] = 0
+        sums = self._update(rollout, local_adv.to(mask.device), mask)
+        t_end = time.perf_counter()
+
+        times = {"time/generate": t_gen - t0, "time/score": t_score - t_gen, "time/train": t_end - t_score, "time/step": t_end - t0}
+        metrics = step_metrics(self, rollout, rewards, total, advantages, sums, times, batch)
+        if r.logging.rollouts:  # every process takes part in the gather; the main one writes
+            records = rollout_records(self, step, batch, rollout, rewards, total, advantages)
+            if self.rollout_log is not None:
+                self.rollout_log.write_many(records)
+        return metrics
+
+    def _update(self, rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor) -> MetricSums:
+        """mu optimizer steps over the same rollouts, each one accumulation window over all micro-batches."""
+        a, t = self.recipe.algorithm, self.recipe.train
+        n, mbs = len(rollout), t.micro_batch_size
+        slices = [slice(s, s + mbs) for s in range(0, n, mbs)]
+        old = self._logps_no_grad(self.model, rollout, slices) if a.num_iterations > 1 else None
+        ref = self._logps_no_grad(self.ref_model, rollout, slices) if self.ref_model is not None else None
+        global_tokens = POLICY_LOSSES.get(a.loss_type).aggregation == "global_token_mean"
+        if global_tokens:  # every token of the global batch weighs the same; DDP averages over processes
+            num_active = self._gather(mask.sum().reshape(1).float().cpu()).sum().item()
+            loss_scale = float(self.accelerator.num_processes)
+        else:
+            num_active, loss_scale = None, 1.0 / len(slices)
+        sums = MetricSums()
+        sums.add_scalar("learning_rate", self.scheduler.get_last_lr()[0])
+        self.model.train()
+        for it in range(a.num_iterations):
+            for k, sl in enumerate(slices):
+                sync = nullcontext() if k == len(slices) - 1 else self.accelerator.no_sync(self.model)
+                with sync:
+                    self._micro_step(rollout, sl, adv, mask, old, ref, num_active, loss_scale, sums, first=it == 0)
+            sums.add_scalar("grad_norm", self._optimizer_step())
+        return sums
+
+    def _micro_step(self, rollout, sl, adv, mask, old, ref, num_active, loss_scale, sums, first) -> None:
+        a = self.recipe.algorithm
+        with self.accelerator.autocast():
+            logps, entropy = token_logprobs(
+                self.model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl],
+                rollout.completion_mask[sl], temperature=self.recipe.rollout.temperature,
+                with_entropy=first or a.top_entropy_quantile < 1,
+            )
+        m = mask[sl]
+        if first:
+            sums.add_tokens("entropy", entropy, m)
+        if a.top_entropy_quantile < 1:
+            m = entropy_mask(entropy, m, a.top_entropy_quantile)
+        loss, lm = compute_loss(
+            a.loss_type, logps, old[sl] if old is not None else logps.detach(), adv[sl], m,
+            epsilon_low=a.epsilon, epsilon_high=a.epsilon_high_value, delta=a.delta,
+            importance_sampling_level=a.importance_sampling_level, beta=a.beta,
+            ref_logps=ref[sl] if ref is not None else None,
+            max_completion_length=self.recipe.rollout.max_completion_length, num_active_tokens=num_active,
+            sapo_temperature_pos=a.sapo_temperature_pos, sapo_temperature_neg=a.sapo_temperature_neg,
+        )
+        self.accelerator.backward(loss * loss_scale)
+        n_tok = m.sum().item()
+        for key, value in lm.items():
+            sums.add_weighted(key, value.item(), n_tok)
+        sums.add_scalar("loss", loss.item())
+
+    @torch.no_grad()
+    def _logps_no_grad(self, model, rollout: Rollout, slices: list[slice]) -> torch.Tensor:
+        """Old-policy (mu > 1) or reference (beta > 0) log-probs, micro-batch by micro-batch."""
+        out = []
+        with torch.inference_mode(), self.accelerator.autocast():
+            for sl in slices:
+                lp, _ = token_logprobs(
+                    model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl],
+                    rollout.completion_mask[sl], temperature=self.recipe.rollout.temperature,
+                )
+                out.append(lp)
+        return torch.cat(out).clone()  # clone: leave inference mode so autograd can use it as a constant
+
+    def _optimizer_step(self) -> float:
+        t = self.recipe.train
+        if t.max_grad_norm is not None:
+            norm = self.accelerator.clip_grad_norm_(self.model.parameters(), t.max_grad_norm)
+        else:
+            norm = torch.sqrt(sum((p.grad.float() ** 2).sum() for p in self.model.parameters() if p.grad is not None))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def _gather(self, x: torch.Tensor) -> torch.Tensor:
+        if self.accelerator.num_processes == 1:
+            return x
+        return self.accelerator.gather(x.to(self.accelerator.device)).cpu()
+
+    # ----- logging, checkpoints, signals ----------------------------------------------------
+    def _log(self, step: int, metrics: dict[str, Any]) -> None:
+        if self.metrics_log is not None:
+            self.metrics_log.write({"step": step, **metrics})
+        if self.recipe.logging.trackers:
+            self.accelerator.log(metrics, step=step)
+        self.console.step(step, metrics)
+
+    def _should_save(self, step: int) -> bool:
+        every = self.recipe.checkpoint.every_steps
+        return step == self.recipe.train.max_steps or self.stop_requested or (every > 0 and step % every == 0)
+
+    def save(self, step: int) -> None:
+        from grpo_cli.checkpoint import save_checkpoint
+
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            path = save_checkpoint(
+                self.run_dir, step, model=self.accelerator.unwrap_model(self.model), tokenizer=self.tokenizer,
+                optimizer=self.optimizer, scheduler=self.scheduler, recipe_yaml=recipe_to_yaml(self.recipe),
+                trainer_state={"step": step, "data": self.stream.state_dict()}, keep_last=self.recipe.checkpoint.keep_last,
+            )
+            self.console.print(f"saved {path}")
+        self.accelerator.wait_for_everyone()
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.stop_requested:  # second signal: leave now, the last checkpoint is intact
+            raise KeyboardInterrupt
+        self.stop_requested = True
+        self.console.print(f"got {signal.Signals(signum).name}: finishing this step, saving a checkpoint, then exiting "
+                           "(send it again to exit at once)")
+
+    def close(self) -> None:
+        self.console.close()
+        for log in (self.metrics_log, self.rollout_log):
+            if log is not None:
+                log.close()
+        if self.recipe.logging.trackers:
+            self.accelerator.end_training()

@@ -1,0 +1,169 @@
+"""Policy losses: a per-token objective plus an aggregation over active tokens (pure tensor functions).
+
+Shapes: N completions (rows), T completion positions; `mask` [N, T] marks active tokens.
+The importance ratio w = exp(logps - old_logps) is per token, or per sequence (GSPO arXiv:2507.18071:
+exp of the masked mean log-ratio, broadcast over the sequence's tokens).
+
+Objectives (the loss is the negative of the surrogate that is maximised):
+  clipped  -min(w' A, clip(w, 1-eps_low, 1+eps_high) A); w' = min(w, delta) when delta is set
+           (PPO/GRPO arXiv:2402.03300; two-sided clipping from INTELLECT-2 arXiv:2505.07291)
+  cispo    -sg(min(w, eps_high)) A log pi   (MiniMax-M1 arXiv:2506.13585: clip the IS weight, keep every token's gradient)
+  sapo     -(sigmoid(tau (w - 1)) 4 / tau) A, tau by the sign of A (soft adaptive policy optimization arXiv:2511.20347)
+plus beta * k3 KL to the reference: exp(ref - logp) - (ref - logp) - 1 (Schulman's k3, as in DeepSeekMath eq. 4).
+
+Aggregations (what a loss_type name adds on top of its objective):
+  grpo, sapo   mean over sequences of the per-sequence token mean (DeepSeekMath eq. 3)
+  bnpo         masked token sum / active tokens of this (micro-)batch
+  dr_grpo      masked token sum / (N * max_completion_length)   (Dr. GRPO arXiv:2503.20783: no length bias)
+  dapo, cispo  masked token sum / num_active_tokens of the whole generation batch (DAPO arXiv:2503.14476
+               token-level loss): with gradient accumulation and several processes every token weighs the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from grpo_cli.registry import Registry
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    objective: str  # key in OBJECTIVES
+    aggregation: str  # key in AGGREGATIONS
+
+
+OBJECTIVES: Registry[Callable[..., torch.Tensor]] = Registry("policy objective")
+AGGREGATIONS: Registry[Callable[..., torch.Tensor]] = Registry("loss aggregation")
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("loss_type")
+
+
+@OBJECTIVES.register("clipped")
+def clipped_objective(w, adv, logps, *, epsilon_low, epsilon_high, delta, **_) -> torch.Tensor:
+    # w, logps [N, T]; adv [N, 1] -> per-token loss [N, T]
+    w_unclipped = torch.clamp(w, max=delta) if delta is not None else w
+    w_clipped = torch.clamp(w, 1 - epsilon_low, 1 + epsilon_high)
+    return -torch.min(w_unclipped * adv, w_clipped * adv)
+
+
+@OBJECTIVES.register("cispo")
+def cispo_objective(w, adv, logps, *, epsilon_high, **_) -> torch.Tensor:
+    # The gradient flows through log pi only; the capped ratio is a constant weight.
+    return -(torch.clamp(w, max=epsilon_high).detach() * adv * logps)
+
+
+@OBJECTIVES.register("sapo")
+def sapo_objective(w, adv, logps, *, sapo_temperature_pos, sapo_temperature_neg, **_) -> torch.Tensor:
+    tau = torch.where(adv > 0, sapo_temperature_pos, sapo_temperature_neg).to(w.dtype)  # [N, 1]
+    return -(torch.sigmoid(tau * (w - 1)) * 4 / tau) * adv
+
+
+@AGGREGATIONS.register("sequence_mean")
+def sequence_mean(per_token, mask, **_) -> torch.Tensor:
+    return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+
+
+@AGGREGATIONS.register("batch_token_mean")
+def batch_token_mean(per_token, mask, **_) -> torch.Tensor:
+    return (per_token * mask).sum() / mask.sum().clamp(min=1)
+
+
+@AGGREGATIONS.register("constant_length")
+def constant_length(per_token, mask, *, max_completion_length, **_) -> torch.Tensor:
+    length = max_completion_length if max_completion_length is not None else mask.shape[1]
+    return (per_token * mask).sum() / (mask.shape[0] * length)
+
+
+@AGGREGATIONS.register("global_token_mean")
+def global_token_mean(per_token, mask, *, num_active_tokens, **_) -> torch.Tensor:
+    denom = mask.sum() if num_active_tokens is None else torch.as_tensor(num_active_tokens, dtype=per_token.dtype)
+    return (per_token * mask).sum() / denom.clamp(min=1)
+
+
+POLICY_LOSSES.register("grpo")(PolicyLoss("clipped", "sequence_mean"))
+POLICY_LOSSES.register("bnpo")(PolicyLoss("clipped", "batch_token_mean"))
+POLICY_LOSSES.register("dr_grpo")(PolicyLoss("clipped", "constant_length"))
+POLICY_LOSSES.register("dapo")(PolicyLoss("clipped", "global_token_mean"))
+POLICY_LOSSES.register("cispo")(PolicyLoss("cispo", "global_token_mean"))
+POLICY_LOSSES.register("sapo")(PolicyLoss("sapo", "sequence_mean"))
+
+
+def importance_weights(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
+    """[N, T] -> [N, T] ratio pi/pi_old per token, or GSPO's per-sequence geometric mean broadcast."""
+    log_ratio = logps - old_logps
+    if level == "token":
+        return torch.exp(log_ratio)
+    if level == "sequence":
+        seq = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # [N, 1]
+        return torch.exp(seq).expand_as(logps)
+    raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {level!r}")
+
+
+def k3_kl(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
+    """Per-token unbiased, always-positive KL(pi || ref) estimator k3 = exp(d) - d - 1, d = ref - logp."""
+    d = ref_logps - logps
+    return torch.exp(d) - d - 1
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def compute_loss(
+    loss_type: str,
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    epsilon_low: float,
+    epsilon_high: float,
+    delta: float | None = None,
+    importance_sampling_level: str = "token",
+    beta: float = 0.0,
+    ref_logps: torch.Tensor | None = None,
+    max_completion_length: int | None = None,
+    num_active_tokens: int | float | torch.Tensor | None = None,
+    sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Scalar loss (to minimise) and detached metrics; see the module docstring for the formulas."""
+    spec = POLICY_LOSSES.get(loss_type)
+    mask = mask.to(logps.dtype)
+    w = importance_weights(logps, old_logps.detach(), mask, importance_sampling_level)  # [N, T]
+    adv = advantages.to(logps.dtype).unsqueeze(-1)  # [N, 1]
+    per_token = OBJECTIVES.get(spec.objective)(
+        w, adv, logps, epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta,
+        sapo_temperature_pos=sapo_temperature_pos, sapo_temperature_neg=sapo_temperature_neg,
+    )
+    metrics: dict[str, torch.Tensor] = {}
+    if beta > 0:
+        if ref_logps is None:
+            raise ValueError("beta > 0 needs ref_logps")
+        kl = k3_kl(logps, ref_logps.detach())
+        per_token = per_token + beta * kl
+        metrics["kl"] = _masked_mean(kl, mask).detach()
+    loss = AGGREGATIONS.get(spec.aggregation)(
+        per_token, mask, max_completion_length=max_completion_length, num_active_tokens=num_active_tokens
+    )
+    metrics.update(clip_metrics(w.detach(), adv, mask, spec.objective, epsilon_low, epsilon_high))
+    return loss, metrics
+
+
+def clip_metrics(w, adv, mask, objective: str, epsilon_low: float, epsilon_high: float) -> dict[str, torch.Tensor]:
+    """Fraction of active tokens whose ratio left the trust region in the direction the advantage pushes.
+
+    For cispo the ratio is capped at epsilon_high itself (and never clipped below)."""
+    if objective == "cispo":
+        low = torch.zeros_like(w, dtype=torch.bool)
+        high = w > epsilon_high
+    else:
+        low = (w < 1 - epsilon_low) & (adv < 0)
+        high = (w > 1 + epsilon_high) & (adv > 0)
+    return {
+        "clip_ratio/low_mean": _masked_mean(low.to(mask.dtype), mask),
+        "clip_ratio/high_mean": _masked_mean(high.to(mask.dtype), mask),
+        "clip_ratio/region_mean": _masked_mean((low | high).to(mask.dtype), mask),
+    }

@@ -1,0 +1,1 @@
+"""Generation backends: turn B prompts into B*G completions (a `Rollout`)."""

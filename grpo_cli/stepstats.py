@@ -1,0 +1,116 @@
+"""Step metrics (TRL's names where they exist) and rollout records, reduced over processes."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from grpo_cli.advantages import group_std
+from grpo_cli.datatypes import PromptBatch, RewardResult, Rollout
+
+if TYPE_CHECKING:
+    from grpo_cli.engine import Engine
+
+
+class MetricSums:
+    """Running sums for means that must be exact over micro-batches and processes."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = defaultdict(float)
+        self.counts: dict[str, float] = defaultdict(float)
+
+    def add_tokens(self, key: str, values: torch.Tensor, mask: torch.Tensor) -> None:
+        m = mask.to(values.dtype)
+        self.sums[key] += (values * m).sum().item()
+        self.counts[key] += m.sum().item()
+
+    def add_weighted(self, key: str, mean: float, weight: float) -> None:
+        self.sums[key] += mean * weight
+        self.counts[key] += weight
+
+    def add_scalar(self, key: str, value: float) -> None:
+        self.add_weighted(key, value, 1.0)
+
+    def means(self, accelerator) -> dict[str, float]:
+        keys = sorted(self.sums)
+        t = torch.tensor([[self.sums[k] for k in keys], [self.counts[k] for k in keys]], dtype=torch.float64)
+        if accelerator.num_processes > 1:
+            t = accelerator.reduce(t.to(accelerator.device), reduction="sum").cpu()
+        return {k: (t[0, i] / t[1, i]).item() if t[1, i] > 0 else float("nan") for i, k in enumerate(keys)}
+
+
+def _nan_stats(x: torch.Tensor) -> tuple[float, float]:
+    v = x[~torch.isnan(x)]
+    if v.numel() == 0:
+        return float("nan"), float("nan")
+    return v.mean().item(), (v.std().item() if v.numel() > 1 else 0.0)
+
+
+def _column(values: list[float | None]) -> torch.Tensor:
+    return torch.tensor([float("nan") if v is None else float(v) for v in values], dtype=torch.float32)
+
+
+def step_metrics(
+    engine: Engine, rollout: Rollout, rewards: RewardResult, total: torch.Tensor, advantages: torch.Tensor,
+    sums: MetricSums, times: dict[str, float], batch: PromptBatch,
+) -> dict[str, Any]:
+    """Everything logged for a step; `total` and `advantages` are already global [N]."""
+    G, gather = engine.G, engine._gather
+    stds = group_std(total, G)
+    m: dict[str, Any] = {}
+    m["reward"], _ = _nan_stats(total)
+    m["reward_std"] = stds.mean().item()
+    m["frac_reward_zero_std"] = (stds < 1e-6).float().mean().item()
+    for name, col in rewards.per_function.items():
+        m[f"rewards/{name}/mean"], m[f"rewards/{name}/std"] = _nan_stats(gather(_column(col)))
+    for kind, counts in (("errors", rewards.errors), ("timeouts", rewards.timeouts)):
+        for name in rewards.per_function:
+            c = gather(torch.tensor([float(counts.get(name, 0))])).sum().item()
+            if c:
+                m[f"rewards/{name}/{kind}"] = c
+    lengths = gather(rollout.completion_mask.sum(1).float().cpu())
+    truncated = gather(rollout.truncated.float().cpu())
+    terminated = lengths[truncated == 0]
+    m["completions/mean_length"] = lengths.mean().item()
+    m["completions/min_length"] = lengths.min().item()
+    m["completions/max_length"] = lengths.max().item()
+    m["completions/clipped_ratio"] = truncated.mean().item()
+    m["completions/mean_terminated_length"] = terminated.mean().item() if terminated.numel() else 0.0
+    m["advantages/abs_mean"] = advantages.abs().mean().item()
+    m.update(_finite(sums.means(engine.accelerator)))
+    m.update(times)
+    m["throughput/gen_tokens_per_s"] = lengths.sum().item() / max(times["time/generate"], 1e-9)
+    m["epoch"] = engine.stream.state_dict().get("epoch", 0)
+    return m
+
+
+def _finite(means: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in means.items() if not (isinstance(v, float) and math.isnan(v))}
+
+
+def rollout_records(
+    engine: Engine, step: int, batch: PromptBatch, rollout: Rollout, rewards: RewardResult,
+    total: torch.Tensor, advantages: torch.Tensor,
+) -> list[dict[str, Any]]:
+    """One JSON record per completion (input of `grpo inspect-rollouts`), gathered to the main process."""
+    from accelerate.utils import gather_object
+
+    G, rows = engine.G, engine.rows
+    lengths = rollout.completion_mask.sum(1).tolist()
+    records = []
+    for j, i in enumerate(rows):
+        b = i // G
+        records.append({
+            "step": step, "group": b, "sample": i % G, "data_index": batch.indices[b],
+            "prompt": batch.texts[b], "answer": batch.columns.get("answer", [None] * len(batch))[b],
+            "completion": rollout.completions[j],
+            "rewards": {name: col[j] for name, col in rewards.per_function.items()},
+            "reward": total[i].item(), "advantage": advantages[i].item(),
+            "length": int(lengths[j]), "truncated": bool(rollout.truncated[j]),
+        })
+    if engine.accelerator.num_processes > 1:
+        records = gather_object(records)
+    return records

@@ -1,0 +1,142 @@
+"""Loss values computed by hand (arithmetic in comments) for every loss type."""
+
+import math
+
+import pytest
+import torch
+
+from grpo_cli.losses import POLICY_LOSSES, compute_loss
+from grpo_cli.recipe import LOSS_TYPES
+
+# Two completions, two positions; old_logps = 0 so the ratio w equals exp(logps).
+W = torch.tensor([[1.5, 0.5], [1.0, 1.1]])
+MASK = torch.tensor([[1, 1], [1, 0]])
+ADV = torch.tensor([1.0, -1.0])
+EPS = dict(epsilon_low=0.2, epsilon_high=0.2)
+
+
+def run(loss_type, w=W, mask=MASK, adv=ADV, **kw):
+    logps = torch.log(w).clone().requires_grad_(True)
+    kw = {**EPS, **kw}
+    loss, m = compute_loss(loss_type, logps, torch.zeros_like(logps), adv, mask, **kw)
+    return loss, m, logps
+
+
+def test_registry_matches_schema():
+    assert sorted(POLICY_LOSSES.names()) == sorted(LOSS_TYPES)
+
+
+# Clipped per-token losses: row 0 (A=+1): min(1.5, 1.2) = 1.2 -> -1.2; min(0.5, 0.8) = 0.5 -> -0.5
+# row 1 (A=-1): min(-1.0, -1.0) -> +1.0; position 1 is masked. Masked sum = -1.2 - 0.5 + 1.0 = -0.7
+@pytest.mark.parametrize(
+    "loss_type,kw,expected",
+    [
+        ("grpo", {}, ((-1.2 - 0.5) / 2 + 1.0 / 1) / 2),  # mean of per-sequence means = 0.075
+        ("bnpo", {}, -0.7 / 3),  # 3 active tokens
+        ("dr_grpo", {"max_completion_length": 4}, -0.7 / (2 * 4)),  # N * L_max = 8
+        ("dapo", {}, -0.7 / 3),  # default: active tokens of this batch
+        ("dapo", {"num_active_tokens": 7}, -0.7 / 7),  # global count from the engine
+    ],
+)
+def test_clipped_family(loss_type, kw, expected):
+    loss, m, _ = run(loss_type, **kw)
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    # only row 0 position 0 (w = 1.5 > 1.2 with A > 0) is clipped: 1 of 3 active tokens
+    assert m["clip_ratio/high_mean"].item() == pytest.approx(1 / 3)
+    assert m["clip_ratio/low_mean"].item() == 0.0
+    assert m["clip_ratio/region_mean"].item() == pytest.approx(1 / 3)
+    assert "kl" not in m
+
+
+def test_clipped_gradient_is_zero_where_clipped():
+    loss, _, logps = run("bnpo")
+    loss.backward()
+    # d/dlogp of -w*A/3 = -w*A/3: row 0 pos 0 is clipped (0); row 0 pos 1: -0.5/3; row 1 pos 0: +1/3; masked: 0
+    torch.testing.assert_close(logps.grad, torch.tensor([[0.0, -0.5 / 3], [1 / 3, 0.0]]))
+
+
+def test_delta_bounds_the_ratio_for_negative_advantages():
+    w, mask, adv = torch.tensor([[3.0]]), torch.tensor([[1]]), torch.tensor([-1.0])
+    loss, m, _ = run("grpo", w, mask, adv)
+    assert loss.item() == pytest.approx(3.0)  # -min(-3, -1.2) = 3: unbounded without delta
+    loss, _, _ = run("grpo", w, mask, adv, delta=1.4)
+    assert loss.item() == pytest.approx(1.4)  # -min(min(3, 1.4) * -1, 1.2 * -1) = 1.4
+    assert m["clip_ratio/low_mean"].item() == 0.0  # w > 1: not a low clip
+
+
+def test_cispo_values_and_gradient():
+    loss, m, logps = run("cispo", epsilon_low=0.0, epsilon_high=1.2)
+    # -min(w, 1.2) * A * log w: row 0: -1.2*log 1.5 = -0.486558; -0.5*log 0.5 = +0.346574; row 1: 0 (log 1 = 0)
+    expected = (-1.2 * math.log(1.5) - 0.5 * math.log(0.5) + 0.0) / 3
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    loss.backward()
+    # gradient flows through log pi only: -sg(min(w, 1.2)) * A / 3, also on the clipped token
+    torch.testing.assert_close(logps.grad, torch.tensor([[-1.2 / 3, -0.5 / 3], [1.0 / 3, 0.0]]))
+    assert m["clip_ratio/high_mean"].item() == pytest.approx(1 / 3)  # w = 1.5 > cap 1.2
+
+
+def test_sapo_values():
+    loss, _, _ = run("sapo")
+    # row 0 (tau 1): -4*sigmoid(0.5) = -2.489837, -4*sigmoid(-0.5) = -1.510163 -> mean -2.0
+    # row 1 (tau 1.05, A = -1): +sigmoid(0) * 4 / 1.05 = 1.904762
+    expected = (-2.0 + 2 / 1.05) / 2
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_k3_kl_term():
+    logps = torch.log(W)
+    loss, m = compute_loss("grpo", logps, logps, ADV, MASK, **EPS, beta=0.1, ref_logps=torch.zeros_like(logps))
+    # with old = logps, w = 1: per-token -A; k3 = 1/w + log w - 1: 0.072132, 0.306853, 0 (masked 4th)
+    k = [1 / 1.5 + math.log(1.5) - 1, 2 + math.log(0.5) - 1, 0.0]
+    assert m["kl"].item() == pytest.approx(sum(k) / 3, abs=1e-6)
+    expected = ((-1 + 0.1 * k[0] - 1 + 0.1 * k[1]) / 2 + (1 + 0.1 * k[2])) / 2
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    with pytest.raises(ValueError, match="ref_logps"):
+        compute_loss("grpo", logps, logps, ADV, MASK, **EPS, beta=0.1)
+
+
+def test_gspo_sequence_level_ratio():
+    loss, _, _ = run("grpo", importance_sampling_level="sequence")
+    # row 0: exp((log 1.5 + log 0.5) / 2) = sqrt(0.75) = 0.866025 in [0.8, 1.2] -> -0.866025 per token
+    # row 1: exp(log 1 / 1) = 1 -> +1
+    assert loss.item() == pytest.approx((-math.sqrt(0.75) + 1.0) / 2, abs=1e-6)
+
+
+def test_dapo_accumulated_gradient_equals_full_batch():
+    g = torch.Generator().manual_seed(0)
+    N, T = 8, 6
+    logps = (-torch.rand(N, T, generator=g)).requires_grad_(True)
+    old = logps.detach() + 0.1 * torch.randn(N, T, generator=g)
+    adv = torch.randn(N, generator=g)
+    mask = (torch.rand(N, T, generator=g) > 0.3).long()
+    full, _ = compute_loss("dapo", logps, old, adv, mask, **EPS)
+    (g_full,) = torch.autograd.grad(full, logps)
+    total = mask.sum()
+    acc = torch.zeros_like(logps)
+    for rows in (slice(0, 3), slice(3, 8)):  # unequal micro-batches
+        part, _ = compute_loss("dapo", logps[rows], old[rows], adv[rows], mask[rows], **EPS, num_active_tokens=total)
+        (gp,) = torch.autograd.grad(part, logps)
+        acc += gp
+    assert (acc - g_full).abs().max().item() <= 1e-7
+
+
+def test_grpo_matches_reference_loop():
+    g = torch.Generator().manual_seed(1)
+    N, T = 4, 5
+    logps, old = -torch.rand(N, T, generator=g), -torch.rand(N, T, generator=g)
+    adv, mask = torch.randn(N, generator=g), (torch.rand(N, T, generator=g) > 0.2).long()
+    loss, _ = compute_loss("grpo", logps, old, adv, mask, epsilon_low=0.2, epsilon_high=0.28)
+    seq = []
+    for i in range(N):
+        terms = []
+        for t in range(T):
+            if mask[i, t]:
+                w = math.exp(logps[i, t] - old[i, t])
+                terms.append(-min(w * adv[i].item(), min(max(w, 0.8), 1.28) * adv[i].item()))
+        seq.append(sum(terms) / max(len(terms), 1))
+    assert loss.item() == pytest.approx(sum(seq) / N, abs=1e-6)
+
+
+def test_unknown_loss_type_lists_valid_names():
+    with pytest.raises(KeyError, match="valid: bnpo, cispo, dapo, dr_grpo, grpo, sapo"):
+        compute_loss("ppo", W, W, ADV, MASK, **EPS)
