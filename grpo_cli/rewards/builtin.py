@@ -1,0 +1,275 @@
+"""Built-in reward functions, registered in `REWARDS` by name.
+
+Every function follows the TRL calling convention: it is called with keyword arguments only
+(`prompts`, `completions`, `completion_ids`, every dataset column such as `answer`, and the
+recipe's `kwargs`), accepts and ignores the ones it does not need (`**_`), and returns one
+float, or None for "no reward", per completion.
+
+  accuracy                   final answer vs reference with math-verify (DeepSeekMath / Open-R1 style)
+  format                     whole completion matches a regex (DeepSeek-R1 format reward)
+  tag_count                  partial credit for well-formed <think>/<answer> tags (Open-R1)
+  soft_overlong_punishment   DAPO length penalty, arXiv:2503.14476 eq. 13
+  repetition_penalty         n-gram repetition penalty, arXiv:2502.03373 (as in Open-R1)
+
+Importing this module must not import torch or math-verify (`grpo validate` stays fast).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Sequence
+from decimal import Decimal
+from typing import Any
+
+from grpo_cli.registry import Registry
+
+REWARDS: Registry[Callable[..., list[float | None]]] = Registry("reward")
+
+EXTRACT_MODES = ("auto", "boxed", "tag", "gsm8k", "last_number")
+
+# A number as people write it: optional minus (not a subtraction: "3-5" gives 5), thousands
+# separators ("1,000"), decimals and simple fractions ("3/4").
+_NUMBER = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+(?:\.\d+)?)?")
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_LATEX_COMMAND = re.compile(r"\\[A-Za-z]")
+_PLAIN_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+_MATH_VERIFY_TIMEOUT_S = 5  # math-verify's own default, used where its signal.alarm can work
+
+
+# --------------------------------------------------------------------------- answer extraction
+
+
+def _last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` (or `\\fbox{...}`), braces balanced; None if absent or unclosed."""
+    matches = list(_BOXED.finditer(text))
+    if not matches:
+        return None
+    start = matches[-1].end()
+    depth = 1
+    for i in range(start, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start:i].strip() or None
+    return None
+
+
+def _last_tag(text: str, tag: str) -> str | None:
+    found = re.findall(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text, flags=re.DOTALL)
+    return (found[-1].strip() or None) if found else None
+
+
+def _after_hashes(text: str) -> str | None:
+    """GSM8K writes the final answer after `####`; keep the rest of that line."""
+    idx = text.rfind("####")
+    if idx < 0:
+        return None
+    rest = text[idx + 4 :].strip()
+    line = rest.splitlines()[0].strip().rstrip(".").strip() if rest else ""
+    return line or None
+
+
+def _last_number(text: str) -> str | None:
+    found = _NUMBER.findall(text)
+    return found[-1].replace(",", "") if found else None
+
+
+def extract_answer(text: str, mode: str = "auto", tag: str = "answer") -> str | None:
+    """The final answer written in `text`, or None when there is none.
+
+    mode: `boxed` (last \\boxed{...}), `tag` (last <tag>...</tag>), `gsm8k` (after the last ####),
+    `last_number` (last number; "1,000" -> "1000"), `auto` (boxed, then tag, then gsm8k, then last_number).
+    """
+    if mode == "boxed":
+        return _last_boxed(text)
+    if mode == "tag":
+        return _last_tag(text, tag)
+    if mode == "gsm8k":
+        return _after_hashes(text)
+    if mode == "last_number":
+        return _last_number(text)
+    if mode == "auto":
+        for found in (_last_boxed(text), _last_tag(text, tag), _after_hashes(text), _last_number(text)):
+            if found is not None:
+                return found
+        return None
+    raise ValueError(f"unknown answer extraction mode {mode!r}; valid: {', '.join(EXTRACT_MODES)}")
+
+
+def reference_text(answer: Any) -> str | None:
+    """A dataset's reference answer as text: GSM8K "... #### 72" -> "72"; numbers written out in full."""
+    if answer is None:
+        return None
+    if isinstance(answer, float):
+        return format(Decimal(repr(answer)), "f")  # 1e-07 -> "0.0000001", which math-verify reads
+    if isinstance(answer, str):
+        return _after_hashes(answer) if "####" in answer else answer.strip()
+    return str(answer)
+
+
+# --------------------------------------------------------------------------- math-verify
+
+
+def _math_verify_timeout() -> int | None:
+    # math-verify times out with signal.alarm, which raises off the main thread; None disables it
+    # there (give the reward `timeout_s` to bound it with a child process instead).
+    return _MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+
+
+def _parse(text: str, timeout: int | None) -> list:
+    """math-verify parse of a bare answer. LaTeX-looking text is read inside $...$ (so `\\sqrt{2}`,
+    `2^{10}` and `(1, 2)` parse); text with words is read plainly, so "Paris" is not a product
+    of five symbols and "12 dollars" is 12."""
+    from math_verify import parse
+
+    if "$" in text:
+        tries = [text]
+    elif _LATEX_COMMAND.search(text) or not _PLAIN_WORD.search(text):
+        tries = [f"${text}$", text]
+    else:
+        tries = [text]
+    for t in tries:
+        parsed = parse(t, parsing_timeout=timeout)
+        if parsed:
+            return parsed
+    return []
+
+
+def answers_match(reference: str, predicted: str) -> bool:
+    """True if math-verify finds `predicted` equivalent to `reference` ("0.5" vs "1/2" is True).
+    Text that math-verify cannot read is compared as words, case-insensitively."""
+    from math_verify import verify
+
+    timeout = _math_verify_timeout()
+    gold, pred = _parse(reference, timeout), _parse(predicted, timeout)
+    if not gold or not pred:
+        return " ".join(reference.lower().split()) == " ".join(predicted.lower().split())
+    return bool(verify(gold, pred, timeout_seconds=timeout))
+
+
+# --------------------------------------------------------------------------- rewards
+
+
+@REWARDS.register("accuracy")
+def accuracy(
+    completions: list[str], answer: Sequence[Any] | None = None, *, mode: str = "auto", tag: str = "answer", **_: Any
+) -> list[float | None]:
+    """1.0 if the completion's final answer equals the reference `answer` column, else 0.0.
+
+    The rule-based accuracy reward of DeepSeekMath (arXiv:2402.03300) / DeepSeek-R1, with
+    equivalence decided by math-verify as in Open-R1's `accuracy_reward`. The answer is taken with
+    `extract_answer(completion, mode, tag)`; no extractable answer scores 0.0; a missing reference
+    (None) gives None (no reward for that row).
+    """
+    if answer is None:
+        raise ValueError(
+            "reward 'accuracy' needs the reference answers: set data.answer_column to the dataset's answer column"
+        )
+    if mode not in EXTRACT_MODES:
+        raise ValueError(f"reward 'accuracy': unknown mode {mode!r}; valid: {', '.join(EXTRACT_MODES)}")
+    rewards: list[float | None] = []
+    for completion, ref in zip(completions, answer, strict=True):
+        gold = reference_text(ref)
+        if gold is None:
+            rewards.append(None)
+            continue
+        predicted = extract_answer(completion, mode, tag)
+        rewards.append(1.0 if predicted is not None and answers_match(gold, predicted) else 0.0)
+    return rewards
+
+
+@REWARDS.register("format")
+def format_reward(
+    completions: list[str], *, pattern: str = r"^<think>.*?</think>\s*<answer>.*?</answer>$", **_: Any
+) -> list[float | None]:
+    """1.0 if the whole completion (surrounding whitespace stripped) matches `pattern`, else 0.0.
+
+    The format reward of DeepSeek-R1 (arXiv:2501.12948) and Open-R1's `format_reward`; `.` matches
+    newlines (re.DOTALL) and the match is a full match.
+    """
+    regex = re.compile(pattern, flags=re.DOTALL)
+    return [1.0 if regex.fullmatch(c.strip()) else 0.0 for c in completions]
+
+
+@REWARDS.register("tag_count")
+def tag_count(completions: list[str], *, tags: Sequence[str] = ("think", "answer"), **_: Any) -> list[float | None]:
+    """Partial credit for tags: per tag +0.25 for exactly one `<tag>` and +0.25 for exactly one
+    `</tag>`, divided by 0.5 * len(tags) so a well-formed completion scores 1.0.
+
+    Open-R1's `tag_count_reward` (after willccbb's GRPO demo `count_xml`), normalised to [0, 1].
+    """
+    if isinstance(tags, str):
+        tags = [tags]
+    if not tags:
+        raise ValueError("reward 'tag_count': kwargs.tags must name at least one tag")
+    rewards: list[float | None] = []
+    for c in completions:
+        credit = sum(0.25 * (c.count(f"<{t}>") == 1) + 0.25 * (c.count(f"</{t}>") == 1) for t in tags)
+        rewards.append(credit / (0.5 * len(tags)))
+    return rewards
+
+
+def _per_row(value: Any, n: int) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value] * n
+
+
+@REWARDS.register("soft_overlong_punishment")
+def soft_overlong_punishment(
+    completion_ids: list[list[int]],
+    *,
+    max_completion_length: int | Sequence[int] | None = None,
+    soft_punish_cache: int | None = None,
+    **_: Any,
+) -> list[float | None]:
+    """DAPO's soft overlong punishment (arXiv:2503.14476, eq. 13), with L = len(ids):
+    0 if L <= Lmax - Lcache; (Lmax - Lcache - L) / Lcache if Lmax - Lcache < L <= Lmax; -1 if L > Lmax.
+
+    Lmax is `max_completion_length` (the engine passes rollout.max_completion_length), Lcache is
+    `soft_punish_cache` (DAPO: 4096 of 20480). `completion_ids` must be unpadded.
+    """
+    if soft_punish_cache is None or not 0 < soft_punish_cache:
+        raise ValueError(
+            f"reward 'soft_overlong_punishment' needs kwargs.soft_punish_cache > 0 (got {soft_punish_cache!r}); "
+            "DAPO uses 4096 with max_completion_length 20480"
+        )
+    if max_completion_length is None:
+        raise ValueError("reward 'soft_overlong_punishment' needs max_completion_length (kwargs or column)")
+    rewards: list[float | None] = []
+    for ids, l_max in zip(completion_ids, _per_row(max_completion_length, len(completion_ids)), strict=True):
+        if soft_punish_cache > l_max:
+            raise ValueError(f"soft_punish_cache ({soft_punish_cache}) must be <= max_completion_length ({l_max})")
+        length, start = len(ids), l_max - soft_punish_cache
+        if length <= start:
+            rewards.append(0.0)
+        elif length <= l_max:
+            rewards.append((start - length) / soft_punish_cache)
+        else:
+            rewards.append(-1.0)
+    return rewards
+
+
+@REWARDS.register("repetition_penalty")
+def repetition_penalty(
+    completions: list[str], *, ngram_size: int = 3, max_penalty: float = -1.0, **_: Any
+) -> list[float | None]:
+    """N-gram repetition penalty of "Demystifying Long Chain-of-Thought Reasoning in LLMs"
+    (arXiv:2502.03373), as Open-R1's `get_repetition_penalty_reward`: with words = lower-cased
+    whitespace split, (1 - distinct n-grams / n-grams) * max_penalty; 0 for fewer than n words.
+    """
+    if max_penalty > 0:
+        raise ValueError(f"reward 'repetition_penalty': kwargs.max_penalty must be <= 0 (got {max_penalty})")
+    if ngram_size < 1:
+        raise ValueError(f"reward 'repetition_penalty': kwargs.ngram_size must be >= 1 (got {ngram_size})")
+    rewards: list[float | None] = []
+    for c in completions:
+        words = c.lower().split()
+        if len(words) < ngram_size:
+            rewards.append(0.0)
+            continue
+        ngrams = list(zip(*[words[i:] for i in range(ngram_size)]))
+        scaling = 1 - len(set(ngrams)) / len(ngrams)
+        rewards.append(scaling * max_penalty + 0.0)  # + 0.0: no -0.0 in the logs
+    return rewards

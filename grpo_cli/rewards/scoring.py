@@ -1,0 +1,416 @@
+"""Resolve reward names to functions, call them TRL-style and sum their weighted rewards.
+
+A reward is named three ways: a built-in (`accuracy`), `module:function` (an importable module),
+or `path/to/file.py:function` (relative to the current directory). Each function is called as
+`fn(prompts=..., completions=..., completion_ids=..., **columns, **spec.kwargs)` and returns one
+float or None per completion; the total is TRL's: the weighted sum over functions that gave a
+value, NaN where none did.
+
+How a call runs:
+  * plain functions run in order in this process;
+  * `async def` functions of one `score` call run concurrently in one event loop;
+  * a reward with `timeout_s` runs in a child process (multiprocessing "forkserver": a clean server
+    process forks each child, which is safe in a process holding CUDA or threads and costs
+    milliseconds after the first call) that is killed when its time is up. The child gets the
+    reward's *name* and re-resolves it, so file rewards need no pickling of functions; its
+    arguments must be picklable. Children start first and run alongside everything else.
+
+Importing this module must not import torch (`grpo validate` checks reward names with it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import math
+import multiprocessing
+import numbers
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from grpo_cli.rewards.builtin import REWARDS
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from multiprocessing.process import BaseProcess
+
+    from grpo_cli.datatypes import RewardResult
+    from grpo_cli.recipe import RewardConfig
+
+
+class RewardError(RuntimeError):
+    """A reward function failed, timed out or returned something that is not N rewards."""
+
+
+class ChildFailure(Exception):
+    """An exception raised inside a reward's child process, carried back as its traceback text."""
+
+
+_FILE_MODULES: dict[str, ModuleType] = {}  # absolute path -> module, loaded once per process
+_FORMS = "`module:function` (an importable module) or `path/to/file.py:function` (relative to the current directory)"
+
+
+# --------------------------------------------------------------------------- name resolution
+
+
+def _split(name: str) -> tuple[str, str]:
+    target, _, fn_name = name.rpartition(":")
+    if not target or not fn_name:
+        raise ValueError(f"reward {name!r}: expected {_FORMS}, with both parts non-empty")
+    return target, fn_name
+
+
+def _is_file(target: str) -> bool:
+    return target.endswith(".py") or "/" in target or os.sep in target
+
+
+def _load_file(target: str, name: str) -> ModuleType:
+    path = os.path.abspath(os.path.expanduser(target))
+    if path in _FILE_MODULES:
+        return _FILE_MODULES[path]
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"reward {name!r}: file not found: {target} (looked at {path}; "
+            "relative paths start at the current directory)"
+        )
+    stem = "".join(ch if ch.isalnum() else "_" for ch in Path(path).stem)
+    mod_name = f"grpo_reward_{stem}_{hashlib.sha1(path.encode()).hexdigest()[:8]}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"reward {name!r}: cannot load {path} as Python source")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module  # so pickle and dataclasses inside the file find their module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - any error in user code becomes a message for people
+        del sys.modules[mod_name]
+        raise ValueError(f"reward {name!r}: loading {target} raised {type(e).__name__}: {e}") from None
+    _FILE_MODULES[path] = module
+    return module
+
+
+def _import(target: str, name: str) -> ModuleType:
+    try:
+        return importlib.import_module(target)
+    except Exception as e:  # noqa: BLE001 - any error in user code becomes a message for people
+        raise ValueError(
+            f"reward {name!r}: cannot import module {target!r} ({type(e).__name__}: {e}); install it or put it on "
+            "PYTHONPATH, or name a file as path/to/file.py:function"
+        ) from None
+
+
+def _attribute(module: ModuleType, fn_name: str, where: str, name: str) -> Callable:
+    obj: Any = module
+    for part in fn_name.split("."):
+        if not hasattr(obj, part):
+            defined = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
+            listing = ", ".join(defined[:20]) or "no public functions"
+            raise ValueError(f"reward {name!r}: {where} has no function {fn_name!r}; it defines: {listing}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        kind = type(obj).__name__
+        raise ValueError(f"reward {name!r}: {where}:{fn_name} is a {kind}, not a function")  # noqa: TRY004
+    return obj
+
+
+def resolve_reward(name: str) -> Callable[..., Any]:
+    """The function a reward name stands for. Raises ValueError with a message for people."""
+    if name in REWARDS:
+        return REWARDS[name]
+    if ":" not in name:
+        close = difflib.get_close_matches(name, REWARDS.names(), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(
+            f"unknown reward {name!r}{hint}; built-in rewards: {', '.join(REWARDS.names())}; "
+            f"or name your own function as {_FORMS}"
+        )
+    target, fn_name = _split(name)
+    module = _load_file(target, name) if _is_file(target) else _import(target, name)
+    return _attribute(module, fn_name, target, name)
+
+
+def check_reward_name(name: str) -> None:
+    """Raise ValueError (message for people) unless `name` resolves to a callable."""
+    resolve_reward(name)
+
+
+def reward_log_name(name: str) -> str:
+    """Name a reward is logged under: built-ins as is, `x:fn` as `fn`."""
+    return name.rpartition(":")[2].rpartition(".")[2] if ":" in name else name
+
+
+def unique_log_names(names: list[str]) -> list[str]:
+    """Log names of the rewards in order; repeats get `_2`, `_3`, ..."""
+    used: set[str] = set()
+    out = []
+    for name in names:
+        base = candidate = reward_log_name(name)
+        k = 1
+        while candidate in used:
+            k += 1
+            candidate = f"{base}_{k}"
+        used.add(candidate)
+        out.append(candidate)
+    return out
+
+
+def _portable_name(name: str) -> str:
+    """The name with a file path made absolute, for a child process to resolve."""
+    if name in REWARDS or ":" not in name:
+        return name
+    target, fn_name = _split(name)
+    return f"{os.path.abspath(os.path.expanduser(target))}:{fn_name}" if _is_file(target) else name
+
+
+# --------------------------------------------------------------------------- running one call
+
+
+@dataclass
+class _Outcome:
+    values: Any = None
+    error: BaseException | None = None
+    timed_out: bool = False
+
+
+def _is_async(fn: Callable) -> bool:
+    # an object whose __call__ is `async def` is async too
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004
+
+
+def _run_sync(fn: Callable, kwargs: dict[str, Any]) -> _Outcome:
+    try:
+        return _Outcome(values=fn(**kwargs))
+    except Exception as e:  # noqa: BLE001 - on_error decides what happens to it
+        return _Outcome(error=e)
+
+
+async def _await_one(fn: Callable, kwargs: dict[str, Any]) -> Any:
+    return await fn(**kwargs)
+
+
+async def _gather(calls: list[tuple[Callable, dict[str, Any]]]) -> list[Any]:
+    return await asyncio.gather(*(_await_one(fn, kw) for fn, kw in calls), return_exceptions=True)
+
+
+def _run_async(calls: list[tuple[Callable, dict[str, Any]]]) -> list[_Outcome]:
+    """All async calls at once in one event loop (in a helper thread if a loop already runs here)."""
+    if not calls:
+        return []
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        results = asyncio.run(_gather(calls))
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1) as pool:
+            results = pool.submit(asyncio.run, _gather(calls)).result()
+    return [_Outcome(error=r) if isinstance(r, BaseException) else _Outcome(values=r) for r in results]
+
+
+def _child_main(name: str, kwargs: dict[str, Any], conn: Connection) -> None:
+    """Child process: resolve the reward by name, call it, send ("ok", values) or ("error", text)."""
+    if hasattr(os, "setpgrp"):
+        os.setpgrp()  # own process group: a timeout kills whatever the reward itself started too
+    try:
+        out = resolve_reward(name)(**kwargs)
+        if inspect.iscoroutine(out):
+            out = asyncio.run(out)
+        out = list(out) if isinstance(out, tuple) else out
+        conn.send(("ok", out))
+    except BaseException as e:  # noqa: BLE001 - everything goes back to the parent as text
+        try:
+            conn.send(("error", f"{type(e).__name__}: {e}", traceback.format_exc()))
+        except Exception:  # noqa: BLE001 - e.g. an unpicklable exception
+            conn.send(("error", f"{type(e).__name__} (its message could not be sent)", ""))
+    finally:
+        conn.close()
+
+
+def _mp_context() -> multiprocessing.context.BaseContext:
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    # Imported once in the server, not in every child (ignored if the server already runs).
+    ctx.set_forkserver_preload(["grpo_cli.rewards.scoring", "math_verify"])
+    return ctx
+
+
+@dataclass
+class _Child:
+    proc: BaseProcess
+    reader: Connection
+    deadline: float
+    timeout_s: float
+
+
+def _start_child(name: str, kwargs: dict[str, Any], timeout_s: float, log_name: str) -> _Child:
+    ctx = _mp_context()
+    reader, writer = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child_main, args=(_portable_name(name), kwargs, writer), name=f"reward-{log_name}")
+    try:
+        proc.start()
+    except Exception as e:
+        reader.close()
+        raise RewardError(
+            f"reward {log_name!r}: could not start its child process ({type(e).__name__}: {e}); with timeout_s "
+            "the dataset columns and kwargs must be picklable"
+        ) from e
+    finally:
+        writer.close()
+    return _Child(proc, reader, time.monotonic() + timeout_s, timeout_s)
+
+
+def _kill(proc: BaseProcess) -> None:
+    if proc.pid is not None and hasattr(os, "killpg"):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the group exists only once the child has called setpgrp
+        except OSError:
+            pass
+    if proc.is_alive():
+        proc.kill()
+    proc.join()  # reap: no zombies
+
+
+def _collect(child: _Child) -> _Outcome:
+    """Wait for the child until its deadline; kill it if it is still running then."""
+    try:
+        if not child.reader.poll(max(0.0, child.deadline - time.monotonic())):
+            _kill(child.proc)
+            return _Outcome(timed_out=True)
+        try:
+            msg = child.reader.recv()
+        except EOFError:
+            child.proc.join(5)
+            code = child.proc.exitcode
+            return _Outcome(error=ChildFailure(f"child process exited with code {code} without a result"))
+        child.proc.join(5)
+        if msg[0] == "ok":
+            return _Outcome(values=msg[1])
+        return _Outcome(error=ChildFailure(msg[1] + (f"\n\nchild traceback:\n{msg[2]}" if msg[2] else "")))
+    finally:
+        child.reader.close()
+        if child.proc.is_alive():
+            _kill(child.proc)
+
+
+# --------------------------------------------------------------------------- checking and summing
+
+
+def _check_values(log_name: str, out: Any, n: int) -> list[float | None]:
+    """The call's result as N floats or None; RewardError saying what is wrong otherwise."""
+    if not isinstance(out, (list, tuple)):
+        kind = type(out).__name__
+        raise RewardError(f"reward {log_name!r} returned a {kind}; it must return a list of {n} floats (or None)")
+    if len(out) != n:
+        raise RewardError(
+            f"reward {log_name!r} returned {len(out)} values for {n} completions; it must return one per completion"
+        )
+    values: list[float | None] = []
+    for i, v in enumerate(out):
+        if v is None:
+            values.append(None)
+        elif isinstance(v, numbers.Real):  # int, float, bool, numpy scalars
+            if not math.isfinite(float(v)):
+                raise RewardError(
+                    f"reward {log_name!r} returned {float(v)} for completion {i}; return None for a missing reward"
+                )
+            values.append(float(v))
+        else:
+            raise RewardError(
+                f"reward {log_name!r} returned a {type(v).__name__} ({v!r:.60}) for completion {i}; "
+                "expected a float or None"
+            )
+    return values
+
+
+def _interpret(
+    spec: RewardConfig, log_name: str, out: _Outcome, n: int, step: int, counts: dict[str, dict[str, int]]
+) -> list[float | None]:
+    """The call's rewards; failures and timeouts raise RewardError or, with on_error: skip, count and give None."""
+    label = repr(log_name) if log_name == spec.name else f"{log_name!r} ({spec.name})"
+    if out.timed_out:
+        if spec.on_error == "raise":
+            raise RewardError(
+                f"reward {label} timed out after {spec.timeout_s:g} s at step {step} (its child process was killed); "
+                "raise timeout_s, or set on_error: skip to score such calls as missing"
+            )
+        counts["timeouts"][log_name] = counts["timeouts"].get(log_name, 0) + 1
+        return [None] * n
+    if out.error is not None:
+        if spec.on_error == "raise":
+            e = out.error
+            raise RewardError(
+                f"reward {label} failed at step {step}: {type(e).__name__}: {e}\n"
+                "fix the function, or set on_error: skip to score failed calls as missing"
+            ) from e
+        counts["errors"][log_name] = counts["errors"].get(log_name, 0) + 1
+        return [None] * n
+    return _check_values(log_name, out.values, n)
+
+
+def weighted_total(weights: list[float], columns: list[list[float | None]], n: int) -> list[float]:
+    """[N] sum of weight * reward over functions that gave one; NaN where none did (TRL's nansum)."""
+    total = []
+    for i in range(n):
+        given = [w * col[i] for w, col in zip(weights, columns) if col[i] is not None]
+        total.append(math.fsum(given) if given else math.nan)
+    return total
+
+
+# --------------------------------------------------------------------------- score
+
+
+def score(
+    specs: list[RewardConfig],
+    prompts: list[str],
+    completions: list[str],
+    completion_ids: list[list[int]],
+    columns: dict[str, list],
+    *,
+    step: int = 0,
+) -> RewardResult:
+    """Score N completions with every reward in `specs`. `columns` are dataset columns, one value per
+    completion (plus scalars the engine adds, e.g. max_completion_length); `spec.kwargs` override them."""
+    from grpo_cli.datatypes import RewardResult  # here: datatypes imports torch
+
+    n = len(completions)
+    log_names = unique_log_names([s.name for s in specs])
+    base = {**columns, "prompts": prompts, "completions": completions, "completion_ids": completion_ids}
+    kwargs = [{**base, **s.kwargs} for s in specs]
+    fns = [resolve_reward(s.name) for s in specs]
+    counts: dict[str, dict[str, int]] = {"errors": {}, "timeouts": {}}
+    values: dict[int, list[float | None]] = {}
+    children: dict[int, _Child] = {}
+    try:
+        for i, s in enumerate(specs):
+            if s.timeout_s is not None:
+                children[i] = _start_child(s.name, kwargs[i], s.timeout_s, log_names[i])
+        local = [i for i in range(len(specs)) if i not in children]
+        for i in (i for i in local if not _is_async(fns[i])):
+            values[i] = _interpret(specs[i], log_names[i], _run_sync(fns[i], kwargs[i]), n, step, counts)
+        async_ids = [i for i in local if _is_async(fns[i])]
+        for i, out in zip(async_ids, _run_async([(fns[i], kwargs[i]) for i in async_ids])):
+            values[i] = _interpret(specs[i], log_names[i], out, n, step, counts)
+        for i, child in children.items():
+            values[i] = _interpret(specs[i], log_names[i], _collect(child), n, step, counts)
+    finally:  # on an error above, no child outlives this call
+        for child in children.values():
+            child.reader.close()
+            if child.proc.is_alive():
+                _kill(child.proc)
+    per_function = {log_names[i]: values[i] for i in range(len(specs))}
+    total = weighted_total([s.weight for s in specs], [values[i] for i in range(len(specs))], n)
+    return RewardResult(total=total, per_function=per_function, errors=counts["errors"], timeouts=counts["timeouts"])
