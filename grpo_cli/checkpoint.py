@@ -1,0 +1,460 @@
+"""Checkpoints: save / list / verify / resume / retention, atomic and without pickle.
+
+Layout of `RUN_DIR/checkpoints/step-N/`:
+  model (Hugging Face format, safetensors), tokenizer files, recipe.yaml,
+  optimizer.safetensors + optimizer.json   torch optimizer state_dict: tensors under flat keys
+                                           (`state.0.exp_avg`), the rest as JSON with tags for tensors/tuples
+  scheduler.json                           lr scheduler state_dict (scheduler.safetensors only if it holds tensors)
+  rng.safetensors + rng.json               python `random`, numpy legacy, torch CPU and every CUDA device
+  trainer_state.json                       the caller's dict (step, data position, ...)
+  manifest.json                            written last: {"step", "files": {relative path: sha256}, "format"}
+
+A save writes everything into `checkpoints/.tmp-step-N-<pid>/`, fsyncs every file, writes the manifest,
+then renames the folder into place, so a crash at any point leaves the previous checkpoints untouched and
+a `step-N` folder either complete (manifest present) or absent. Only complete checkpoints are listed.
+One process per run folder saves (leftover `.tmp-*` folders are deleted after each successful save).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+CHECKPOINTS = "checkpoints"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+_TMP_PREFIX = ".tmp-"
+_TENSOR, _TUPLE, _INT_KEYS = "__tensor__", "__tuple__", "__int_keys__"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be saved, found or used; the message names the file and what to do."""
+
+
+# ---------------------------------------------------------------------------------------------- fsync helpers
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Persist a folder's entries (new, renamed or removed files) on POSIX; a no-op where unsupported."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # Windows cannot open folders
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write `text` to `path` so that readers see the old content or the new one, never a torn file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        _write_synced(tmp, text.encode("utf-8"))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+
+
+def _sha256_and_fsync(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+        os.fsync(f.fileno())
+    return h.hexdigest()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------------- state dicts <-> JSON + safetensors
+
+
+def _encode(obj: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """A state_dict value -> JSON-able value; tensors go into `tensors[key]` and leave a tag behind."""
+    if isinstance(obj, torch.Tensor):
+        tensors[key] = obj.detach().cpu().contiguous()
+        return {_TENSOR: key}
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, tuple):
+        return {_TUPLE: [_encode(v, f"{key}.{i}", tensors) for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [_encode(v, f"{key}.{i}", tensors) for i, v in enumerate(obj)]
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) for k in obj):
+            return {k: _encode(v, f"{key}.{k}", tensors) for k, v in obj.items()}
+        if all(isinstance(k, int) and not isinstance(k, bool) for k in obj):
+            return {_INT_KEYS: {str(k): _encode(v, f"{key}.{k}", tensors) for k, v in obj.items()}}
+    if isinstance(obj, (np.integer, np.floating, np.bool_)):
+        return obj.item()
+    raise CheckpointError(
+        f"cannot save {key!r} of type {type(obj).__name__} without pickle; "
+        "only tensors, numbers, strings, lists, tuples and dicts with str or int keys are supported"
+    )
+
+
+def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(obj, list):
+        return [_decode(v, tensors) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if len(obj) == 1 and _TENSOR in obj:
+        return tensors[obj[_TENSOR]]
+    if len(obj) == 1 and _TUPLE in obj:
+        return tuple(_decode(v, tensors) for v in obj[_TUPLE])
+    if len(obj) == 1 and _INT_KEYS in obj:
+        return {int(k): _decode(v, tensors) for k, v in obj[_INT_KEYS].items()}
+    return {k: _decode(v, tensors) for k, v in obj.items()}
+
+
+def _save_state(folder: Path, stem: str, state: dict, *, tensor_file: bool) -> None:
+    """`state` -> `stem.json` (+ `stem.safetensors` when asked or when it holds tensors)."""
+    tensors: dict[str, torch.Tensor] = {}
+    meta = {k: _encode(v, k, tensors) for k, v in state.items()}
+    if tensor_file or tensors:
+        save_file(tensors, str(folder / f"{stem}.safetensors"))
+    doc = {"format": FORMAT, "tensor_file": bool(tensor_file or tensors), "state": meta}
+    (folder / f"{stem}.json").write_text(json.dumps(doc, indent=1))
+
+
+def _require(folder: Path, *names: str) -> None:
+    for name in names:
+        if not (folder / name).is_file():
+            raise CheckpointError(
+                f"{folder}: {name} is missing; the checkpoint is incomplete, pass another one to --resume"
+            )
+
+
+def _load_state(folder: Path, stem: str) -> dict:
+    path = folder / f"{stem}.json"
+    _require(folder, path.name)
+    try:
+        doc = json.loads(path.read_text())
+        if doc["tensor_file"]:
+            _require(folder, f"{stem}.safetensors")
+        tensors = load_file(str(folder / f"{stem}.safetensors")) if doc["tensor_file"] else {}
+        return _decode(doc["state"], tensors)
+    except (ValueError, KeyError, TypeError, SafetensorError) as e:
+        raise CheckpointError(
+            f"{path} (or its .safetensors) cannot be read ({e}); the checkpoint is corrupted"
+        ) from None
+
+
+def save_optimizer(folder: Path, optimizer: Any) -> None:
+    _save_state(folder, "optimizer", optimizer.state_dict(), tensor_file=True)
+
+
+def save_scheduler(folder: Path, scheduler: Any) -> None:
+    _save_state(folder, "scheduler", scheduler.state_dict(), tensor_file=False)
+
+
+# ------------------------------------------------------------------------------------------------ RNG states
+
+
+def capture_rng_state() -> tuple[dict[str, torch.Tensor], dict]:
+    """Every RNG a training step draws from -> (tensors for safetensors, JSON-able metadata)."""
+    version, mt, gauss_next = random.getstate()
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+    tensors = {"torch.cpu": torch.get_rng_state()}
+    cuda_devices = 0
+    if torch.cuda.is_available():
+        for i, state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"torch.cuda.{i}"] = state
+        cuda_devices = torch.cuda.device_count()
+    meta = {
+        "python": [version, list(mt), gauss_next],
+        "numpy": [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached_gaussian)],
+        "cuda_devices": cuda_devices,
+    }
+    return tensors, meta
+
+
+def restore_rng_state(tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    """Inverse of `capture_rng_state`. CUDA states are restored for the devices present in both runs."""
+    version, mt, gauss_next = meta["python"]
+    random.setstate((version, tuple(mt), gauss_next))
+    name, keys, pos, has_gauss, cached_gaussian = meta["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
+    torch.set_rng_state(tensors["torch.cpu"].to(torch.uint8))
+    if meta.get("cuda_devices", 0) and torch.cuda.is_available():
+        for i in range(min(meta["cuda_devices"], torch.cuda.device_count())):
+            torch.cuda.set_rng_state(tensors[f"torch.cuda.{i}"].to(torch.uint8), device=i)
+
+
+def _save_rng(folder: Path) -> None:
+    tensors, meta = capture_rng_state()
+    save_file(tensors, str(folder / "rng.safetensors"))
+    (folder / "rng.json").write_text(json.dumps({"format": FORMAT, **meta}))
+
+
+def _load_rng(folder: Path) -> None:
+    _require(folder, "rng.json", "rng.safetensors")
+    try:
+        meta = json.loads((folder / "rng.json").read_text())
+        tensors = load_file(str(folder / "rng.safetensors"))
+        restore_rng_state(tensors, meta)
+    except (ValueError, KeyError, TypeError, SafetensorError) as e:
+        raise CheckpointError(
+            f"{folder}: rng.json / rng.safetensors cannot be read ({e}); the checkpoint is corrupted"
+        ) from None
+
+
+# ------------------------------------------------------------------------------------------ listing, verifying
+
+
+def _step_of(path: Path) -> int | None:
+    m = _STEP_DIR.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints (a `step-N` folder with manifest.json) of a run, oldest step first."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if _step_of(p) is not None and p.is_dir() and (p / MANIFEST).is_file()]
+    return sorted(found, key=lambda p: _step_of(p))  # type: ignore[arg-type, return-value]
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    ckpts = list_checkpoints(run_dir)
+    return ckpts[-1] if ckpts else None
+
+
+def _read_manifest(path: Path) -> dict:
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint folder not found: {path}")
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        raise CheckpointError(
+            f"checkpoint {path.name} is incomplete: {path} has no {MANIFEST} (its save was interrupted); "
+            "delete the folder, or pass another checkpoint to --resume"
+        )
+    try:
+        doc = json.loads(manifest.read_text())
+        files = doc["files"]
+        if doc.get("format") != FORMAT or not isinstance(files, dict):
+            raise ValueError(f"unknown format {doc.get('format')!r}")
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(
+            f"checkpoint {path.name} is corrupted: {MANIFEST} cannot be read ({e}); "
+            "delete the folder to resume from an older checkpoint"
+        ) from None
+    return doc
+
+
+def verify_checkpoint(path: str | Path) -> None:
+    """Recompute the sha256 of every file in the manifest; raise CheckpointError naming the first bad one."""
+    path = Path(path)
+    doc = _read_manifest(path)
+    advice = "delete the folder to resume from an older checkpoint"
+    for rel, expected in doc["files"].items():
+        file = path / rel
+        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+            raise CheckpointError(
+                f"checkpoint {path.name} is corrupted: {MANIFEST} lists {rel!r} outside the folder; {advice}"
+            )
+        if not file.is_file():
+            raise CheckpointError(
+                f"checkpoint {path.name} is corrupted: {rel} is missing (listed in {MANIFEST}); {advice}"
+            )
+        if _sha256(file) != expected:
+            raise CheckpointError(
+                f"checkpoint {path.name} is corrupted: {rel} does not match its sha256 in {MANIFEST}; {advice}"
+            )
+
+
+def resolve_resume(run_dir: str | Path, resume: str) -> Path | None:
+    """`auto` -> the newest complete checkpoint of the run (None if there is none); else a checkpoint folder.
+
+    The chosen checkpoint is verified; a corrupted one is refused rather than silently skipped, so a run
+    never quietly goes back in time.
+    """
+    if resume == "auto":
+        path = latest_checkpoint(run_dir)
+        if path is None:
+            return None
+    else:
+        path = Path(resume)
+        if not path.is_dir():
+            raise CheckpointError(
+                f"--resume {resume}: no such checkpoint folder (expected RUN_DIR/{CHECKPOINTS}/step-N, or `auto`)"
+            )
+        if not (path / MANIFEST).is_file() and list_checkpoints(path):
+            raise CheckpointError(
+                f"--resume {resume} is a run folder, not a checkpoint; "
+                f"pass {latest_checkpoint(path)} or use --resume auto"
+            )
+    verify_checkpoint(path)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------- save / load
+
+
+def _write_manifest(folder: Path, step: int) -> None:
+    """sha256 (and fsync) every file, then write manifest.json last: its presence marks a complete save."""
+    files: dict[str, str] = {}
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and p.name != MANIFEST:
+            files[p.relative_to(folder).as_posix()] = _sha256_and_fsync(p)
+    for d in sorted({p.parent for p in folder.rglob("*")} | {folder}, reverse=True):
+        fsync_dir(d)
+    doc = {"step": step, "files": files, "format": FORMAT}
+    _write_synced(folder / MANIFEST, json.dumps(doc, indent=1).encode("utf-8"))
+    fsync_dir(folder)
+
+
+def _write_contents(
+    folder: Path, *, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any, recipe_yaml: str, trainer_state: dict
+) -> None:
+    try:
+        state_text = json.dumps(trainer_state, indent=1)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(
+            f"trainer_state cannot be saved as JSON ({e}); keep it to numbers, strings, lists and dicts"
+        ) from None
+    model.save_pretrained(str(folder), safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(folder))
+    (folder / "recipe.yaml").write_text(recipe_yaml)
+    if optimizer is not None:
+        save_optimizer(folder, optimizer)
+    if scheduler is not None:
+        save_scheduler(folder, scheduler)
+    _save_rng(folder)
+    (folder / "trainer_state.json").write_text(state_text)
+
+
+def _move_into_place(tmp: Path, final: Path) -> None:
+    """Rename `tmp` to `final`; an existing `final` is renamed aside first and deleted once replaced."""
+    aside = None
+    if final.exists():
+        aside = final.with_name(f"{_TMP_PREFIX}old-{final.name}-{os.getpid()}")
+        if aside.exists():
+            shutil.rmtree(aside)
+        os.rename(final, aside)
+    os.rename(tmp, final)
+    fsync_dir(final.parent)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def apply_retention(run_dir: str | Path, keep_last: int | None, *, protect: Path | None = None) -> list[Path]:
+    """Delete leftover `.tmp-*` folders and all but the newest `keep_last` complete checkpoints.
+
+    The newest complete checkpoint and `protect` (the one just saved) are never deleted; incomplete
+    `step-N` folders are left alone (they are not ours to judge). Returns the deleted paths.
+    """
+    if keep_last is not None and keep_last < 1:
+        raise CheckpointError(f"checkpoint.keep_last must be >= 1 or None (got {keep_last})")
+    root = Path(run_dir) / CHECKPOINTS
+    removed = [p for p in root.glob(f"{_TMP_PREFIX}*") if p.is_dir()] if root.is_dir() else []
+    if keep_last is not None:
+        ckpts = list_checkpoints(run_dir)
+        removed += [p for p in ckpts[: max(len(ckpts) - keep_last, 0)] if p != protect]
+    for p in removed:
+        shutil.rmtree(p, ignore_errors=True)
+    if removed:
+        fsync_dir(root)
+    return removed
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    *,
+    model: Any,
+    tokenizer: Any,
+    optimizer: Any,
+    scheduler: Any,
+    recipe_yaml: str,
+    trainer_state: dict,
+    keep_last: int | None,
+) -> Path:
+    """Save `RUN_DIR/checkpoints/step-N/` atomically, then apply retention. Returns the checkpoint folder."""
+    if keep_last is not None and keep_last < 1:
+        raise CheckpointError(f"checkpoint.keep_last must be >= 1 or None (got {keep_last})")
+    root = Path(run_dir) / CHECKPOINTS
+    final = root / f"step-{int(step)}"
+    tmp = root / f"{_TMP_PREFIX}step-{int(step)}-{os.getpid()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        _write_contents(
+            tmp, model=model, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
+            recipe_yaml=recipe_yaml, trainer_state=trainer_state,
+        )
+        _write_manifest(tmp, int(step))
+        _move_into_place(tmp, final)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(
+            f"could not save checkpoint step-{step} to {root}: {e}; free disk space or check permissions "
+            "(the previous checkpoints are untouched)"
+        ) from e
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    apply_retention(run_dir, keep_last, protect=final)
+    return final
+
+
+def load_training_state(path: str | Path, *, optimizer: Any, scheduler: Any) -> dict:
+    """Restore optimizer, scheduler and RNG states from a checkpoint; return its trainer_state dict.
+
+    Optimizer tensors are handed to `optimizer.load_state_dict`, which moves them to the device and dtype
+    of the parameters (keeping `step` as saved), as torch does for its own checkpoints.
+    """
+    path = Path(path)
+    if optimizer is not None:
+        state = _load_state(path, "optimizer")
+        try:
+            optimizer.load_state_dict(state)
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise CheckpointError(
+                f"{path / 'optimizer.json'} does not fit this optimizer ({e}); the model, LoRA or optimizer "
+                "settings of the recipe must match those the checkpoint was trained with"
+            ) from None
+    if scheduler is not None:
+        scheduler.load_state_dict(_load_state(path, "scheduler"))
+    _load_rng(path)
+    _require(path, "trainer_state.json")
+    try:
+        return json.loads((path / "trainer_state.json").read_text())
+    except ValueError as e:
+        raise CheckpointError(
+            f"{path / 'trainer_state.json'} is not valid JSON ({e}); the checkpoint is corrupted"
+        ) from None
