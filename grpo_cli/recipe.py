@@ -232,11 +232,19 @@ def load_raw(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> d
         raise RecipeError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: a recipe is a YAML mapping of sections, got {type(data).__name__}")
-    for o in overrides:
-        if "=" not in o or o.startswith("="):
-            raise RecipeError(f"override {o!r} is not of the form dotted.key=value")
     try:
-        cfg = OmegaConf.merge(OmegaConf.create(data), OmegaConf.from_dotlist(list(overrides)))
+        cfg = OmegaConf.create(data)
+    except OmegaConfBaseException as e:
+        raise RecipeError(f"{path}: {str(e).splitlines()[0]}") from None
+    for o in overrides:
+        key, sep, value = o.partition("=")
+        if not sep or not key:
+            raise RecipeError(f"override {o!r} is not of the form dotted.key=value")
+        try:  # values are YAML scalars or flow collections: 0.3, null, [a, b], {k: v}
+            OmegaConf.update(cfg, key.strip(), yaml.safe_load(value) if value else "", merge=True)
+        except (yaml.YAMLError, OmegaConfBaseException, TypeError, ValueError, KeyError, IndexError) as e:
+            raise RecipeError(f"override {o!r} cannot be applied: {str(e).splitlines()[0]}") from None
+    try:
         return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
     except OmegaConfBaseException as e:
         raise RecipeError(f"{path}: {str(e).splitlines()[0]}") from None
