@@ -1,0 +1,430 @@
+"""Datasets -> prompts: load rows, render templates (+ chat template), tokenize, stream seeded batches.
+
+Rows come from a hub or local dataset, local .json/.jsonl/.parquet/.csv files, or an offline problem
+generator (`GENERATORS`). A prompt is `data.template` formatted with the row's columns, or the row's
+`data.prompt_column` (a string, or a TRL-style conversation: a list of {"role", "content"} dicts).
+`PromptStream` hands out endless, seeded, resumable batches of `PromptBatch`.
+
+Importing this module must not import torch, transformers or datasets: the recipe validator reads
+`GENERATORS` from it. Heavy imports live inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+import random
+import string
+from fractions import Fraction
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from grpo_cli.registry import Registry
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+    from grpo_cli.datatypes import PromptBatch
+    from grpo_cli.recipe import DataConfig
+
+# fn(n: int, seed: int, **kwargs) -> list[dict] with "prompt" and "answer" keys (+ any others)
+GENERATORS: Registry[Callable[..., list[dict[str, Any]]]] = Registry("data generator")
+
+FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+class DataError(RuntimeError):
+    """Data that cannot be used; the message names what is wrong and what to change."""
+
+
+# ---------------------------------------------------------------- generators
+
+_OPS: dict[str, Callable[[Any, Any], Any]] = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+
+
+@GENERATORS.register("arithmetic")
+def arithmetic(
+    n: int,
+    seed: int,
+    ops: list[str] | str = ("+",),
+    min_value: int = 0,
+    max_value: int = 99,
+    num_operands: int = 2,
+) -> list[dict[str, Any]]:
+    """"What is 23 + 48?" problems with integer answers. Columns: prompt, answer, expression (Python syntax).
+
+    Operands lie in [min_value, max_value] and the usual precedence applies. Every "/" divides
+    exactly; in a chain like "a * b / c" with no divisor of a * b in range, that "/" becomes "*".
+    """
+    ops = list(ops)
+    if not ops or any(o not in _OPS for o in ops):
+        raise ValueError(f"ops must be a non-empty list drawn from {list(_OPS)}, got {ops}")
+    if min_value > max_value:
+        raise ValueError(f"min_value ({min_value}) must be <= max_value ({max_value})")
+    if num_operands < 2:
+        raise ValueError(f"num_operands must be >= 2, got {num_operands}")
+    if "/" in ops and min_value == max_value == 0:
+        raise ValueError("'/' needs a non-zero value in [min_value, max_value]")
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        operands, chosen = _arithmetic_problem(rng, ops, min_value, max_value, num_operands)
+        expression = _format_expression(operands, chosen)
+        value = _evaluate(operands, chosen)
+        assert value.denominator == 1, expression  # every division is exact by construction
+        rows.append({"prompt": f"What is {expression}?", "answer": str(value.numerator), "expression": expression})
+    return rows
+
+
+def _arithmetic_problem(
+    rng: random.Random, ops: list[str], lo: int, hi: int, k: int
+) -> tuple[list[int], list[str]]:
+    """Operands and operators, left to right; a "/" gets a divisor of the running product of its term."""
+    chosen = [rng.choice(ops) for _ in range(k - 1)]
+    operands = [rng.randint(lo, hi)]
+    term = operands[0]  # value of the current * / chain (Python precedence: * and / bind first)
+    term_start = 0
+    for i, op in enumerate(chosen, start=1):
+        if op in "+-":
+            operands.append(rng.randint(lo, hi))
+            term, term_start = operands[-1], i
+        elif op == "*":
+            operands.append(rng.randint(lo, hi))
+            term *= operands[-1]
+        elif i - 1 == term_start:
+            # "a / d" at the start of a term: pick d, then redraw a as a multiple of d within range
+            d, q = _divisor_and_quotient(rng, lo, hi)
+            operands[-1] = d * q
+            operands.append(d)
+            term = q
+        else:
+            fits = [s * d for d in _divisors(term) for s in (1, -1) if lo <= s * d <= hi and d != 0]
+            if fits:
+                d = rng.choice(fits)
+                term //= d
+            else:  # no divisor of the term in range (e.g. the range excludes 1): multiply instead
+                chosen[i - 1], d = "*", rng.randint(lo, hi)
+                term *= d
+            operands.append(d)
+    return operands, chosen
+
+
+def _divisor_and_quotient(rng: random.Random, lo: int, hi: int) -> tuple[int, int]:
+    """A random non-zero d in [lo, hi] and q with d * q in [lo, hi]; avoids d = 1, q = 0 and q = 1 if it can."""
+    fallback = None
+    for attempt in range(2000):
+        d = rng.randint(lo, hi)
+        if d == 0:
+            continue
+        a, b = sorted((lo / d, hi / d))
+        qmin, qmax = math.ceil(a), math.floor(b)
+        if qmin > qmax:
+            continue
+        q = rng.randint(qmin, qmax)
+        if d != 1 and q not in (0, 1):
+            return d, q
+        fallback = fallback or (d, q)
+    if fallback is None:
+        raise ValueError(f"no exact division has both operands in [{lo}, {hi}]")
+    return fallback
+
+
+def _divisors(v: int) -> list[int]:
+    v = abs(v)
+    if v == 0:
+        return [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]  # 0 / d == 0 for any d
+    small = [d for d in range(1, int(v**0.5) + 1) if v % d == 0]
+    return sorted(set(small + [v // d for d in small]))
+
+
+def _format_expression(operands: list[int], ops: list[str]) -> str:
+    parts = [str(operands[0])]
+    for op, x in zip(ops, operands[1:]):
+        parts += [op, f"({x})" if x < 0 else str(x)]
+    return " ".join(parts)
+
+
+def _evaluate(operands: list[int], ops: list[str]) -> Fraction:
+    """Exact value with the usual precedence (* and / before + and -)."""
+    terms, term = [], Fraction(operands[0])
+    signs = [1]
+    for op, x in zip(ops, operands[1:]):
+        if op in "+-":
+            terms.append(term)
+            signs.append(1 if op == "+" else -1)
+            term = Fraction(x)
+        else:
+            term = _OPS[op](term, Fraction(x))
+    terms.append(term)
+    return sum((s * t for s, t in zip(signs, terms)), Fraction(0))
+
+
+@GENERATORS.register("reasoning_gym")
+def reasoning_gym_problems(n: int, seed: int, task: str = "basic_arithmetic", **kwargs: Any) -> list[dict[str, Any]]:
+    """Problems from reasoning-gym (`pip install reasoning-gym`), e.g. task=gsm_symbolic | basic_arithmetic | chain_sum.
+
+    Extra kwargs go to the task's config. Columns: prompt, answer, task, metadata (JSON text, for the
+    task's own scorer: `reasoning_gym.get_score_answer_fn(task)`).
+    """
+    try:
+        import reasoning_gym
+    except ImportError:
+        raise DataError("data.generator 'reasoning_gym' needs the reasoning-gym package: pip install reasoning-gym") from None
+    try:
+        dataset = reasoning_gym.create_dataset(task, size=n, seed=seed, **kwargs)
+    except Exception as e:
+        raise DataError(f"reasoning-gym could not create task {task!r} with {kwargs}: {e}") from e
+    return [
+        {
+            "prompt": entry["question"],
+            "answer": str(entry["answer"]),
+            "task": task,
+            "metadata": json.dumps(entry.get("metadata", {}), default=str),
+        }
+        for entry in dataset
+    ]
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_rows(cfg: DataConfig, seed: int) -> Dataset:
+    """The rows to train on, from data.dataset, data.files or data.generator, cut to data.limit."""
+    if cfg.generator:
+        ds = _generated_rows(cfg, seed)
+        source = f"data.generator {cfg.generator!r}"
+    elif cfg.files:
+        ds = _file_rows(cfg.files)
+        source = f"data.files {cfg.files}"
+    else:
+        ds = _dataset_rows(cfg)
+        source = f"data.dataset {cfg.dataset!r}"
+    if cfg.limit is not None:
+        ds = ds.select(range(min(cfg.limit, len(ds))))
+    if len(ds) == 0:
+        raise DataError(f"{source} has no rows; check the split, files or data.limit")
+    _check_prompt_columns(cfg, ds.column_names, source)
+    return ds
+
+
+def _generated_rows(cfg: DataConfig, seed: int) -> Dataset:
+    from datasets import Dataset
+
+    kwargs = dict(cfg.generator_kwargs)
+    size = kwargs.pop("size", 1000)
+    seed = kwargs.pop("seed", seed)
+    try:
+        fn = GENERATORS[cfg.generator]
+    except KeyError as e:
+        raise DataError(str(e.args[0])) from None
+    try:
+        rows = fn(n=size, seed=seed, **kwargs)
+    except DataError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise DataError(f"data.generator {cfg.generator!r}: bad data.generator_kwargs {cfg.generator_kwargs}: {e}") from e
+    if not rows:
+        raise DataError(f"data.generator {cfg.generator!r} made no rows; set data.generator_kwargs.size > 0")
+    return Dataset.from_list(rows)
+
+
+def _file_rows(files: list[str]) -> Dataset:
+    from datasets import load_dataset
+
+    paths = [Path(f).expanduser() for f in files]
+    builders = set()
+    for p in paths:
+        if p.suffix.lower() not in FILE_BUILDERS:
+            raise DataError(f"data.files: {p} has an unsupported extension; use one of {', '.join(FILE_BUILDERS)}")
+        if not p.is_file():
+            raise DataError(f"data.files: {p} does not exist; fix the path (relative paths start at the working directory)")
+        if p.stat().st_size == 0:
+            raise DataError(f"data.files: {p} is empty; remove it from data.files or fill it")
+        builders.add(FILE_BUILDERS[p.suffix.lower()])
+    if len(builders) > 1:
+        raise DataError(f"data.files mixes formats ({', '.join(sorted(builders))}); convert them to one format")
+    try:
+        return load_dataset(builders.pop(), data_files=[str(p) for p in paths], split="train")
+    except Exception as e:
+        raise DataError(f"data.files: could not read {files}: {type(e).__name__}: {e}") from e
+
+
+def _dataset_rows(cfg: DataConfig) -> Dataset:
+    from datasets import DatasetDict, load_dataset, load_from_disk
+
+    folder = Path(cfg.dataset).expanduser()
+    try:
+        if (folder / "state.json").is_file() or (folder / "dataset_dict.json").is_file():  # Dataset.save_to_disk
+            ds = load_from_disk(str(folder))
+            if isinstance(ds, DatasetDict):
+                if cfg.split not in ds:
+                    raise DataError(f"data.split {cfg.split!r} not in {cfg.dataset}; splits: {', '.join(ds)}")
+                ds = ds[cfg.split]
+            return ds
+        return load_dataset(cfg.dataset, cfg.config, split=cfg.split)
+    except DataError:
+        raise
+    except Exception as e:
+        raise DataError(
+            f"data.dataset {cfg.dataset!r} (config {cfg.config!r}, split {cfg.split!r}) could not be loaded: "
+            f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}; check the name, "
+            "data.config and data.split, that it is in the hub cache when offline, or use data.files / data.generator"
+        ) from e
+
+
+def _template_columns(template: str) -> list[str]:
+    """Column names used by a str.format template ({a}, {a.b} and {a[0]} all use column a)."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as e:
+        raise DataError(f"data.template is not a valid format string: {e}") from None
+    names = []
+    for f in fields:
+        name = f.split(".")[0].split("[")[0]
+        if not name or name.isdigit():
+            raise DataError("data.template uses positional placeholders ({} or {0}); name a column, e.g. {question}")
+        names.append(name)
+    return names
+
+
+def _check_prompt_columns(cfg: DataConfig, columns: list[str], source: str) -> None:
+    needed = _template_columns(cfg.template) if cfg.template else [cfg.prompt_column]
+    missing = [c for c in needed if c not in columns]
+    if missing:
+        where = "data.template" if cfg.template else "data.prompt_column"
+        raise DataError(
+            f"{where} uses column(s) {missing} that {source} does not have; columns: {', '.join(columns)}; "
+            f"fix {where} (or data.template)"
+        )
+
+
+# ---------------------------------------------------------------- prompts
+
+
+def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer: Any) -> str:
+    """One row -> prompt text: template or prompt column, system prompt, chat template (with generation prompt)."""
+    if cfg.template:
+        try:
+            messages = [{"role": "user", "content": cfg.template.format_map(row)}]
+        except KeyError as e:
+            raise DataError(f"data.template uses column {e.args[0]!r}, missing from the row; columns: {', '.join(row)}") from None
+        except (IndexError, ValueError) as e:
+            _template_columns(cfg.template)  # raises the specific message for positional placeholders
+            raise DataError(f"data.template cannot be formatted: {e}") from None
+    else:
+        if cfg.prompt_column not in row:
+            raise DataError(
+                f"data.prompt_column {cfg.prompt_column!r} is not a column; columns: {', '.join(row)}; "
+                "set data.prompt_column or data.template"
+            )
+        messages = _as_messages(row[cfg.prompt_column], cfg.prompt_column)
+    if cfg.system_prompt is not None:
+        # the recipe's system prompt applies to every row: it replaces one the conversation brings
+        messages = [{"role": "system", "content": cfg.system_prompt}] + [m for m in messages if m["role"] != "system"]
+    if not cfg.chat_template:
+        return "\n\n".join(str(m["content"]) for m in messages)
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError("the tokenizer has no chat template; set data.chat_template: false to use plain text prompts")
+    # A conversation ending in an assistant turn is a prefix the completion continues (TRL convention).
+    prefix = messages[-1]["role"] == "assistant"
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=not prefix, continue_final_message=prefix
+    )
+
+
+def _as_messages(value: Any, column: str) -> list[dict[str, Any]]:
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m and "content" in m for m in value):
+        return [{"role": m["role"], "content": m["content"]} for m in value]
+    raise DataError(
+        f"column {column!r} holds {type(value).__name__} {str(value)[:80]!r}; a prompt is a string or a list of "
+        '{"role": ..., "content": ...} messages; set data.template to build it from other columns'
+    )
+
+
+def encode_prompts(texts: list[str], tokenizer: Any, max_prompt_length: int | None) -> list[list[int]]:
+    """Token ids, no special tokens added (the chat template has them), left-truncated to the last N tokens.
+
+    Keeping the end keeps the question and the assistant turn marker the completion follows.
+    """
+    ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    if max_prompt_length is None:
+        return [list(x) for x in ids]
+    return [list(x[-max_prompt_length:]) for x in ids]
+
+
+# ---------------------------------------------------------------- stream
+
+
+class PromptStream:
+    """Endless, seeded, resumable batches of prompts.
+
+    Epoch e visits every row once, in the order of a permutation drawn from numpy's Generator seeded
+    with (seed, e) (or in dataset order without data.shuffle); a batch may run into the next epoch.
+    The shuffle seed is data.seed when set, else `seed`. `state_dict()` is {"epoch", "index"}: the
+    next prompt is position `index` of epoch `epoch`, so a restored stream continues identically.
+    """
+
+    def __init__(self, dataset: Dataset, cfg: DataConfig, tokenizer: Any, batch_size: int, seed: int) -> None:
+        if len(dataset) == 0:
+            raise DataError("the dataset has no rows")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.dataset, self.cfg, self.tokenizer, self.batch_size = dataset, cfg, tokenizer, batch_size
+        self.seed = cfg.seed if cfg.seed is not None else seed
+        self.epoch, self.index = 0, 0
+        self._order: list[int] | None = None  # permutation of the current epoch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        epoch, index = int(state["epoch"]), int(state["index"])
+        if epoch < 0 or not 0 <= index <= len(self.dataset):
+            raise ValueError(f"prompt stream state {state} does not fit a dataset of {len(self.dataset)} rows")
+        self.epoch, self.index, self._order = epoch, index, None
+
+    def epoch_order(self, epoch: int) -> list[int]:
+        """Row indices in the order epoch `epoch` visits them."""
+        import numpy as np
+
+        n = len(self.dataset)
+        if not self.cfg.shuffle:
+            return list(range(n))
+        rng = np.random.default_rng([self.seed % 2**63, epoch])  # SeedSequence needs non-negative entries
+        return rng.permutation(n).tolist()
+
+    def _next_indices(self) -> list[int]:
+        picked = []
+        while len(picked) < self.batch_size:
+            if self.index >= len(self.dataset):
+                self.epoch, self.index, self._order = self.epoch + 1, 0, None
+            if self._order is None:
+                self._order = self.epoch_order(self.epoch)
+            take = min(self.batch_size - len(picked), len(self._order) - self.index)
+            picked += self._order[self.index : self.index + take]
+            self.index += take
+        return picked
+
+    def next_batch(self) -> PromptBatch:
+        from grpo_cli.datatypes import PromptBatch
+
+        indices = self._next_indices()
+        columns = self.dataset[indices]  # column -> list, in the order of `indices`
+        rows = [{k: v[i] for k, v in columns.items()} for i in range(len(indices))]
+        texts = [render_prompt(row, self.cfg, self.tokenizer) for row in rows]
+        input_ids = encode_prompts(texts, self.tokenizer, self.cfg.max_prompt_length)
+        answer = self.cfg.answer_column
+        if answer and answer != "answer":
+            columns.pop("answer", None)  # the reference answer is always under "answer"
+            if answer in columns:
+                columns["answer"] = columns.pop(answer)
+        return PromptBatch(texts=texts, input_ids=input_ids, columns=dict(columns), indices=indices)
+
+    def __iter__(self) -> PromptStream:
+        return self
+
+    def __next__(self) -> PromptBatch:
+        return self.next_batch()
