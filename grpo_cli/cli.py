@@ -78,6 +78,13 @@ def train(
     """
     r = _load(recipe, overrides)
     run_dir = output_dir or Path(r.output_dir)
+    import logging
+
+    from rich.logging import RichHandler
+
+    # our own modules speak at INFO (e.g. the one-time GGUF conversion); libraries stay at WARNING
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[RichHandler(show_path=False)])
+    logging.getLogger("grpo_cli").setLevel(logging.INFO)
     from grpo_cli.checkpoint import CheckpointError
     from grpo_cli.data import DataError
     from grpo_cli.engine import Engine, SetupError

@@ -139,6 +139,11 @@ class TrainConfig(Section):
     seed: int = Field(0)
     threads: int | None = Field(None, ge=1, description="torch intra-op threads (CPU); None keeps torch's choice.")
 
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _yaml_no(cls, v: Any) -> Any:
+        return "no" if v is False else v  # YAML 1.1 reads a bare `no` as false
+
 
 class CheckpointConfig(Section):
     every_steps: int = Field(50, ge=0, description="Save every N steps (and at the end); 0 saves only at the end.")

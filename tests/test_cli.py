@@ -1,0 +1,44 @@
+"""The CLI is thin and lazy: help and validation never import torch."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+NO_TORCH = """
+import sys
+from typer.testing import CliRunner
+from grpo_cli.cli import app
+runner = CliRunner()
+for args in (["--help"], ["train", "--help"], ["validate", "recipes/ci-tiny.yaml"], ["print-recipe", "recipes/gsm8k.yaml"]):
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, (args, r.output)
+heavy = sorted(m for m in ("torch", "transformers", "datasets", "accelerate") if m in sys.modules)
+assert not heavy, heavy
+print("ok")
+"""
+
+
+def test_help_and_validate_do_not_import_torch():
+    p = subprocess.run([sys.executable, "-c", NO_TORCH], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
+
+
+def test_help_lists_commands_with_examples():
+    p = subprocess.run([sys.executable, "-m", "grpo_cli", "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0
+    for word in ("train", "validate", "print-recipe", "grpo train recipes/quickstart.yaml"):
+        assert word in p.stdout
+
+
+def test_print_recipe_spells_out_defaults_and_overrides():
+    p = subprocess.run([sys.executable, "-m", "grpo_cli", "print-recipe", "recipes/ci-tiny.yaml", "algorithm.beta=0.04"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    import yaml
+
+    d = yaml.safe_load(p.stdout)
+    assert d["algorithm"]["beta"] == 0.04
+    assert d["algorithm"]["importance_sampling_level"] == "token"  # a default not written in the file
+    assert d["train"]["mixed_precision"] == "no"
