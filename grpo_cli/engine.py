@@ -49,6 +49,17 @@ def entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> 
     return mask * (entropy >= threshold).to(mask.dtype)
 
 
+def flat_config(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested recipe -> {"algorithm.beta": 0.0, ...} with scalar values (what trackers' hparams accept)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flat_config(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v if isinstance(v, (bool, int, float, str)) else str(v)  # None, lists -> text
+    return out
+
+
 def _disable_dropout(model: torch.nn.Module) -> None:
     # RL ratios compare two forward passes of the same weights; dropout would make them differ.
     for m in model.modules():
@@ -167,7 +178,7 @@ class Engine:
             if self.recipe.logging.rollouts:
                 self.rollout_log = JsonlLog(self.run_dir / "rollouts.jsonl", self.start_step)
         if self.recipe.logging.trackers:
-            self.accelerator.init_trackers(self.recipe.name, config=self.recipe.model_dump(mode="json"))
+            self.accelerator.init_trackers(self.recipe.name, config=flat_config(self.recipe.model_dump(mode="json")))
         self.console = Console(self.recipe.train.max_steps, self.start_step, self.recipe.logging.every_steps, main)
 
     # ----- the loop ---------------------------------------------------------------------------
