@@ -101,7 +101,8 @@ def train(
         raise typer.Exit(130)
     if engine.stop_requested:
         raise typer.Exit(143)
-    typer.echo(f"done: {step} steps in {run_dir}")
+    if engine.accelerator.is_main_process:
+        typer.echo(f"done: {step} steps in {run_dir}")
 
 
 def main() -> None:

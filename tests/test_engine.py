@@ -144,3 +144,32 @@ def test_uneven_process_split_is_a_setup_error(tmp_path):
     r = r.model_copy(update={"train": r.train.model_copy(update={"micro_batch_size": 3})})  # bypass validation
     with pytest.raises(SetupError, match="micro-batches"):
         Engine(r, tmp_path / "x")
+
+
+def test_two_processes_normalise_groups_that_span_processes(tmp_path):
+    # B=3 prompts x G=4 = 12 rows, 6 per process: group 1 (rows 4-7) is split over both processes.
+    run = tmp_path / "mp"
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    p = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+         "-m", "grpo_cli", "train", str(TINY), "-o", str(run), "train.max_steps=2", "train.prompts_per_step=3",
+         "train.micro_batch_size=3"],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count("done: 2 steps") == 1  # only the main process reports
+    from grpo_cli.advantages import compute_advantages
+
+    rollouts, metrics = read_jsonl(run / "rollouts.jsonl"), read_jsonl(run / "metrics.jsonl")
+    assert len(rollouts) == 2 * 12 and len(metrics) == 2
+    for step in (1, 2):
+        rows = [r for r in rollouts if r["step"] == step]
+        assert [(r["group"], r["sample"]) for r in rows] == [(g, s) for g in range(3) for s in range(4)]
+        rewards = torch.tensor([r["reward"] for r in rows])
+        adv = compute_advantages(rewards, 4, "group")
+        assert torch.allclose(adv, torch.tensor([r["advantage"] for r in rows]), atol=1e-5)
+        assert metrics[step - 1]["reward"] == pytest.approx(rewards.mean().item(), abs=1e-6)
+    # the two processes sampled different completions for the same prompt (seed + rank)
+    step1 = [r["completion"] for r in rollouts if r["step"] == 1]
+    assert len(set(step1)) > 6
+    assert sorted(x.name for x in (run / "checkpoints").iterdir()) == ["step-2"]
