@@ -60,6 +60,26 @@ def flat_config(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _get_rank_rng() -> dict[str, str]:
+    """This process's torch RNG states as base64 text (JSON-able, no pickle)."""
+    import base64
+
+    enc = lambda t: base64.b64encode(t.numpy().tobytes()).decode()  # noqa: E731
+    state = {"cpu": enc(torch.get_rng_state())}
+    if torch.cuda.is_available():
+        state["cuda"] = enc(torch.cuda.get_rng_state())
+    return state
+
+
+def _set_rank_rng(state: dict[str, str]) -> None:
+    import base64
+
+    dec = lambda s: torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)  # noqa: E731
+    torch.set_rng_state(dec(state["cpu"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(dec(state["cuda"]))
+
+
 def _disable_dropout(model: torch.nn.Module) -> None:
     # RL ratios compare two forward passes of the same weights; dropout would make them differ.
     for m in model.modules():
@@ -122,13 +142,15 @@ class Engine:
         cfg = r.model
         if self.checkpoint_path is not None:  # weights and tokenizer come from the checkpoint
             cfg = cfg.model_copy(update={"name_or_path": str(self.checkpoint_path), "gguf_file": None, "revision": None})
-        self.tokenizer = load_tokenizer(cfg)
-        model = load_model(cfg)
+        # the main process fills the model cache (GGUF conversion, builtin models) before the others read it
+        with self.accelerator.main_process_first():
+            self.tokenizer = load_tokenizer(cfg)
+            model = load_model(cfg)
+            self.ref_model = None
+            if r.algorithm.beta > 0:
+                ref_cfg = r.model.model_copy(update={"gradient_checkpointing": False})
+                self.ref_model = load_model(ref_cfg).to(self.accelerator.device).eval().requires_grad_(False)
         _disable_dropout(model)
-        self.ref_model = None
-        if r.algorithm.beta > 0:
-            ref_cfg = r.model.model_copy(update={"gradient_checkpointing": False})
-            self.ref_model = load_model(ref_cfg).to(self.accelerator.device).eval().requires_grad_(False)
         params = [p for p in model.parameters() if p.requires_grad]
         a, t = r.algorithm, r.train
         optimizer = torch.optim.AdamW(
@@ -144,7 +166,8 @@ class Engine:
 
         d, seed = self.recipe.data, self.recipe.train.seed
         data_seed = d.seed if d.seed is not None else seed
-        self.dataset = load_rows(d, data_seed)
+        with self.accelerator.main_process_first():  # one download / cache write
+            self.dataset = load_rows(d, data_seed)
         self.stream = PromptStream(self.dataset, d, self.tokenizer, self.recipe.train.prompts_per_step, data_seed)
 
     def _fresh_start(self) -> int:
@@ -164,7 +187,13 @@ class Engine:
 
         state = load_training_state(self.checkpoint_path, optimizer=self.optimizer, scheduler=self.scheduler)
         self.stream.load_state_dict(state["data"])
-        return int(state["step"])
+        step = int(state["step"])
+        per_rank = state.get("rng_per_rank") or []
+        if len(per_rank) == self.accelerator.num_processes:
+            _set_rank_rng(per_rank[self.accelerator.process_index])
+        elif self.accelerator.num_processes > 1:  # resumed on another process count: fresh, distinct streams
+            torch.manual_seed(self.recipe.train.seed + self.accelerator.process_index + 1000 * step)
+        return step
 
     def _open_logs(self) -> None:
         from grpo_cli.metrics import Console, JsonlLog
@@ -333,12 +362,16 @@ class Engine:
     def save(self, step: int) -> None:
         from grpo_cli.checkpoint import save_checkpoint
 
+        from accelerate.utils import gather_object
+
+        # each rank samples with its own torch RNG; rank 0's is also saved in rng.safetensors
+        rng_per_rank = gather_object([_get_rank_rng()]) if self.accelerator.num_processes > 1 else [_get_rank_rng()]
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
             path = save_checkpoint(
                 self.run_dir, step, model=self.accelerator.unwrap_model(self.model), tokenizer=self.tokenizer,
                 optimizer=self.optimizer, scheduler=self.scheduler, recipe_yaml=recipe_to_yaml(self.recipe),
-                trainer_state={"step": step, "data": self.stream.state_dict()}, keep_last=self.recipe.checkpoint.keep_last,
+                trainer_state={"step": step, "data": self.stream.state_dict(), "rng_per_rank": rng_per_rank}, keep_last=self.recipe.checkpoint.keep_last,
             )
             self.console.print(f"saved {path}")
         self.accelerator.wait_for_everyone()

@@ -172,6 +172,8 @@ def _cached_folder(target: Path, build: Callable[[Path], None]) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         build(tmp)
+        if not (tmp / "config.json").is_file():  # e.g. save_pretrained on a non-main distributed rank writes nothing
+            raise ModelLoadError(f"building the cached model {target.name} wrote no config.json; nothing was cached")
         try:
             os.rename(tmp, target)
         except OSError:

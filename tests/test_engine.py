@@ -146,16 +146,20 @@ def test_uneven_process_split_is_a_setup_error(tmp_path):
         Engine(r, tmp_path / "x")
 
 
-def test_two_processes_normalise_groups_that_span_processes(tmp_path):
-    # B=3 prompts x G=4 = 12 rows, 6 per process: group 1 (rows 4-7) is split over both processes.
-    run = tmp_path / "mp"
+def torchrun2(run: Path, *overrides: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-    p = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-         "-m", "grpo_cli", "train", str(TINY), "-o", str(run), "train.max_steps=2", "train.prompts_per_step=3",
-         "train.micro_batch_size=3"],
+         "-m", "grpo_cli", "train", str(TINY), "-o", str(run), "train.prompts_per_step=3", "train.micro_batch_size=3",
+         *overrides],
         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
     )
+
+
+def test_two_processes_normalise_spanning_groups_and_resume_exactly(tmp_path):
+    # B=3 prompts x G=4 = 12 rows, 6 per process: group 1 (rows 4-7) is split over both processes.
+    run = tmp_path / "mp"
+    p = torchrun2(run, "train.max_steps=2")
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.count("done: 2 steps") == 1  # only the main process reports
     from grpo_cli.advantages import compute_advantages
@@ -170,6 +174,15 @@ def test_two_processes_normalise_groups_that_span_processes(tmp_path):
         assert torch.allclose(adv, torch.tensor([r["advantage"] for r in rows]), atol=1e-5)
         assert metrics[step - 1]["reward"] == pytest.approx(rewards.mean().item(), abs=1e-6)
     # the two processes sampled different completions for the same prompt (seed + rank)
-    step1 = [r["completion"] for r in rollouts if r["step"] == 1]
-    assert len(set(step1)) > 6
+    assert len({r["completion"] for r in rollouts if r["step"] == 1}) > 6
     assert sorted(x.name for x in (run / "checkpoints").iterdir()) == ["step-2"]
+
+    # resume to step 4 == an uninterrupted 4-step run (each rank gets its own RNG state back)
+    p = torchrun2(run, "train.max_steps=4", "--resume", "auto")
+    assert p.returncode == 0, p.stderr[-3000:]
+    full = torchrun2(tmp_path / "full", "train.max_steps=4")
+    assert full.returncode == 0, full.stderr[-3000:]
+    a, b = read_jsonl(tmp_path / "full/metrics.jsonl"), read_jsonl(run / "metrics.jsonl")
+    assert [stable(m) for m in a] == [stable(m) for m in b]
+    ca = [r["completion"] for r in read_jsonl(tmp_path / "full/rollouts.jsonl")]
+    assert ca == [r["completion"] for r in read_jsonl(run / "rollouts.jsonl")]
