@@ -261,6 +261,7 @@ def test_cached_folder_survives_a_race(tmp_path):
     def build(tmp: Path) -> None:
         builds.append(tmp)
         (tmp / "weights").write_text(f"build {len(builds)}")
+        (tmp / "config.json").write_text("{}")
         time.sleep(0.2)  # both threads are inside build() at once
 
     results = []
@@ -272,3 +273,13 @@ def test_cached_folder_survives_a_race(tmp_path):
     assert results == [target, target] and len(builds) == 2
     assert (target / "weights").read_text() in ("build 1", "build 2")
     assert [p.name for p in target.parent.iterdir()] == ["m"]
+
+
+def test_cached_folder_refuses_a_build_without_config(tmp_path):
+    # what a non-main distributed rank's save_pretrained leaves: tokenizer files, no model
+    def build(tmp: Path) -> None:
+        (tmp / "tokenizer.json").write_text("{}")
+
+    with pytest.raises(models.ModelLoadError, match="wrote no config.json"):
+        models._cached_folder(tmp_path / "models" / "m", build)
+    assert list((tmp_path / "models").iterdir()) == []  # nothing half-built is published
