@@ -91,11 +91,11 @@ class Engine:
     """Owns the model, optimizer, data stream, generator and logs of one run."""
 
     def __init__(self, recipe: Recipe, run_dir: str | Path, resume: str | None = None) -> None:
-        import transformers
         from accelerate import Accelerator
 
-        transformers.utils.logging.set_verbosity_error()
-        transformers.utils.logging.disable_progress_bar()  # our own progress bar is the one that matters
+        from grpo_cli.models import quiet_transformers
+
+        quiet_transformers()
         self.recipe, self.run_dir = recipe, Path(run_dir)
         t = recipe.train
         if t.threads:
@@ -111,6 +111,7 @@ class Engine:
         self.start_step = self._restore() if self.checkpoint_path else self._fresh_start()
         self._open_logs()
         self.stop_requested = False
+        self._eval_problems = None
 
     # ----- set-up -----------------------------------------------------------------------------
     def _check_process_split(self) -> None:
@@ -221,6 +222,8 @@ class Engine:
             while step < self.recipe.train.max_steps:
                 step += 1
                 metrics = self.train_step(step)
+                if self._should_eval(step):
+                    metrics.update(self.evaluate())
                 self._log(step, metrics)
                 if self._should_save(step):
                     self.save(step)
@@ -354,6 +357,28 @@ class Engine:
         if self.recipe.logging.trackers:
             self.accelerator.log(metrics, step=step)
         self.console.step(step, metrics)
+
+    def _should_eval(self, step: int) -> bool:
+        ev = self.recipe.eval
+        if ev is None:
+            return False
+        return step == self.recipe.train.max_steps or (ev.every_steps > 0 and step % ev.every_steps == 0)
+
+    def evaluate(self) -> dict[str, float]:
+        """The recipe's eval on the main process (its own RNG: training's random stream is untouched)."""
+        from grpo_cli.evaluate import evaluate_model, load_problems
+
+        out: dict[str, float] = {}
+        if self.accelerator.is_main_process:
+            if self._eval_problems is None:
+                self._eval_problems = load_problems(self.recipe, self.recipe.eval, self.tokenizer)
+            t0 = time.perf_counter()
+            metrics, _ = evaluate_model(
+                self.accelerator.unwrap_model(self.model), self.tokenizer, self.recipe, self.recipe.eval, self._eval_problems
+            )
+            out = {f"eval/{k}": v for k, v in metrics.items()} | {"time/eval": time.perf_counter() - t0}
+        self.accelerator.wait_for_everyone()
+        return out
 
     def _should_save(self, step: int) -> bool:
         every = self.recipe.checkpoint.every_steps

@@ -69,6 +69,7 @@ CONSOLE_FIELDS = [
     ("completions/mean_length", "len", "{:.1f}"),
     ("grad_norm", "gnorm", "{:.3f}"),
     ("time/step", "s/step", "{:.1f}"),
+    ("eval/accuracy", "eval acc", "{:.3f}"),
 ]
 
 

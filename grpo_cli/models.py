@@ -44,6 +44,14 @@ class ModelLoadError(RuntimeError):
     """A model or tokenizer that cannot be found or loaded; the message says what to change."""
 
 
+def quiet_transformers() -> None:
+    """transformers' own progress bars and info logs would drown ours."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
 def cache_dir() -> Path:
     """Root of grpo's caches: $GRPO_CACHE_DIR, else ~/.cache/grpo."""
     env = os.environ.get("GRPO_CACHE_DIR")

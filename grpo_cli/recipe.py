@@ -159,6 +159,18 @@ class LoggingConfig(Section):
     rollouts: bool = Field(True, description="Write rollouts.jsonl (every completion with its rewards).")
 
 
+class EvalConfig(Section):
+    every_steps: int = Field(0, ge=0, description="Evaluate every N training steps and at the end; 0: only at the end.")
+    split: str = Field("test", description="Split of data.dataset to evaluate on (held out from training).")
+    limit: int = Field(100, ge=1, description="Number of problems (the first N rows, not shuffled).")
+    seed: int = Field(1234, description="Seed of offline generators (other problems than training's) and of sampling.")
+    num_samples: int = Field(1, ge=1, description="n samples per problem at `temperature` for pass@k and maj@k, k <= n.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the n samples (pass@1 'accuracy' is greedy).")
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int | None = Field(None, ge=1, description="Default: rollout.max_completion_length.")
+    batch_size: int = Field(32, ge=1, description="Prompts per generate call.")
+
+
 class Recipe(Section):
     name: str = Field(..., pattern=r"^[A-Za-z0-9._-]+$", description="Run name; the default output dir is runs/<name>.")
     model: ModelConfig
@@ -169,6 +181,7 @@ class Recipe(Section):
     train: TrainConfig
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    eval: EvalConfig | None = Field(None, description="Evaluate during training (and the defaults of `grpo eval`).")
 
     @property
     def generation_batch_size(self) -> int:

@@ -110,7 +110,8 @@ def test_micro_batches_equal_one_big_batch(tmp_path, loss_type):
 
 def test_sigterm_saves_then_resume_matches_uninterrupted_run(tmp_path):
     common = ["train.max_steps=24", "checkpoint.every_steps=100", "algorithm.num_iterations=2", "algorithm.beta=0.05",
-              "train.scheduler=linear", "train.warmup_steps=3", "rollout.max_completion_length=24"]
+              "train.scheduler=linear", "train.warmup_steps=3", "rollout.max_completion_length=24",
+              "eval={every_steps: 5, limit: 4, num_samples: 2}"]  # eval samples under its own RNG
     full = cli("train", str(TINY), "-o", str(tmp_path / "full"), *common)
     assert full.returncode == 0, full.stderr
 
@@ -137,6 +138,7 @@ def test_sigterm_saves_then_resume_matches_uninterrupted_run(tmp_path):
     ra, rb = read_jsonl(tmp_path / "full/rollouts.jsonl"), read_jsonl(run / "rollouts.jsonl")
     assert [x["completion"] for x in ra] == [x["completion"] for x in rb]
     assert any(m["kl"] > 0 for m in b[k:])  # the reference model was restored and used after resume
+    assert [m["step"] for m in b if "eval/accuracy" in m] == [5, 10, 15, 20, 24]
 
 
 def test_uneven_process_split_is_a_setup_error(tmp_path):

@@ -47,20 +47,26 @@ class HFGenerator:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], prompts: list[str], n: int = 1) -> Rollout:
+    def generate(
+        self, prompt_ids: list[list[int]], prompts: list[str], n: int = 1, *, greedy: bool = False,
+        temperature: float | None = None, top_p: float | None = None, max_new_tokens: int | None = None,
+    ) -> Rollout:
         """B prompts -> B*n completions, each prompt's n samples in contiguous rows.
 
         The engine passes rows already repeated G times (n=1) when the rows of a group are split
-        over processes; n > 1 repeats here."""
+        over processes; n > 1 repeats here. `greedy` and the other keywords are for evaluation."""
         from transformers import GenerationConfig
 
         rows = [p for p in prompt_ids for _ in range(n)]
         device = next(self.model.parameters()).device
         ids, mask = left_pad(rows, self.pad_id, device)
         c = self.cfg
+        sampling = {} if greedy else dict(
+            temperature=temperature or c.temperature, top_p=top_p or c.top_p, top_k=c.top_k or 0, min_p=c.min_p,
+        )
         gen_cfg = GenerationConfig(
-            do_sample=True, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k or 0, min_p=c.min_p,
-            repetition_penalty=c.repetition_penalty, max_new_tokens=c.max_completion_length,
+            do_sample=not greedy, **sampling, repetition_penalty=c.repetition_penalty,
+            max_new_tokens=max_new_tokens or c.max_completion_length,
             eos_token_id=self.eos_ids, pad_token_id=self.pad_id, use_cache=True,
         )
         was_training = self.model.training

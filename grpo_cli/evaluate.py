@@ -1,0 +1,289 @@
+"""`grpo eval`: task metrics of one or more models on the same held-out problems.
+
+accuracy   greedy decoding, the final answer extracted as the recipe's `accuracy` reward does
+           (its `mode`/`tag` kwargs) and compared with math-verify: pass@1 of the greedy policy.
+pass@k     unbiased estimator over n samples (Chen et al. 2021, arXiv:2107.03374): 1 - C(n-c, k) / C(n, k).
+maj@k      majority vote over the extracted answers of the first k samples (self-consistency).
+Plus the mean of each reward function, format compliance (share of greedy completions with an
+extractable answer), mean completion length and truncation rate, all on greedy completions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo_cli.recipe import DataConfig, EvalConfig, ModelConfig, Recipe
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Probability that at least one of k samples drawn without replacement from n (c correct) is correct."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    # 1 - C(n-c, k) / C(n, k) as a product, stable for large n
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def normalize_answer(answer: str) -> str:
+    """Canonical text for voting: numbers as numbers (1,000 == 1000.0 == 1000), other text stripped."""
+    text = answer.strip().rstrip(".").strip()
+    try:
+        value = float(text.replace(",", ""))
+    except ValueError:
+        return text
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+def majority_answer(answers: list[str | None]) -> str | None:
+    """Most common extracted answer (ties: the one seen first); None if nothing was extracted."""
+    votes = Counter(normalize_answer(a) for a in answers if a is not None)
+    return votes.most_common(1)[0][0] if votes else None
+
+
+def k_values(n: int) -> list[int]:
+    """1, 2, 4, ... up to n, and n itself."""
+    ks = [k for k in (2**i for i in range(int(math.log2(n)) + 1)) if k <= n]
+    return ks if ks[-1] == n else ks + [n]
+
+
+def accuracy_settings(recipe: Recipe) -> dict[str, str]:
+    """Extraction mode and tag of the recipe's `accuracy` reward (the same rule in training and eval)."""
+    for spec in recipe.rewards:
+        if spec.name == "accuracy":
+            return {"mode": spec.kwargs.get("mode", "auto"), "tag": spec.kwargs.get("tag", "answer")}
+    return {"mode": "auto", "tag": "answer"}
+
+
+@dataclass
+class Problems:
+    texts: list[str]  # [P] rendered prompts
+    input_ids: list[list[int]]  # [P]
+    columns: dict[str, list[Any]]  # dataset columns, each [P]
+    data: DataConfig  # what was loaded (for the report)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def eval_data_config(recipe: Recipe, cfg: EvalConfig) -> DataConfig:
+    """The recipe's data, held out: the eval split of a dataset, or the generator under another seed."""
+    d = recipe.data
+    update: dict[str, Any] = {"limit": cfg.limit, "shuffle": False, "seed": cfg.seed}
+    if d.dataset:
+        update["split"] = cfg.split
+    if d.generator:
+        kwargs = {k: v for k, v in d.generator_kwargs.items() if k != "seed"}
+        update["generator_kwargs"] = {**kwargs, "size": cfg.limit}
+    return d.model_copy(update=update)
+
+
+def load_problems(recipe: Recipe, cfg: EvalConfig, tokenizer) -> Problems:
+    from grpo_cli.data import encode_prompts, load_rows, render_prompt
+
+    data = eval_data_config(recipe, cfg)
+    rows = load_rows(data, cfg.seed)
+    columns = {k: list(v) for k, v in rows.to_dict().items()}
+    if data.answer_column and data.answer_column != "answer" and data.answer_column in columns:
+        columns["answer"] = columns.pop(data.answer_column)
+    texts = [render_prompt(row, data, tokenizer) for row in rows]
+    return Problems(texts, encode_prompts(texts, tokenizer, data.max_prompt_length), columns, data)
+
+
+def _score_rows(recipe: Recipe, problems: Problems, rollout, rows: list[int], n: int, max_len: int):
+    from grpo_cli.rewards import score
+
+    cols = {k: [v[i] for i in rows for _ in range(n)] for k, v in problems.columns.items()}
+    cols.setdefault("max_completion_length", [max_len] * len(rows) * n)
+    ids = [row[m.bool()].tolist() for row, m in zip(rollout.completion_ids, rollout.completion_mask)]
+    return score(recipe.rewards, rollout.prompts, rollout.completions, ids, cols)
+
+
+def evaluate_model(model, tokenizer, recipe: Recipe, cfg: EvalConfig, problems: Problems,
+                   *, progress: bool = False) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Greedy (and n sampled) completions for every problem -> metrics and one record per completion.
+
+    Runs under its own RNG (seeded with cfg.seed) and leaves the caller's RNG untouched."""
+    import torch
+
+    from grpo_cli.rewards import answers_match, extract_answer, reference_text
+    from grpo_cli.rollout.hf import HFGenerator
+
+    gen, ext = HFGenerator(model, tokenizer, recipe.rollout), accuracy_settings(recipe)
+    max_len, n = cfg.max_new_tokens or recipe.rollout.max_completion_length, cfg.num_samples
+    samples: list[dict[str, Any]] = []
+    batches = [list(range(s, min(s + cfg.batch_size, len(problems)))) for s in range(0, len(problems), cfg.batch_size)]
+    with torch.random.fork_rng(devices=[]), _progress(progress, len(problems)) as advance:
+        torch.manual_seed(cfg.seed)
+        for rows in batches:
+            ids, texts = [problems.input_ids[i] for i in rows], [problems.texts[i] for i in rows]
+            kinds = [("greedy", gen.generate(ids, texts, 1, greedy=True, max_new_tokens=max_len), 1)]
+            if n > 1:
+                kinds.append(("sample", gen.generate(ids, texts, n, temperature=cfg.temperature, top_p=cfg.top_p,
+                                                     max_new_tokens=max_len), n))
+            for kind, rollout, per in kinds:
+                rewards = _score_rows(recipe, problems, rollout, rows, per, max_len) if kind == "greedy" else None
+                lengths = rollout.completion_mask.sum(1).tolist()
+                for j, text in enumerate(rollout.completions):
+                    i = rows[j // per]
+                    ref = reference_text(problems.columns.get("answer", [None] * len(problems))[i])
+                    got = extract_answer(text, mode=ext["mode"], tag=ext["tag"])
+                    samples.append({
+                        "index": i, "kind": kind, "sample": j % per, "prompt": problems.texts[i],
+                        "answer": ref, "completion": text, "extracted": got,
+                        "correct": bool(ref is not None and got is not None and answers_match(ref, got)),
+                        "rewards": {k: v[j] for k, v in rewards.per_function.items()} if rewards else None,
+                        "length": int(lengths[j]), "truncated": bool(rollout.truncated[j]),
+                    })
+            advance(len(rows))
+    return summarize(samples, n), samples
+
+
+def summarize(samples: list[dict[str, Any]], n: int) -> dict[str, float]:
+    """Metrics from the per-completion records of evaluate_model."""
+    greedy = [s for s in samples if s["kind"] == "greedy"]
+    m: dict[str, float] = {"num_problems": float(len(greedy))}
+    m["accuracy"] = sum(s["correct"] for s in greedy) / max(len(greedy), 1)
+    for name in greedy[0]["rewards"] if greedy else []:
+        vals = [s["rewards"][name] for s in greedy if s["rewards"][name] is not None]
+        m[f"rewards/{name}/mean"] = sum(vals) / len(vals) if vals else float("nan")
+    m["format_compliance"] = sum(s["extracted"] is not None for s in greedy) / max(len(greedy), 1)
+    m["completions/mean_length"] = sum(s["length"] for s in greedy) / max(len(greedy), 1)
+    m["completions/clipped_ratio"] = sum(s["truncated"] for s in greedy) / max(len(greedy), 1)
+    if n > 1:
+        by_problem: dict[int, list[dict[str, Any]]] = {}
+        for s in samples:
+            if s["kind"] == "sample":
+                by_problem.setdefault(s["index"], []).append(s)
+        for k in k_values(n):
+            m[f"pass@{k}"] = sum(pass_at_k(n, sum(x["correct"] for x in xs), k) for xs in by_problem.values()) / len(by_problem)
+            m[f"maj@{k}"] = sum(_majority_correct(xs[:k]) for xs in by_problem.values()) / len(by_problem)
+    return m
+
+
+def _majority_correct(xs: list[dict[str, Any]]) -> bool:
+    from grpo_cli.rewards import answers_match
+
+    winner = majority_answer([x["extracted"] for x in xs])
+    return bool(winner is not None and xs[0]["answer"] is not None and answers_match(xs[0]["answer"], winner))
+
+
+class _progress:
+    """A rich progress bar with ETA over problems (or nothing)."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.enabled, self.total = enabled, total
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda k: None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.bar = Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TextColumn("eta"),
+                            TimeRemainingColumn(), transient=True)
+        task = self.bar.add_task("eval", total=self.total)
+        self.bar.start()
+        return lambda k: self.bar.advance(task, k)
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self.bar.stop()
+
+
+# ----- targets and the command ----------------------------------------------------------------
+@dataclass
+class Target:
+    spec: str  # what the user typed
+    model: ModelConfig
+    recipe: Recipe | None  # the one saved with a checkpoint, if any
+
+
+def resolve_target(spec: str, recipe: Recipe | None) -> Target:
+    """`base` (the recipe's own model), a run folder (its newest checkpoint), a checkpoint, a model folder or hub id."""
+    from grpo_cli.checkpoint import latest_checkpoint
+    from grpo_cli.recipe import load_recipe
+
+    if spec == "base":
+        if recipe is None:
+            raise ValueError("target `base` means the recipe's model: give --recipe or a checkpoint target too")
+        return Target(spec, recipe.model, recipe)
+    path = Path(spec)
+    if (path / "checkpoints").is_dir() and not (path / "config.json").exists():
+        newest = latest_checkpoint(path)
+        if newest is None:
+            raise ValueError(f"{spec} holds no complete checkpoint")
+        path = newest
+    if (path / "recipe.yaml").is_file() and (path / "config.json").is_file():
+        saved = load_recipe(path / "recipe.yaml")
+        model = saved.model.model_copy(update={"name_or_path": str(path), "gguf_file": None, "revision": None})
+        return Target(spec, model, saved)
+    base = recipe.model if recipe is not None else ModelConfig(name_or_path=spec)
+    return Target(spec, base.model_copy(update={"name_or_path": spec, "gguf_file": None, "revision": None}), None)
+
+
+def eval_settings(recipe: Recipe, cfg: EvalConfig, problems: Problems) -> dict[str, Any]:
+    d = problems.data
+    source = d.dataset and f"{d.dataset}:{d.config or ''}:{d.split}" or d.files or f"generator {d.generator}"
+    return {
+        "problems": len(problems), "source": source, "seed": cfg.seed, "extraction": accuracy_settings(recipe),
+        "accuracy_decoding": "greedy", "num_samples": cfg.num_samples, "temperature": cfg.temperature,
+        "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens or recipe.rollout.max_completion_length,
+    }
+
+
+def run_eval(specs: list[str], recipe: Recipe | None, cfg_overrides: dict[str, Any], output: Path) -> dict[str, Any]:
+    """Evaluate every target on the same problems; print a table, write eval.json and samples.jsonl."""
+    import json
+
+    from grpo_cli.models import load_model, load_tokenizer, quiet_transformers
+
+    quiet_transformers()
+    targets = [resolve_target(s, recipe) for s in specs if s != "base"]
+    recipe = recipe or next((t.recipe for t in targets if t.recipe is not None), None)
+    if recipe is None:
+        raise ValueError("no recipe: give --recipe, or a checkpoint written by `grpo train` as a target")
+    targets = [resolve_target(s, recipe) if s == "base" else t for s, t in _in_order(specs, targets)]
+    cfg = (recipe.eval or EvalConfig()).model_copy(update={k: v for k, v in cfg_overrides.items() if v is not None})
+    results, settings = [], None
+    output.mkdir(parents=True, exist_ok=True)
+    with open(output / "samples.jsonl", "w", encoding="utf-8") as f:
+        for t in targets:
+            tokenizer, model = load_tokenizer(t.model), load_model(t.model)
+            problems = load_problems(recipe, cfg, tokenizer)
+            settings = settings or eval_settings(recipe, cfg, problems)
+            metrics, samples = evaluate_model(model, tokenizer, recipe, cfg, problems, progress=True)
+            f.writelines(json.dumps({"target": t.spec, **s}, ensure_ascii=False) + "\n" for s in samples)
+            results.append({"target": t.spec, "model": t.model.name_or_path, "gguf_file": t.model.gguf_file,
+                            "metrics": metrics})
+            del model
+    report = {"settings": settings, "targets": results}
+    (output / "eval.json").write_text(json.dumps(report, indent=2, default=str))
+    print_table(report)
+    return report
+
+
+def _in_order(specs: list[str], resolved: list[Target]):
+    it = iter(resolved)
+    for s in specs:
+        yield s, (None if s == "base" else next(it))
+
+
+def print_table(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    s, results = report["settings"], report["targets"]
+    console = Console()
+    console.print(
+        f"{s['problems']} problems from {s['source']} (seed {s['seed']}); answers extracted with mode "
+        f"{s['extraction']['mode']!r}; accuracy = greedy pass@1; pass@k/maj@k from n={s['num_samples']} samples "
+        f"at temperature {s['temperature']}, top_p {s['top_p']}; max_new_tokens {s['max_new_tokens']}", soft_wrap=True,
+    )
+    table = Table("metric", *[r["target"] for r in results])
+    for key in results[0]["metrics"]:
+        table.add_row(key, *[f"{r['metrics'].get(key, float('nan')):.4g}" for r in results])
+    console.print(table)
