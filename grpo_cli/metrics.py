@@ -39,7 +39,10 @@ class JsonlLog:
         if not self.path.exists():
             return []
         lines = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
+        # split on "\n" only: str.splitlines() also splits on U+2028 / U+0085, which completions may hold
+        for line in self.path.read_text(encoding="utf-8").split("\n"):
+            if not line:
+                continue
             try:
                 json.loads(line)
                 lines.append(line)
