@@ -1,0 +1,457 @@
+"""`grpo report`: plots and one self-contained HTML page from the metrics.jsonl of one or more runs.
+
+Three layers, each testable alone:
+  data      load_metrics / series / aligned / stack_layers / summary: pure functions on the records
+  panels    candidate_panels / select_panels: which plots exist, as data (keys, labels, axis names)
+  output    plot_panel returns a matplotlib Figure (tests read every line back from it);
+            write_report saves one PNG per panel and report.html with the PNGs as base64 data URIs.
+matplotlib is imported lazily, with the headless Agg backend, so `grpo --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+TIME_KEYS = ("time/generate", "time/score", "time/train")
+_LINESTYLES = ("-", "--", ":", "-.")
+
+
+class ReportError(Exception):
+    """A run folder that cannot be reported on; the message says which one and why."""
+
+
+@dataclass(frozen=True)
+class Run:
+    label: str  # legend label: folder name, or recipe name when folder names collide
+    path: Path
+    records: list[dict[str, Any]]
+
+
+# ----------------------------------------------------------------------------------------- data
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def load_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl in file order; records without a numeric "step" are ignored.
+
+    A cut last line (a run killed mid-write) is skipped; a bad line anywhere else is an error,
+    because then the file is not what `grpo train` writes."""
+    lines = [(n, s) for n, s in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+             if s.strip()]
+    records = []
+    for i, (lineno, line) in enumerate(lines):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == len(lines) - 1:
+                break
+            raise ReportError(f"{path}, line {lineno}: not JSON ({e.msg}); fix or delete that line") from None
+        if isinstance(rec, dict) and _is_number(rec.get("step")):
+            records.append(rec)
+    return records
+
+
+def series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of one metric; records where it is missing, null or not a number are dropped."""
+    pairs = [(r["step"], float(r[key])) for r in records if _is_number(r.get(key))]
+    return [s for s, _ in pairs], [v for _, v in pairs]
+
+
+def aligned(records: list[dict[str, Any]], keys: list[str]) -> tuple[list[float], list[list[float]]]:
+    """(steps, one value list per key) over the records where every key holds a number."""
+    rows = [r for r in records if keys and all(_is_number(r.get(k)) for k in keys)]
+    return [r["step"] for r in rows], [[float(r[k]) for r in rows] for k in keys]
+
+
+def stack_layers(records: list[dict[str, Any]]) -> tuple[list[float], dict[str, list[float]]]:
+    """Step-time layers to stack: generate / score / train (those the run logs) and `other`,
+    the rest of time/step (weight sync, logging, checkpoints) when there is any."""
+    keys = [k for k in TIME_KEYS if series(records, k)[0]]
+    steps, cols = aligned(records, keys)
+    layers = {k.split("/", 1)[1]: col for k, col in zip(keys, cols)}
+    totals = {r["step"]: float(r["time/step"]) for r in records if _is_number(r.get("time/step"))}
+    other = [max(0.0, totals[s] - sum(c[i] for c in cols)) if s in totals else 0.0 for i, s in enumerate(steps)]
+    if any(other):
+        layers["other"] = other
+    return steps, layers
+
+
+def _mean(xs: list[float]) -> Optional[float]:
+    return sum(xs) / len(xs) if xs else None
+
+
+def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The numbers of the summary table; None where the run did not log what a number needs."""
+    steps, reward = series(records, "reward")
+    _, step_time = series(records, "time/step")
+    _, eval_acc = series(records, "eval/accuracy")
+    best = max(range(len(reward)), key=reward.__getitem__) if reward else None
+    return {
+        "steps": max(r["step"] for r in records) if records else 0,
+        "first_reward": reward[0] if reward else None,
+        "last_reward": reward[-1] if reward else None,
+        "best_reward": reward[best] if best is not None else None,
+        "best_reward_step": steps[best] if best is not None else None,
+        "first10_reward": _mean(reward[:10]),
+        "last10_reward": _mean(reward[-10:]),
+        "last_eval_accuracy": eval_acc[-1] if eval_acc else None,
+        "total_time_s": sum(step_time) if step_time else None,
+        "mean_step_time_s": _mean(step_time),
+    }
+
+
+def present_keys(runs: list[Run]) -> set[str]:
+    """Every metric that holds a number in at least one record of at least one run."""
+    return {k for run in runs for r in run.records for k, v in r.items() if _is_number(v)}
+
+
+# --------------------------------------------------------------------------------------- panels
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One subplot: a line per (run, key)."""
+
+    ylabel: str
+    keys: tuple[str, ...]
+    labels: tuple[str, ...]
+    bands: tuple[tuple[str, str], ...] = ()  # (mean key, std key): shade mean ± std
+    sci: bool = False  # scientific tick labels (learning rates)
+    from_zero: bool = False  # a quantity that cannot be negative: the y axis starts at 0
+    wide: tuple[str, ...] = ()  # keys drawn wide and translucent, so an identical line on top stays visible
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One figure, one PNG file (`name`.png)."""
+
+    name: str
+    title: str
+    axes: tuple[Axis, ...]
+    stacked: bool = False  # the step-time breakdown: stacked areas, one subplot per run
+
+
+def _eval_order(key: str) -> tuple[int, int]:
+    kind, _, k = key.removeprefix("eval/").partition("@")
+    return ({"accuracy": 0, "pass": 1, "maj": 2}[kind], int(k or 0))
+
+
+def _reward_fn_panel(fn: str, keys: set[str]) -> Panel:
+    mean, std, ev = f"rewards/{fn}/mean", f"rewards/{fn}/std", f"eval/rewards/{fn}/mean"
+    band = ((mean, std),) if std in keys else ()
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", fn)
+    title = f"Reward function: {fn}" + (" (band: ± std over completions)" if band else "")
+    return Panel(f"reward_fn_{safe}", title, (Axis("reward", (mean, ev), ("train mean", "eval mean"), band),))
+
+
+def candidate_panels(keys: set[str]) -> list[Panel]:
+    """Every panel a report can hold, given the metric names the runs logged."""
+    fns = sorted({m.group(1) for k in keys if (m := re.fullmatch(r"(?:eval/)?rewards/(.+)/mean", k))})
+    evals = sorted((k for k in keys if re.fullmatch(r"eval/(accuracy|pass@\d+|maj@\d+)", k)), key=_eval_order)
+    reward_keys = ("reward", *(f"rewards/{f}/mean" for f in fns), *evals)
+    reward_labels = ("reward (weighted sum)", *fns, *(k.replace("/", " ") for k in evals))
+    clip = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")
+    return [
+        Panel("reward", "Reward and accuracy (train per step; eval where logged)",
+              # with one reward function of weight 1 the sum equals it: drawn wide so it is not hidden
+              (Axis("reward / accuracy", reward_keys, reward_labels, wide=("reward",)),)),
+        *(_reward_fn_panel(f, keys) for f in fns),
+        Panel("kl", "KL divergence to the reference model", (Axis("KL", ("kl",), ("kl",)),)),
+        Panel("entropy", "Policy entropy of completion tokens",
+              (Axis("entropy (nats/token)", ("entropy",), ("entropy",), from_zero=True),)),
+        Panel("clip_ratio", "Fraction of tokens clipped by the policy ratio",
+              (Axis("fraction of tokens", clip, ("low", "high", "region"), from_zero=True),)),
+        Panel("completion_length", "Completion length", (
+            Axis("tokens", ("completions/mean_length", "completions/max_length"), ("mean", "max")),
+            Axis("fraction clipped", ("completions/clipped_ratio",), ("clipped at max length",), from_zero=True))),
+        Panel("grad_norm", "Gradient norm (before clipping)",
+              (Axis("grad norm", ("grad_norm",), ("grad norm",), from_zero=True),)),
+        Panel("learning_rate", "Learning rate",
+              (Axis("learning rate", ("learning_rate",), ("lr",), sci=True, from_zero=True),)),
+        Panel("step_time", "Time per step: generate / score / train",
+              (Axis("seconds", TIME_KEYS, ("generate", "score", "train")),), stacked=True),
+    ]
+
+
+def _keep(axis: Axis, keys: set[str]) -> Optional[Axis]:
+    pairs = [(k, lab) for k, lab in zip(axis.keys, axis.labels) if k in keys]
+    if not pairs:
+        return None
+    return Axis(axis.ylabel, tuple(k for k, _ in pairs), tuple(lab for _, lab in pairs), axis.bands, axis.sci,
+                axis.from_zero, axis.wide)
+
+
+def select_panels(panels: list[Panel], keys: set[str]) -> tuple[list[Panel], list[Panel]]:
+    """(panels with data, each reduced to the lines that exist; panels skipped because no run logged them)."""
+    kept, skipped = [], []
+    for p in panels:
+        axes = tuple(a for a in (_keep(ax, keys) for ax in p.axes) if a is not None)
+        if axes:
+            kept.append(Panel(p.name, p.title, p.axes if p.stacked else axes, p.stacked))
+        else:
+            skipped.append(p)
+    return kept, skipped
+
+
+# ------------------------------------------------------------------------------------- plotting
+
+
+def _line_label(run: str, label: str, n_runs: int, n_keys: int) -> str:
+    if n_runs == 1:
+        return label
+    return run if n_keys == 1 else f"{run}: {label}"
+
+
+def _legend(ax: Any) -> None:
+    n = len(ax.get_legend_handles_labels()[1])
+    if n > 5:  # many lines: legend beside the plot, never over the data
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    elif n > 1:
+        ax.legend(fontsize="small", loc="best")
+
+
+def _draw_axis(ax: Any, spec: Axis, runs: list[Run]) -> None:
+    n_keys, bands = len(spec.keys), dict(spec.bands)
+    for ri, run in enumerate(runs):
+        for ki, (key, label) in enumerate(zip(spec.keys, spec.labels)):
+            x, y = series(run.records, key)
+            if not x:
+                continue
+            # one key: a colour per run; several keys: a colour per key and a line style per run
+            color = f"C{(ri if n_keys == 1 else ki) % 10}"
+            style = "-" if n_keys == 1 else _LINESTYLES[ri % len(_LINESTYLES)]
+            marker = dict(marker="o", markersize=4) if key.startswith("eval/") else {}
+            width = dict(linewidth=4.5, alpha=0.4) if key in spec.wide else dict(linewidth=1.5)
+            ax.plot(x, y, linestyle=style, color=color, **width,
+                    label=_line_label(run.label, label, len(runs), n_keys), **marker)
+            if key in bands:
+                steps, (mean, std) = aligned(run.records, [key, bands[key]])
+                ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                                color=color, alpha=0.15, linewidth=0)
+    ax.set_ylabel(spec.ylabel)
+    ax.grid(alpha=0.3)
+    if spec.from_zero:
+        ax.set_ylim(bottom=0)
+    if spec.sci:
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+    _legend(ax)
+
+
+def _plot_stacked(fig: Any, panel: Panel, runs: list[Run]) -> None:
+    # no shared y: runs on different hardware differ by orders of magnitude
+    axs = fig.subplots(len(runs), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, run in zip(axs, runs):
+        steps, layers = stack_layers(run.records)
+        if steps:
+            colors = [f"C{i}" for i in range(len(layers))]
+            ax.stackplot(steps, *layers.values(), labels=list(layers), colors=colors, alpha=0.75)
+        x, y = series(run.records, "time/step")
+        if x:
+            ax.plot(x, y, color="black", linewidth=1, label="total (time/step)")
+        if not steps and not x:
+            ax.text(0.5, 0.5, "no step times logged", ha="center", va="center", transform=ax.transAxes)
+        if len(runs) > 1:
+            ax.set_title(run.label, fontsize="medium")
+        ax.set_ylabel(panel.axes[0].ylabel)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[1]:
+            ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    axs[-1].set_xlabel("step")
+
+
+def plot_panel(panel: Panel, runs: list[Run]) -> Any:
+    """A matplotlib Figure (not attached to pyplot, so nothing leaks between calls)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    n = len(runs) if panel.stacked else len(panel.axes)
+    fig = Figure(figsize=(9, 1.0 + 3.0 * n), layout="constrained")
+    fig.suptitle(panel.title)
+    if panel.stacked:
+        _plot_stacked(fig, panel, runs)
+        return fig
+    axs = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
+    for ax, spec in zip(axs, panel.axes):
+        _draw_axis(ax, spec, runs)
+    axs[-1].set_xlabel("step")
+    return fig
+
+
+def figure_png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------------------------- runs, output
+
+
+def recipe_name(run_dir: Path) -> Optional[str]:
+    """`name:` of the run's saved recipe.yaml, or None when there is none to read."""
+    import yaml
+
+    try:
+        name = yaml.safe_load((run_dir / "recipe.yaml").read_text(encoding="utf-8")).get("name")
+    except (OSError, AttributeError, yaml.YAMLError):
+        return None
+    return str(name) if name else None
+
+
+def run_labels(paths: list[Path], recipe_names: list[Optional[str]]) -> list[str]:
+    """Folder names; if two collide, recipe names; then parent/folder; then numbered."""
+    options = ([p.name for p in paths],
+               [n or p.name for p, n in zip(paths, recipe_names)],
+               [f"{p.parent.name}/{p.name}" for p in paths])
+    for labels in options:
+        if len(set(labels)) == len(labels):
+            return labels
+    return [f"{lab} ({i})" for i, lab in enumerate(options[-1], 1)]
+
+
+def load_run_records(run_dir: Path) -> list[dict[str, Any]]:
+    if not run_dir.is_dir():
+        raise ReportError(f"{run_dir}: no such run folder")
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise ReportError(f"{run_dir} has no metrics.jsonl: pass a run folder written by `grpo train`")
+    records = load_metrics(path)
+    if not records:
+        raise ReportError(f"{path} holds no step records yet: has the run finished its first step?")
+    return records
+
+
+def load_runs(run_dirs: list[Path]) -> list[Run]:
+    paths = [p.resolve() for p in run_dirs]
+    records = [load_run_records(p) for p in paths]
+    labels = run_labels(paths, [recipe_name(p) for p in paths])
+    return [Run(lab, p, recs) for lab, p, recs in zip(labels, paths, records)]
+
+
+def fmt_number(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.4g}"
+
+
+def fmt_seconds(v: Optional[float]) -> str:
+    if v is None:
+        return "-"
+    if v < 120:
+        return f"{v:.1f} s"
+    return f"{v / 60:.1f} min" if v < 7200 else f"{v / 3600:.2f} h"
+
+
+SUMMARY_COLUMNS = ("run", "steps", "first reward", "last reward", "best reward (step)", "mean reward, first 10",
+                   "mean reward, last 10", "last eval accuracy", "total time", "mean step time")
+
+
+def summary_row(label: str, s: dict[str, Any]) -> list[str]:
+    """One table row, as text, in the order of SUMMARY_COLUMNS."""
+    best = "-" if s["best_reward"] is None else f"{fmt_number(s['best_reward'])} ({s['best_reward_step']})"
+    return [label, str(s["steps"]), fmt_number(s["first_reward"]), fmt_number(s["last_reward"]), best,
+            fmt_number(s["first10_reward"]), fmt_number(s["last10_reward"]), fmt_number(s["last_eval_accuracy"]),
+            fmt_seconds(s["total_time_s"]), fmt_seconds(s["mean_step_time_s"])]
+
+
+def _skipped_text(skipped: list[Panel]) -> str:
+    return "; ".join(f"{p.title} ({', '.join(k for a in p.axes for k in a.keys)})" for p in skipped)
+
+
+_CSS = ("body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:1em 0}"
+        "td,th{border:1px solid #ccc;padding:4px 10px;text-align:right}td:first-child,th:first-child{text-align:left}"
+        "th{background:#f3f3f3}figure{margin:2em 0}img{max-width:100%}.note{color:#666}")
+
+
+def render_html(rows: list[list[str]], images: list[tuple[Panel, bytes]], skipped: list[Panel],
+                sources: list[Path]) -> str:
+    """One page, no external files: the summary table, then every PNG as a base64 data URI."""
+    e = html.escape
+    head = "".join(f"<th>{e(c)}</th>" for c in SUMMARY_COLUMNS)
+    body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in rows)
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>grpo report</title>",
+             f"<style>{_CSS}</style></head><body><h1>grpo report</h1>",
+             "<p class='note'>" + "<br>".join(e(str(p / "metrics.jsonl")) for p in sources) + "</p>",
+             f"<h2>Summary</h2><table><tr>{head}</tr>{body}</table>"]
+    if skipped:
+        parts.append(f"<p class='note'>Not plotted, no run logged them: {e(_skipped_text(skipped))}</p>")
+    for panel, png in images:
+        data = base64.b64encode(png).decode("ascii")
+        parts.append(f"<figure id='{e(panel.name)}'><img alt='{e(panel.title)}' src=\"data:image/png;base64,{data}\">"
+                     f"<figcaption>{e(panel.title)}</figcaption></figure>")
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+def text_table(rows: list[list[str]]) -> str:
+    table = [list(SUMMARY_COLUMNS), *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(SUMMARY_COLUMNS))]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in table)
+
+
+def write_report(runs: list[Run], out: Path) -> tuple[list[Path], list[Panel], list[list[str]]]:
+    """Write one PNG per panel and report.html into `out`; return (files written, skipped panels, table rows)."""
+    keys = present_keys(runs)
+    kept, skipped = select_panels(candidate_panels(keys), keys)
+    rows = [summary_row(r.label, summary(r.records)) for r in runs]
+    out.mkdir(parents=True, exist_ok=True)
+    images, files = [], []
+    for panel in kept:
+        png = figure_png(plot_panel(panel, runs))
+        files.append(out / f"{panel.name}.png")
+        files[-1].write_bytes(png)
+        images.append((panel, png))
+    files.append(out / "report.html")
+    files[-1].write_text(render_html(rows, images, skipped, [r.path for r in runs]), encoding="utf-8")
+    return files, skipped, rows
+
+
+# -------------------------------------------------------------------------------------- command
+
+
+def command(
+    run_dirs: list[Path] = typer.Argument(..., help="Run folders written by `grpo train` (each holds metrics.jsonl).",
+                                          show_default=False),
+    out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default: RUN_DIR/report for one run, "
+                                       "./report for several)."),
+) -> None:
+    """Plot a run's metrics (or overlay several runs) into PNGs and one self-contained report.html.
+
+    Panels: reward and accuracy (train, eval), each reward function, KL, entropy, clip ratios,
+    completion length, grad norm, learning rate, step-time breakdown; and a summary table per run.
+
+    Examples:
+
+      grpo report runs/quickstart
+
+      grpo report runs/quickstart runs/dapo-try --out /tmp/compare
+    """
+    try:
+        runs = load_runs(run_dirs)
+    except ReportError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    target = out or (run_dirs[0] / "report" if len(run_dirs) == 1 else Path("report"))
+    try:
+        files, skipped, rows = write_report(runs, target)
+    except OSError as e:
+        typer.echo(f"error: cannot write the report to {target}: {e}", err=True)
+        raise typer.Exit(1)
+    typer.echo(text_table(rows))
+    if skipped:
+        typer.echo(f"not plotted, no run logged them: {_skipped_text(skipped)}")
+    typer.echo(f"wrote {len(files) - 1} plots and {files[-1]}")
