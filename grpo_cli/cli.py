@@ -105,6 +105,65 @@ def train(
         typer.echo(f"done: {step} steps in {run_dir}")
 
 
+@app.command("eval")
+def eval_(
+    targets: list[str] = typer.Argument(..., help="`base` (the recipe's model), run folders, checkpoints, model folders or hub ids.", show_default=False),
+    recipe: Optional[Path] = typer.Option(None, "--recipe", help="Recipe for problems, rewards and extraction (default: the checkpoint's)."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="Evaluate on this dataset instead of the recipe's."),
+    split: Optional[str] = typer.Option(None, "--split", help="Split of the dataset (default: eval.split, `test`)."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Number of problems."),
+    num_samples: Optional[int] = typer.Option(None, "--num-samples", "-n", min=1, help="Samples per problem for pass@k / maj@k."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", min=0.0, help="Temperature of the n samples."),
+    top_p: Optional[float] = typer.Option(None, "--top-p", min=0.0, max=1.0),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", min=1),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Generator and sampling seed."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="Prompts per generate call."),
+    backend: str = typer.Option("hf", "--backend", help="Generation backend: hf."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Folder for eval.json and samples.jsonl (default: eval/<timestamp>)."),
+) -> None:
+    """Accuracy (greedy pass@1), pass@k, maj@k and reward means of models on the same held-out problems.
+
+    Examples:
+
+      grpo eval base runs/quickstart --recipe recipes/quickstart.yaml
+
+      grpo eval runs/quickstart/checkpoints/step-40 --num-samples 4 --limit 50
+
+      grpo eval Qwen/Qwen2.5-0.5B-Instruct --recipe recipes/gsm8k.yaml --limit 200
+    """
+    import time
+
+    if backend != "hf":
+        _fail(f"--backend {backend!r} is not available; valid: hf")
+    r = _load(recipe, []) if recipe else None
+    if r is not None and dataset:
+        r = r.model_copy(update={"data": r.data.model_copy(update={"dataset": dataset, "files": None, "generator": None})})
+    from grpo_cli.data import DataError
+    from grpo_cli.evaluate import run_eval
+    from grpo_cli.models import ModelLoadError
+    from grpo_cli.rewards import RewardError
+
+    out = output or Path("eval") / time.strftime("%Y%m%d-%H%M%S")
+    overrides = dict(split=split, limit=limit, num_samples=num_samples, temperature=temperature, top_p=top_p,
+                     max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size)
+    try:
+        run_eval(targets, r, overrides, out)
+    except (ValueError, DataError, ModelLoadError, RewardError) as e:
+        _fail(str(e), code=1)
+    typer.echo(f"wrote {out}/eval.json and {out}/samples.jsonl")
+
+
+# ----- commands that live in their own modules (each module imports only light things at the top) -----
+# inspect-rollouts: registered below
+from grpo_cli.inspect_rollouts import command as _inspect_rollouts  # noqa: E402
+
+app.command("inspect-rollouts")(_inspect_rollouts)
+# report: registered below
+from grpo_cli.report import command as _report  # noqa: E402
+
+app.command("report")(_report)
+
+
 def main() -> None:
     app(prog_name="grpo")
 
