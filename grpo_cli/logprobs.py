@@ -52,14 +52,23 @@ def token_logprobs(
         use_cache=False,
     )
     logits = out.logits[:, :-1]  # [b, T, V]: position t predicts completion token t
+    logps = logps_from_logits(logits, completion_ids, temperature, chunk_rows)
+    entropy = None
+    if with_entropy:
+        entropy = torch.cat([_chunk_entropy(lg, temperature) for lg in logits.detach().split(chunk_rows)])
+    return logps, entropy
+
+
+def logps_from_logits(logits: torch.Tensor, ids: torch.Tensor, temperature: float, chunk_rows: int = 1) -> torch.Tensor:
+    """[b, T, V] logits (any dtype), [b, T] ids -> [b, T] fp32 log-probs, fp32 one chunk of rows at a time.
+
+    `split` (not slicing) lets autograd assemble the logits gradient once, instead of a full-size
+    zero tensor per chunk; under grad the fp32 chunk is recomputed in backward instead of kept."""
     grad = torch.is_grad_enabled() and logits.requires_grad
-    logps, entropy = [], []
-    for s in range(0, logits.shape[0], chunk_rows):
-        lg, ids = logits[s : s + chunk_rows], completion_ids[s : s + chunk_rows]
-        if grad:  # recompute the fp32 chunk in backward instead of keeping it
-            logps.append(checkpoint(_chunk_logps, lg, ids, temperature, use_reentrant=False))
+    out = []
+    for lg, tok in zip(logits.split(chunk_rows), ids.split(chunk_rows)):
+        if grad:
+            out.append(checkpoint(_chunk_logps, lg, tok, temperature, use_reentrant=False))
         else:
-            logps.append(_chunk_logps(lg, ids, temperature))
-        if with_entropy:
-            entropy.append(_chunk_entropy(lg.detach(), temperature))
-    return torch.cat(logps), (torch.cat(entropy) if with_entropy else None)
+            out.append(_chunk_logps(lg, tok, temperature))
+    return torch.cat(out)
