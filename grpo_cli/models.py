@@ -37,7 +37,8 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 # Bump the suffix whenever the builtin recipe changes, so stale caches are never reused.
-BUILTIN_MODELS = {"tiny-qwen2": "tiny-qwen2-v1", "tiny-llama": "tiny-llama-v1"}
+# v2: 2 attention heads of size 32 (vLLM's CPU attention needs head sizes >= 32); weights as in v1
+BUILTIN_MODELS = {"tiny-qwen2": "tiny-qwen2-v2", "tiny-llama": "tiny-llama-v2"}
 
 
 class ModelLoadError(RuntimeError):
@@ -288,8 +289,8 @@ def _build_tiny(kind: str, out: Path) -> None:
     tok = _build_tiny_tokenizer()
     ids = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id, "bos_token_id": tok.pad_token_id}
     dims = dict(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=1024, **ids,
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=1024, **ids,
     )  # fmt: skip
     if kind == "tiny-qwen2":
         config = Qwen2Config(tie_word_embeddings=True, **dims)
