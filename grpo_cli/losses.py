@@ -128,8 +128,12 @@ def compute_loss(
     num_active_tokens: int | float | torch.Tensor | None = None,
     sapo_temperature_pos: float = 1.0,
     sapo_temperature_neg: float = 1.05,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Scalar loss (to minimise) and detached metrics; see the module docstring for the formulas."""
+    """Scalar loss (to minimise) and detached metrics; see the module docstring for the formulas.
+
+    `token_weights` [N, T] (constants) multiply the policy term per token: the importance-sampling
+    correction for rollouts sampled by another engine (see `sampler_correction`)."""
     spec = POLICY_LOSSES.get(loss_type)
     mask = mask.to(logps.dtype)
     w = importance_weights(logps, old_logps.detach(), mask, importance_sampling_level)  # [N, T]
@@ -138,6 +142,8 @@ def compute_loss(
         w, adv, logps, epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta,
         sapo_temperature_pos=sapo_temperature_pos, sapo_temperature_neg=sapo_temperature_neg,
     )
+    if token_weights is not None:
+        per_token = per_token * token_weights.detach().to(per_token.dtype)
     metrics: dict[str, torch.Tensor] = {}
     if beta > 0:
         if ref_logps is None:
@@ -167,3 +173,23 @@ def clip_metrics(w, adv, mask, objective: str, epsilon_low: float, epsilon_high:
         "clip_ratio/high_mean": _masked_mean(high.to(mask.dtype), mask),
         "clip_ratio/region_mean": _masked_mean((low | high).to(mask.dtype), mask),
     }
+
+
+def sampler_correction(
+    old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor, mode: str, cap: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Importance weights for rollouts whose sampler (vLLM) differs numerically from the trainer.
+
+    rho = pi_train_old / pi_sampler per token, or per sequence (product over its tokens, i.e. the
+    exp of the summed log-ratio). `*_truncate` caps rho at `cap` (truncated IS, as TRL's
+    vllm_importance_sampling_cap); `*_mask` zeroes the tokens / sequences whose rho exceeds it.
+    -> weights [N, T] to pass as compute_loss(token_weights=...), and rho [N, T] for metrics."""
+    log_rho = (old_logps - sampling_logps) * mask
+    level, _, action = mode.partition("_")
+    if level == "sequence":
+        log_rho = log_rho.sum(-1, keepdim=True).expand_as(old_logps)
+    elif level != "token" or action not in ("truncate", "mask"):
+        raise ValueError(f"importance sampling mode must be token|sequence _ truncate|mask, got {mode!r}")
+    rho = torch.exp(log_rho)
+    weights = torch.clamp(rho, max=cap) if action == "truncate" else torch.where(rho <= cap, rho, torch.zeros_like(rho))
+    return weights.detach(), rho.detach()

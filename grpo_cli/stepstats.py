@@ -21,6 +21,8 @@ class MetricSums:
     def __init__(self) -> None:
         self.sums: dict[str, float] = defaultdict(float)
         self.counts: dict[str, float] = defaultdict(float)
+        self.extremes: dict[str, float] = {}
+        self.low: dict[str, bool] = {}
 
     def add_tokens(self, key: str, values: torch.Tensor, mask: torch.Tensor) -> None:
         m = mask.to(values.dtype)
@@ -34,12 +36,27 @@ class MetricSums:
     def add_scalar(self, key: str, value: float) -> None:
         self.add_weighted(key, value, 1.0)
 
+    def add_extremes(self, key: str, values: torch.Tensor, mask: torch.Tensor, low: bool = False) -> None:
+        """Running max (or min, `low`) over active tokens."""
+        active = values[mask.bool()]
+        # every process must hold every key (the reduction gathers them): +-inf where nothing was active
+        v = (active.min() if low else active.max()).item() if active.numel() else (math.inf if low else -math.inf)
+        old = self.extremes.get(key)
+        self.extremes[key] = v if old is None else (min(old, v) if low else max(old, v))
+        self.low[key] = low
+
     def means(self, accelerator) -> dict[str, float]:
         keys = sorted(self.sums)
         t = torch.tensor([[self.sums[k] for k in keys], [self.counts[k] for k in keys]], dtype=torch.float64)
         if accelerator.num_processes > 1:
             t = accelerator.reduce(t.to(accelerator.device), reduction="sum").cpu()
-        return {k: (t[0, i] / t[1, i]).item() if t[1, i] > 0 else float("nan") for i, k in enumerate(keys)}
+        out = {k: (t[0, i] / t[1, i]).item() if t[1, i] > 0 else float("nan") for i, k in enumerate(keys)}
+        for k in sorted(self.extremes):
+            v = torch.tensor([self.extremes[k]], dtype=torch.float64)
+            if accelerator.num_processes > 1:
+                v = accelerator.gather(v.to(accelerator.device)).cpu()
+            out[k] = (v.min() if self.low[k] else v.max()).item()
+        return {k: v for k, v in out.items() if math.isfinite(v)}
 
 
 def _nan_stats(x: torch.Tensor) -> tuple[float, float]:

@@ -140,3 +140,36 @@ def test_grpo_matches_reference_loop():
 def test_unknown_loss_type_lists_valid_names():
     with pytest.raises(KeyError, match="valid: bnpo, cispo, dapo, dr_grpo, grpo, sapo"):
         compute_loss("ppo", W, W, ADV, MASK, **EPS)
+
+
+def test_sampler_correction_modes_hand_computed():
+    from grpo_cli.losses import sampler_correction
+
+    # trainer - sampler log-probs: row 0: log 2, log 0.5 (rho 2, 0.5); row 1: log 4 (rho 4), then padding
+    old = torch.log(torch.tensor([[2.0, 0.5], [4.0, 1.0]]))
+    samp = torch.zeros(2, 2)
+    mask = torch.tensor([[1, 1], [1, 0]])
+    w, rho = sampler_correction(old, samp, mask, "token_truncate", cap=3.0)
+    torch.testing.assert_close(w, torch.tensor([[2.0, 0.5], [3.0, 1.0]]))  # 4 -> cap 3; padding: exp(0) = 1
+    w, _ = sampler_correction(old, samp, mask, "token_mask", cap=3.0)
+    torch.testing.assert_close(w, torch.tensor([[2.0, 0.5], [0.0, 1.0]]))  # 4 > 3 -> 0
+    # sequence: row 0 rho = 2 * 0.5 = 1; row 1 rho = 4 (the padded position does not count)
+    w, rho = sampler_correction(old, samp, mask, "sequence_truncate", cap=3.0)
+    torch.testing.assert_close(w, torch.tensor([[1.0, 1.0], [3.0, 3.0]]))
+    w, _ = sampler_correction(old, samp, mask, "sequence_mask", cap=3.0)
+    torch.testing.assert_close(w, torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
+    with pytest.raises(ValueError, match="token|sequence"):
+        sampler_correction(old, samp, mask, "tok_clip", cap=3.0)
+
+
+def test_token_weights_scale_the_policy_term_only():
+    # bnpo: masked sum / 3 active tokens; weights 2, 0.5, 3 on the three active tokens
+    weights = torch.tensor([[2.0, 0.5], [3.0, 1.0]])
+    loss, _, _ = run("bnpo", token_weights=weights)
+    assert loss.item() == pytest.approx((-1.2 * 2 - 0.5 * 0.5 + 1.0 * 3) / 3, abs=1e-6)
+    logps = torch.log(W)
+    plain, m = compute_loss("bnpo", logps, logps, ADV, MASK, **EPS, beta=0.1, ref_logps=torch.zeros_like(logps))
+    weighted, _ = compute_loss("bnpo", logps, logps, ADV, MASK, **EPS, beta=0.1, ref_logps=torch.zeros_like(logps),
+                               token_weights=torch.full((2, 2), 2.0))
+    # per token -A (w = 1) doubles, the k3 term does not: difference = sum(-A over active) / 3
+    assert (weighted - plain).item() == pytest.approx((-1 - 1 + 1) / 3, abs=1e-6)
