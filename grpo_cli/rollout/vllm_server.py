@@ -1,0 +1,256 @@
+"""Rollouts from a `grpo serve-vllm` process over HTTP ("server" mode), weights pushed after each step.
+
+Every request carries a timeout (`rollout.vllm.request_timeout_s`; /health a short one) and, when
+$GRPO_SERVER_TOKEN is set, `Authorization: Bearer <token>`. Retries, with exponential backoff and
+never past the request's own timeout in total:
+  - /health, /reset_prefix_cache and /update_weights (re-sending the same version is a no-op on the
+    server): retried on connection errors and timeouts;
+  - /generate: retried only when the connection was refused, i.e. the request never reached the
+    server; a timeout or a dropped connection after sending is an error, since the server may still
+    be sampling and a retry would silently double the work.
+Each generate names the weight version it expects; the server answers 409 instead of sampling from
+stale weights. Sampler log-probs are vLLM's processed log-probs, log pi(token | T) (see serve/server.py).
+The stdlib (urllib) only: no HTTP client to install in the trainer's environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+
+from grpo_cli.datatypes import Rollout
+from grpo_cli.recipe import RolloutConfig
+from grpo_cli.rollout.hf import completion_mask_from_eos, eos_token_ids, left_pad
+
+TOKEN_ENV = "GRPO_SERVER_TOKEN"
+HEALTH_TIMEOUT_S = 5.0
+MAX_RETRIES = 4
+
+
+class VLLMServerError(RuntimeError):
+    """The server could not be reached or refused a request; the message says where and what to do."""
+
+
+class _NotSent(Exception):
+    """The connection was refused: the request never reached the server (safe to retry anything)."""
+
+
+class VLLMServerGenerator:
+    """Same contract as HFGenerator.generate, sampling on a `grpo serve-vllm` server."""
+
+    def __init__(self, tokenizer, rollout_cfg: RolloutConfig, seed: int) -> None:
+        self.tokenizer, self.cfg, self.seed = tokenizer, rollout_cfg, seed
+        self.url = rollout_cfg.vllm.server_url.rstrip("/")
+        self.timeout = rollout_cfg.vllm.request_timeout_s
+        self.token = os.environ.get(TOKEN_ENV) or None
+        self.loopback = _is_loopback(urlparse(self.url).hostname or "")
+        self.model_hint = getattr(tokenizer, "name_or_path", None) or "MODEL"
+        self.eos_ids = eos_token_ids(_GenerationConfigOf(self.model_hint), tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.calls = 0  # generate() calls so far: request seeds derive from (seed, calls)
+        # The server's weights are the trainer's only after a sync: a resumed run must call sync_weights first.
+        self.version = int(self.health()["weight_version"])
+
+    # ------------------------------------------------------------ public API
+
+    def health(self) -> dict:
+        return self._request("GET", "/health", doing="checking its health", timeout=min(HEALTH_TIMEOUT_S, self.timeout))
+
+    def generate(
+        self, prompt_ids: list[list[int]], prompts: list[str], n: int = 1, *, greedy: bool = False,
+        temperature: float | None = None, top_p: float | None = None, max_new_tokens: int | None = None,
+    ) -> Rollout:
+        """B prompts -> B*n completions, each prompt's n samples in contiguous rows (as HFGenerator)."""
+        body = self._generate_body(prompt_ids, n, greedy, temperature, top_p, max_new_tokens)
+        self.calls += 1
+        out = self._request("POST", "/generate", doing="generating", payload=body, idempotent=False)
+        samples = [s for per_prompt in out["outputs"] for s in per_prompt]  # [B*n]
+        ids, mask = left_pad([p for p in prompt_ids for _ in range(n)], self.pad_id)
+        completion_ids, cmask, logps = self._pad_completions(samples)
+        cmask_truncated = completion_mask_from_eos(completion_ids, self.eos_ids)[1]
+        texts = self.tokenizer.batch_decode(
+            [row[m.bool()].tolist() for row, m in zip(completion_ids, cmask)], skip_special_tokens=True
+        )
+        return Rollout(
+            prompt_ids=ids, prompt_mask=mask, completion_ids=completion_ids, completion_mask=cmask,
+            truncated=cmask_truncated, prompts=[p for p in prompts for _ in range(n)], completions=texts,
+            sampling_logps=logps,
+        )
+
+    @torch.no_grad()
+    def sleep(self) -> None:
+        """Only the colocated vLLM engine frees memory during the update."""
+
+    def wake_up(self) -> None:
+        pass
+
+    def sync_weights(self, model: torch.nn.Module) -> float:
+        """Push the trainer's weights (the unwrapped HF model) to the server as version+1; -> seconds.
+
+        Loopback server: it reads the safetensors file we write. Remote: the file's bytes are uploaded."""
+        from safetensors.torch import save_file
+
+        t0 = time.perf_counter()
+        version = self.version + 1
+        with tempfile.TemporaryDirectory(prefix="grpo-weights-") as tmp:
+            path = str(Path(tmp) / "weights.safetensors")
+            save_file(_unshared_cpu_state(model), path)
+            if self.loopback:
+                out = self._request("POST", "/update_weights", doing="updating the weights",
+                                    payload={"path": path, "version": version})
+            else:
+                out = self._upload(path, version)
+        self.version = int(out["weight_version"])
+        return time.perf_counter() - t0
+
+    def reset_prefix_cache(self) -> None:
+        self._request("POST", "/reset_prefix_cache", doing="resetting the prefix cache", payload={})
+
+    def close(self) -> None:
+        """Nothing held between requests (one connection per request); the server keeps running."""
+
+    # ------------------------------------------------------------ request bodies and responses
+
+    def _generate_body(self, prompt_ids, n, greedy, temperature, top_p, max_new_tokens) -> dict:
+        """vLLM seeds prompt i's k-th sample with seed + i*n + k, so no two rows share a seed."""
+        c = self.cfg
+        return {
+            "prompt_token_ids": [list(map(int, p)) for p in prompt_ids], "n": n,
+            "temperature": 0.0 if greedy else (temperature or c.temperature),
+            "top_p": 1.0 if greedy else (top_p or c.top_p),
+            "top_k": None if greedy else c.top_k, "min_p": None if greedy else c.min_p,
+            "repetition_penalty": c.repetition_penalty, "max_tokens": max_new_tokens or c.max_completion_length,
+            "seed": (self.seed * 1_000_003 + self.calls * 100_003) % 2**31,
+            "stop_token_ids": self.eos_ids, "expected_version": self.version,
+        }
+
+    def _pad_completions(self, samples: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Server samples -> ids [N, T] (pad after the first EOS), mask [N, T], sampler logps [N, T] float32."""
+        T = max(1, max(len(s["token_ids"]) for s in samples))
+        ids = torch.full((len(samples), T), self.pad_id, dtype=torch.long)
+        logps = torch.zeros((len(samples), T), dtype=torch.float32)
+        for r, s in enumerate(samples):
+            k = len(s["token_ids"])
+            ids[r, :k] = torch.tensor(s["token_ids"], dtype=torch.long)
+            logps[r, : len(s["logprobs"])] = torch.tensor(s["logprobs"], dtype=torch.float32)
+        mask, _ = completion_mask_from_eos(ids, self.eos_ids)
+        return ids.masked_fill(mask == 0, self.pad_id), mask, logps * mask
+
+    # ------------------------------------------------------------ HTTP with timeouts and retries
+
+    def _request(self, method: str, route: str, *, doing: str, payload: dict | None = None,
+                 timeout: float | None = None, idempotent: bool = True) -> dict:
+        data = None if payload is None else json.dumps(payload).encode()
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        return self._send(method, route, data, headers, doing, timeout or self.timeout, idempotent)
+
+    def _upload(self, path: str, version: int) -> dict:
+        size = os.path.getsize(path)
+        headers = {"Content-Type": "application/octet-stream", "X-Weight-Version": str(version),
+                   "Content-Length": str(size)}
+        return self._send("POST", "/update_weights", lambda: open(path, "rb"), headers,
+                          "uploading the weights", self.timeout, True)
+
+    def _send(self, method, route, data, headers, doing, timeout, idempotent) -> dict:
+        """One request, retried with backoff 0.25, 0.5, 1, ... s while the total stays within `timeout`."""
+        start, delay = time.monotonic(), 0.25
+        for attempt in range(MAX_RETRIES + 1):
+            try:
+                return self._once(method, route, data, headers, timeout, doing)
+            except (_NotSent, TimeoutError, ConnectionError, urllib.error.URLError, OSError) as e:
+                retry = idempotent or isinstance(e, _NotSent)
+                if not retry or attempt == MAX_RETRIES or time.monotonic() - start + delay > timeout:
+                    raise self._unreachable(doing, e, timeout) from None
+                time.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    def _once(self, method, route, data, headers, timeout, doing) -> dict:
+        body = data() if callable(data) else data  # a file is reopened on each attempt
+        req = urllib.request.Request(self.url + route, data=body, method=method, headers=dict(headers))
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            raise self._refused(doing, e) from None
+        except urllib.error.URLError as e:
+            if isinstance(e.reason, ConnectionRefusedError):
+                raise _NotSent(str(e.reason)) from e
+            raise
+        finally:
+            if hasattr(body, "close"):
+                body.close()
+
+    # ------------------------------------------------------------ messages for people
+
+    def _unreachable(self, doing: str, e: Exception, timeout: float) -> VLLMServerError:
+        reason = e.reason if isinstance(e, urllib.error.URLError) else e
+        if isinstance(reason, (TimeoutError, socket.timeout)):
+            why = f"timed out after {timeout:g} s"
+        elif isinstance(e, _NotSent):
+            why = "connection refused"
+        else:
+            why = f"{type(reason).__name__}: {reason}"
+        return VLLMServerError(
+            f"could not reach grpo serve-vllm at {self.url} while {doing} ({why}); is it running? "
+            f"start it with: grpo serve-vllm --model {self.model_hint}"
+        )
+
+    def _refused(self, doing: str, e: urllib.error.HTTPError) -> VLLMServerError:
+        try:
+            detail = json.loads(e.read()).get("detail", "")
+        except (ValueError, AttributeError, OSError):
+            detail = ""
+        hint = {
+            401: f"; set {TOKEN_ENV} in the trainer's environment to the server's value",
+            409: "; the trainer and the server disagree on the weight version (was the server restarted or "
+                 "shared with another run?)",
+        }.get(e.code, "")
+        return VLLMServerError(f"grpo serve-vllm at {self.url} refused a request while {doing} "
+                               f"(HTTP {e.code}: {detail or e.reason}){hint}")
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _unshared_cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """state_dict on the CPU, tied tensors (embed_tokens / lm_head) copied: safetensors refuses shared storage."""
+    out, seen = {}, set()
+    for k, v in model.state_dict().items():
+        t = v.detach().cpu().contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        out[k] = t.clone() if ptr in seen else t
+        seen.add(ptr)
+    return out
+
+
+class _GenerationConfigOf:
+    """Just enough of a model for `eos_token_ids`: the tokenizer folder's generation_config.json, if any."""
+
+    def __init__(self, model_dir: str) -> None:
+        from transformers import GenerationConfig
+
+        try:
+            self.generation_config = GenerationConfig.from_pretrained(model_dir)
+        except (OSError, ValueError):
+            self.generation_config = None

@@ -1,0 +1,1 @@
+"""`grpo serve-vllm`: a vLLM engine behind a small authenticated HTTP API (see server.py)."""

@@ -1,0 +1,233 @@
+"""`grpo serve-vllm` and its client against one real server process on 127.0.0.1 (CPU vLLM, tiny model).
+
+The vLLM tests skip when vLLM is not installed; the bind-refusal test needs neither vLLM nor a model.
+builtin:tiny-qwen2 has head_dim 16, which vLLM's CPU attention does not support (32, 64, ...), so the
+server serves a same-sized variant with 2 heads (head_dim 32) built from its config and tokenizer.
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_cli.recipe import ModelConfig, RolloutConfig
+
+TOKEN = "test-token-7f3a"
+PROMPTS = [[5, 6, 7, 8], [9, 10]]  # B=2 ragged prompts
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _make_model(dst: Path) -> Path:
+    """builtin:tiny-qwen2 (head size 32, which vLLM's CPU attention needs), built offline into the cache."""
+    from grpo_cli.models import resolve_model_source
+
+    return Path(resolve_model_source(ModelConfig(name_or_path="builtin:tiny-qwen2")))
+
+
+def _server_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "GRPO_SERVER_TOKEN"}
+    # In-process engine: ready in seconds and a single process to kill.
+    env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0", **extra)
+    return env
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, deadline_s: float) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline_s:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1).read()
+            return time.monotonic() - t0
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(f"server not healthy after {deadline_s} s")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    pytest.importorskip("vllm")
+    model_dir = _make_model(tmp_path_factory.mktemp("tiny-qwen2-h32"))
+    port = _free_port()
+    log = open(tmp_path_factory.mktemp("log") / "server.log", "w+")
+    cmd = [sys.executable, "-m", "grpo_cli.serve.server", "--model", str(model_dir), "--port", str(port),
+           "--dtype", "bfloat16", "--enforce-eager"]
+    proc = subprocess.Popen(cmd, env=_server_env(GRPO_SERVER_TOKEN=TOKEN), stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        startup_s = _wait_healthy(url, proc, 120)
+        print(f"server healthy after {startup_s:.1f} s")
+        yield {"url": url, "proc": proc, "model_dir": model_dir, "log": log}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(30)
+        log.seek(0)
+        assert TOKEN not in log.read(), "the token leaked into the server's log"
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from transformers import AutoTokenizer
+
+    from grpo_cli.rollout.vllm_server import VLLMServerGenerator
+
+    os.environ["GRPO_SERVER_TOKEN"] = TOKEN
+    tok = AutoTokenizer.from_pretrained(server["model_dir"])
+    cfg = RolloutConfig(backend="vllm", vllm={"mode": "server", "server_url": server["url"], "request_timeout_s": 30},
+                        max_completion_length=12, temperature=0.8)
+    yield VLLMServerGenerator(tok, cfg, seed=0)
+    os.environ.pop("GRPO_SERVER_TOKEN", None)
+
+
+@pytest.fixture(scope="module")
+def hf_model(server):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(server["model_dir"], dtype=torch.float32).eval()
+
+
+def _post(url: str, headers: dict) -> int:
+    req = urllib.request.Request(url, data=b'{"prompt_token_ids": [[5]], "max_tokens": 2}', method="POST",
+                                 headers={"Content-Type": "application/json", **headers})
+    try:
+        return urllib.request.urlopen(req, timeout=10).status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def _trainer_logps(model, r, temperature: float) -> torch.Tensor:
+    from grpo_cli.logprobs import token_logprobs
+
+    with torch.no_grad():
+        logps, _ = token_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask,
+                                  temperature=temperature)
+    return logps
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    return ((a - b).abs() * mask).max().item()
+
+
+def test_health_is_open_and_routes_need_the_token(server):
+    health = urllib.request.urlopen(server["url"] + "/health", timeout=5)
+    assert health.status == 200
+    assert _post(server["url"] + "/generate", {}) == 401
+    assert _post(server["url"] + "/generate", {"Authorization": "Bearer wrong"}) == 401
+    assert _post(server["url"] + "/reset_prefix_cache", {}) == 401
+    assert _post(server["url"] + "/generate", {"Authorization": f"Bearer {TOKEN}"}) == 200
+    for dev_route in ("/collective_rpc", "/docs", "/openapi.json"):  # none of vLLM's own routes
+        assert _post(server["url"] + dev_route, {"Authorization": f"Bearer {TOKEN}"}) in (404, 405)
+
+
+def test_generate_contract_and_logprobs_match_the_trainer(client, hf_model):
+    r = client.generate(PROMPTS, ["a", "b"], n=3)
+    N, T = 6, r.completion_ids.shape[1]
+    assert r.prompt_ids.shape == r.prompt_mask.shape == (N, 4)
+    assert r.prompt_mask[3:].tolist() == [[0, 0, 1, 1]] * 3  # left padding of the short prompt
+    assert r.prompt_ids[3:, 2:].tolist() == [[9, 10]] * 3
+    assert 1 <= T <= 12 and r.completion_mask.shape == r.sampling_logps.shape == (N, T)
+    assert r.sampling_logps.dtype == torch.float32 and len(r.completions) == N and r.prompts == ["a"] * 3 + ["b"] * 3
+    assert (r.completion_ids[r.completion_mask == 0] == client.pad_id).all()
+    assert len({tuple(row.tolist()) for row in r.completion_ids[:3]}) == 3  # the n samples are not copies
+    ref = _trainer_logps(hf_model, r, temperature=0.8)
+    diff = _max_diff(ref, r.sampling_logps, r.completion_mask)
+    print(f"max |trainer fp32 - server bf16| log-prob: {diff:.4f} nats (mean logp {ref[r.completion_mask.bool()].mean():.2f})")
+    assert diff < 0.05  # bf16 weights and activations on the server; ~-6.6 nats per token here
+
+
+def test_sync_weights_changes_what_the_server_samples(client, hf_model, server):
+    perturbed = type(hf_model).from_pretrained(server["model_dir"], dtype=torch.float32).eval()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in perturbed.parameters():
+            p.add_(torch.randn_like(p) * 0.02)  # init std is 0.02: a clearly different policy
+    before = client.generate(PROMPTS, ["a", "b"], n=2)
+    stale = _max_diff(_trainer_logps(perturbed, before, 0.8), before.sampling_logps, before.completion_mask)
+    v0 = client.version
+    seconds = client.sync_weights(perturbed)
+    after = client.generate(PROMPTS, ["a", "b"], n=2)
+    fresh = _max_diff(_trainer_logps(perturbed, after, 0.8), after.sampling_logps, after.completion_mask)
+    print(f"sync {seconds:.3f} s; vs perturbed model: before sync {stale:.3f}, after {fresh:.4f} nats")
+    assert client.version == v0 + 1 == client.health()["weight_version"]
+    assert stale > 0.3 and fresh < 0.05
+    # Re-sending the loaded version is a no-op (idempotent retries); an older one is refused.
+    out = client._request("POST", "/update_weights", doing="test", payload={"path": "/nonexistent", "version": client.version})
+    assert out == {"weight_version": client.version, "updated": False, "seconds": 0.0}
+    from grpo_cli.rollout.vllm_server import VLLMServerError
+
+    with pytest.raises(VLLMServerError, match=r"HTTP 409: weight version 0 is older than the loaded version 1"):
+        client._request("POST", "/update_weights", doing="test", payload={"path": "/nonexistent", "version": 0})
+
+
+def test_remote_style_upload_of_the_weights_bytes(client, hf_model):
+    client.loopback = False  # as if the server were on another machine: the file's bytes go over HTTP
+    try:
+        seconds = client.sync_weights(hf_model)  # back to the original weights
+    finally:
+        client.loopback = True
+    r = client.generate(PROMPTS, ["a", "b"], n=2)
+    diff = _max_diff(_trainer_logps(hf_model, r, 0.8), r.sampling_logps, r.completion_mask)
+    print(f"upload sync {seconds:.3f} s; vs original model {diff:.4f} nats")
+    assert diff < 0.05
+
+
+def test_stale_version_is_a_409_not_a_silent_rollout(client):
+    from grpo_cli.rollout.vllm_server import VLLMServerError
+
+    client.version -= 1
+    try:
+        with pytest.raises(VLLMServerError, match=r"HTTP 409: stale weights: the request expects weight version"):
+            client.generate(PROMPTS, ["a", "b"])
+    finally:
+        client.version += 1
+    assert client.generate(PROMPTS, ["a", "b"]).completion_ids.shape[0] == 2
+
+
+def test_hung_then_dead_server_raises_within_the_timeout(client, server):
+    from grpo_cli.rollout.vllm_server import VLLMServerError
+
+    client.timeout = 2.0
+    proc = server["proc"]
+    os.kill(proc.pid, signal.SIGSTOP)  # hung: the connection is accepted by the kernel, no answer comes
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(VLLMServerError, match=r"while generating \(timed out after 2 s\).*grpo serve-vllm --model") as hung:
+            client.generate(PROMPTS, ["a", "b"])
+        hung_s = time.monotonic() - t0
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    proc.kill()
+    proc.wait(30)
+    t0 = time.monotonic()
+    with pytest.raises(VLLMServerError, match=r"could not reach grpo serve-vllm at http://127.0.0.1:\d+ while generating") as dead:
+        client.generate(PROMPTS, ["a", "b"])
+    dead_s = time.monotonic() - t0
+    print(f"hung server: error after {hung_s:.2f} s; dead server: {dead_s:.2f} s")
+    assert hung_s < 2.0 + 1.0 and dead_s < 2.0 + 1.0
+    assert TOKEN not in str(hung.value) + str(dead.value)
+
+
+def test_public_bind_without_token_refuses_before_loading_anything():
+    env = _server_env()
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "grpo_cli.serve.server", "--model", "/does/not/exist", "--host", "0.0.0.0"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "refusing to listen on 0.0.0.0 without authentication" in out.stderr and "GRPO_SERVER_TOKEN" in out.stderr
+    assert "Traceback" not in out.stderr and time.monotonic() - t0 < 30
