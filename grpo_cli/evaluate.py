@@ -103,17 +103,18 @@ def _score_rows(recipe: Recipe, problems: Problems, rollout, rows: list[int], n:
     return score(recipe.rewards, rollout.prompts, rollout.completions, ids, cols)
 
 
-def evaluate_model(model, tokenizer, recipe: Recipe, cfg: EvalConfig, problems: Problems,
-                   *, progress: bool = False) -> tuple[dict[str, float], list[dict[str, Any]]]:
+def evaluate_model(model, tokenizer, recipe: Recipe, cfg: EvalConfig, problems: Problems, *, progress: bool = False,
+                   generator=None) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Greedy (and n sampled) completions for every problem -> metrics and one record per completion.
 
-    Runs under its own RNG (seeded with cfg.seed) and leaves the caller's RNG untouched."""
+    `generator` is any rollout backend (default: transformers generate on `model`). Runs under its
+    own RNG (seeded with cfg.seed) and leaves the caller's RNG untouched."""
     import torch
 
     from grpo_cli.rewards import answers_match, extract_answer, reference_text
     from grpo_cli.rollout.hf import HFGenerator
 
-    gen, ext = HFGenerator(model, tokenizer, recipe.rollout), accuracy_settings(recipe)
+    gen, ext = generator or HFGenerator(model, tokenizer, recipe.rollout), accuracy_settings(recipe)
     max_len, n = cfg.max_new_tokens or recipe.rollout.max_completion_length, cfg.num_samples
     samples: list[dict[str, Any]] = []
     batches = [list(range(s, min(s + cfg.batch_size, len(problems)))) for s in range(0, len(problems), cfg.batch_size)]
@@ -235,11 +236,12 @@ def eval_settings(recipe: Recipe, cfg: EvalConfig, problems: Problems) -> dict[s
     }
 
 
-def run_eval(specs: list[str], recipe: Recipe | None, cfg_overrides: dict[str, Any], output: Path) -> dict[str, Any]:
+def run_eval(specs: list[str], recipe: Recipe | None, cfg_overrides: dict[str, Any], output: Path,
+             backend: str = "hf") -> dict[str, Any]:
     """Evaluate every target on the same problems; print a table, write eval.json and samples.jsonl."""
     import json
 
-    from grpo_cli.models import load_model, load_tokenizer, quiet_transformers
+    from grpo_cli.models import load_tokenizer, quiet_transformers
 
     quiet_transformers()
     targets = [resolve_target(s, recipe) for s in specs if s != "base"]
@@ -252,10 +254,13 @@ def run_eval(specs: list[str], recipe: Recipe | None, cfg_overrides: dict[str, A
     output.mkdir(parents=True, exist_ok=True)
     with open(output / "samples.jsonl", "w", encoding="utf-8") as f:
         for t in targets:
-            tokenizer, model = load_tokenizer(t.model), load_model(t.model)
+            tokenizer = load_tokenizer(t.model)
+            model, generator = _backend(backend, t.model, tokenizer, recipe, cfg.seed)
             problems = load_problems(recipe, cfg, tokenizer)
-            settings = settings or eval_settings(recipe, cfg, problems)
-            metrics, samples = evaluate_model(model, tokenizer, recipe, cfg, problems, progress=True)
+            settings = settings or {**eval_settings(recipe, cfg, problems), "backend": backend}
+            metrics, samples = evaluate_model(model, tokenizer, recipe, cfg, problems, progress=True, generator=generator)
+            if generator is not None:
+                generator.close()
             f.writelines(json.dumps({"target": t.spec, **s}, ensure_ascii=False) + "\n" for s in samples)
             results.append({"target": t.spec, "model": t.model.name_or_path, "gguf_file": t.model.gguf_file,
                             "metrics": metrics})
@@ -264,6 +269,17 @@ def run_eval(specs: list[str], recipe: Recipe | None, cfg_overrides: dict[str, A
     (output / "eval.json").write_text(json.dumps(report, indent=2, default=str))
     print_table(report)
     return report
+
+
+def _backend(backend: str, model_cfg: ModelConfig, tokenizer, recipe: Recipe, seed: int):
+    """(HF model or None, generator or None): vLLM loads the weights itself, HF generates with the model."""
+    from grpo_cli.models import load_model, resolve_model_source
+
+    if backend == "hf":
+        return load_model(model_cfg), None
+    from grpo_cli.rollout.vllm_colocate import VLLMColocateGenerator
+
+    return None, VLLMColocateGenerator(resolve_model_source(model_cfg), tokenizer, recipe.rollout, seed)
 
 
 def _in_order(specs: list[str], resolved: list[Target]):

@@ -114,8 +114,30 @@ class AlgorithmConfig(Section):
         return self
 
 
+class VLLMConfig(Section):
+    mode: Literal["colocate", "server"] = Field("colocate", description="`colocate`: a vLLM engine inside the trainer; `server`: `grpo serve-vllm`.")
+    server_url: str = Field("http://127.0.0.1:8000", description="Where `grpo serve-vllm` listens (server mode).")
+    request_timeout_s: float = Field(300.0, gt=0, description="Timeout of every request to the server.")
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="Share of GPU memory vLLM may take (colocate).")
+    max_model_len: int | None = Field(None, ge=1, description="vLLM's context length; default: the model's.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="vLLM weights dtype.")
+    enforce_eager: bool | None = Field(
+        None, description="Skip compilation / CUDA graphs (faster start, slower decode). None: eager on CPU, where "
+        "compiling costs ~30 s for little gain, compiled on GPU."
+    )
+    sleep_mode: bool = Field(False, description="GPU: free vLLM's memory while the trainer updates (colocate).")
+    cpu_kv_cache_gib: float = Field(1.0, gt=0, description="CPU builds: KV cache size (VLLM_CPU_KVCACHE_SPACE).")
+
+
 class RolloutConfig(Section):
-    backend: Literal["hf"] = Field("hf", description="Generation backend: `hf` (transformers generate).")
+    backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend: `hf` (transformers generate) or `vllm`.")
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="Used when backend is `vllm`.")
+    importance_sampling: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none"] = Field(
+        "token_truncate",
+        description="Correct the train/inference mismatch with sampler log-probs (vLLM): weight each token by "
+        "pi_train/pi_sampler, truncated at or masked above importance_sampling_cap; per token or per sequence.",
+    )
+    importance_sampling_cap: float = Field(3.0, gt=1, description="C: the cap of the importance weight.")
     max_completion_length: int = Field(256, ge=1, description="Max new tokens per completion.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (log-probs are computed at this temperature).")
     top_p: float = Field(1.0, gt=0, le=1)

@@ -46,6 +46,19 @@ class HFGenerator:
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
 
+    def sleep(self) -> None:
+        """Only the colocated vLLM engine frees memory during the update."""
+
+    def wake_up(self) -> None:
+        pass
+
+    def sync_weights(self, model) -> float:
+        """Nothing to do: this backend samples with the trained model itself."""
+        return 0.0
+
+    def close(self) -> None:
+        pass
+
     @torch.no_grad()
     def generate(
         self, prompt_ids: list[list[int]], prompts: list[str], n: int = 1, *, greedy: bool = False,
