@@ -29,6 +29,22 @@ def completion_mask_from_eos(completion_ids: torch.Tensor, eos_ids: list[int]) -
     return mask, ~is_eos.any(1)
 
 
+def build_rollout(
+    prompt_ids: list[list[int]], prompts: list[str], n: int, completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+    truncated: torch.Tensor, tokenizer, pad_id: int, sampling_logps: torch.Tensor | None = None,
+) -> Rollout:
+    """Every backend's last step: left-padded prompts repeated n times, decoded completions, one Rollout."""
+    ids, mask = left_pad([p for p in prompt_ids for _ in range(n)], pad_id, completion_ids.device)
+    texts = tokenizer.batch_decode(
+        [row[m.bool()].tolist() for row, m in zip(completion_ids, completion_mask)], skip_special_tokens=True
+    )
+    return Rollout(
+        prompt_ids=ids, prompt_mask=mask, completion_ids=completion_ids, completion_mask=completion_mask,
+        truncated=truncated, prompts=[p for p in prompts for _ in range(n)], completions=texts,
+        sampling_logps=sampling_logps,
+    )
+
+
 def eos_token_ids(model, tokenizer) -> list[int]:
     """EOS ids of the generation config (chat models often list several) plus the tokenizer's."""
     ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -89,10 +105,4 @@ class HFGenerator:
         completion_ids = out[:, ids.shape[1] :]
         cmask, truncated = completion_mask_from_eos(completion_ids, self.eos_ids)
         completion_ids = completion_ids.masked_fill(cmask == 0, self.pad_id)
-        texts = self.tokenizer.batch_decode(
-            [row[m.bool()].tolist() for row, m in zip(completion_ids, cmask)], skip_special_tokens=True
-        )
-        return Rollout(
-            prompt_ids=ids, prompt_mask=mask, completion_ids=completion_ids, completion_mask=cmask,
-            truncated=truncated, prompts=[p for p in prompts for _ in range(n)], completions=texts,
-        )
+        return build_rollout(prompt_ids, prompts, n, completion_ids, cmask, truncated, self.tokenizer, self.pad_id)

@@ -26,7 +26,7 @@ import torch
 
 from grpo_cli.datatypes import Rollout
 from grpo_cli.recipe import RolloutConfig
-from grpo_cli.rollout.hf import completion_mask_from_eos, eos_token_ids, left_pad
+from grpo_cli.rollout.hf import build_rollout, completion_mask_from_eos, eos_token_ids
 
 WORKER_EXTENSION = "grpo_cli.rollout.vllm_worker.WeightSyncExtension"
 
@@ -71,17 +71,9 @@ class VLLMColocateGenerator:
         self.calls += 1
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids], params, use_tqdm=False)
         samples = [o for out in outputs for o in sorted(out.outputs, key=lambda c: c.index)]  # [B*n]
-        ids, mask = left_pad([p for p in prompt_ids for _ in range(n)], self.pad_id)
         completion_ids, cmask, logps = self._pad_completions(samples)
         truncated = torch.tensor([s.finish_reason == "length" for s in samples])
-        texts = self.tokenizer.batch_decode(
-            [row[m.bool()].tolist() for row, m in zip(completion_ids, cmask)], skip_special_tokens=True
-        )
-        return Rollout(
-            prompt_ids=ids, prompt_mask=mask, completion_ids=completion_ids, completion_mask=cmask,
-            truncated=truncated, prompts=[p for p in prompts for _ in range(n)], completions=texts,
-            sampling_logps=logps,
-        )
+        return build_rollout(prompt_ids, prompts, n, completion_ids, cmask, truncated, self.tokenizer, self.pad_id, logps)
 
     def _sampling_params(self, i: int, n: int, greedy: bool, temperature, top_p, max_new_tokens):
         """One request's SamplingParams; its seed depends on (seed, call, prompt) only, so reruns repeat.

@@ -23,14 +23,14 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlparse
 
 import torch
 
 from grpo_cli.datatypes import Rollout
 from grpo_cli.recipe import RolloutConfig
-from grpo_cli.rollout.hf import completion_mask_from_eos, eos_token_ids, left_pad
+from grpo_cli.rollout.hf import build_rollout, completion_mask_from_eos, eos_token_ids
+from grpo_cli.serve.server import is_loopback
 
 TOKEN_ENV = "GRPO_SERVER_TOKEN"
 HEALTH_TIMEOUT_S = 5.0
@@ -53,7 +53,7 @@ class VLLMServerGenerator:
         self.url = rollout_cfg.vllm.server_url.rstrip("/")
         self.timeout = rollout_cfg.vllm.request_timeout_s
         self.token = os.environ.get(TOKEN_ENV) or None
-        self.loopback = _is_loopback(urlparse(self.url).hostname or "")
+        self.loopback = is_loopback(urlparse(self.url).hostname or "")
         self.model_hint = getattr(tokenizer, "name_or_path", None) or "MODEL"
         self.eos_ids = eos_token_ids(_GenerationConfigOf(self.model_hint), tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
@@ -75,25 +75,17 @@ class VLLMServerGenerator:
         self.calls += 1
         out = self._request("POST", "/generate", doing="generating", payload=body, idempotent=False)
         samples = [s for per_prompt in out["outputs"] for s in per_prompt]  # [B*n]
-        ids, mask = left_pad([p for p in prompt_ids for _ in range(n)], self.pad_id)
         completion_ids, cmask, logps = self._pad_completions(samples)
-        cmask_truncated = completion_mask_from_eos(completion_ids, self.eos_ids)[1]
-        texts = self.tokenizer.batch_decode(
-            [row[m.bool()].tolist() for row, m in zip(completion_ids, cmask)], skip_special_tokens=True
-        )
-        return Rollout(
-            prompt_ids=ids, prompt_mask=mask, completion_ids=completion_ids, completion_mask=cmask,
-            truncated=cmask_truncated, prompts=[p for p in prompts for _ in range(n)], completions=texts,
-            sampling_logps=logps,
-        )
+        truncated = completion_mask_from_eos(completion_ids, self.eos_ids)[1]
+        return build_rollout(prompt_ids, prompts, n, completion_ids, cmask, truncated, self.tokenizer, self.pad_id, logps)
 
-    @torch.no_grad()
     def sleep(self) -> None:
         """Only the colocated vLLM engine frees memory during the update."""
 
     def wake_up(self) -> None:
         pass
 
+    @torch.no_grad()
     def sync_weights(self, model: torch.nn.Module) -> float:
         """Push the trainer's weights (the unwrapped HF model) to the server as version+1; -> seconds.
 
@@ -220,17 +212,6 @@ class VLLMServerGenerator:
         }.get(e.code, "")
         return VLLMServerError(f"grpo serve-vllm at {self.url} refused a request while {doing} "
                                f"(HTTP {e.code}: {detail or e.reason}){hint}")
-
-
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _unshared_cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
