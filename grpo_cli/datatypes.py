@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -36,6 +36,12 @@ class Rollout:
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
+
+    def to(self, device) -> Rollout:
+        """The tensors on `device` (vLLM returns CPU tensors; the trainer may be on a GPU)."""
+        move = {k: getattr(self, k).to(device) for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated")}
+        logps = self.sampling_logps.to(device) if self.sampling_logps is not None else None
+        return replace(self, **move, sampling_logps=logps)
 
 
 @dataclass

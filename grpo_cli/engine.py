@@ -262,6 +262,7 @@ class Engine:
         batch = self.stream.next_batch()  # the same B prompts on every process
         rows = self.rows  # this process's slice of the B*G completion rows
         rollout = self.generator.generate([batch.input_ids[i // G] for i in rows], [batch.texts[i // G] for i in rows])
+        rollout = rollout.to(self.accelerator.device)
         self.generator.sleep()  # colocated vLLM on GPU (sleep_mode): give the trainer its memory back
         t_gen = time.perf_counter()
 
