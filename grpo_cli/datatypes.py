@@ -21,6 +21,11 @@ class PromptBatch:
         return len(self.texts)
 
 
+def completion_lists(completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> list[list[int]]:
+    """[N, T] padded ids and 0/1 mask -> N lists of the active ids."""
+    return [row[m.bool()].tolist() for row, m in zip(completion_ids, completion_mask)]
+
+
 @dataclass
 class Rollout:
     """Completions for a batch of prompts, each prompt repeated G times in contiguous rows."""
@@ -36,6 +41,10 @@ class Rollout:
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
+
+    def completion_lists(self) -> list[list[int]]:
+        """[N] unpadded completion token ids (up to and including the first EOS)."""
+        return completion_lists(self.completion_ids, self.completion_mask)
 
     def to(self, device) -> Rollout:
         """The tensors on `device` (vLLM returns CPU tensors; the trainer may be on a GPU)."""

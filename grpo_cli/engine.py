@@ -255,7 +255,7 @@ class Engine:
 
     def train_step(self, step: int) -> dict[str, Any]:
         """One GRPO step: B prompts -> B*G completions -> rewards -> advantages -> mu updates."""
-        from grpo_cli.rewards import score
+        from grpo_cli.rewards import score_rollout
 
         r, G = self.recipe, self.G
         t0 = time.perf_counter()
@@ -267,9 +267,7 @@ class Engine:
         t_gen = time.perf_counter()
 
         columns = {k: [v[i // G] for i in rows] for k, v in batch.columns.items()}
-        columns.setdefault("max_completion_length", [r.rollout.max_completion_length] * len(rows))
-        ids = [row[m.bool()].tolist() for row, m in zip(rollout.completion_ids, rollout.completion_mask)]
-        rewards = score(r.rewards, rollout.prompts, rollout.completions, ids, columns, step=step)
+        rewards = score_rollout(r.rewards, rollout, columns, max_completion_length=r.rollout.max_completion_length, step=step)
         t_score = time.perf_counter()
 
         total = self._gather(torch.tensor(rewards.total, dtype=torch.float32))  # [N], all processes
@@ -356,8 +354,9 @@ class Engine:
         mode = ro.importance_sampling if ro.importance_sampling != "none" else "token_truncate"
         weights, rho = sampler_correction(old, samp, mask, mode, ro.importance_sampling_cap)
         if sums is not None:
-            sums.add_tokens("sampling/sampling_logp_difference/mean", (old - samp).abs(), mask)
-            sums.add_extremes("sampling/sampling_logp_difference/max", (old - samp).abs(), mask)
+            diff = (old - samp).abs()
+            sums.add_tokens("sampling/sampling_logp_difference/mean", diff, mask)
+            sums.add_extremes("sampling/sampling_logp_difference/max", diff, mask)
             sums.add_tokens("sampling/importance_sampling_ratio/mean", rho, mask)
             sums.add_extremes("sampling/importance_sampling_ratio/min", rho, mask, low=True)
             sums.add_extremes("sampling/importance_sampling_ratio/max", rho, mask)

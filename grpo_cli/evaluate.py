@@ -94,15 +94,6 @@ def load_problems(recipe: Recipe, cfg: EvalConfig, tokenizer) -> Problems:
     return Problems(texts, encode_prompts(texts, tokenizer, data.max_prompt_length), columns, data)
 
 
-def _score_rows(recipe: Recipe, problems: Problems, rollout, rows: list[int], n: int, max_len: int):
-    from grpo_cli.rewards import score
-
-    cols = {k: [v[i] for i in rows for _ in range(n)] for k, v in problems.columns.items()}
-    cols.setdefault("max_completion_length", [max_len] * len(rows) * n)
-    ids = [row[m.bool()].tolist() for row, m in zip(rollout.completion_ids, rollout.completion_mask)]
-    return score(recipe.rewards, rollout.prompts, rollout.completions, ids, cols)
-
-
 def evaluate_model(model, tokenizer, recipe: Recipe, cfg: EvalConfig, problems: Problems, *, progress: bool = False,
                    generator=None) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Greedy (and n sampled) completions for every problem -> metrics and one record per completion.
@@ -111,7 +102,7 @@ def evaluate_model(model, tokenizer, recipe: Recipe, cfg: EvalConfig, problems: 
     own RNG (seeded with cfg.seed) and leaves the caller's RNG untouched."""
     import torch
 
-    from grpo_cli.rewards import answers_match, extract_answer, reference_text
+    from grpo_cli.rewards import answers_match, extract_answer, reference_text, score_rollout
     from grpo_cli.rollout.hf import HFGenerator
 
     gen, ext = generator or HFGenerator(model, tokenizer, recipe.rollout), accuracy_settings(recipe)
@@ -127,7 +118,10 @@ def evaluate_model(model, tokenizer, recipe: Recipe, cfg: EvalConfig, problems: 
                 kinds.append(("sample", gen.generate(ids, texts, n, temperature=cfg.temperature, top_p=cfg.top_p,
                                                      max_new_tokens=max_len), n))
             for kind, rollout, per in kinds:
-                rewards = _score_rows(recipe, problems, rollout, rows, per, max_len) if kind == "greedy" else None
+                rewards = None
+                if kind == "greedy":
+                    cols = {k: [v[i] for i in rows for _ in range(per)] for k, v in problems.columns.items()}
+                    rewards = score_rollout(recipe.rewards, rollout, cols, max_completion_length=max_len)
                 lengths = rollout.completion_mask.sum(1).tolist()
                 for j, text in enumerate(rollout.completions):
                     i = rows[j // per]
@@ -244,11 +238,11 @@ def run_eval(specs: list[str], recipe: Recipe | None, cfg_overrides: dict[str, A
     from grpo_cli.models import load_tokenizer, quiet_transformers
 
     quiet_transformers()
-    targets = [resolve_target(s, recipe) for s in specs if s != "base"]
-    recipe = recipe or next((t.recipe for t in targets if t.recipe is not None), None)
+    resolved = {s: resolve_target(s, recipe) for s in specs if s != "base"}  # `base` needs the recipe first
+    recipe = recipe or next((t.recipe for t in resolved.values() if t.recipe is not None), None)
     if recipe is None:
         raise ValueError("no recipe: give --recipe, or a checkpoint written by `grpo train` as a target")
-    targets = [resolve_target(s, recipe) if s == "base" else t for s, t in _in_order(specs, targets)]
+    targets = [resolved.get(s) or resolve_target(s, recipe) for s in specs]
     cfg = (recipe.eval or EvalConfig()).model_copy(update={k: v for k, v in cfg_overrides.items() if v is not None})
     results, settings = [], None
     output.mkdir(parents=True, exist_ok=True)
@@ -280,12 +274,6 @@ def _backend(backend: str, model_cfg: ModelConfig, tokenizer, recipe: Recipe, se
     from grpo_cli.rollout.vllm_colocate import VLLMColocateGenerator
 
     return None, VLLMColocateGenerator(resolve_model_source(model_cfg), tokenizer, recipe.rollout, seed)
-
-
-def _in_order(specs: list[str], resolved: list[Target]):
-    it = iter(resolved)
-    for s in specs:
-        yield s, (None if s == "base" else next(it))
 
 
 def print_table(report: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ from grpo_cli.rewards.scoring import (
     resolve_reward,
     reward_log_name,
     score,
+    score_rollout,
     unique_log_names,
     weighted_total,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "resolve_reward",
     "reward_log_name",
     "score",
+    "score_rollout",
     "unique_log_names",
     "weighted_total",
 ]

@@ -414,3 +414,11 @@ def score(
     per_function = {log_names[i]: values[i] for i in range(len(specs))}
     total = weighted_total([s.weight for s in specs], [values[i] for i in range(len(specs))], n)
     return RewardResult(total=total, per_function=per_function, errors=counts["errors"], timeouts=counts["timeouts"])
+
+
+def score_rollout(specs: list[RewardConfig], rollout, columns: dict[str, list], *, max_completion_length: int,
+                  step: int = 0) -> RewardResult:
+    """Score a `Rollout` (duck-typed: no torch import here). `columns` hold one value per completion;
+    `max_completion_length` is added for length-aware rewards unless the data has such a column."""
+    columns = {"max_completion_length": [max_completion_length] * len(rollout.completions), **columns}
+    return score(specs, rollout.prompts, rollout.completions, rollout.completion_lists(), columns, step=step)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo_cli.datatypes import Rollout
+from grpo_cli.datatypes import Rollout, completion_lists
 from grpo_cli.recipe import RolloutConfig
 
 
@@ -35,9 +35,7 @@ def build_rollout(
 ) -> Rollout:
     """Every backend's last step: left-padded prompts repeated n times, decoded completions, one Rollout."""
     ids, mask = left_pad([p for p in prompt_ids for _ in range(n)], pad_id, completion_ids.device)
-    texts = tokenizer.batch_decode(
-        [row[m.bool()].tolist() for row, m in zip(completion_ids, completion_mask)], skip_special_tokens=True
-    )
+    texts = tokenizer.batch_decode(completion_lists(completion_ids, completion_mask), skip_special_tokens=True)
     return Rollout(
         prompt_ids=ids, prompt_mask=mask, completion_ids=completion_ids, completion_mask=completion_mask,
         truncated=truncated, prompts=[p for p in prompts for _ in range(n)], completions=texts,
