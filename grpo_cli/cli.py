@@ -67,6 +67,8 @@ def train(
     overrides: Optional[list[str]] = OVERRIDES,
     output_dir: Optional[Path] = typer.Option(None, "--output-dir", "-o", help="Run folder (default: logging.output_dir or runs/<name>)."),
     resume: Optional[str] = typer.Option(None, "--resume", help="`auto`: newest complete checkpoint of the run folder; or a checkpoint path."),
+    num_processes: Optional[int] = typer.Option(None, "--num-processes", min=1, help="Train on N processes (one per GPU; gloo DDP on CPU) through accelerate launch."),
+    accelerate_config: Optional[Path] = typer.Option(None, "--accelerate-config", help="accelerate config file, e.g. recipes/accelerate/fsdp2.yaml (DDP, FSDP2, DeepSpeed)."),
 ) -> None:
     """Train with GRPO. Writes metrics.jsonl, rollouts.jsonl and checkpoints/step-N/ under the run folder.
 
@@ -75,9 +77,20 @@ def train(
       grpo train recipes/ci-tiny.yaml train.max_steps=5 -o runs/try
 
       grpo train recipes/ci-tiny.yaml -o runs/try --resume auto train.max_steps=10
+
+      grpo train recipes/gsm8k.yaml --num-processes 8 --accelerate-config recipes/accelerate/fsdp2.yaml
     """
     r = _load(recipe, overrides)
     run_dir = output_dir or Path(r.output_dir)
+    from grpo_cli.launch import LaunchError, launched_by_torchrun, relaunch
+
+    if (accelerate_config or (num_processes or 1) > 1) and not launched_by_torchrun():
+        args = ["train", str(recipe), *(overrides or []), "--output-dir", str(run_dir)]
+        try:
+            code = relaunch(num_processes, accelerate_config, args + (["--resume", resume] if resume else []))
+        except LaunchError as e:
+            _fail(str(e))
+        raise typer.Exit(code)
     import logging
 
     from rich.logging import RichHandler

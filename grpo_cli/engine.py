@@ -115,6 +115,18 @@ class Engine:
 
     # ----- set-up -----------------------------------------------------------------------------
     def _check_process_split(self) -> None:
+        import os
+
+        acc, world = self.accelerator, int(os.environ.get("WORLD_SIZE", "1"))
+        asked = [name for env, name in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed"))
+                 if os.environ.get(env, "false").lower() == "true"]
+        if world != acc.num_processes or (asked and acc.distributed_type.name not in ("FSDP", "DEEPSPEED")):
+            # e.g. an FSDP config launched on a CPU-only machine: accelerate would train WORLD_SIZE unrelated copies
+            raise SetupError(
+                f"{world} processes were launched with {' + '.join(asked) or 'a distributed config'}, but accelerate "
+                f"set up {acc.num_processes} process(es) of type {acc.distributed_type.name}; FSDP and DeepSpeed need "
+                "GPUs: on CPU use `grpo train --num-processes N` (DDP over gloo)"
+            )
         P, N, mbs = self.accelerator.num_processes, self.recipe.generation_batch_size, self.recipe.train.micro_batch_size
         if N % P or (N // P) % mbs:
             raise SetupError(
@@ -242,6 +254,8 @@ class Engine:
                 if self._should_eval(step):
                     metrics.update(self.evaluate())
                 self._log(step, metrics)
+                if self.accelerator.num_processes > 1:  # a signal may reach one process: all must stop (saving is collective)
+                    self.stop_requested = bool(self._gather(torch.tensor([float(self.stop_requested)])).max())
                 if self._should_save(step):
                     self.save(step)
                 if self.stop_requested:
@@ -309,8 +323,10 @@ class Engine:
         self.model.train()
         for it in range(a.num_iterations):
             for k, sl in enumerate(slices):
-                sync = nullcontext() if k == len(slices) - 1 else self.accelerator.no_sync(self.model)
-                with sync:
+                last = k == len(slices) - 1
+                # DDP/FSDP all-reduce only on the window's last backward; DeepSpeed steps its engine only then
+                self.accelerator.sync_gradients = last
+                with nullcontext() if last else self.accelerator.no_sync(self.model):
                     self._micro_step(rollout, sl, adv, mask, old, ref, num_active, loss_scale, sums, first=it == 0)
             sums.add_scalar("grad_norm", self._optimizer_step())
         return sums
@@ -376,15 +392,13 @@ class Engine:
         return torch.cat(out).clone()  # clone: leave inference mode so autograd can use it as a constant
 
     def _optimizer_step(self) -> float:
-        t = self.recipe.train
-        if t.max_grad_norm is not None:
-            norm = self.accelerator.clip_grad_norm_(self.model.parameters(), t.max_grad_norm)
-        else:
-            norm = torch.sqrt(sum((p.grad.float() ** 2).sum() for p in self.model.parameters() if p.grad is not None))
+        # accelerate computes the global norm for DDP, FSDP (sharded grads) and DeepSpeed; inf: measure only
+        max_norm = self.recipe.train.max_grad_norm or math.inf
+        norm = self.accelerator.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], max_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        return float(norm) if norm is not None else math.nan  # DeepSpeed reports no norm before its first step
 
     def _gather(self, x: torch.Tensor) -> torch.Tensor:
         if self.accelerator.num_processes == 1:

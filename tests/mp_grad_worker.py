@@ -1,0 +1,74 @@
+"""Run by tests/test_distributed.py, alone or under `accelerate launch`: the accumulated gradient of fixed rollouts.
+
+Every process builds the same fixed B*G rollout and rewards, keeps its own rows (as the engine does),
+runs the engine's update (mu accumulation windows) and, on the main process, saves the gradient of
+every window to OUT/<loss_type>.safetensors.
+"""
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+torch.set_num_threads(1)
+
+from safetensors.torch import save_file  # noqa: E402
+
+from grpo_cli.advantages import compute_advantages  # noqa: E402
+from grpo_cli.datatypes import Rollout  # noqa: E402
+from grpo_cli.engine import Engine  # noqa: E402
+from grpo_cli.recipe import load_recipe  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+B, G, P, T = 3, 4, 7, 9  # 12 rows: with 2 processes group 1 (rows 4-7) spans both
+
+
+def fixed_rollout(vocab: int) -> tuple[Rollout, torch.Tensor]:
+    g = torch.Generator().manual_seed(1234)
+    N = B * G
+    prompt_ids = torch.randint(3, vocab, (N, P), generator=g)
+    prompt_mask = torch.ones(N, P, dtype=torch.long)
+    prompt_mask[::3, :2] = 0  # some left padding
+    completion_ids = torch.randint(3, vocab, (N, T), generator=g)
+    lengths = torch.randint(1, T + 1, (N,), generator=g)
+    completion_mask = (torch.arange(T)[None] < lengths[:, None]).long()
+    rollout = Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, lengths == T, [""] * N, [""] * N)
+    rewards = torch.rand(N, generator=g).round(decimals=1)
+    return rollout, rewards
+
+
+def rows_of(rollout: Rollout, rows: range) -> Rollout:
+    sl = slice(rows.start, rows.stop)
+    tensors = {k: getattr(rollout, k)[sl] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated")}
+    return replace(rollout, **tensors, prompts=rollout.prompts[sl], completions=rollout.completions[sl])
+
+
+class GradCapture(Engine):
+    def _optimizer_step(self) -> float:
+        self.grads.append({n: p.grad.detach().clone() for n, p in self.accelerator.unwrap_model(self.model).named_parameters()})
+        return super()._optimizer_step()
+
+
+def main(out: Path, micro_batch_size: int, loss_types: list[str]) -> None:
+    for loss_type in loss_types:
+        extra = ["algorithm.epsilon_high=5.0"] if loss_type == "cispo" else []
+        r = load_recipe(ROOT / "recipes/ci-tiny.yaml", [
+            f"algorithm.loss_type={loss_type}", f"train.prompts_per_step={B}", f"algorithm.num_generations={G}",
+            f"train.micro_batch_size={micro_batch_size}", "algorithm.num_iterations=2", "algorithm.beta=0.1",
+            "train.learning_rate=0.05", "logging.rollouts=false", *extra,
+        ])
+        e = GradCapture(r, out / f"run-{loss_type}")
+        e.grads = []
+        rollout, rewards = fixed_rollout(e.accelerator.unwrap_model(e.model).config.vocab_size)
+        adv = compute_advantages(rewards, G, "group")[e.rows.start : e.rows.stop]
+        local = rows_of(rollout, e.rows)
+        e._update(local, adv, local.completion_mask.clone())
+        if e.accelerator.is_main_process:
+            save_file({f"{i}.{n}": g for i, grads in enumerate(e.grads) for n, g in grads.items()},
+                      str(out / f"{loss_type}.safetensors"))
+        e.close()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(","))

@@ -1,0 +1,165 @@
+"""Multi-process training on CPU (DDP over gloo through `accelerate launch`) and the shipped accelerate configs."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grpo_cli.advantages import compute_advantages
+from grpo_cli.launch import LaunchError, gpu_count, launch_argv
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "recipes/ci-tiny.yaml"
+CONFIGS = sorted((ROOT / "recipes/accelerate").glob("*.yaml"))
+VOLATILE = ("time/", "throughput/")
+CPU_ENV = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GRPO_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "grpo-cache"))
+    monkeypatch.chdir(ROOT)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def stable(m: dict) -> dict:
+    return {k: v for k, v in m.items() if not k.startswith(VOLATILE)}
+
+
+def run(argv: list[str], env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+LOSSES = ["grpo", "dr_grpo", "dapo", "cispo"]
+
+
+def test_two_processes_give_the_single_process_gradient(tmp_path):
+    # The same fixed 12-row rollout: one process with one micro-batch of 12, or 2 processes x 2 micro-batches
+    # of 3 (group 1 spans both). mu=2, beta>0: two accumulation windows, the second after an AdamW step.
+    worker = str(ROOT / "tests/mp_grad_worker.py")
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir(), two.mkdir()
+    p = run([sys.executable, worker, str(one), "12", ",".join(LOSSES)])
+    assert p.returncode == 0, p.stderr[-3000:]
+    argv, env = launch_argv(2, None, [], gpus=0)  # the route `grpo train --num-processes 2` takes on CPU
+    argv = argv[: argv.index("-m", 3)] + [worker, str(two), "3", ",".join(LOSSES)]
+    p = run(argv, env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for loss in LOSSES:
+        a, b = load_file(str(one / f"{loss}.safetensors")), load_file(str(two / f"{loss}.safetensors"))
+        assert a.keys() == b.keys() and {k.split(".")[0] for k in a} == {"0", "1"}
+        first = [k for k in a if k.startswith("0.")]
+        assert max(a[k].abs().max().item() for k in first) > 1e-2, loss  # a real gradient
+        assert max((a[k] - b[k]).abs().max().item() for k in first) <= 1e-6, loss
+        # after one AdamW step the fp32 rounding of the two sums (~1e-8) is amplified by Adam's normalisation
+        assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-4, loss
+
+
+def grpo_train(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "grpo_cli", "train", str(TINY), "-o", str(run_dir), "--num-processes", "2",
+                "train.prompts_per_step=3", "train.micro_batch_size=3", *args], CPU_ENV)
+
+
+def test_num_processes_trains_checkpoints_and_resumes_exactly(tmp_path):
+    # B=3 prompts x G=4 = 12 rows, 6 per process: group 1 (rows 4-7) is split over both processes.
+    mp = tmp_path / "mp"
+    p = grpo_train(mp, "train.max_steps=2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count("done: 2 steps") == 1  # only the main process reports
+    rollouts, metrics = read_jsonl(mp / "rollouts.jsonl"), read_jsonl(mp / "metrics.jsonl")
+    assert len(rollouts) == 2 * 12 and len(metrics) == 2
+    for step in (1, 2):
+        rows = [r for r in rollouts if r["step"] == step]
+        assert [(r["group"], r["sample"]) for r in rows] == [(g, s) for g in range(3) for s in range(4)]
+        rewards = torch.tensor([r["reward"] for r in rows])
+        adv = compute_advantages(rewards, 4, "group")  # each group normalised over all its G completions
+        assert torch.allclose(adv, torch.tensor([r["advantage"] for r in rows]), atol=1e-5)
+        assert metrics[step - 1]["reward"] == pytest.approx(rewards.mean().item(), abs=1e-6)  # global metric
+        lengths = torch.tensor([float(r["length"]) for r in rows])
+        assert metrics[step - 1]["completions/mean_length"] == pytest.approx(lengths.mean().item())
+    assert len({r["completion"] for r in rollouts if r["step"] == 1}) > 6  # seed + rank: different samples
+    assert sorted(x.name for x in (mp / "checkpoints").iterdir()) == ["step-2"]
+
+    # resume to step 4 == an uninterrupted 4-step run (each rank gets its own RNG state back)
+    p = grpo_train(mp, "train.max_steps=4", "--resume", "auto")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "resumed from" in p.stdout + p.stderr
+    full = grpo_train(tmp_path / "full", "train.max_steps=4")
+    assert full.returncode == 0, full.stderr[-3000:]
+    a, b = read_jsonl(tmp_path / "full/metrics.jsonl"), read_jsonl(mp / "metrics.jsonl")
+    assert [stable(m) for m in a] == [stable(m) for m in b]
+    ca = [r["completion"] for r in read_jsonl(tmp_path / "full/rollouts.jsonl")]
+    assert ca == [r["completion"] for r in read_jsonl(mp / "rollouts.jsonl")]
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_accelerate_configs_parse_into_their_plugins(path, monkeypatch):
+    """Each config goes through accelerate's own launch parsing; the env it produces builds the plugin."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
+
+    args, defaults, _ = _validate_launch_command(launch_command_parser().parse_args(["--config_file", str(path), "x.py"]))
+    assert args.num_processes == 8 and defaults.num_machines == 1
+    assert "#" in path.read_text().splitlines()[0]  # opens with when to use it
+    if args.use_deepspeed:
+        args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
+        _, env = prepare_deepspeed_cmd_env(args)
+    else:
+        env = prepare_multi_gpu_env(args)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    name = path.stem
+    if name == "fsdp2":
+        plugin = FullyShardedDataParallelPlugin()
+        assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
+        assert plugin.state_dict_type.name == "FULL_STATE_DICT" and plugin.auto_wrap_policy.__name__ == "transformer_auto_wrap_policy"
+    elif name.startswith("deepspeed"):
+        plugin = DeepSpeedPlugin()
+        stage = int(name[-1])
+        zero = plugin.deepspeed_config["zero_optimization"]
+        assert plugin.zero_stage == stage and zero["stage"] == stage
+        assert plugin.deepspeed_config["gradient_accumulation_steps"] == "auto" or plugin.gradient_accumulation_steps == 1
+        assert zero.get("stage3_gather_16bit_weights_on_model_save", False) is (stage == 3)
+    else:
+        assert name == "ddp" and args.multi_gpu and env.get("ACCELERATE_USE_FSDP") is None
+
+
+@pytest.mark.skipif(gpu_count() > 0, reason="checks the CPU-only refusal")
+@pytest.mark.parametrize("name", ["fsdp2", "deepspeed-zero3"])
+def test_gpu_only_configs_are_refused_on_cpu(tmp_path, name):
+    cfg = ROOT / f"recipes/accelerate/{name}.yaml"
+    with pytest.raises(LaunchError, match="needs GPUs"):
+        launch_argv(None, cfg, [], gpus=0)
+    p = run([sys.executable, "-m", "grpo_cli", "train", str(TINY), "-o", str(tmp_path / "r"), "--accelerate-config", str(cfg)])
+    assert p.returncode == 2 and "ddp.yaml" in p.stderr and "Traceback" not in p.stderr
+    if name != "fsdp2":
+        return  # accelerate launch itself stops a DeepSpeed config when deepspeed is not installed
+    # launched by hand, accelerate would set up 2 unrelated single-process runs: the engine refuses
+    p = run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(cfg), "--num_processes", "2",
+             "-m", "grpo_cli", "train", str(TINY), "-o", str(tmp_path / "r")], {"OMP_NUM_THREADS": "1"})
+    assert p.returncode != 0 and "FSDP and DeepSpeed need GPUs" in p.stderr
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()
+
+
+def test_launch_argv_is_accelerate_launch_of_the_same_command(tmp_path):
+    argv, env = launch_argv(2, None, ["train", "r.yaml", "a.b=1"], gpus=0)
+    assert argv[1:4] == ["-m", "accelerate.commands.launch", "--num_processes"] and argv[4] == "2"
+    assert "--multi_gpu" in argv and argv[-5:] == ["-m", "grpo_cli", "train", "r.yaml", "a.b=1"]
+    assert env["ACCELERATE_USE_CPU"] == "1"
+    argv, env = launch_argv(None, ROOT / "recipes/accelerate/fsdp2.yaml", ["train"], gpus=8)
+    assert argv[argv.index("--num_processes") + 1] == "8" and "--multi_gpu" not in argv and env == {}
+    with pytest.raises(LaunchError, match="more than the 4 visible"):
+        launch_argv(8, None, ["train"], gpus=4)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("distributed_type: [unclosed\n")
+    with pytest.raises(LaunchError, match="not a valid accelerate config"):
+        launch_argv(2, bad, ["train"], gpus=0)
