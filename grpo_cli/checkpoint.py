@@ -336,7 +336,8 @@ def _write_manifest(folder: Path, step: int) -> None:
 
 
 def _write_contents(
-    folder: Path, *, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any, recipe_yaml: str, trainer_state: dict
+    folder: Path, *, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any, recipe_yaml: str, trainer_state: dict,
+    extra_json: dict[str, dict] | None = None,
 ) -> None:
     try:
         state_text = json.dumps(trainer_state, indent=1)
@@ -348,6 +349,8 @@ def _write_contents(
     if tokenizer is not None:
         tokenizer.save_pretrained(str(folder))
     (folder / "recipe.yaml").write_text(recipe_yaml)
+    for name, doc in (extra_json or {}).items():  # e.g. base_model.json of a LoRA adapter
+        (folder / name).write_text(json.dumps(doc, indent=1))
     if optimizer is not None:
         save_optimizer(folder, optimizer)
     if scheduler is not None:
@@ -401,6 +404,7 @@ def save_checkpoint(
     recipe_yaml: str,
     trainer_state: dict,
     keep_last: int | None,
+    extra_json: dict[str, dict] | None = None,
 ) -> Path:
     """Save `RUN_DIR/checkpoints/step-N/` atomically, then apply retention. Returns the checkpoint folder."""
     if keep_last is not None and keep_last < 1:
@@ -415,7 +419,7 @@ def save_checkpoint(
         tmp.mkdir()
         _write_contents(
             tmp, model=model, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
-            recipe_yaml=recipe_yaml, trainer_state=trainer_state,
+            recipe_yaml=recipe_yaml, trainer_state=trainer_state, extra_json=extra_json,
         )
         _write_manifest(tmp, int(step))
         _move_into_place(tmp, final)

@@ -176,6 +176,10 @@ app.command("inspect-rollouts")(_inspect_rollouts)
 from grpo_cli.serve.server import command as _serve_vllm  # noqa: E402
 
 app.command("serve-vllm")(_serve_vllm)
+# export: checkpoint -> plain HF model, LoRA merged (grpo_cli/export.py)
+from grpo_cli.export import command as _export  # noqa: E402
+
+app.command("export")(_export)
 # report: registered below
 from grpo_cli.report import command as _report  # noqa: E402
 

@@ -82,9 +82,19 @@ def _set_rank_rng(state: dict[str, str]) -> None:
 
 def _disable_dropout(model: torch.nn.Module) -> None:
     # RL ratios compare two forward passes of the same weights; dropout would make them differ.
-    for m in model.modules():
-        if isinstance(m, torch.nn.Dropout):
+    # LoRA's own dropout stays as the recipe's model.lora.dropout asks.
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Dropout) and "lora_dropout" not in name:
             m.p = 0.0
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak memory of this process so far: CUDA allocator peak on a GPU, peak RSS on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
 
 
 class Engine:
@@ -106,6 +116,7 @@ class Engine:
         self.G = recipe.algorithm.num_generations
         self._check_process_split()
         self.checkpoint_path = self._resolve_resume(resume)
+        torch.manual_seed(t.seed)  # fresh LoRA adapters (peft draws lora_A at random): same on every run and rank
         self._build_model()
         self._build_data()
         self.start_step = self._restore() if self.checkpoint_path else self._fresh_start()
@@ -148,6 +159,7 @@ class Engine:
         return resolve_resume(self.run_dir, resume)
 
     def _build_model(self) -> None:
+        from grpo_cli.lora import parameter_summary
         from grpo_cli.models import load_model, load_tokenizer
 
         r = self.recipe
@@ -157,12 +169,13 @@ class Engine:
         # the main process fills the model cache (GGUF conversion, builtin models) before the others read it
         with self.accelerator.main_process_first():
             self.tokenizer = load_tokenizer(cfg)
-            model = load_model(cfg)
+            model = self._load_policy(cfg)
             self.ref_model = None
-            if r.algorithm.beta > 0:
+            if r.algorithm.beta > 0 and not r.model.lora.r:  # with LoRA the reference is the base: adapters disabled
                 ref_cfg = r.model.model_copy(update={"gradient_checkpointing": False})
                 self.ref_model = load_model(ref_cfg).to(self.accelerator.device).eval().requires_grad_(False)
         _disable_dropout(model)
+        self.model_summary = parameter_summary(model)
         params = [p for p in model.parameters() if p.requires_grad]
         a, t = r.algorithm, r.train
         optimizer = torch.optim.AdamW(
@@ -172,6 +185,17 @@ class Engine:
         self.scheduler = make_scheduler(optimizer, t.scheduler, t.warmup_steps, total_updates)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.generator = self._make_generator(cfg)
+
+    def _load_policy(self, cfg):
+        """The trained model: full weights (fresh or from a checkpoint), or base + LoRA adapters (fresh or saved)."""
+        from grpo_cli.lora import is_adapter_checkpoint, load_adapter_model, wrap_lora
+        from grpo_cli.models import load_model
+
+        m = self.recipe.model
+        if self.checkpoint_path is not None and is_adapter_checkpoint(self.checkpoint_path):
+            return load_adapter_model(self.checkpoint_path, m, trainable=True, device=self.accelerator.device)
+        model = load_model(cfg, device=self.accelerator.device if m.load_in_4bit else None)
+        return wrap_lora(model, m) if m.lora.r else model
 
     def _make_generator(self, cfg):
         """The rollout backend: the policy itself (hf), a vLLM engine in this process, or `grpo serve-vllm`."""
@@ -184,7 +208,12 @@ class Engine:
             from grpo_cli.models import resolve_model_source
             from grpo_cli.rollout.vllm_colocate import VLLMColocateGenerator
 
-            return VLLMColocateGenerator(resolve_model_source(cfg), self.tokenizer, r.rollout, seed)
+            # LoRA: vLLM serves the base model and receives merged weights at every sync
+            generator = VLLMColocateGenerator(resolve_model_source(r.model if r.model.lora.r else cfg),
+                                              self.tokenizer, r.rollout, seed)
+            if self.checkpoint_path is not None and r.model.lora.r:
+                generator.sync_weights(self.accelerator.unwrap_model(self.model))
+            return generator
         from grpo_cli.rollout.vllm_server import VLLMServerGenerator
 
         generator = VLLMServerGenerator(self.tokenizer, r.rollout, seed)
@@ -247,6 +276,10 @@ class Engine:
         step = self.start_step
         if self.checkpoint_path:
             self.console.print(f"resumed from {self.checkpoint_path} at step {step}")
+        ref = "none (beta = 0)" if self.recipe.algorithm.beta == 0 else (
+            "a second copy" if self.ref_model is not None else "the base with adapters disabled (no copy)")
+        self.console.print(f"policy: {self.model_summary}; reference: {ref}; "
+                           f"peak memory {peak_memory_gib(self.accelerator.device):.2f} GiB")
         try:
             while step < self.recipe.train.max_steps:
                 step += 1
@@ -299,6 +332,7 @@ class Engine:
         times = {"time/generate": t_gen - t0, "time/score": t_score - t_gen, "time/train": t_train - t_score,
                  "time/sync": t_end - t_train, "time/step": t_end - t0}
         metrics = step_metrics(self, rollout, rewards, total, advantages, sums, times, batch)
+        metrics["memory/peak_gib"] = peak_memory_gib(self.accelerator.device)  # this process's
         if r.logging.rollouts:  # every process takes part in the gather; the main one writes
             records = rollout_records(self, step, batch, rollout, rewards, total, advantages)
             if self.rollout_log is not None:
@@ -311,7 +345,7 @@ class Engine:
         n, mbs = len(rollout), t.micro_batch_size
         slices = [slice(s, s + mbs) for s in range(0, n, mbs)]
         old = self._logps_no_grad(self.model, rollout, slices) if a.num_iterations > 1 else None
-        ref = self._logps_no_grad(self.ref_model, rollout, slices) if self.ref_model is not None else None
+        ref = self._ref_logps(rollout, slices) if a.beta > 0 else None
         global_tokens = POLICY_LOSSES.get(a.loss_type).aggregation == "global_token_mean"
         if global_tokens:  # every token of the global batch weighs the same; DDP averages over processes
             num_active = self._gather(mask.sum().reshape(1).float().cpu()).sum().item()
@@ -377,6 +411,12 @@ class Engine:
             sums.add_extremes("sampling/importance_sampling_ratio/min", rho, mask, low=True)
             sums.add_extremes("sampling/importance_sampling_ratio/max", rho, mask)
         return weights if ro.importance_sampling != "none" else None
+
+    def _ref_logps(self, rollout: Rollout, slices: list[slice]) -> torch.Tensor:
+        if self.ref_model is not None:
+            return self._logps_no_grad(self.ref_model, rollout, slices)
+        with self.accelerator.unwrap_model(self.model).disable_adapter():  # LoRA: the frozen base is the reference
+            return self._logps_no_grad(self.model, rollout, slices)
 
     @torch.no_grad()
     def _logps_no_grad(self, model, rollout: Rollout, slices: list[slice]) -> torch.Tensor:
@@ -447,12 +487,16 @@ class Engine:
 
         from accelerate.utils import gather_object
 
+        from grpo_cli.lora import BASE_MODEL, base_identity, is_peft_model
+
         # each rank samples with its own torch RNG; rank 0's is also saved in rng.safetensors
         rng_per_rank = gather_object([_get_rank_rng()]) if self.accelerator.num_processes > 1 else [_get_rank_rng()]
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
+            model = self.accelerator.unwrap_model(self.model)
+            extra = {BASE_MODEL: base_identity(model, self.recipe.model)} if is_peft_model(model) else {}
             path = save_checkpoint(
-                self.run_dir, step, model=self.accelerator.unwrap_model(self.model), tokenizer=self.tokenizer,
+                self.run_dir, step, model=model, tokenizer=self.tokenizer, extra_json=extra,
                 optimizer=self.optimizer, scheduler=self.scheduler, recipe_yaml=recipe_to_yaml(self.recipe),
                 trainer_state={"step": step, "data": self.stream.state_dict(), "rng_per_rank": rng_per_rank}, keep_last=self.recipe.checkpoint.keep_last,
             )

@@ -195,6 +195,7 @@ class Target:
     spec: str  # what the user typed
     model: ModelConfig
     recipe: Recipe | None  # the one saved with a checkpoint, if any
+    adapter: Path | None = None  # a LoRA checkpoint: `model` is then its base
 
 
 def resolve_target(spec: str, recipe: Recipe | None) -> Target:
@@ -212,6 +213,9 @@ def resolve_target(spec: str, recipe: Recipe | None) -> Target:
         if newest is None:
             raise ValueError(f"{spec} holds no complete checkpoint")
         path = newest
+    if (path / "recipe.yaml").is_file() and (path / "adapter_config.json").is_file():  # LoRA: base + adapter
+        saved = load_recipe(path / "recipe.yaml")
+        return Target(spec, saved.model, saved, adapter=path)
     if (path / "recipe.yaml").is_file() and (path / "config.json").is_file():
         saved = load_recipe(path / "recipe.yaml")
         model = saved.model.model_copy(update={"name_or_path": str(path), "gguf_file": None, "revision": None})
@@ -249,14 +253,14 @@ def run_eval(specs: list[str], recipe: Recipe | None, cfg_overrides: dict[str, A
     with open(output / "samples.jsonl", "w", encoding="utf-8") as f:
         for t in targets:
             tokenizer = load_tokenizer(t.model)
-            model, generator = _backend(backend, t.model, tokenizer, recipe, cfg.seed)
+            model, generator = _backend(backend, t, tokenizer, recipe, cfg.seed)
             problems = load_problems(recipe, cfg, tokenizer)
             settings = settings or {**eval_settings(recipe, cfg, problems), "backend": backend}
             metrics, samples = evaluate_model(model, tokenizer, recipe, cfg, problems, progress=True, generator=generator)
             if generator is not None:
                 generator.close()
             f.writelines(json.dumps({"target": t.spec, **s}, ensure_ascii=False) + "\n" for s in samples)
-            results.append({"target": t.spec, "model": t.model.name_or_path, "gguf_file": t.model.gguf_file,
+            results.append({"target": t.spec, "model": str(t.adapter or t.model.name_or_path), "gguf_file": t.model.gguf_file,
                             "metrics": metrics})
             del model
     report = {"settings": settings, "targets": results}
@@ -265,15 +269,25 @@ def run_eval(specs: list[str], recipe: Recipe | None, cfg_overrides: dict[str, A
     return report
 
 
-def _backend(backend: str, model_cfg: ModelConfig, tokenizer, recipe: Recipe, seed: int):
-    """(HF model or None, generator or None): vLLM loads the weights itself, HF generates with the model."""
+def _backend(backend: str, t: Target, tokenizer, recipe: Recipe, seed: int):
+    """(HF model or None, generator or None): vLLM loads the weights itself, HF generates with the model.
+
+    A LoRA target is its base plus the adapter: merged for speed (kept apart on a 4-bit base, as trained);
+    vLLM loads the base and receives the merged weights."""
+    from grpo_cli.lora import load_adapter_model
     from grpo_cli.models import load_model, resolve_model_source
 
+    policy = load_adapter_model(t.adapter, t.model, trainable=False) if t.adapter else None
     if backend == "hf":
-        return load_model(model_cfg), None
+        if policy is None:
+            return load_model(t.model), None
+        return (policy if t.model.load_in_4bit else policy.merge_and_unload()), None
     from grpo_cli.rollout.vllm_colocate import VLLMColocateGenerator
 
-    return None, VLLMColocateGenerator(resolve_model_source(model_cfg), tokenizer, recipe.rollout, seed)
+    generator = VLLMColocateGenerator(resolve_model_source(t.model), tokenizer, recipe.rollout, seed)
+    if policy is not None:
+        generator.sync_weights(policy)
+    return None, generator
 
 
 def print_table(report: dict[str, Any]) -> None:

@@ -51,6 +51,8 @@ def quiet_transformers() -> None:
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    # bitsandbytes (imported by peft) warns on CPU that an optional kernels package is missing; it falls back
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
 
 
 def cache_dir() -> Path:
@@ -104,12 +106,25 @@ def load_model(cfg: ModelConfig, *, device: Any = None) -> Any:
         kwargs["attn_implementation"] = cfg.attn_implementation
     if (revision := _revision(cfg, source)) is not None:
         kwargs["revision"] = revision
+    if cfg.load_in_4bit:  # QLoRA: NF4 storage, compute in cfg.dtype; bitsandbytes places the weights itself
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=kwargs["dtype"],
+        )
+        kwargs["device_map"] = {"": str(device or "cpu")}
     try:
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except Exception as e:
         raise ModelLoadError(_load_failure_text(cfg.name_or_path, "model", e, source)) from e
-    if device is not None:
+    if device is not None and not cfg.load_in_4bit:
         model.to(device)
+    for m in model.modules() if cfg.load_in_4bit else ():
+        # bitsandbytes on avx512-bf16 CPUs repacks a 4-bit weight for inference at the first no-grad eval
+        # forward (generation), and later training forwards then fail in that inference-only kernel
+        if hasattr(m, "support_avx512bf16_for_cpu"):
+            m.support_avx512bf16_for_cpu = False
     if cfg.gradient_checkpointing:
         # The KV cache is useless in training forwards and incompatible with checkpointing; generate()
         # builds its own cache when asked. Non-reentrant checkpointing works with frozen inputs (LoRA).

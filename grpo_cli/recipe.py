@@ -29,10 +29,12 @@ class Section(BaseModel):
 
 
 class LoraConfig(Section):
-    r: int = Field(0, ge=0, description="LoRA rank; 0 trains all weights.")
-    alpha: float = Field(16.0, gt=0)
-    dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] | str = Field("all-linear", description="peft target_modules.")
+    r: int = Field(0, ge=0, description="LoRA rank; 0 trains all weights (`model.lora.r=16` turns LoRA on).")
+    alpha: float = Field(32.0, gt=0, description="Scale alpha / r (alpha / sqrt(r) with use_rslora).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter input; > 0 makes the policy ratios noisy.")
+    target_modules: list[str] | str = Field("all-linear", description="peft target_modules: `all-linear` or names like [q_proj, v_proj].")
+    modules_to_save: list[str] | None = Field(None, description="Modules trained in full next to the adapters, e.g. [lm_head].")
+    use_rslora: bool = Field(False, description="Rank-stabilised scaling alpha / sqrt(r) (arXiv:2312.03732).")
 
 
 class ModelConfig(Section):
@@ -47,6 +49,14 @@ class ModelConfig(Section):
     trust_remote_code: bool = Field(False, description="Run model code shipped with a hub repo. Off by default.")
     attn_implementation: str | None = Field(None, description="eager | sdpa | flash_attention_2; None: transformers' pick.")
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters (peft); r = 0: full fine-tuning.")
+    load_in_4bit: bool = Field(False, description="QLoRA: the frozen base in 4-bit NF4 (bitsandbytes, CUDA); needs lora.r > 0.")
+
+    @model_validator(mode="after")
+    def _qlora_needs_lora(self) -> ModelConfig:
+        if self.load_in_4bit and self.lora.r == 0:
+            raise ValueError("model.load_in_4bit (QLoRA) trains adapters on a frozen 4-bit base: set model.lora.r > 0")
+        return self
 
 
 class DataConfig(Section):
@@ -233,6 +243,9 @@ class Recipe(Section):
                 f"train.micro_batch_size ({self.train.micro_batch_size}) must divide prompts_per_step * "
                 f"num_generations ({self.train.prompts_per_step} * {self.algorithm.num_generations} = {n})"
             )
+        if self.model.load_in_4bit and self.rollout.backend == "vllm":
+            raise ValueError("model.load_in_4bit (QLoRA) works with rollout.backend hf only: vLLM cannot take 4-bit "
+                             "merged weights from the trainer; use LoRA on a bf16 base with vLLM")
         if self.data.generator:
             from grpo_cli.data import GENERATORS
 

@@ -16,7 +16,7 @@ from grpo_cli.launch import LaunchError, gpu_count, launch_argv
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "recipes/ci-tiny.yaml"
 CONFIGS = sorted((ROOT / "recipes/accelerate").glob("*.yaml"))
-VOLATILE = ("time/", "throughput/")
+VOLATILE = ("time/", "throughput/", "memory/")
 CPU_ENV = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
 
 

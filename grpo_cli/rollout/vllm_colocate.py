@@ -107,7 +107,10 @@ class VLLMColocateGenerator:
         """Push the trainer's weights (the unwrapped HF model) into vLLM in place; -> seconds taken."""
         t0 = time.perf_counter()
         self.version += 1
-        state = model.state_dict()  # HF checkpoint names, what reload_weights(is_checkpoint_format=True) reads
+        from grpo_cli.lora import export_state_dict
+
+        # HF checkpoint names, what reload_weights(is_checkpoint_format=True) reads; LoRA adapters merged
+        state = export_state_dict(model)
         if self.in_process:
             # Cast one tensor at a time as vLLM consumes them: no second full copy, no dtype warning per weight.
             named = ((k, v.detach().to(self.dtype)) for k, v in state.items())

@@ -217,7 +217,9 @@ class VLLMServerGenerator:
 def _unshared_cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """state_dict on the CPU, tied tensors (embed_tokens / lm_head) copied: safetensors refuses shared storage."""
     out, seen = {}, set()
-    for k, v in model.state_dict().items():
+    from grpo_cli.lora import export_state_dict
+
+    for k, v in export_state_dict(model).items():  # LoRA adapters merged
         t = v.detach().cpu().contiguous()
         ptr = t.untyped_storage().data_ptr()
         out[k] = t.clone() if ptr in seen else t
