@@ -337,7 +337,7 @@ def _write_manifest(folder: Path, step: int) -> None:
 
 def _write_contents(
     folder: Path, *, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any, recipe_yaml: str, trainer_state: dict,
-    extra_json: dict[str, dict] | None = None,
+    extra_json: dict[str, dict] | None = None, state_dict: dict | None = None, optimizer_state: dict | None = None,
 ) -> None:
     try:
         state_text = json.dumps(trainer_state, indent=1)
@@ -345,13 +345,16 @@ def _write_contents(
         raise CheckpointError(
             f"trainer_state cannot be saved as JSON ({e}); keep it to numbers, strings, lists and dicts"
         ) from None
-    model.save_pretrained(str(folder), safe_serialization=True)
+    # state_dict / optimizer_state: gathered by the caller when the live ones are sharded (FSDP, ZeRO-3)
+    model.save_pretrained(str(folder), safe_serialization=True, **({"state_dict": state_dict} if state_dict else {}))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(folder))
     (folder / "recipe.yaml").write_text(recipe_yaml)
     for name, doc in (extra_json or {}).items():  # e.g. base_model.json of a LoRA adapter
         (folder / name).write_text(json.dumps(doc, indent=1))
-    if optimizer is not None:
+    if optimizer_state is not None:
+        _save_state(folder, "optimizer", optimizer_state, tensor_file=True)
+    elif optimizer is not None:
         save_optimizer(folder, optimizer)
     if scheduler is not None:
         save_scheduler(folder, scheduler)
@@ -405,6 +408,8 @@ def save_checkpoint(
     trainer_state: dict,
     keep_last: int | None,
     extra_json: dict[str, dict] | None = None,
+    state_dict: dict | None = None,
+    optimizer_state: dict | None = None,
 ) -> Path:
     """Save `RUN_DIR/checkpoints/step-N/` atomically, then apply retention. Returns the checkpoint folder."""
     if keep_last is not None and keep_last < 1:
@@ -419,7 +424,8 @@ def save_checkpoint(
         tmp.mkdir()
         _write_contents(
             tmp, model=model, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
-            recipe_yaml=recipe_yaml, trainer_state=trainer_state, extra_json=extra_json,
+            recipe_yaml=recipe_yaml, trainer_state=trainer_state, extra_json=extra_json, state_dict=state_dict,
+            optimizer_state=optimizer_state,
         )
         _write_manifest(tmp, int(step))
         _move_into_place(tmp, final)
@@ -436,7 +442,7 @@ def save_checkpoint(
     return final
 
 
-def load_training_state(path: str | Path, *, optimizer: Any, scheduler: Any) -> dict:
+def load_training_state(path: str | Path, *, optimizer: Any, scheduler: Any, load_optimizer: Any = None) -> dict:
     """Restore optimizer, scheduler and RNG states from a checkpoint; return its trainer_state dict.
 
     Optimizer tensors are handed to `optimizer.load_state_dict`, which moves them to the device and dtype
@@ -446,7 +452,7 @@ def load_training_state(path: str | Path, *, optimizer: Any, scheduler: Any) -> 
     if optimizer is not None:
         state = _load_state(path, "optimizer")
         try:
-            optimizer.load_state_dict(state)
+            (load_optimizer or optimizer.load_state_dict)(state)  # load_optimizer: e.g. FSDP2's by-name loader
         except (ValueError, KeyError, RuntimeError) as e:
             raise CheckpointError(
                 f"{path / 'optimizer.json'} does not fit this optimizer ({e}); the model, LoRA or optimizer "

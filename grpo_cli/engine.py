@@ -183,8 +183,19 @@ class Engine:
         )
         total_updates = t.max_steps * a.num_iterations
         self.scheduler = make_scheduler(optimizer, t.scheduler, t.warmup_steps, total_updates)
-        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        acc = self.accelerator
+        if acc.distributed_type.name == "DEEPSPEED":  # no dataloader to infer these from; grpo accumulates itself
+            acc.state.deepspeed_plugin.deepspeed_config.update(
+                train_micro_batch_size_per_gpu=t.micro_batch_size, gradient_accumulation_steps=1)
+        self.model, self.optimizer = acc.prepare(model, optimizer)
+        # weights split over processes: every process must run every forward (generation included)
+        self.sharded = acc.distributed_type.name == "FSDP" or (
+            acc.distributed_type.name == "DEEPSPEED" and acc.state.deepspeed_plugin.zero_stage == 3)
         self.generator = self._make_generator(cfg)
+
+    @property
+    def _deepspeed(self) -> bool:
+        return self.accelerator.distributed_type.name == "DEEPSPEED"
 
     def _load_policy(self, cfg):
         """The trained model: full weights (fresh or from a checkpoint), or base + LoRA adapters (fresh or saved)."""
@@ -203,7 +214,7 @@ class Engine:
 
         r, seed = self.recipe, self.recipe.train.seed + self.accelerator.process_index
         if r.rollout.backend == "hf":
-            return HFGenerator(self.accelerator.unwrap_model(self.model), self.tokenizer, r.rollout)
+            return HFGenerator(self.accelerator.unwrap_model(self.model), self.tokenizer, r.rollout, synced=self.sharded)
         if r.rollout.vllm.mode == "colocate":
             from grpo_cli.models import resolve_model_source
             from grpo_cli.rollout.vllm_colocate import VLLMColocateGenerator
@@ -244,7 +255,15 @@ class Engine:
     def _restore(self) -> int:
         from grpo_cli.checkpoint import load_training_state
 
-        state = load_training_state(self.checkpoint_path, optimizer=self.optimizer, scheduler=self.scheduler)
+        fsdp = self.accelerator.distributed_type.name == "FSDP"
+        state = load_training_state(self.checkpoint_path, optimizer=None if self._deepspeed else self.optimizer,
+                                    scheduler=self.scheduler, load_optimizer=self._load_full_optimizer_state if fsdp else None)
+        if self._deepspeed:
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "DeepSpeed: AdamW moments restart from zero on resume (checkpoints do not hold its ZeRO optimizer "
+                "state: it contains Python objects, and grpo loads nothing it would have to unpickle)")
         self.stream.load_state_dict(state["data"])
         step = int(state["step"])
         per_rank = state.get("rng_per_rank") or []
@@ -464,17 +483,18 @@ class Engine:
         from grpo_cli.evaluate import evaluate_model, load_problems
 
         out: dict[str, float] = {}
-        if self.accelerator.is_main_process:
+        if self.accelerator.is_main_process or self.sharded:  # sharded: all take part, the main one reports
             if self._eval_problems is None:
                 self._eval_problems = load_problems(self.recipe, self.recipe.eval, self.tokenizer)
             t0 = time.perf_counter()
             # a vLLM backend is reused (one vLLM engine per process); hf generates with the policy itself
-            generator = self.generator if self.recipe.rollout.backend == "vllm" else None
+            generator = self.generator if self.recipe.rollout.backend == "vllm" or self.sharded else None
             metrics, _ = evaluate_model(
                 self.accelerator.unwrap_model(self.model), self.tokenizer, self.recipe, self.recipe.eval,
                 self._eval_problems, generator=generator,
             )
-            out = {f"eval/{k}": v for k, v in metrics.items()} | {"time/eval": time.perf_counter() - t0}
+            if self.accelerator.is_main_process:
+                out = {f"eval/{k}": v for k, v in metrics.items()} | {"time/eval": time.perf_counter() - t0}
         self.accelerator.wait_for_everyone()
         return out
 
@@ -491,17 +511,37 @@ class Engine:
 
         # each rank samples with its own torch RNG; rank 0's is also saved in rng.safetensors
         rng_per_rank = gather_object([_get_rank_rng()]) if self.accelerator.num_processes > 1 else [_get_rank_rng()]
+        # sharded: every process takes part in gathering the full weights and optimizer state to the main one
+        weights = self.accelerator.get_state_dict(self.model) if self.sharded else None
+        optimizer_state = self._full_optimizer_state() if self.accelerator.distributed_type.name == "FSDP" else None
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
             model = self.accelerator.unwrap_model(self.model)
             extra = {BASE_MODEL: base_identity(model, self.recipe.model)} if is_peft_model(model) else {}
             path = save_checkpoint(
-                self.run_dir, step, model=model, tokenizer=self.tokenizer, extra_json=extra,
-                optimizer=self.optimizer, scheduler=self.scheduler, recipe_yaml=recipe_to_yaml(self.recipe),
+                self.run_dir, step, model=model, tokenizer=self.tokenizer, extra_json=extra, state_dict=weights,
+                optimizer_state=optimizer_state,
+                optimizer=None if self._deepspeed else self.optimizer, scheduler=self.scheduler,
+                recipe_yaml=recipe_to_yaml(self.recipe),
                 trainer_state={"step": step, "data": self.stream.state_dict(), "rng_per_rank": rng_per_rank}, keep_last=self.recipe.checkpoint.keep_last,
             )
             self.console.print(f"saved {path}")
         self.accelerator.wait_for_everyone()
+
+    def _full_optimizer_state(self) -> dict:
+        """FSDP2: AdamW state of every parameter, keyed by parameter name, on the main process (collective)."""
+        import copy
+
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        # deepcopy: the `step` tensors returned alias the live optimizer's, which the next step increments
+        return copy.deepcopy(get_optimizer_state_dict(self.model, self.optimizer.optimizer, options=options))
+
+    def _load_full_optimizer_state(self, state: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(self.model, self.optimizer.optimizer, state, options=StateDictOptions(full_state_dict=True))
 
     def _on_signal(self, signum, frame) -> None:
         if self.stop_requested:  # second signal: leave now, the last checkpoint is intact

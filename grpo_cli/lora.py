@@ -111,7 +111,10 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
 
 def export_state_dict(model: Any) -> dict[str, torch.Tensor]:
     """The weights a plain Hugging Face model of this architecture holds (what vLLM and export need)."""
-    return merged_state_dict(model) if is_peft_model(model) else model.state_dict()
+    if is_peft_model(model):
+        return merged_state_dict(model)
+    # FSDP2 shards are DTensors: full_tensor() gathers each one (a collective: every process calls this)
+    return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.state_dict().items()}
 
 
 def parameter_summary(model: Any) -> str:

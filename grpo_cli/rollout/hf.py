@@ -55,8 +55,10 @@ def eos_token_ids(model, tokenizer) -> list[int]:
 class HFGenerator:
     """Sampling with the policy itself; nothing to sync after an optimizer step."""
 
-    def __init__(self, model, tokenizer, cfg: RolloutConfig) -> None:
-        self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
+    def __init__(self, model, tokenizer, cfg: RolloutConfig, synced: bool = False) -> None:
+        # synced: the weights are sharded over processes (FSDP, ZeRO-3); a process whose sequences are done
+        # keeps running forwards until every process is done, or the others would wait forever
+        self.model, self.tokenizer, self.cfg, self.synced = model, tokenizer, cfg, synced
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
 
@@ -98,7 +100,7 @@ class HFGenerator:
         )
         was_training = self.model.training
         self.model.eval()
-        out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg)
+        out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg, synced_gpus=self.synced)
         self.model.train(was_training)
         completion_ids = out[:, ids.shape[1] :]
         cmask, truncated = completion_mask_from_eos(completion_ids, self.eos_ids)
