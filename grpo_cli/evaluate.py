@@ -274,14 +274,17 @@ def _backend(backend: str, t: Target, tokenizer, recipe: Recipe, seed: int):
 
     A LoRA target is its base plus the adapter: merged for speed (kept apart on a 4-bit base, as trained);
     vLLM loads the base and receives the merged weights."""
+    import torch
+
     from grpo_cli.lora import load_adapter_model
     from grpo_cli.models import load_model, resolve_model_source
 
-    policy = load_adapter_model(t.adapter, t.model, trainable=False) if t.adapter else None
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    policy = load_adapter_model(t.adapter, t.model, trainable=False, device=device) if t.adapter else None
     if backend == "hf":
         if policy is None:
-            return load_model(t.model), None
-        return (policy if t.model.load_in_4bit else policy.merge_and_unload()), None
+            return load_model(t.model, device=device), None
+        return (policy if t.model.load_in_4bit else policy.merge_and_unload().to(device)), None
     from grpo_cli.rollout.vllm_colocate import VLLMColocateGenerator
 
     generator = VLLMColocateGenerator(resolve_model_source(t.model), tokenizer, recipe.rollout, seed)

@@ -80,7 +80,7 @@ def launch_argv(num_processes: int | None, config_file: Path | None, train_args:
                 "accelerators) and this machine has none; on CPU use recipes/accelerate/ddp.yaml or just --num-processes"
             )
         env["ACCELERATE_USE_CPU"] = "1"
-        env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n))))
+        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
     elif n > gpus:
         raise LaunchError(f"--num-processes {n} is more than the {gpus} visible GPU(s); use at most {gpus}")
     argv = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n)]
@@ -104,14 +104,23 @@ def relaunch(num_processes: int | None, config_file: Path | None, train_args: li
 
     argv, extra_env = launch_argv(num_processes, config_file, train_args, gpu_count())
     proc = subprocess.Popen(argv, env={**os.environ, **extra_env})
+    forwarded = []
+
+    def forward(signum, frame) -> None:
+        forwarded.append(signum)
+        proc.send_signal(signal.SIGTERM)
+
     # Ctrl-C reaches every process of the foreground group already; SIGTERM sent to us is passed on to the
-    # workers' launcher, which forwards it to each worker (each saves a checkpoint after its step, then exits).
-    previous = signal.signal(signal.SIGTERM, lambda s, f: proc.send_signal(signal.SIGTERM))
+    # workers' launcher (torchrun), which sends it to each worker: all finish the step, save, and exit. The
+    # launcher SIGKILLs workers that take longer than its grace period (~30 s); the last checkpoint stays intact.
+    previous = signal.signal(signal.SIGTERM, forward)
     try:
         while True:
             try:
-                return proc.wait()
+                code = proc.wait()
+                break
             except KeyboardInterrupt:  # the children got the same SIGINT and stop on their own
                 continue
     finally:
         signal.signal(signal.SIGTERM, previous)
+    return 143 if forwarded else code  # the launcher itself reports a signal as a failure (1)

@@ -56,9 +56,15 @@ def wrap_lora(model: Any, cfg: ModelConfig) -> Any:
 def base_identity(model: Any, cfg: ModelConfig) -> dict[str, Any]:
     """What a LoRA checkpoint records about its base model (written as base_model.json)."""
     base = model.get_base_model() if is_peft_model(model) else model
-    n_params = sum(p.numel() for n, p in base.named_parameters() if "lora_" not in n and "modules_to_save" not in n)
+    n_params = sum(_numel(p) for n, p in base.named_parameters() if "lora_" not in n and "modules_to_save" not in n)
     return {"name_or_path": cfg.name_or_path, "revision": cfg.revision, "gguf_file": cfg.gguf_file,
             "model_type": base.config.model_type, "num_parameters": n_params}
+
+
+def _numel(p: torch.Tensor) -> int:
+    """Elements of the unquantized tensor (a 4-bit bitsandbytes weight packs two per byte)."""
+    state = getattr(p, "quant_state", None)
+    return int(torch.Size(state.shape).numel()) if state is not None else p.numel()
 
 
 def load_adapter_model(checkpoint: str | Path, base_cfg: ModelConfig, *, trainable: bool, device: Any = None) -> Any:

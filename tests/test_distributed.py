@@ -100,6 +100,27 @@ def test_num_processes_trains_checkpoints_and_resumes_exactly(tmp_path):
     assert ca == [r["completion"] for r in read_jsonl(mp / "rollouts.jsonl")]
 
 
+def test_sigterm_to_the_launcher_stops_every_process_after_a_checkpoint(tmp_path):
+    import signal
+    import time
+
+    mp = tmp_path / "sig"
+    cmd = [sys.executable, "-m", "grpo_cli", "train", str(TINY), "-o", str(mp), "--num-processes", "2",
+           "train.prompts_per_step=3", "train.micro_batch_size=3", "train.max_steps=500", "checkpoint.every_steps=0"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **CPU_ENV}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    metrics, deadline = mp / "metrics.jsonl", time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-3000:]
+    (ckpt,) = (mp / "checkpoints").iterdir()  # both processes stopped after the same step, one saved it
+    steps = len(read_jsonl(metrics))
+    assert ckpt.name == f"step-{steps}" and 3 <= steps < 500
+    assert (out + err).count("stopped by signal after step") == 1
+
+
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_accelerate_configs_parse_into_their_plugins(path, monkeypatch):
     """Each config goes through accelerate's own launch parsing; the env it produces builds the plugin."""

@@ -147,6 +147,14 @@ def test_qlora_trains_adapters_on_a_4bit_base(tmp_path):
             "train.max_steps=3", "train.learning_rate=0.02", "--resume", "auto")
     assert p.returncode == 0, p.stderr[-2000:]
     assert len(read_jsonl(run / "metrics.jsonl")) == 3
+    # export merges the adapter into the unquantized base; base_model.json counts unpacked parameters
+    assert json.loads((run / "checkpoints/step-3/base_model.json").read_text())["num_parameters"] == 123456
+    p = cli("export", str(run), "--merge", str(tmp_path / "merged"))
+    assert p.returncode == 0, p.stderr[-2000:]
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    assert sum(p.numel() for p in merged.parameters()) == 123456
 
 
 @pytest.mark.parametrize("overrides, field", [
