@@ -1,7 +1,8 @@
 """Checkpoints: save / list / verify / resume / retention, atomic and without pickle.
 
 Layout of `RUN_DIR/checkpoints/step-N/`:
-  model (Hugging Face format, safetensors), tokenizer files, recipe.yaml,
+  model (Hugging Face format, safetensors; with LoRA the peft adapter + base_model.json), tokenizer files,
+  recipe.yaml,
   optimizer.safetensors + optimizer.json   torch optimizer state_dict: tensors under flat keys
                                            (`state.0.exp_avg`), the rest as JSON with tags for tensors/tuples
   scheduler.json                           lr scheduler state_dict (scheduler.safetensors only if it holds tensors)

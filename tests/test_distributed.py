@@ -13,21 +13,15 @@ from safetensors.torch import load_file
 from grpo_cli.advantages import compute_advantages
 from grpo_cli.launch import LaunchError, free_port, gpu_count, launch_argv
 
+from helpers import read_jsonl
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "recipes/ci-tiny.yaml"
 CONFIGS = sorted((ROOT / "recipes/accelerate").glob("*.yaml"))
 VOLATILE = ("time/", "throughput/", "memory/")
 CPU_ENV = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
 
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("GRPO_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "grpo-cache"))
-    monkeypatch.chdir(ROOT)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+pytestmark = pytest.mark.usefixtures("model_cache")
 
 
 def stable(m: dict) -> dict:

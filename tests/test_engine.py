@@ -1,6 +1,5 @@
 """The training loop on a real tiny model: CLI run, learning, accumulation equivalence, exact resume."""
 
-import json
 import os
 import signal
 import subprocess
@@ -14,19 +13,13 @@ import torch
 from grpo_cli.engine import Engine, SetupError
 from grpo_cli.recipe import load_recipe
 
+from helpers import read_jsonl
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "recipes/ci-tiny.yaml"
 VOLATILE = ("time/", "throughput/", "memory/")  # wall-clock and peak-memory numbers differ between runs
 
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("GRPO_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "grpo-cache"))
-    monkeypatch.chdir(ROOT)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+pytestmark = pytest.mark.usefixtures("model_cache")
 
 
 def cli(*args: str, **kw) -> subprocess.CompletedProcess:

@@ -13,20 +13,14 @@ from grpo_cli.engine import Engine
 from grpo_cli.recipe import RecipeError, load_recipe
 
 torch.set_num_threads(1)
+from helpers import read_jsonl
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "recipes/ci-tiny.yaml"
 VOLATILE = ("time/", "throughput/", "memory/")
 LORA = ["model.lora.r=8", "model.lora.target_modules=[q_proj, v_proj, up_proj]"]
 
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("GRPO_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "grpo-cache"))
-    monkeypatch.chdir(ROOT)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+pytestmark = pytest.mark.usefixtures("model_cache")
 
 
 def cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
