@@ -252,6 +252,17 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
+def newest_if_run_folder(path: str | Path) -> Path:
+    """`path` itself, or the newest complete checkpoint when `path` is a run folder (`grpo eval`, `grpo export`)."""
+    path = Path(path)
+    if (path / CHECKPOINTS).is_dir() and not (path / MANIFEST).is_file() and not (path / "config.json").is_file():
+        newest = latest_checkpoint(path)
+        if newest is None:
+            raise ValueError(f"{path} holds no complete checkpoint")
+        return newest
+    return path
+
+
 def _read_manifest(path: Path) -> dict:
     if not path.is_dir():
         raise CheckpointError(f"checkpoint folder not found: {path}")

@@ -184,14 +184,17 @@ class Engine:
         total_updates = t.max_steps * a.num_iterations
         self.scheduler = make_scheduler(optimizer, t.scheduler, t.warmup_steps, total_updates)
         acc = self.accelerator
-        if acc.distributed_type.name == "DEEPSPEED":  # no dataloader to infer these from; grpo accumulates itself
+        if self._deepspeed:  # no dataloader to infer these from; grpo accumulates itself
             acc.state.deepspeed_plugin.deepspeed_config.update(
                 train_micro_batch_size_per_gpu=t.micro_batch_size, gradient_accumulation_steps=1)
         self.model, self.optimizer = acc.prepare(model, optimizer)
         # weights split over processes: every process must run every forward (generation included)
-        self.sharded = acc.distributed_type.name == "FSDP" or (
-            acc.distributed_type.name == "DEEPSPEED" and acc.state.deepspeed_plugin.zero_stage == 3)
+        self.sharded = self._fsdp or (self._deepspeed and acc.state.deepspeed_plugin.zero_stage == 3)
         self.generator = self._make_generator(cfg)
+
+    @property
+    def _fsdp(self) -> bool:
+        return self.accelerator.distributed_type.name == "FSDP"
 
     @property
     def _deepspeed(self) -> bool:
@@ -255,9 +258,8 @@ class Engine:
     def _restore(self) -> int:
         from grpo_cli.checkpoint import load_training_state
 
-        fsdp = self.accelerator.distributed_type.name == "FSDP"
         state = load_training_state(self.checkpoint_path, optimizer=None if self._deepspeed else self.optimizer,
-                                    scheduler=self.scheduler, load_optimizer=self._load_full_optimizer_state if fsdp else None)
+                                    scheduler=self.scheduler, load_optimizer=self._load_full_optimizer_state if self._fsdp else None)
         if self._deepspeed:
             import logging
 
@@ -513,7 +515,7 @@ class Engine:
         rng_per_rank = gather_object([_get_rank_rng()]) if self.accelerator.num_processes > 1 else [_get_rank_rng()]
         # sharded: every process takes part in gathering the full weights and optimizer state to the main one
         weights = self.accelerator.get_state_dict(self.model) if self.sharded else None
-        optimizer_state = self._full_optimizer_state() if self.accelerator.distributed_type.name == "FSDP" else None
+        optimizer_state = self._full_optimizer_state() if self._fsdp else None
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
             model = self.accelerator.unwrap_model(self.model)

@@ -200,19 +200,14 @@ class Target:
 
 def resolve_target(spec: str, recipe: Recipe | None) -> Target:
     """`base` (the recipe's own model), a run folder (its newest checkpoint), a checkpoint, a model folder or hub id."""
-    from grpo_cli.checkpoint import latest_checkpoint
+    from grpo_cli.checkpoint import newest_if_run_folder
     from grpo_cli.recipe import load_recipe
 
     if spec == "base":
         if recipe is None:
             raise ValueError("target `base` means the recipe's model: give --recipe or a checkpoint target too")
         return Target(spec, recipe.model, recipe)
-    path = Path(spec)
-    if (path / "checkpoints").is_dir() and not (path / "config.json").exists():
-        newest = latest_checkpoint(path)
-        if newest is None:
-            raise ValueError(f"{spec} holds no complete checkpoint")
-        path = newest
+    path = newest_if_run_folder(spec)
     if (path / "recipe.yaml").is_file() and (path / "adapter_config.json").is_file():  # LoRA: base + adapter
         saved = load_recipe(path / "recipe.yaml")
         return Target(spec, saved.model, saved, adapter=path)

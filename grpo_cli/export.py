@@ -20,17 +20,13 @@ def export_checkpoint(checkpoint: Path, out: Path, dtype: str | None = None) -> 
 
     import torch
 
-    from grpo_cli.checkpoint import latest_checkpoint, verify_checkpoint
+    from grpo_cli.checkpoint import newest_if_run_folder, verify_checkpoint
     from grpo_cli.lora import is_adapter_checkpoint, load_adapter_model
     from grpo_cli.models import load_model, load_tokenizer, quiet_transformers
     from grpo_cli.recipe import load_recipe
 
     quiet_transformers()
-    if (checkpoint / "checkpoints").is_dir() and not (checkpoint / "manifest.json").is_file():
-        newest = latest_checkpoint(checkpoint)  # a run folder: its newest complete checkpoint
-        if newest is None:
-            raise ValueError(f"{checkpoint} holds no complete checkpoint")
-        checkpoint = newest
+    checkpoint = newest_if_run_folder(checkpoint)
     if not (checkpoint / "recipe.yaml").is_file():
         raise ValueError(f"{checkpoint} is not a checkpoint written by `grpo train` (no recipe.yaml)")
     if out.exists() and any(out.iterdir()):

@@ -85,8 +85,7 @@ def load_adapter_model(checkpoint: str | Path, base_cfg: ModelConfig, *, trainab
                 f"{saved.get('num_parameters')} parameters), but model.name_or_path {base_cfg.name_or_path!r} gives "
                 f"{now['model_type']} with {now['num_parameters']} parameters; set model.name_or_path to the base it was trained on"
             )
-    model = peft.PeftModel.from_pretrained(base, str(checkpoint), is_trainable=trainable)
-    return model
+    return peft.PeftModel.from_pretrained(base, str(checkpoint), is_trainable=trainable)
 
 
 def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
@@ -124,6 +123,6 @@ def export_state_dict(model: Any) -> dict[str, torch.Tensor]:
 
 
 def parameter_summary(model: Any) -> str:
-    total = sum(p.numel() for p in model.parameters())
+    total = sum(_numel(p) for p in model.parameters())  # 4-bit weights counted unpacked
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return f"{total / 1e6:.2f}M parameters, {trainable / 1e6:.3f}M trainable ({100 * trainable / max(total, 1):.2f}%)"
