@@ -13,19 +13,14 @@ from safetensors.torch import load_file
 from grpo_cli.advantages import compute_advantages
 from grpo_cli.launch import LaunchError, free_port, gpu_count, launch_argv
 
-from helpers import read_jsonl
+from helpers import read_jsonl, stable
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "recipes/ci-tiny.yaml"
 CONFIGS = sorted((ROOT / "recipes/accelerate").glob("*.yaml"))
-VOLATILE = ("time/", "throughput/", "memory/")
 CPU_ENV = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
 
 pytestmark = pytest.mark.usefixtures("model_cache")
-
-
-def stable(m: dict) -> dict:
-    return {k: v for k, v in m.items() if not k.startswith(VOLATILE)}
 
 
 def run(argv: list[str], env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -13,21 +13,12 @@ import torch
 from grpo_cli.engine import Engine, SetupError
 from grpo_cli.recipe import load_recipe
 
-from helpers import read_jsonl
+from helpers import cli, read_jsonl, stable
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "recipes/ci-tiny.yaml"
-VOLATILE = ("time/", "throughput/", "memory/")  # wall-clock and peak-memory numbers differ between runs
 
 pytestmark = pytest.mark.usefixtures("model_cache")
-
-
-def cli(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "grpo_cli", *args], capture_output=True, text=True, cwd=ROOT, env=os.environ, **kw)
-
-
-def stable(m: dict) -> dict:
-    return {k: v for k, v in m.items() if not k.startswith(VOLATILE)}
 
 
 def test_ci_tiny_through_the_cli(tmp_path):

@@ -1,9 +1,6 @@
 """LoRA / QLoRA with peft: the reference is the base with adapters off, adapter checkpoints resume, eval and export."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,21 +8,15 @@ import torch
 
 from grpo_cli.engine import Engine
 from grpo_cli.recipe import RecipeError, load_recipe
+from helpers import cli, read_jsonl, stable
 
 torch.set_num_threads(1)
-from helpers import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "recipes/ci-tiny.yaml"
-VOLATILE = ("time/", "throughput/", "memory/")
 LORA = ["model.lora.r=8", "model.lora.target_modules=[q_proj, v_proj, up_proj]"]
 
 pytestmark = pytest.mark.usefixtures("model_cache")
-
-
-def cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "grpo_cli", *args], capture_output=True, text=True, cwd=ROOT,
-                          env=os.environ, timeout=timeout)
 
 
 def seq_logps(model, ids: torch.Tensor) -> torch.Tensor:
@@ -91,7 +82,6 @@ def test_lora_resume_eval_and_export(tmp_path):
     assert base["name_or_path"] == "builtin:tiny-qwen2" and base["model_type"] == "qwen2" and base["num_parameters"] > 0
     p = cli("train", str(TINY), "-o", str(run), *common, "train.max_steps=4", "--resume", "auto")
     assert p.returncode == 0, p.stderr[-2000:]
-    stable = lambda m: {k: v for k, v in m.items() if not k.startswith(VOLATILE)}  # noqa: E731
     a, b = read_jsonl(tmp_path / "full/metrics.jsonl"), read_jsonl(run / "metrics.jsonl")
     assert [stable(m) for m in a] == [stable(m) for m in b]
 

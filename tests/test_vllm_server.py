@@ -6,9 +6,7 @@ server serves a same-sized variant with 2 heads (head_dim 32) built from its con
 """
 
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,16 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpo_cli.launch import free_port
 from grpo_cli.recipe import ModelConfig, RolloutConfig
 
 TOKEN = "test-token-7f3a"
 PROMPTS = [[5, 6, 7, 8], [9, 10]]  # B=2 ragged prompts
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _make_model(dst: Path) -> Path:
@@ -62,7 +55,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen, deadline_s: float) -> float:
 def server(tmp_path_factory):
     pytest.importorskip("vllm")
     model_dir = _make_model(tmp_path_factory.mktemp("tiny-qwen2-h32"))
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path_factory.mktemp("log") / "server.log", "w+")
     cmd = [sys.executable, "-m", "grpo_cli.serve.server", "--model", str(model_dir), "--port", str(port),
            "--dtype", "bfloat16", "--enforce-eager"]

@@ -7,7 +7,6 @@ rate that moves the tiny model a lot per step, a missed sync would show as a lar
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from grpo_cli.launch import free_port
+from helpers import read_jsonl
 
 pytest.importorskip("vllm")
 
@@ -31,10 +33,6 @@ def env(cache: Path, **extra) -> dict:
     e = {k: v for k, v in os.environ.items() if k != "GRPO_SERVER_TOKEN"}
     e.update(GRPO_CACHE_DIR=str(cache), VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0", **extra)
     return e
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def train(run: Path, cache: Path, *overrides: str, timeout=300, **extra_env) -> subprocess.CompletedProcess:
@@ -89,12 +87,6 @@ def test_eval_with_the_vllm_backend(tmp_path):
     assert len(samples) == 4 * (1 + 2) and all(s["length"] <= 8 for s in samples)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(model_dir: str, port: int, cache: Path, log: Path) -> subprocess.Popen:
     proc = subprocess.Popen(
         [sys.executable, "-m", "grpo_cli", "serve-vllm", "--model", model_dir, "--port", str(port)],
@@ -119,7 +111,7 @@ def test_server_mode_trains_survives_a_dead_server_and_resumes(tmp_path, monkeyp
     from grpo_cli.recipe import ModelConfig
 
     model_dir = resolve_model_source(ModelConfig(name_or_path="builtin:tiny-qwen2"))
-    port, log, run = _free_port(), tmp_path / "server.log", tmp_path / "run"
+    port, log, run = free_port(), tmp_path / "server.log", tmp_path / "run"
     url = f"rollout.vllm.server_url=http://127.0.0.1:{port}"
     server = start_server(model_dir, port, cache, log)
     try:
