@@ -76,6 +76,19 @@ USER_MODULE = textwrap.dedent(
         await asyncio.sleep(0.3)
         return [2.0 for _ in completions]
 
+    def huge_int(completions, **_):
+        return [10**400 for _ in completions]
+
+    def spawns_and_hangs(completions, pid_file, **_):
+        # a helper in its own session, and a daemon whose parent exits at once (double fork)
+        import subprocess
+        helper = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        daemon = subprocess.run(["sh", "-c", "setsid sleep 300 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True)
+        with open(pid_file, "w") as f:
+            f.write(f"{helper.pid} {daemon.stdout.strip()}")
+        time.sleep(30)
+        return [0.0 for _ in completions]
+
     NOT_CALLABLE = 3
     """
 )
@@ -309,6 +322,7 @@ def test_async_rewards_run_concurrently(user_module):
         ("bad_type", r"'bad_type' returned a str \('yes'\) for completion 0"),
         ("not_a_list", r"'not_a_list' returned a dict"),
         ("nan", r"'nan' returned nan for completion 0"),
+        ("huge_int", r"'huge_int' returned an integer of 1329 bits for completion 0, too large for a float"),
     ],
 )
 def test_wrong_output_names_the_function(user_module, fn, message):
@@ -353,3 +367,30 @@ def test_timeout_kills_child_skip_and_raise(user_module):
     assert time.perf_counter() - start < 5.0
     with pytest.raises(RewardError, match="ZeroDivisionError: boom in user code"):
         run(["rewards_file.py:boom"], ["a"], timeout_s=20.0)
+
+
+def _alive(pid: int) -> bool:
+    """A process that still runs (a zombie has exited and only waits for its parent to read its status)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_timeout_kills_what_the_reward_started_in_other_process_groups(user_module, tmp_path):
+    pid_file = tmp_path / "pids"
+    spec = RewardConfig(name="rewards_file.py:spawns_and_hangs", timeout_s=2.0, on_error="skip",
+                        kwargs={"pid_file": str(pid_file)})
+    result = score([spec], ["p"], ["a"], [[1]], {})
+    assert result.timeouts == {"spawns_and_hangs": 1}
+    pids = [int(x) for x in pid_file.read_text().split()]
+    assert len(pids) == 2 and all(pid > 0 for pid in pids)
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    survivors = [pid for pid in pids if _alive(pid)]
+    for pid in survivors:  # do not leave them behind if the assertion fails
+        subprocess.run(["kill", "-9", str(pid)], check=False)
+    assert survivors == []

@@ -224,6 +224,7 @@ def _child_main(name: str, kwargs: dict[str, Any], conn: Connection) -> None:
     """Child process: resolve the reward by name, call it, send ("ok", values) or ("error", text)."""
     if hasattr(os, "setpgrp"):
         os.setpgrp()  # own process group: a timeout kills whatever the reward itself started too
+    _become_subreaper()
     try:
         out = resolve_reward(name)(**kwargs)
         if inspect.iscoroutine(out):
@@ -273,15 +274,61 @@ def _start_child(name: str, kwargs: dict[str, Any], timeout_s: float, log_name: 
     return _Child(proc, reader, time.monotonic() + timeout_s, timeout_s)
 
 
-def _kill(proc: BaseProcess) -> None:
-    if proc.pid is not None and hasattr(os, "killpg"):
+def _become_subreaper() -> None:
+    """Linux: orphans of the reward's own processes (a double fork, a daemon) are re-parented to the child,
+    not to init, so `_descendants` still finds them when the timeout comes."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _descendants(pid: int) -> list[int]:
+    """Linux: every process below `pid` (whatever its process group or session), from /proc; [] elsewhere."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the group exists only once the child has called setpgrp
-        except OSError:
-            pass
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])  # the name in (...) may hold spaces
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def _kill(proc: BaseProcess) -> None:
+    """SIGKILL the child and everything it started: processes that left its group (`start_new_session`,
+    setsid daemons) are found below it in /proc while it still lives (it is their subreaper), then its group."""
+    if proc.pid is not None and hasattr(os, "killpg"):
+        _signal_group(proc.pid, signal.SIGSTOP)  # the reward's own code forks no more
+        for _ in range(5):  # what is below may still fork once more; orphans land on the stopped child
+            victims = _descendants(proc.pid)
+            if not victims:
+                break
+            for pid in victims:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        _signal_group(proc.pid, signal.SIGKILL)  # the group exists only once the child has called setpgrp
     if proc.is_alive():
         proc.kill()
     proc.join()  # reap: no zombies
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except OSError:
+        pass
 
 
 def _collect(child: _Child) -> _Outcome:
@@ -323,6 +370,11 @@ def _check_values(log_name: str, out: Any, n: int) -> list[float | None]:
         if v is None:
             values.append(None)
         elif isinstance(v, numbers.Real):  # int, float, bool, numpy scalars
+            if isinstance(v, numbers.Integral) and abs(int(v)) > sys.float_info.max:  # float() would raise
+                raise RewardError(
+                    f"reward {log_name!r} returned an integer of {int(v).bit_length()} bits for completion {i}, too "
+                    "large for a float; return a float (or None for a missing reward)"
+                )
             if not math.isfinite(float(v)):
                 raise RewardError(
                     f"reward {log_name!r} returned {float(v)} for completion {i}; return None for a missing reward"
