@@ -1,19 +1,27 @@
 """Checkpoints: save / list / verify / resume / retention, atomic and without pickle.
 
-Layout of `RUN_DIR/checkpoints/step-N/`:
-  model (Hugging Face format, safetensors; with LoRA the peft adapter + base_model.json), tokenizer files,
-  recipe.yaml,
-  optimizer.safetensors + optimizer.json   torch optimizer state_dict: tensors under flat keys
+A checkpoint folder is a Hugging Face model folder: `vllm serve`, `grpo serve-vllm --model`, `grpo eval`
+and `AutoModelForCausalLM.from_pretrained` load it unchanged (vLLM reads every top-level *.safetensors,
+so nothing else may sit there). Layout of `RUN_DIR/checkpoints/step-N/` (format 2):
+  config.json, generation_config.json, model*.safetensors (+ index), tokenizer files, chat template;
+  with LoRA instead of the weights: the peft adapter (adapter_config.json, adapter_model.safetensors)
+  and base_model.json, the identity of its base
+  trainer/                                 the trainer's state, which only `--resume` reads:
+    recipe.yaml                            the resolved recipe the run trained with
+    optimizer.safetensors + optimizer.json torch optimizer state_dict: tensors under flat keys
                                            (`state.0.exp_avg`), the rest as JSON with tags for tensors/tuples
-  scheduler.json                           lr scheduler state_dict (scheduler.safetensors only if it holds tensors)
-  rng.safetensors + rng.json               python `random`, numpy legacy, torch CPU and every CUDA device
-  trainer_state.json                       the caller's dict (step, data position, ...)
-  manifest.json                            written last: {"step", "files": {relative path: sha256}, "format"}
+    scheduler.json                         lr scheduler state_dict (scheduler.safetensors only if it holds tensors)
+    rng.safetensors + rng.json             python `random`, numpy legacy, torch CPU and every CUDA device
+    trainer_state.json                     the caller's dict (step, data position, ...)
+    manifest.json                          written last: {"step", "files": {path from step-N/: sha256}, "format"}
+Format 1 (before this layout) kept the trainer's files and the manifest at the top level; such
+checkpoints are still listed, verified and resumed.
 
 A save writes everything into `checkpoints/.tmp-step-N-<pid>/`, fsyncs every file, writes the manifest,
 then renames the folder into place, so a crash at any point leaves the previous checkpoints untouched and
-a `step-N` folder either complete (manifest present) or absent. Only complete checkpoints are listed.
-One process per run folder saves (leftover `.tmp-*` folders are deleted after each successful save).
+a `step-N` folder either complete (manifest present) or an interrupted copy, which is never listed.
+Files are made world-readable like any other output (safetensors writes 0600). One trainer per run
+folder (grpo_cli/runlock.py): leftover `.tmp-*` folders of dead runs are deleted only by the lock holder.
 """
 
 from __future__ import annotations
@@ -32,8 +40,12 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-FORMAT = 1
+FORMAT = 2
+FORMATS = (1, 2)  # what this version reads
+STATE_FORMAT = 1  # of the JSON state files (optimizer.json, scheduler.json, rng.json)
 MANIFEST = "manifest.json"
+STATE_DIR = "trainer"  # the trainer's state inside a checkpoint (format 2)
+RECIPE = "recipe.yaml"
 CHECKPOINTS = "checkpoints"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _TMP_PREFIX = ".tmp-"
@@ -144,7 +156,7 @@ def _save_state(folder: Path, stem: str, state: dict, *, tensor_file: bool) -> N
     meta = {k: _encode(v, k, tensors) for k, v in state.items()}
     if tensor_file or tensors:
         save_file(tensors, str(folder / f"{stem}.safetensors"))
-    doc = {"format": FORMAT, "tensor_file": bool(tensor_file or tensors), "state": meta}
+    doc = {"format": STATE_FORMAT, "tensor_file": bool(tensor_file or tensors), "state": meta}
     (folder / f"{stem}.json").write_text(json.dumps(doc, indent=1))
 
 
@@ -215,7 +227,7 @@ def restore_rng_state(tensors: dict[str, torch.Tensor], meta: dict) -> None:
 def _save_rng(folder: Path) -> None:
     tensors, meta = capture_rng_state()
     save_file(tensors, str(folder / "rng.safetensors"))
-    (folder / "rng.json").write_text(json.dumps({"format": FORMAT, **meta}))
+    (folder / "rng.json").write_text(json.dumps({"format": STATE_FORMAT, **meta}))
 
 
 def _load_rng(folder: Path) -> None:
@@ -238,13 +250,43 @@ def _step_of(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoints (a `step-N` folder with manifest.json) of a run, oldest step first."""
+def state_dir(checkpoint: str | Path) -> Path:
+    """Where a checkpoint keeps the trainer's files: `trainer/` (format 2), or the folder itself (format 1)."""
+    checkpoint = Path(checkpoint)
+    return checkpoint / STATE_DIR if (checkpoint / STATE_DIR).is_dir() else checkpoint
+
+
+def manifest_path(checkpoint: str | Path) -> Path:
+    return state_dir(checkpoint) / MANIFEST
+
+
+def recipe_path(checkpoint: str | Path) -> Path:
+    """The recipe a checkpoint was trained with."""
+    return state_dir(checkpoint) / RECIPE
+
+
+def is_checkpoint(path: str | Path) -> bool:
+    """A folder written by `grpo train` (complete or not), as opposed to a plain model or run folder."""
+    path = Path(path)
+    return (path / STATE_DIR).is_dir() or (path / MANIFEST).is_file() or (path / "trainer_state.json").is_file()
+
+
+def _step_folders(run_dir: str | Path) -> list[Path]:
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if _step_of(p) is not None and p.is_dir() and (p / MANIFEST).is_file()]
+    found = [p for p in root.iterdir() if _step_of(p) is not None and p.is_dir()]
     return sorted(found, key=lambda p: _step_of(p))  # type: ignore[arg-type, return-value]
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints (a `step-N` folder with its manifest) of a run, oldest step first."""
+    return [p for p in _step_folders(run_dir) if manifest_path(p).is_file()]
+
+
+def incomplete_checkpoints(run_dir: str | Path) -> list[Path]:
+    """`step-N` folders without a manifest: saves that were interrupted (or manifests that were lost)."""
+    return [p for p in _step_folders(run_dir) if not manifest_path(p).is_file()]
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -255,10 +297,12 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 def newest_if_run_folder(path: str | Path) -> Path:
     """`path` itself, or the newest complete checkpoint when `path` is a run folder (`grpo eval`, `grpo export`)."""
     path = Path(path)
-    if (path / CHECKPOINTS).is_dir() and not (path / MANIFEST).is_file() and not (path / "config.json").is_file():
+    if (path / CHECKPOINTS).is_dir() and not is_checkpoint(path) and not (path / "config.json").is_file():
         newest = latest_checkpoint(path)
         if newest is None:
-            raise ValueError(f"{path} holds no complete checkpoint")
+            skipped = ", ".join(p.name for p in incomplete_checkpoints(path))
+            raise ValueError(f"{path} holds no complete checkpoint" + (f" ({skipped}: no manifest, the save was "
+                                                                          "interrupted)" if skipped else ""))
         return newest
     return path
 
@@ -266,16 +310,16 @@ def newest_if_run_folder(path: str | Path) -> Path:
 def _read_manifest(path: Path) -> dict:
     if not path.is_dir():
         raise CheckpointError(f"checkpoint folder not found: {path}")
-    manifest = path / MANIFEST
+    manifest = manifest_path(path)
     if not manifest.is_file():
         raise CheckpointError(
-            f"checkpoint {path.name} is incomplete: {path} has no {MANIFEST} (its save was interrupted); "
-            "delete the folder, or pass another checkpoint to --resume"
+            f"checkpoint {path.name} is incomplete: {path} has no {manifest.relative_to(path)} (its save was "
+            "interrupted); delete the folder, or pass another checkpoint"
         )
     try:
         doc = json.loads(manifest.read_text())
         files = doc["files"]
-        if doc.get("format") != FORMAT or not isinstance(files, dict):
+        if doc.get("format") not in FORMATS or not isinstance(files, dict):
             raise ValueError(f"unknown format {doc.get('format')!r}")
     except (ValueError, KeyError, TypeError) as e:
         raise CheckpointError(
@@ -322,7 +366,7 @@ def resolve_resume(run_dir: str | Path, resume: str) -> Path | None:
             raise CheckpointError(
                 f"--resume {resume}: no such checkpoint folder (expected RUN_DIR/{CHECKPOINTS}/step-N, or `auto`)"
             )
-        if not (path / MANIFEST).is_file() and list_checkpoints(path):
+        if not is_checkpoint(path) and _step_folders(path):
             raise CheckpointError(
                 f"--resume {resume} is a run folder, not a checkpoint; "
                 f"pass {latest_checkpoint(path)} or use --resume auto"
@@ -334,8 +378,22 @@ def resolve_resume(run_dir: str | Path, resume: str) -> Path | None:
 # ----------------------------------------------------------------------------------------------- save / load
 
 
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def make_readable(folder: Path) -> None:
+    """Files 0666 and folders 0777 minus the umask, as `open()` and `mkdir` would make them (safetensors
+    writes 0600, and a checkpoint is meant to be served, copied and evaluated by others)."""
+    umask = _umask()
+    for p in [folder, *folder.rglob("*")]:
+        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~umask)
+
+
 def _write_manifest(folder: Path, step: int) -> None:
-    """sha256 (and fsync) every file, then write manifest.json last: its presence marks a complete save."""
+    """sha256 (and fsync) every file, then write trainer/manifest.json last: its presence marks a complete save."""
     files: dict[str, str] = {}
     for p in sorted(folder.rglob("*")):
         if p.is_file() and p.name != MANIFEST:
@@ -343,8 +401,9 @@ def _write_manifest(folder: Path, step: int) -> None:
     for d in sorted({p.parent for p in folder.rglob("*")} | {folder}, reverse=True):
         fsync_dir(d)
     doc = {"step": step, "files": files, "format": FORMAT}
-    _write_synced(folder / MANIFEST, json.dumps(doc, indent=1).encode("utf-8"))
-    fsync_dir(folder)
+    _write_synced(folder / STATE_DIR / MANIFEST, json.dumps(doc, indent=1).encode("utf-8"))
+    os.chmod(folder / STATE_DIR / MANIFEST, 0o666 & ~_umask())
+    fsync_dir(folder / STATE_DIR)
 
 
 def _write_contents(
@@ -357,21 +416,25 @@ def _write_contents(
         raise CheckpointError(
             f"trainer_state cannot be saved as JSON ({e}); keep it to numbers, strings, lists and dicts"
         ) from None
-    # state_dict / optimizer_state: gathered by the caller when the live ones are sharded (FSDP, ZeRO-3)
+    # the model folder: what from_pretrained and vLLM read. state_dict / optimizer_state: gathered by the
+    # caller when the live ones are sharded (FSDP, ZeRO-3)
     model.save_pretrained(str(folder), safe_serialization=True, **({"state_dict": state_dict} if state_dict else {}))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(folder))
-    (folder / "recipe.yaml").write_text(recipe_yaml)
     for name, doc in (extra_json or {}).items():  # e.g. base_model.json of a LoRA adapter
         (folder / name).write_text(json.dumps(doc, indent=1))
+    state = folder / STATE_DIR  # the trainer's own files, out of vLLM's sight
+    state.mkdir()
+    (state / RECIPE).write_text(recipe_yaml)
     if optimizer_state is not None:
-        _save_state(folder, "optimizer", optimizer_state, tensor_file=True)
+        _save_state(state, "optimizer", optimizer_state, tensor_file=True)
     elif optimizer is not None:
-        save_optimizer(folder, optimizer)
+        save_optimizer(state, optimizer)
     if scheduler is not None:
-        save_scheduler(folder, scheduler)
-    _save_rng(folder)
-    (folder / "trainer_state.json").write_text(state_text)
+        save_scheduler(state, scheduler)
+    _save_rng(state)
+    (state / "trainer_state.json").write_text(state_text)
+    make_readable(folder)
 
 
 def _move_into_place(tmp: Path, final: Path) -> None:
@@ -392,12 +455,17 @@ def apply_retention(run_dir: str | Path, keep_last: int | None, *, protect: Path
     """Delete leftover `.tmp-*` folders and all but the newest `keep_last` complete checkpoints.
 
     The newest complete checkpoint and `protect` (the one just saved) are never deleted; incomplete
-    `step-N` folders are left alone (they are not ours to judge). Returns the deleted paths.
+    `step-N` folders are left alone (they are not ours to judge). Other processes' `.tmp-*` folders are
+    deleted only by the holder of the run folder's lock (they are then a dead run's). Returns the deleted paths.
     """
+    from grpo_cli import runlock
+
     if keep_last is not None and keep_last < 1:
         raise CheckpointError(f"checkpoint.keep_last must be >= 1 or None (got {keep_last})")
     root = Path(run_dir) / CHECKPOINTS
-    removed = [p for p in root.glob(f"{_TMP_PREFIX}*") if p.is_dir()] if root.is_dir() else []
+    ours = runlock.holds(run_dir)
+    removed = [p for p in root.glob(f"{_TMP_PREFIX}*")
+               if p.is_dir() and (ours or p.name.endswith(f"-{os.getpid()}"))] if root.is_dir() else []
     if keep_last is not None:
         ckpts = list_checkpoints(run_dir)
         removed += [p for p in ckpts[: max(len(ckpts) - keep_last, 0)] if p != protect]
@@ -441,11 +509,14 @@ def save_checkpoint(
         )
         _write_manifest(tmp, int(step))
         _move_into_place(tmp, final)
-    except OSError as e:
+    except CheckpointError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    except (OSError, SafetensorError, RuntimeError) as e:  # a full disk is a SafetensorError from safetensors
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(
-            f"could not save checkpoint step-{step} to {root}: {e}; free disk space or check permissions "
-            "(the previous checkpoints are untouched)"
+            f"could not save checkpoint step-{step} to {root}: {_first_line(e)} ({_free_space(root)}); "
+            "free disk space or check permissions (the previous checkpoints are untouched)"
         ) from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -454,13 +525,27 @@ def save_checkpoint(
     return final
 
 
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _free_space(path: Path) -> str:
+    """"12.3 MiB free on that file system" for the nearest existing folder of `path`."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return f"{shutil.disk_usage(path).free / 2**20:.1f} MiB free on that file system"
+    except OSError:
+        return "free space unknown"
+
+
 def load_training_state(path: str | Path, *, optimizer: Any, scheduler: Any, load_optimizer: Any = None) -> dict:
     """Restore optimizer, scheduler and RNG states from a checkpoint; return its trainer_state dict.
 
     Optimizer tensors are handed to `optimizer.load_state_dict`, which moves them to the device and dtype
     of the parameters (keeping `step` as saved), as torch does for its own checkpoints.
     """
-    path = Path(path)
+    path = state_dir(path)
     if optimizer is not None:
         state = _load_state(path, "optimizer")
         try:

@@ -200,7 +200,8 @@ class Target:
 
 def resolve_target(spec: str, recipe: Recipe | None) -> Target:
     """`base` (the recipe's own model), a run folder (its newest checkpoint), a checkpoint, a model folder or hub id."""
-    from grpo_cli.checkpoint import newest_if_run_folder
+    from grpo_cli.checkpoint import is_checkpoint, newest_if_run_folder, recipe_path, verify_checkpoint
+    from grpo_cli.lora import is_adapter_checkpoint
     from grpo_cli.recipe import load_recipe
 
     if spec == "base":
@@ -208,11 +209,11 @@ def resolve_target(spec: str, recipe: Recipe | None) -> Target:
             raise ValueError("target `base` means the recipe's model: give --recipe or a checkpoint target too")
         return Target(spec, recipe.model, recipe)
     path = newest_if_run_folder(spec)
-    if (path / "recipe.yaml").is_file() and (path / "adapter_config.json").is_file():  # LoRA: base + adapter
-        saved = load_recipe(path / "recipe.yaml")
-        return Target(spec, saved.model, saved, adapter=path)
-    if (path / "recipe.yaml").is_file() and (path / "config.json").is_file():
-        saved = load_recipe(path / "recipe.yaml")
+    if is_checkpoint(path):
+        verify_checkpoint(path)  # as --resume and export do: a corrupted checkpoint is never evaluated
+        saved = load_recipe(recipe_path(path))
+        if is_adapter_checkpoint(path):  # LoRA: base + adapter
+            return Target(spec, saved.model, saved, adapter=path)
         model = saved.model.model_copy(update={"name_or_path": str(path), "gguf_file": None, "revision": None})
         return Target(spec, model, saved)
     base = recipe.model if recipe is not None else ModelConfig(name_or_path=spec)

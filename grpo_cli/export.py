@@ -20,19 +20,19 @@ def export_checkpoint(checkpoint: Path, out: Path, dtype: str | None = None) -> 
 
     import torch
 
-    from grpo_cli.checkpoint import newest_if_run_folder, verify_checkpoint
+    from grpo_cli.checkpoint import is_checkpoint, make_readable, newest_if_run_folder, recipe_path, verify_checkpoint
     from grpo_cli.lora import is_adapter_checkpoint, load_adapter_model
     from grpo_cli.models import load_model, load_tokenizer, quiet_transformers
     from grpo_cli.recipe import load_recipe
 
     quiet_transformers()
     checkpoint = newest_if_run_folder(checkpoint)
-    if not (checkpoint / "recipe.yaml").is_file():
-        raise ValueError(f"{checkpoint} is not a checkpoint written by `grpo train` (no recipe.yaml)")
+    if not is_checkpoint(checkpoint):
+        raise ValueError(f"{checkpoint} is not a checkpoint written by `grpo train` (no trainer/ state folder)")
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} exists and is not empty; choose a new folder")
     verify_checkpoint(checkpoint)
-    recipe = load_recipe(checkpoint / "recipe.yaml")
+    recipe = load_recipe(recipe_path(checkpoint))
     base = recipe.model.model_copy(update={"load_in_4bit": False, "gradient_checkpointing": False,
                                            **({"dtype": dtype} if dtype else {})})
     adapter = is_adapter_checkpoint(checkpoint)
@@ -48,10 +48,11 @@ def export_checkpoint(checkpoint: Path, out: Path, dtype: str | None = None) -> 
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    shutil.copy(checkpoint / "recipe.yaml", out / "recipe.yaml")
+    shutil.copy(recipe_path(checkpoint), out / "recipe.yaml")
     record = {"checkpoint": str(checkpoint.resolve()), "lora_merged": adapter,
               "base_model": recipe.model.name_or_path, "dtype": str(model.dtype).removeprefix("torch.")}
     (out / "export.json").write_text(json.dumps(record, indent=1))
+    make_readable(out)
     return record
 
 

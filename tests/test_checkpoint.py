@@ -111,7 +111,7 @@ def test_round_trip_resumes_bit_exactly(tmp_path):
     opt2, sched2 = make_opt(model2)
     state = load_training_state(path, optimizer=opt2, scheduler=sched2)
     assert state == {"step": 2, "data_position": 6}
-    assert (path / "recipe.yaml").read_text() == RECIPE
+    assert (path / "trainer/recipe.yaml").read_text() == RECIPE
     assert_same(opt.state_dict(), opt2.state_dict())  # step is a float32 0-dim tensor equal to 2.0
     assert opt2.state_dict()["state"][0]["step"].dtype == torch.float32
     assert float(opt2.state_dict()["state"][0]["step"]) == 2.0
@@ -141,7 +141,7 @@ def test_scheduler_with_callable_object_round_trips(tmp_path, model):
     sched = torch.optim.lr_scheduler.LambdaLR(opt, Warmup(10))
     opt.step(), sched.step()
     path = save(tmp_path, 1, model, opt, sched)
-    assert json.loads((path / "scheduler.json").read_text())["state"]["lr_lambdas"] == [{"n": 10}]
+    assert json.loads((path / "trainer/scheduler.json").read_text())["state"]["lr_lambdas"] == [{"n": 10}]
     opt2 = torch.optim.AdamW(model.parameters(), lr=0.5)
     sched2 = torch.optim.lr_scheduler.LambdaLR(opt2, Warmup(4))
     load_training_state(path, optimizer=opt2, scheduler=sched2)
@@ -177,18 +177,19 @@ def test_rng_restored_by_load_training_state(tmp_path, model):
 def test_manifest_lists_every_file_and_comes_last(tmp_path, model):
     opt, sched = make_opt(model)
     path = save(tmp_path, 3, model, opt, sched)
-    manifest = json.loads((path / "manifest.json").read_text())
+    manifest = json.loads((path / "trainer/manifest.json").read_text())
     files = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
-    assert manifest["step"] == 3 and manifest["format"] == 1
-    assert sorted(manifest["files"]) == [f for f in files if f != "manifest.json"]
-    for name in ("model.safetensors", "config.json", "optimizer.safetensors", "optimizer.json", "scheduler.json",
-                 "rng.safetensors", "rng.json", "trainer_state.json", "recipe.yaml"):
+    assert manifest["step"] == 3 and manifest["format"] == 2
+    assert sorted(manifest["files"]) == [f for f in files if f != "trainer/manifest.json"]
+    for name in ("model.safetensors", "config.json", "trainer/optimizer.safetensors", "trainer/optimizer.json",
+                 "trainer/scheduler.json", "trainer/rng.safetensors", "trainer/rng.json", "trainer/trainer_state.json",
+                 "trainer/recipe.yaml"):
         assert name in manifest["files"]
     assert all(len(h) == 64 for h in manifest["files"].values())
     verify_checkpoint(path)
 
     # every file but the manifest: not a checkpoint yet
-    (path / "manifest.json").unlink()
+    (path / "trainer/manifest.json").unlink()
     assert list_checkpoints(tmp_path) == [] and latest_checkpoint(tmp_path) is None
     with pytest.raises(CheckpointError, match="incomplete"):
         verify_checkpoint(path)
@@ -222,8 +223,8 @@ def test_corruption_is_named_and_refused(tmp_path, model):
     data[-1] ^= 0xFF  # repair the weights, then lose another file
     weights.write_bytes(bytes(data))
     verify_checkpoint(path)
-    (path / "rng.json").unlink()
-    with pytest.raises(CheckpointError, match=r"rng\.json is missing"):
+    (path / "trainer/rng.json").unlink()
+    with pytest.raises(CheckpointError, match=r"trainer/rng\.json is missing"):
         verify_checkpoint(path)
     assert resolve_resume(tmp_path, str(tmp_path / "checkpoints" / "step-5")) == tmp_path / "checkpoints" / "step-5"
     with pytest.raises(CheckpointError, match="no such checkpoint folder"):
@@ -233,12 +234,20 @@ def test_corruption_is_named_and_refused(tmp_path, model):
 
 
 def test_retention_keeps_newest_complete(tmp_path, model):
+    from grpo_cli import runlock
+
     root = tmp_path / "checkpoints"
     root.mkdir()
     (root / ".tmp-step-9-123").mkdir()
     (root / ".tmp-step-9-123" / "model.safetensors").write_bytes(b"half")
-    for step in range(1, 6):
-        save(tmp_path, step, model, keep_last=2)
+    save(tmp_path, 1, model, keep_last=2)
+    assert (root / ".tmp-step-9-123").exists()  # another process's save in progress: not ours to delete
+    key = runlock.acquire(tmp_path)  # the lock holder owns the folder: leftovers are a dead run's
+    try:
+        for step in range(2, 6):
+            save(tmp_path, step, model, keep_last=2)
+    finally:
+        runlock.release(key)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-4", "step-5"]
     assert not (root / ".tmp-step-9-123").exists()
 
@@ -312,7 +321,7 @@ def test_peft_model_saves_its_adapter(tmp_path):
     opt, sched = make_opt(model)  # only the LoRA weights train; the rest carry no optimizer state
     train_step(model, opt, sched, batch(0))
     path = save(tmp_path, 1, model, opt, sched)
-    files = json.loads((path / "manifest.json").read_text())["files"]
+    files = json.loads((path / "trainer/manifest.json").read_text())["files"]
     assert {"adapter_model.safetensors", "adapter_config.json"} <= set(files)
     opt2, sched2 = make_opt(model)
     load_training_state(path, optimizer=opt2, scheduler=sched2)

@@ -188,7 +188,7 @@ def test_fsdp2_checkpoints_gather_and_resume_exactly(tmp_path):
     p = fsdp_train(mp, "train.max_steps=2")
     assert p.returncode == 0, p.stderr[-3000:]
     ckpt = mp / "checkpoints/step-2"
-    optimizer = json.loads((ckpt / "optimizer.json").read_text())["state"]
+    optimizer = json.loads((ckpt / "trainer/optimizer.json").read_text())["state"]
     assert "model.layers.0.self_attn.q_proj.weight" in optimizer["state"]  # full state, by parameter name
     from transformers import AutoModelForCausalLM
 
