@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -69,8 +71,13 @@ def train(
     resume: Optional[str] = typer.Option(None, "--resume", help="`auto`: newest complete checkpoint of the run folder; or a checkpoint path."),
     num_processes: Optional[int] = typer.Option(None, "--num-processes", min=1, help="Train on N processes (one per GPU; gloo DDP on CPU) through accelerate launch."),
     accelerate_config: Optional[Path] = typer.Option(None, "--accelerate-config", help="accelerate config file, e.g. recipes/accelerate/fsdp2.yaml (DDP, FSDP2, DeepSpeed)."),
+    start_over: bool = typer.Option(False, "--start-over", help="Delete the run folder's logs and checkpoints and train from step 1."),
+    allow_recipe_change: bool = typer.Option(False, "--allow-recipe-change", help="On resume, accept changes to fields other than train.max_steps, checkpoint.*, logging.*, eval.* (recorded in recipe_changes.jsonl)."),
 ) -> None:
     """Train with GRPO. Writes metrics.jsonl, rollouts.jsonl and checkpoints/step-N/ under the run folder.
+
+    One trainer per run folder (a second one exits 2 naming the first). A folder that holds an earlier
+    run is continued with --resume auto or replaced with --start-over, never overwritten silently.
 
     Examples:
 
@@ -78,14 +85,25 @@ def train(
 
       grpo train recipes/ci-tiny.yaml -o runs/try --resume auto train.max_steps=10
 
+      grpo train recipes/ci-tiny.yaml -o runs/try --resume auto --allow-recipe-change train.learning_rate=3e-4
+
       grpo train recipes/gsm8k.yaml --num-processes 8 --accelerate-config recipes/accelerate/fsdp2.yaml
     """
     r = _load(recipe, overrides)
     run_dir = output_dir or Path(r.output_dir)
+    from grpo_cli import runlock
     from grpo_cli.launch import LaunchError, launched_by_torchrun, relaunch
 
-    if (accelerate_config or (num_processes or 1) > 1) and not launched_by_torchrun():
-        args = ["train", str(recipe), *(overrides or []), "--output-dir", str(run_dir)]
+    launching = (accelerate_config or (num_processes or 1) > 1) and not launched_by_torchrun()
+    if launching or (os.environ.get("RANK", "0") == "0" and not runlock.inherited(run_dir)):
+        try:  # before torch is imported or anything written: a second trainer is turned away in a second
+            runlock.acquire(run_dir)
+        except runlock.RunLockedError as e:
+            _fail(str(e))
+    if launching:
+        flags = [f for f, on in (("--start-over", start_over), ("--allow-recipe-change", allow_recipe_change)) if on]
+        args = ["train", str(recipe), *(overrides or []), "--output-dir", str(run_dir), *flags]
+        os.environ[runlock.HOLDER_ENV] = f"{os.getpid()}:{run_dir.resolve()}"  # the workers' lock is ours
         try:
             code = relaunch(num_processes, accelerate_config, args + (["--resume", resume] if resume else []))
         except LaunchError as e:
@@ -98,23 +116,30 @@ def train(
     # our own modules speak at INFO (e.g. the one-time GGUF conversion); libraries stay at WARNING
     logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[RichHandler(show_path=False)])
     logging.getLogger("grpo_cli").setLevel(logging.INFO)
-    from grpo_cli.checkpoint import CheckpointError
+    from grpo_cli.checkpoint import CheckpointError, latest_checkpoint
     from grpo_cli.data import DataError
     from grpo_cli.engine import Engine, SetupError
     from grpo_cli.models import ModelLoadError
     from grpo_cli.rewards import RewardError
     from grpo_cli.rollout.vllm_server import VLLMServerError
+    from grpo_cli.rundir import RunFolderError
 
     try:
-        engine = Engine(r, run_dir, resume=resume)
+        engine = Engine(r, run_dir, resume=resume, start_over=start_over, allow_recipe_change=allow_recipe_change)
         step = engine.fit()
+    except (RunFolderError, runlock.RunLockedError) as e:
+        _fail(str(e))
     except (CheckpointError, DataError, ModelLoadError, RewardError, SetupError, VLLMServerError) as e:
         _fail(str(e), code=1)
+    except OSError as e:  # e.g. a full disk while logging: say what, not where in the code
+        _fail(f"{e}; the last checkpoint is intact (resume with --resume auto)", code=1)
     except KeyboardInterrupt:
-        typer.echo("interrupted; the last checkpoint is intact (resume with --resume auto)", err=True)
+        newest = latest_checkpoint(run_dir)
+        typer.echo(f"interrupted; {newest} is intact (resume with --resume auto)" if newest else
+                   "interrupted before the first checkpoint: nothing to resume (start again with --start-over)", err=True)
         raise typer.Exit(130)
-    if engine.stop_requested:
-        raise typer.Exit(143)
+    if engine.stop_requested:  # stopped by a signal after a checkpoint: 128 + its number, as the shell reports it
+        raise typer.Exit(128 + (engine.stop_signal or signal.SIGTERM))
     if engine.accelerator.is_main_process:
         typer.echo(f"done: {step} steps in {run_dir}")
 
@@ -152,6 +177,7 @@ def eval_(
     r = _load(recipe, []) if recipe else None
     if r is not None and dataset:
         r = r.model_copy(update={"data": r.data.model_copy(update={"dataset": dataset, "files": None, "generator": None})})
+    from grpo_cli.checkpoint import CheckpointError
     from grpo_cli.data import DataError
     from grpo_cli.evaluate import run_eval
     from grpo_cli.models import ModelLoadError
@@ -162,7 +188,7 @@ def eval_(
                      max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size)
     try:
         run_eval(targets, r, overrides, out, backend=backend)
-    except (ValueError, DataError, ModelLoadError, RewardError) as e:
+    except (ValueError, CheckpointError, DataError, ModelLoadError, RewardError) as e:
         _fail(str(e), code=1)
     typer.echo(f"wrote {out}/eval.json and {out}/samples.jsonl")
 

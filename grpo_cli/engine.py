@@ -20,7 +20,7 @@ from grpo_cli.advantages import compute_advantages
 from grpo_cli.datatypes import Rollout
 from grpo_cli.logprobs import token_logprobs
 from grpo_cli.losses import POLICY_LOSSES, compute_loss, sampler_correction
-from grpo_cli.recipe import Recipe, recipe_to_yaml
+from grpo_cli.recipe import Recipe, flat_config, recipe_to_yaml
 from grpo_cli.stepstats import MetricSums, rollout_records, step_metrics
 
 
@@ -47,17 +47,6 @@ def entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> 
         return mask
     threshold = torch.quantile(active.float(), 1.0 - quantile)
     return mask * (entropy >= threshold).to(mask.dtype)
-
-
-def flat_config(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested recipe -> {"algorithm.beta": 0.0, ...} with scalar values (what trackers' hparams accept)."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flat_config(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v if isinstance(v, (bool, int, float, str)) else str(v)  # None, lists -> text
-    return out
 
 
 def _get_rank_rng() -> dict[str, str]:
@@ -100,13 +89,30 @@ def peak_memory_gib(device: torch.device) -> float:
 class Engine:
     """Owns the model, optimizer, data stream, generator and logs of one run."""
 
-    def __init__(self, recipe: Recipe, run_dir: str | Path, resume: str | None = None) -> None:
+    def __init__(self, recipe: Recipe, run_dir: str | Path, resume: str | None = None, *, start_over: bool = False,
+                 allow_recipe_change: bool = False) -> None:
+        """`start_over`, `allow_recipe_change`: the CLI's --start-over and --allow-recipe-change (grpo_cli/rundir.py)."""
+        import os
+
+        from grpo_cli import runlock
+
+        self.recipe, self.run_dir = recipe, Path(run_dir)
+        # one trainer per run folder, locked before anything is written or loaded (global rank 0, or the launcher)
+        main = os.environ.get("RANK", "0") == "0"
+        self._lock = runlock.acquire(self.run_dir) if main and not runlock.inherited(self.run_dir) else None
+        try:
+            self._setup(resume, start_over, allow_recipe_change)
+        except BaseException:
+            self._release_lock()
+            raise
+
+    def _setup(self, resume: str | None, start_over: bool, allow_recipe_change: bool) -> None:
         from accelerate import Accelerator
 
         from grpo_cli.models import quiet_transformers
 
         quiet_transformers()
-        self.recipe, self.run_dir = recipe, Path(run_dir)
+        recipe = self.recipe
         t = recipe.train
         if t.threads:
             torch.set_num_threads(t.threads)
@@ -115,13 +121,14 @@ class Engine:
         )
         self.G = recipe.algorithm.num_generations
         self._check_process_split()
-        self.checkpoint_path = self._resolve_resume(resume)
+        self.checkpoint_path = self._resolve_resume(resume, start_over)
+        self.recipe_changes = self._check_drift(allow_recipe_change)
         torch.manual_seed(t.seed)  # fresh LoRA adapters (peft draws lora_A at random): same on every run and rank
         self._build_model()
         self._build_data()
         self.start_step = self._restore() if self.checkpoint_path else self._fresh_start()
         self._open_logs()
-        self.stop_requested = False
+        self.stop_requested, self.stop_signal = False, None
         self._eval_problems = None
 
     # ----- set-up -----------------------------------------------------------------------------
@@ -146,17 +153,22 @@ class Engine:
             )
         self.rows = range(self.accelerator.process_index * (N // P), (self.accelerator.process_index + 1) * (N // P))
 
-    def _resolve_resume(self, resume: str | None) -> Path | None:
-        from grpo_cli.checkpoint import list_checkpoints, resolve_resume
+    def _resolve_resume(self, resume: str | None, start_over: bool) -> Path | None:
+        """The checkpoint to continue from, or None; refuses to rewind or overwrite the run folder silently."""
+        from grpo_cli.rundir import start_point
 
-        if resume is None:
-            if list_checkpoints(self.run_dir):
-                raise SetupError(
-                    f"{self.run_dir} already holds checkpoints: pass --resume auto to continue that run, "
-                    "or --output-dir to start a new one elsewhere"
-                )
-            return None
-        return resolve_resume(self.run_dir, resume)
+        acc = self.accelerator
+        with acc.main_process_first():  # the main process carries out --start-over before the others look
+            return start_point(self.run_dir, resume, start_over=start_over, delete=acc.is_main_process,
+                               say=print if acc.is_main_process else lambda _: None)
+
+    def _check_drift(self, allow: bool) -> dict[str, tuple[Any, Any]]:
+        """Recipe fields that differ from the checkpoint's; RunFolderError for those a resume may not change."""
+        if self.checkpoint_path is None:
+            return {}
+        from grpo_cli.rundir import check_drift
+
+        return check_drift(self.checkpoint_path, self.recipe.model_dump(mode="json"), allow)
 
     def _build_model(self) -> None:
         from grpo_cli.lora import parameter_summary
@@ -256,17 +268,23 @@ class Engine:
         return 0
 
     def _restore(self) -> int:
-        from grpo_cli.checkpoint import load_training_state
+        from grpo_cli.checkpoint import CheckpointError, load_training_state
+        from grpo_cli.rundir import apply_optimizer_changes
 
         state = load_training_state(self.checkpoint_path, optimizer=None if self._deepspeed else self.optimizer,
                                     scheduler=self.scheduler, load_optimizer=self._load_full_optimizer_state if self._fsdp else None)
+        # the checkpoint restored the old optimizer settings: changed ones take effect (--allow-recipe-change)
+        apply_optimizer_changes(self.optimizer, self.scheduler, set(self.recipe_changes), self.recipe.train)
         if self._deepspeed:
             import logging
 
             logging.getLogger(__name__).warning(
                 "DeepSpeed: AdamW moments restart from zero on resume (checkpoints do not hold its ZeRO optimizer "
                 "state: it contains Python objects, and grpo loads nothing it would have to unpickle)")
-        self.stream.load_state_dict(state["data"])
+        try:
+            self.stream.load_state_dict(state["data"])
+        except ValueError as e:  # e.g. --allow-recipe-change to a smaller dataset
+            raise CheckpointError(f"{self.checkpoint_path}: {e}; resume with the data the run trained on") from None
         step = int(state["step"])
         per_rank = state.get("rng_per_rank") or []
         if len(per_rank) == self.accelerator.num_processes:
@@ -277,15 +295,22 @@ class Engine:
 
     def _open_logs(self) -> None:
         from grpo_cli.metrics import Console, JsonlLog
+        from grpo_cli.rundir import report_changes
 
         main = self.accelerator.is_main_process
         self.metrics_log = self.rollout_log = None
         if main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "recipe.yaml").write_text(recipe_to_yaml(self.recipe))
+            if self.recipe_changes:
+                report_changes(self.run_dir, self.checkpoint_path, self.start_step + 1, self.recipe_changes)
             self.metrics_log = JsonlLog(self.run_dir / "metrics.jsonl", self.start_step)
             if self.recipe.logging.rollouts:
                 self.rollout_log = JsonlLog(self.run_dir / "rollouts.jsonl", self.start_step)
+            for log in (self.metrics_log, self.rollout_log):
+                if log is not None and log.dropped:  # written after the checkpoint by the run that was interrupted
+                    print(f"{log.path.name}: dropped {log.dropped} lines of steps after {self.start_step}, "
+                          f"logged after the checkpoint {self.checkpoint_path} was saved")
         if self.recipe.logging.trackers:
             self.accelerator.init_trackers(self.recipe.name, config=flat_config(self.recipe.model_dump(mode="json")))
         self.console = Console(self.recipe.train.max_steps, self.start_step, self.recipe.logging.every_steps, main)
@@ -548,7 +573,7 @@ class Engine:
     def _on_signal(self, signum, frame) -> None:
         if self.stop_requested:  # second signal: leave now, the last checkpoint is intact
             raise KeyboardInterrupt
-        self.stop_requested = True
+        self.stop_requested, self.stop_signal = True, signum
         self.console.print(f"got {signal.Signals(signum).name}: finishing this step, saving a checkpoint, then exiting "
                            "(send it again to exit at once)")
 
@@ -561,3 +586,11 @@ class Engine:
             self.generator.close()
         if self.recipe.logging.trackers:
             self.accelerator.end_training()
+        self._release_lock()
+
+    def _release_lock(self) -> None:
+        from grpo_cli import runlock
+
+        if self._lock is not None:
+            runlock.release(self._lock)
+            self._lock = None

@@ -114,13 +114,15 @@ def relaunch(num_processes: int | None, config_file: Path | None, train_args: li
     # workers' launcher (torchrun), which sends it to each worker: all finish the step, save, and exit. The
     # launcher SIGKILLs workers that take longer than its grace period (~30 s); the last checkpoint stays intact.
     previous = signal.signal(signal.SIGTERM, forward)
+    interrupted = False
     try:
         while True:
             try:
                 code = proc.wait()
                 break
             except KeyboardInterrupt:  # the children got the same SIGINT and stop on their own
-                continue
+                interrupted = True
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return 143 if forwarded else code  # the launcher itself reports a signal as a failure (1)
+    # the launcher itself reports a signal as a failure (1): exit as a single process would, 143 / 130
+    return 143 if forwarded else 130 if interrupted else code

@@ -29,7 +29,9 @@ class JsonlLog:
     def __init__(self, path: Path, keep_through_step: int) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        kept = [line for line in self._complete_lines() if json.loads(line).get("step", 0) <= keep_through_step]
+        lines = self._complete_lines()
+        kept = [line for line in lines if json.loads(line).get("step", 0) <= keep_through_step]
+        self.dropped = len(lines) - len(kept)  # the caller says so: a resume never rewinds the logs silently
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
         os.replace(tmp, path)

@@ -312,6 +312,25 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise RecipeError(_format_validation_error(e)) from None
 
 
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested recipe dict -> {"algorithm.beta": 0.0, "rewards.0.name": ..., ...}; lists of scalars stay whole."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            out.update(flatten({str(i): x for i, x in enumerate(v)}, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def flat_config(d: dict[str, Any]) -> dict[str, Any]:
+    """`flatten` with scalar values only (what trackers' hparams accept): None and lists become text."""
+    return {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in flatten(d).items()}
+
+
 def recipe_to_yaml(recipe: Recipe) -> str:
     """The fully resolved recipe (every default spelled out), as saved with runs and checkpoints."""
     import yaml

@@ -49,10 +49,11 @@ def test_ci_tiny_through_the_cli(tmp_path):
 
     model = AutoModelForCausalLM.from_pretrained(run / "checkpoints/step-4")
     assert sum(p.numel() for p in model.parameters()) > 0
-    assert load_recipe(run / "checkpoints/step-4/recipe.yaml").name == "ci-tiny"
+    assert load_recipe(run / "checkpoints/step-4/trainer/recipe.yaml").name == "ci-tiny"
     # a second start into the same folder must not clobber it
     p = cli("train", str(TINY), "-o", str(run))
-    assert p.returncode == 1 and "--resume auto" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == 2 and "--resume auto" in p.stderr and "--start-over" in p.stderr
+    assert "Traceback" not in p.stderr
 
 
 def test_tiny_model_learns_a_movable_reward(tmp_path):

@@ -1,0 +1,229 @@
+"""Real `grpo train` processes on one run folder: the lock, interrupted saves, recipe drift, signals, a full disk.
+
+Every test here reproduces a way the run folder lost data or changed silently before issue 9; each runs
+the CLI in subprocesses on the tiny recipe (a few seconds a run), from a copy of one base run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from grpo_cli.checkpoint import verify_checkpoint
+
+from helpers import ROOT, cli, read_jsonl
+
+TINY = str(ROOT / "recipes/ci-tiny.yaml")
+
+pytestmark = pytest.mark.usefixtures("model_cache")
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory):
+    """ci-tiny, 4 steps: checkpoints step-2 and step-4."""
+    run = tmp_path_factory.mktemp("base") / "run"
+    with pytest.MonkeyPatch.context() as mp:  # the model cache of conftest's model_cache fixture
+        mp.setenv("GRPO_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "grpo-cache"))
+        p = cli("train", TINY, "-o", str(run))
+    assert p.returncode == 0, p.stderr
+    return run
+
+
+def copy_run(base: Path, dst: Path) -> Path:
+    shutil.copytree(base, dst)
+    return dst
+
+
+def popen_train(*args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "grpo_cli", "train", *args], cwd=ROOT, env=os.environ,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def wait_for(predicate, timeout: float = 120, proc: subprocess.Popen | None = None) -> None:
+    t0 = time.monotonic()
+    while not predicate():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"exited early with {proc.returncode}: {proc.stderr.read()[-3000:]}")
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError
+        time.sleep(0.1)
+
+
+def lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
+def test_a_second_trainer_on_a_busy_folder_exits_2_naming_the_first(tmp_path):
+    run = tmp_path / "run"
+    first = popen_train(TINY, "-o", str(run), "train.max_steps=30", "checkpoint.every_steps=5")
+    try:
+        wait_for(lambda: lines(run / "metrics.jsonl") >= 1, proc=first)
+        for extra in ([], ["--resume", "auto"], ["--start-over"]):
+            t0 = time.monotonic()
+            second = cli("train", TINY, "-o", str(run), *extra, timeout=120)
+            took = time.monotonic() - t0
+            print(f"second trainer {extra} refused after {took:.1f} s")
+            assert second.returncode == 2, second.stderr
+            assert f"run folder {run.resolve()} is in use by another trainer (pid {first.pid} on host " \
+                   f"{socket.gethostname()}" in second.stderr
+            assert "Traceback" not in second.stderr and took < 60
+        out, err = first.communicate(timeout=300)
+    finally:
+        first.kill()
+    assert first.returncode == 0, err
+    assert f"done: 30 steps in {run}" in out
+    assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == list(range(1, 31))
+    assert [p.name for p in sorted((run / "checkpoints").iterdir())] == ["step-25", "step-30"]
+    for step in (25, 30):
+        verify_checkpoint(run / f"checkpoints/step-{step}")
+
+
+def test_interrupted_saves_and_logs_are_never_silently_rewound(base_run, tmp_path):
+    run = copy_run(base_run, tmp_path / "run")
+    (run / "checkpoints/step-4/trainer/manifest.json").unlink()  # the newest save was interrupted
+    p = cli("train", TINY, "-o", str(run), "--resume", "auto", "train.max_steps=5")
+    assert p.returncode == 0, p.stderr
+    assert "--resume auto: skipping step-4 (no manifest: the save was interrupted); resuming from step-2" in p.stdout
+    assert "metrics.jsonl: dropped 2 lines of steps after 2" in p.stdout
+    assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+
+    for manifest in run.glob("checkpoints/step-*/trainer/manifest.json"):  # now no complete checkpoint at all
+        manifest.unlink()
+    before = (run / "metrics.jsonl").read_text()
+    for extra in (["--resume", "auto"], []):
+        p = cli("train", TINY, "-o", str(run), *extra)
+        assert p.returncode == 2, p.stderr
+        assert "holds no complete checkpoint" in p.stderr or "holds earlier output but no complete checkpoint" in p.stderr
+        assert "metrics.jsonl (5 lines)" in p.stderr and "step-4, step-5 without a manifest" in p.stderr
+        assert "--start-over" in p.stderr and "Traceback" not in p.stderr
+    assert (run / "metrics.jsonl").read_text() == before  # nothing truncated, nothing trained
+
+    p = cli("train", TINY, "-o", str(run), "--start-over", "train.max_steps=2")
+    assert p.returncode == 0, p.stderr
+    assert "--start-over: deleted metrics.jsonl, rollouts.jsonl, checkpoints/, recipe.yaml" in p.stdout
+    assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == [1, 2]
+
+
+def test_recipe_drift_on_resume_is_refused_or_applied_and_recorded(base_run, tmp_path):
+    run = copy_run(base_run, tmp_path / "run")
+    before = (run / "metrics.jsonl").read_text()
+    p = cli("train", TINY, "-o", str(run), "--resume", "auto", "train.max_steps=6", "train.learning_rate=0.01",
+            "algorithm.num_generations=2")
+    assert p.returncode == 2, p.stderr
+    assert "  algorithm.num_generations: 4 -> 2\n  train.learning_rate: 0.001 -> 0.01\n" in p.stderr
+    assert "--allow-recipe-change" in p.stderr and "Traceback" not in p.stderr
+    assert (run / "metrics.jsonl").read_text() == before and not (run / "recipe_changes.jsonl").exists()
+
+    p = cli("train", TINY, "-o", str(run), "--resume", "auto", "train.max_steps=6", "train.learning_rate=0.01",
+            "--allow-recipe-change")
+    assert p.returncode == 0, p.stderr
+    assert "resume applies from step 5 on (recorded in recipe_changes.jsonl):\n  train.max_steps: 4 -> 6" in p.stdout
+    assert "--allow-recipe-change applies from step 5 on" in p.stdout and "train.learning_rate: 0.001 -> 0.01" in p.stdout
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert [m["learning_rate"] for m in metrics] == [1e-3] * 4 + [0.01] * 2  # the optimizer got the new rate
+    [record] = read_jsonl(run / "recipe_changes.jsonl")
+    assert record["from_step"] == 5 and record["checkpoint"].endswith("checkpoints/step-4")
+    assert record["changes"] == {"train.learning_rate": {"old": 1e-3, "new": 0.01, "resumable": False},
+                                 "train.max_steps": {"old": 4, "new": 6, "resumable": True}}
+    p = cli("train", TINY, "-o", str(run), "--resume", "auto", "train.max_steps=6", "train.learning_rate=0.01")
+    assert p.returncode == 0, p.stderr  # the step-6 checkpoint was trained with the new rate: no drift left
+
+
+def test_sigint_exits_130_and_says_when_nothing_was_saved(tmp_path):
+    slow = tmp_path / "slow.py"
+    slow.write_text("import time\n\ndef slow(completions, **kw):\n    time.sleep(0.5)\n    return [0.0] * len(completions)\n")
+    args = [TINY, "train.max_steps=50", "checkpoint.every_steps=0", f"rewards=[{{name: '{slow}:slow'}}]"]
+    run = tmp_path / "once"
+    p = popen_train(*args, "-o", str(run))
+    wait_for(lambda: lines(run / "metrics.jsonl") >= 1, proc=p)
+    p.send_signal(signal.SIGINT)  # one Ctrl-C: finish the step, save, exit 130 as a shell expects
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    saved = sorted(x.name for x in (run / "checkpoints").iterdir())
+    assert len(saved) == 1 and "stopped by signal after step" in err
+    verify_checkpoint(run / "checkpoints" / saved[0])
+
+    run = tmp_path / "twice"
+    p = popen_train(*args, "-o", str(run))
+    wait_for(lambda: lines(run / "metrics.jsonl") >= 1, proc=p)
+    p.send_signal(signal.SIGINT)
+    time.sleep(0.1)
+    p.send_signal(signal.SIGINT)  # a second one while the step's reward still runs: leave at once
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert "interrupted before the first checkpoint: nothing to resume (start again with --start-over)" in err
+    assert "intact" not in err and "Traceback" not in err
+    assert not (run / "checkpoints").exists() or not any((run / "checkpoints").iterdir())
+
+
+def _mount_tmpfs(path: Path, size_kib: int) -> None:
+    path.mkdir()
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(path)],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({out.stderr.strip() or out.returncode}); needs root or CAP_SYS_ADMIN")
+
+
+def test_full_disk_is_a_message_and_the_last_checkpoint_stays_intact(base_run, tmp_path):
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command")
+    ckpt_kib = sum(f.stat().st_size for f in (base_run / "checkpoints/step-2").rglob("*") if f.is_file()) // 1024
+    disk = tmp_path / "disk"
+    _mount_tmpfs(disk, ckpt_kib * 3 // 2 + 256)  # room for one checkpoint and the logs, not for two
+    try:
+        run = disk / "run"
+        p = cli("train", TINY, "-o", str(run), "checkpoint.keep_last=null")
+        assert p.returncode == 1, p.stderr
+        assert f"error: could not save checkpoint step-4 to {run}/checkpoints: " in p.stderr
+        assert "No space left on device" in p.stderr and "MiB free on that file system" in p.stderr
+        assert "the previous checkpoints are untouched" in p.stderr and "Traceback" not in p.stderr
+        assert sorted(x.name for x in (run / "checkpoints").iterdir()) == ["step-2"]  # no half-written save left
+        verify_checkpoint(run / "checkpoints/step-2")
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_eval_and_export_verify_the_manifest(base_run, tmp_path):
+    run = copy_run(base_run, tmp_path / "run")
+    weights = run / "checkpoints/step-4/model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    weights.write_bytes(bytes(data))
+    for args in (["eval", str(run / "checkpoints/step-4"), "--limit", "2", "-o", str(tmp_path / "ev")],
+                 ["eval", str(run), "--limit", "2", "-o", str(tmp_path / "ev2")],
+                 ["export", str(run / "checkpoints/step-4"), "--merge", str(tmp_path / "out")]):
+        p = cli(*args)
+        assert p.returncode == 1, (args, p.stderr)
+        assert "checkpoint step-4 is corrupted: model.safetensors does not match its sha256" in p.stderr, args
+    (run / "checkpoints/step-2/trainer/manifest.json").unlink()
+    p = cli("eval", str(run / "checkpoints/step-2"), "--limit", "2", "-o", str(tmp_path / "ev3"))
+    assert p.returncode == 1 and "checkpoint step-2 is incomplete" in p.stderr
+
+
+def test_a_checkpoint_is_a_model_folder(base_run):
+    ckpt = base_run / "checkpoints/step-4"
+    top = sorted(p.name for p in ckpt.iterdir())
+    assert top == ["chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",
+                   "tokenizer.json", "tokenizer_config.json", "trainer"], top
+    assert sorted(p.name for p in (ckpt / "trainer").iterdir()) == [
+        "manifest.json", "optimizer.json", "optimizer.safetensors", "recipe.yaml", "rng.json", "rng.safetensors",
+        "scheduler.json", "trainer_state.json"]
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {p.relative_to(ckpt).as_posix(): p.stat().st_mode & 0o777 for p in ckpt.rglob("*")}
+    assert all(m == (0o777 if (ckpt / k).is_dir() else 0o666) & ~umask for k, m in modes.items()), modes
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(ckpt)
+    assert AutoTokenizer.from_pretrained(ckpt)("1 + 2")["input_ids"] and model.config.model_type == "qwen2"
+    state = json.loads((ckpt / "trainer/trainer_state.json").read_text())
+    assert state["step"] == 4
