@@ -22,4 +22,4 @@ def stable(m: dict) -> dict:
 def cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     """`python -m grpo_cli ARGS` from the repo root, output captured."""
     return subprocess.run([sys.executable, "-m", "grpo_cli", *args], capture_output=True, text=True, cwd=ROOT,
-                          env=os.environ, timeout=timeout, **kw)
+                          timeout=timeout, **{"env": os.environ, **kw})
