@@ -35,8 +35,8 @@ RECIPE_CHANGES = "recipe_changes.jsonl"
 OUTPUTS = (*LOGS, CHECKPOINTS, "recipe.yaml", RECIPE_CHANGES)  # what --start-over deletes, nothing else
 # Fields a resume may change without --allow-recipe-change: how long to train, where and how often to save,
 # log and evaluate, where the vLLM server is and how many CPU threads to use.
-RESUMABLE = ("train.max_steps", "train.threads", "checkpoint.", "logging.", "eval", "rollout.vllm.server_url",
-             "rollout.vllm.request_timeout_s")
+RESUMABLE = ("train.max_steps", "train.threads", "checkpoint.", "logging.", "eval.", "rollout.vllm.server_url",
+             "rollout.vllm.request_timeout_s")  # a trailing dot: the section and every field in it
 UNSET = "<unset>"
 
 
@@ -168,7 +168,7 @@ def recipe_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[
 
 
 def resumable(key: str) -> bool:
-    return any(key == f or key.startswith(f if f.endswith(".") else f + ".") for f in RESUMABLE)
+    return any(key == f.rstrip(".") or (f.endswith(".") and key.startswith(f)) for f in RESUMABLE)
 
 
 def format_changes(changes: dict[str, tuple[Any, Any]]) -> str:

@@ -57,8 +57,11 @@ def acquire(run_dir: str | Path) -> str:
     if key in _held:
         _held[key][1] += 1
         return key
-    Path(key).mkdir(parents=True, exist_ok=True)
-    fd = os.open(Path(key) / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        Path(key).mkdir(parents=True, exist_ok=True)
+        fd = os.open(Path(key) / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise RunLockedError(f"cannot use {key} as a run folder: {e}; pick another --output-dir") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
