@@ -74,8 +74,9 @@ def acquire(run_dir: str | Path) -> str:
     except OSError as e:
         os.close(fd)
         raise RunLockedError(f"cannot lock run folder {key} ({e}); put the run on a file system that supports flock") from None
+    program = "grpo" if Path(sys.argv[0]).name in ("grpo", "__main__.py") else sys.argv[0]
     info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-            "command": " ".join(sys.argv)}
+            "command": " ".join([program, *sys.argv[1:]])}
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(info).encode(), 0)
     _held[key] = [fd, 1]
