@@ -4,7 +4,7 @@ With LoRA the reference policy of the KL term is the same network with its adapt
 (`disable_adapter()`), so beta > 0 costs no second copy of the model. A LoRA checkpoint holds the
 adapter (adapter_model.safetensors + adapter_config.json, peft's format) and `base_model.json`, the
 identity of the base (name, revision, gguf_file, architecture and parameter count); the base is loaded
-again from the checkpoint's recipe.yaml and checked against it. vLLM and `grpo export --merge` get
+again from the checkpoint's trainer/recipe.yaml and checked against it. vLLM and `grpo export --merge` get
 merged weights W + scale * B @ A computed on the side, so the trained modules are never modified.
 """
 
