@@ -245,7 +245,7 @@ def _load_rng(folder: Path) -> None:
 # ------------------------------------------------------------------------------------------ listing, verifying
 
 
-def _step_of(path: Path) -> int | None:
+def step_of(path: Path) -> int | None:
     m = _STEP_DIR.match(path.name)
     return int(m.group(1)) if m else None
 
@@ -275,8 +275,8 @@ def _step_folders(run_dir: str | Path) -> list[Path]:
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if _step_of(p) is not None and p.is_dir()]
-    return sorted(found, key=lambda p: _step_of(p))  # type: ignore[arg-type, return-value]
+    found = [p for p in root.iterdir() if step_of(p) is not None and p.is_dir()]
+    return sorted(found, key=lambda p: step_of(p))  # type: ignore[arg-type, return-value]
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:

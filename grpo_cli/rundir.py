@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_cli.checkpoint import (
-    CHECKPOINTS, incomplete_checkpoints, list_checkpoints, recipe_path, resolve_resume, verify_checkpoint,
+    CHECKPOINTS, incomplete_checkpoints, list_checkpoints, recipe_path, resolve_resume, step_of, verify_checkpoint,
 )
 from grpo_cli.recipe import flatten
 
@@ -67,11 +67,11 @@ def contents(run_dir: str | Path) -> RunContents:
     run_dir = Path(run_dir)
     logs = {}
     for name in LOGS:
-        path = run_dir / name
-        if path.is_file() and path.stat().st_size:
-            with open(path, "rb") as f:
-                logs[name] = sum(1 for line in f if line.strip())
-    return RunContents(list_checkpoints(run_dir), incomplete_checkpoints(run_dir), {k: n for k, n in logs.items() if n})
+        if (run_dir / name).is_file():
+            with open(run_dir / name, "rb") as f:
+                if n := sum(1 for line in f if line.strip()):
+                    logs[name] = n
+    return RunContents(list_checkpoints(run_dir), incomplete_checkpoints(run_dir), logs)
 
 
 def start_point(run_dir: str | Path, resume: str | None, *, start_over: bool = False,
@@ -114,16 +114,12 @@ def start_point(run_dir: str | Path, resume: str | None, *, start_over: bool = F
         say(f"--resume auto: no checkpoint in {run_dir} yet; training from step 1")
         return None
     newest = found.complete[-1]
-    skipped = [p for p in found.incomplete if _step(p) > _step(newest)]
+    skipped = [p for p in found.incomplete if step_of(p) > step_of(newest)]
     if skipped:
         say(f"--resume auto: skipping {', '.join(p.name for p in skipped)} (no manifest: the save was interrupted); "
             f"resuming from {newest.name}")
     verify_checkpoint(newest)  # a corrupted newest checkpoint is refused, never silently passed over
     return newest
-
-
-def _step(path: Path) -> int:
-    return int(path.name.removeprefix("step-"))
 
 
 def remove_outputs(run_dir: Path) -> list[str]:
