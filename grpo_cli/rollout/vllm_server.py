@@ -9,12 +9,16 @@ never past the request's own timeout in total:
     server; a timeout or a dropped connection after sending is an error, since the server may still
     be sampling and a retry would silently double the work.
 Each generate names the weight version it expects; the server answers 409 instead of sampling from
-stale weights. Sampler log-probs are vLLM's processed log-probs, log pi(token | T) (see serve/server.py).
+stale weights. Weights go by file when the server is on this machine: the client writes them into
+the directory the server announces (GET /info) and reads files from; when it cannot write there (a
+server run by another user, in a container) or the server cannot see the file, the bytes are uploaded.
+Sampler log-probs are vLLM's processed log-probs, log pi(token | T) (see serve/server.py).
 The stdlib (urllib) only: no HTTP client to install in the trainer's environment.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -38,7 +42,12 @@ MAX_RETRIES = 4
 
 
 class VLLMServerError(RuntimeError):
-    """The server could not be reached or refused a request; the message says where and what to do."""
+    """The server could not be reached or refused a request; the message says where and what to do.
+    `status`: the HTTP status of a refusal, None when the server was not reached."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class _NotSent(Exception):
@@ -58,6 +67,8 @@ class VLLMServerGenerator:
         self.eos_ids = eos_token_ids(_GenerationConfigOf(self.model_hint), tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.calls = 0  # generate() calls so far: request seeds derive from (seed, calls)
+        self.weights_dir: str | None = None  # where the (loopback) server reads weight files from
+        self._asked_weights_dir = False
         # The server's weights are the trainer's only after a sync: a resumed run must call sync_weights first.
         self.version = int(self.health()["weight_version"])
 
@@ -89,21 +100,59 @@ class VLLMServerGenerator:
     def sync_weights(self, model: torch.nn.Module) -> float:
         """Push the trainer's weights (the unwrapped HF model) to the server as version+1; -> seconds.
 
-        Loopback server: it reads the safetensors file we write. Remote: the file's bytes are uploaded."""
+        Loopback server: a file in its weights directory. Otherwise (or when that fails) the file's bytes."""
         from safetensors.torch import save_file
 
         t0 = time.perf_counter()
         version = self.version + 1
-        with tempfile.TemporaryDirectory(prefix="grpo-weights-") as tmp:
-            path = str(Path(tmp) / "weights.safetensors")
-            save_file(_unshared_cpu_state(model), path)
-            if self.loopback:
-                out = self._request("POST", "/update_weights", doing="updating the weights",
-                                    payload={"path": path, "version": version})
-            else:
+        state = _unshared_cpu_state(model)
+        out = self._sync_by_path(state, version) if self.loopback else None
+        if out is None:
+            with tempfile.TemporaryDirectory(prefix="grpo-weights-") as tmp:
+                path = str(Path(tmp) / "weights.safetensors")
+                save_file(state, path)
                 out = self._upload(path, version)
         self.version = int(out["weight_version"])
         return time.perf_counter() - t0
+
+    def _sync_by_path(self, state: dict[str, torch.Tensor], version: int) -> dict | None:
+        """Write the weights into the server's weights directory and name the file; None: upload instead."""
+        from safetensors.torch import save_file
+
+        wdir = self._server_weights_dir()
+        if wdir is None:
+            return None
+        try:
+            fd, path = tempfile.mkstemp(prefix="grpo-weights-", suffix=".safetensors", dir=wdir)
+            os.close(fd)
+        except OSError:  # not writable by this user, or gone (a restarted server): ask again next time
+            self._asked_weights_dir = False
+            return None
+        try:
+            save_file(state, path)
+            return self._request("POST", "/update_weights", doing="updating the weights",
+                                 payload={"path": path, "version": version})
+        except VLLMServerError as e:
+            if e.status in (400, 403):  # the server does not see this file (another mount namespace): upload it
+                self._asked_weights_dir = False
+                return None
+            raise
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+    def _server_weights_dir(self) -> str | None:
+        if not self._asked_weights_dir:
+            try:
+                info = self._request("GET", "/info", doing="asking for its weights directory",
+                                     timeout=min(HEALTH_TIMEOUT_S, self.timeout))
+                self.weights_dir = info.get("weights_dir")
+            except VLLMServerError as e:
+                if e.status != 404:  # 404: a server without /info, which takes uploads
+                    raise
+                self.weights_dir = None
+            self._asked_weights_dir = True
+        return self.weights_dir
 
     def reset_prefix_cache(self) -> None:
         self._request("POST", "/reset_prefix_cache", doing="resetting the prefix cache", payload={})
@@ -209,9 +258,11 @@ class VLLMServerGenerator:
             401: f"; set {TOKEN_ENV} in the trainer's environment to the server's value",
             409: "; the trainer and the server disagree on the weight version (was the server restarted or "
                  "shared with another run?)",
+            503: "; its vLLM engine died and the server exits: restart it (a supervisor does) and resume with "
+                 "--resume auto",
         }.get(e.code, "")
         return VLLMServerError(f"grpo serve-vllm at {self.url} refused a request while {doing} "
-                               f"(HTTP {e.code}: {detail or e.reason}){hint}")
+                               f"(HTTP {e.code}: {detail or e.reason}){hint}", status=e.code)
 
 
 def _unshared_cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

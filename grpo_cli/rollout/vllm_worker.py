@@ -8,7 +8,7 @@ gate/up) and then `process_weights_after_loading`, which rebuilds the CPU oneDNN
 for a tied lm_head, whose handle packs a copy of the embedding: `_refresh_cpu_lm_head` repacks it.
 
 Used by both the colocated generator (in-process, tensors pass by reference) and `grpo serve-vllm`
-(string arguments only: a safetensors path). Keep the three method names and signatures stable.
+(string arguments only: a safetensors path). Keep the method names and signatures stable.
 """
 
 from __future__ import annotations
@@ -43,6 +43,12 @@ class WeightSyncExtension:
     def grpo_weight_version(self) -> int:
         """Version of the weights now loaded; 0 = the checkpoint the engine started from."""
         return int(getattr(self, VERSION_ATTR, 0))
+
+    def grpo_packed_modules(self) -> dict[str, list[str]]:
+        """The model's fused layers, e.g. {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}: a partial weight
+        update must hold all of a fused layer's tensors (grpo_cli/serve/weights.py)."""
+        mapping = getattr(self.model_runner.get_model(), "packed_modules_mapping", None) or {}
+        return {str(k): [str(m) for m in v] for k, v in dict(mapping).items()}
 
 
 def _refresh_cpu_lm_head(model: torch.nn.Module) -> None:
