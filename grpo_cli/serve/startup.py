@@ -226,9 +226,13 @@ def _set_pdeathsig() -> None:
 
 
 def log_path_for(port: int) -> Path:
-    import tempfile
+    """vLLM's output of the server on `port`, kept after the server exits: under grpo's cache folder (the
+    user's own), not a predictable name in the shared /tmp that another user could plant a symlink at."""
+    from grpo_cli.models import cache_dir
 
-    return Path(tempfile.gettempdir()) / f"grpo-serve-vllm-{port}.log"
+    folder = cache_dir() / "logs"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"serve-vllm-{port}.log"
 
 
 @contextlib.contextmanager
