@@ -72,7 +72,7 @@ def train(
     num_processes: Optional[int] = typer.Option(None, "--num-processes", min=1, help="Train on N processes (one per GPU; gloo DDP on CPU) through accelerate launch."),
     accelerate_config: Optional[Path] = typer.Option(None, "--accelerate-config", help="accelerate config file, e.g. recipes/accelerate/fsdp2.yaml (DDP, FSDP2, DeepSpeed)."),
     start_over: bool = typer.Option(False, "--start-over", help="Delete the run folder's logs and checkpoints and train from step 1."),
-    allow_recipe_change: bool = typer.Option(False, "--allow-recipe-change", help="On resume, accept changes to fields other than train.max_steps, checkpoint.*, logging.*, eval.* (recorded in recipe_changes.jsonl)."),
+    allow_recipe_change: bool = typer.Option(False, "--allow-recipe-change", help="On resume, accept changes to fields that change what the run learns (model, data, algorithm, optimizer, ...); train.max_steps, train.threads, checkpoint.*, logging.*, eval.* and the vLLM server address may change without it. Recorded in recipe_changes.jsonl."),
 ) -> None:
     """Train with GRPO. Writes metrics.jsonl, rollouts.jsonl and checkpoints/step-N/ under the run folder.
 
