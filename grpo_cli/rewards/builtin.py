@@ -5,7 +5,8 @@ Every function follows the TRL calling convention: it is called with keyword arg
 recipe's `kwargs`), accepts and ignores the ones it does not need (`**_`), and returns one
 float, or None for "no reward", per completion.
 
-  accuracy                   final answer vs reference with math-verify (DeepSeekMath / Open-R1 style)
+  accuracy                   final answer vs reference with math-verify (DeepSeekMath / Open-R1 style;
+                             extraction and equivalence live in answers.py)
   format                     whole completion matches a regex (DeepSeek-R1 format reward)
   tag_count                  partial credit for well-formed <think>/<answer> tags (Open-R1)
   soft_overlong_punishment   DAPO length penalty, arXiv:2503.14476 eq. 13
@@ -17,138 +18,13 @@ Importing this module must not import torch or math-verify (`grpo validate` stay
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable, Sequence
-from decimal import Decimal
 from typing import Any
 
 from grpo_cli.registry import Registry
+from grpo_cli.rewards.answers import EXTRACT_MODES, answers_match, extract_answer, reference_text  # noqa: F401
 
 REWARDS: Registry[Callable[..., list[float | None]]] = Registry("reward")
-
-EXTRACT_MODES = ("auto", "boxed", "tag", "gsm8k", "last_number")
-
-# A number as people write it: optional minus (not a subtraction: "3-5" gives 5), thousands
-# separators ("1,000"), decimals and simple fractions ("3/4").
-_NUMBER = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+(?:\.\d+)?)?")
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_LATEX_COMMAND = re.compile(r"\\[A-Za-z]")
-_PLAIN_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
-_MATH_VERIFY_TIMEOUT_S = 5  # math-verify's own default, used where its signal.alarm can work
-
-
-# --------------------------------------------------------------------------- answer extraction
-
-
-def _last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` (or `\\fbox{...}`), braces balanced; None if absent or unclosed."""
-    matches = list(_BOXED.finditer(text))
-    if not matches:
-        return None
-    start = matches[-1].end()
-    depth = 1
-    for i in range(start, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start:i].strip() or None
-    return None
-
-
-def _last_tag(text: str, tag: str) -> str | None:
-    found = re.findall(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text, flags=re.DOTALL)
-    return (found[-1].strip() or None) if found else None
-
-
-def _after_hashes(text: str) -> str | None:
-    """GSM8K writes the final answer after `####`; keep the rest of that line."""
-    idx = text.rfind("####")
-    if idx < 0:
-        return None
-    rest = text[idx + 4 :].strip()
-    line = rest.splitlines()[0].strip().rstrip(".").strip() if rest else ""
-    return line or None
-
-
-def _last_number(text: str) -> str | None:
-    found = _NUMBER.findall(text)
-    return found[-1].replace(",", "") if found else None
-
-
-def extract_answer(text: str, mode: str = "auto", tag: str = "answer") -> str | None:
-    """The final answer written in `text`, or None when there is none.
-
-    mode: `boxed` (last \\boxed{...}), `tag` (last <tag>...</tag>), `gsm8k` (after the last ####),
-    `last_number` (last number; "1,000" -> "1000"), `auto` (boxed, then tag, then gsm8k, then last_number).
-    """
-    if mode == "boxed":
-        return _last_boxed(text)
-    if mode == "tag":
-        return _last_tag(text, tag)
-    if mode == "gsm8k":
-        return _after_hashes(text)
-    if mode == "last_number":
-        return _last_number(text)
-    if mode == "auto":
-        for found in (_last_boxed(text), _last_tag(text, tag), _after_hashes(text), _last_number(text)):
-            if found is not None:
-                return found
-        return None
-    raise ValueError(f"unknown answer extraction mode {mode!r}; valid: {', '.join(EXTRACT_MODES)}")
-
-
-def reference_text(answer: Any) -> str | None:
-    """A dataset's reference answer as text: GSM8K "... #### 72" -> "72"; numbers written out in full."""
-    if answer is None:
-        return None
-    if isinstance(answer, float):
-        return format(Decimal(repr(answer)), "f")  # 1e-07 -> "0.0000001", which math-verify reads
-    if isinstance(answer, str):
-        return _after_hashes(answer) if "####" in answer else answer.strip()
-    return str(answer)
-
-
-# --------------------------------------------------------------------------- math-verify
-
-
-def _math_verify_timeout() -> int | None:
-    # math-verify times out with signal.alarm, which raises off the main thread; None disables it
-    # there (give the reward `timeout_s` to bound it with a child process instead).
-    return _MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
-
-
-def _parse(text: str, timeout: int | None) -> list:
-    """math-verify parse of a bare answer. LaTeX-looking text is read inside $...$ (so `\\sqrt{2}`,
-    `2^{10}` and `(1, 2)` parse); text with words is read plainly, so "Paris" is not a product
-    of five symbols and "12 dollars" is 12."""
-    from math_verify import parse
-
-    if "$" in text:
-        tries = [text]
-    elif _LATEX_COMMAND.search(text) or not _PLAIN_WORD.search(text):
-        tries = [f"${text}$", text]
-    else:
-        tries = [text]
-    for t in tries:
-        parsed = parse(t, parsing_timeout=timeout)
-        if parsed:
-            return parsed
-    return []
-
-
-def answers_match(reference: str, predicted: str) -> bool:
-    """True if math-verify finds `predicted` equivalent to `reference` ("0.5" vs "1/2" is True).
-    Text that math-verify cannot read is compared as words, case-insensitively."""
-    from math_verify import verify
-
-    timeout = _math_verify_timeout()
-    gold, pred = _parse(reference, timeout), _parse(predicted, timeout)
-    if not gold or not pred:
-        return " ".join(reference.lower().split()) == " ".join(predicted.lower().split())
-    return bool(verify(gold, pred, timeout_seconds=timeout))
-
 
 # --------------------------------------------------------------------------- rewards
 

@@ -1,0 +1,226 @@
+r"""Answer checking, table-driven: each row is a completion, a reference and the accuracy it must get.
+
+One table per class of mistake found by comparing with math-verify, reasoning-gym's scorer and TRL
+(issue 10, item 8): an escaped dollar (`\$23`), a Unicode minus ("−3"), an unboxed inline LaTeX
+fraction, digit grouping ("1 000 000"), and the order of answers (only the final one counts: the
+right number followed by a wrong one scores 0). Then maj@k voting by mathematical equivalence.
+"""
+
+import math
+
+import pytest
+
+from grpo_cli.evaluate import majority_answer, normalize_answer, summarize
+from grpo_cli.rewards import answers_match, extract_answer
+from grpo_cli.rewards.builtin import accuracy
+
+
+def rows(*table):
+    """(completion, reference, expected[, mode]) -> pytest params, mode `auto` unless given."""
+    return [pytest.param(*(r if len(r) == 4 else (*r, "auto")), id=f"{i}") for i, r in enumerate(table)]
+
+
+DOLLAR = rows(
+    (r"The total is \boxed{\$23}.", "23", 1.0),
+    (r"\boxed{\$ 23}", "23", 1.0),
+    (r"\boxed{23\,\$}", "23", 1.0),
+    (r"\boxed{\$23.00}", "23", 1.0),
+    (r"\boxed{\$1,234}", "1234", 1.0),
+    (r"\boxed{\text{\$}23}", "23", 1.0),
+    (r"\boxed{\textdollar 23}", "23", 1.0),
+    (r"\boxed{-\$23}", "-23", 1.0),
+    (r"So she pays \$23.", "23", 1.0),
+    (r"So she pays $\$23$.", "23", 1.0),
+    (r"#### \$23", "23", 1.0),
+    (r"<answer>\$23</answer>", "23", 1.0),
+    (r"\boxed{\$23}", r"\$23", 1.0),  # a reference written with the dollar
+    (r"\boxed{\$23}", "24", 0.0),
+    (r"\boxed{\$23}", "23", 1.0, "boxed"),
+    ("It costs $5 and then $7.", "7", 1.0),  # plain-text dollars are not a math span
+)
+
+MINUS = rows(
+    ("The answer is \u22123.", "-3", 1.0),  # U+2212 MINUS SIGN
+    ("The answer is \u22123.", "3", 0.0),
+    ("\\boxed{\u22123}", "-3", 1.0),
+    ("\\boxed{\u22123}", "3", 0.0),
+    ("<answer>\u22123</answer>", "-3", 1.0),
+    ("#### \u22123", "-3", 1.0),
+    ("so x = \u20133", "-3", 1.0),  # U+2013 EN DASH used as a minus
+    ("so x = \uff0d3", "-3", 1.0),  # U+FF0D FULLWIDTH HYPHEN-MINUS
+    ("the temperature is \u22123.5 degrees", "-3.5", 1.0),
+    ("the temperature is \u22123.5 degrees", "3.5", 0.0),
+    ("a loss of \u22121,000", "-1000", 1.0),
+    ("The answer is -3.", "\u22123", 1.0),  # the reference has the Unicode minus
+    ("\\boxed{\u2212\\frac{3}{4}}", "-0.75", 1.0),
+    ("$x = \u2212\\frac{1}{2}$", "-1/2", 1.0),
+    ("The answer is \u22123.", "-3", 1.0, "last_number"),
+    ("from 10\u22123 we get", "3", 1.0, "last_number"),  # after a digit it is a subtraction, as with "-"
+)
+
+LATEX = rows(
+    (r"So the answer is \frac{3}{4}.", "3/4", 1.0),
+    (r"So the answer is $\frac{3}{4}$.", "3/4", 1.0),
+    (r"So the answer is $\frac{3}{4}$.", "4", 0.0),
+    (r"The probability is \dfrac{3}{4}", "0.75", 1.0),
+    (r"The probability is \tfrac34", "0.75", 1.0),
+    (r"hence $p = \frac{3}{4}$", "3/4", 1.0),
+    (r"hence \(\frac{3}{4}\)", "3/4", 1.0),
+    ("hence\n\\[ \\frac{3}{4} \\]\n", "3/4", 1.0),
+    ("hence\n$$\\frac{3}{4}$$", "3/4", 1.0),
+    (r"So $-\frac{3}{4}$", "-3/4", 1.0),
+    (r"The answer is \frac{-3}{4}", "-0.75", 1.0),
+    (r"The answer is $\sqrt{2}$.", r"\sqrt{2}", 1.0),
+    (r"The answer is $\sqrt{2}$.", "2", 0.0),
+    (r"The answer is $2^{10}$.", "1024", 1.0),
+    (r"The area is $\pi r^2 = 4\pi$.", r"4\pi", 1.0),
+    (r"So $3 \times 4 = 12$.", "12", 1.0),
+    (r"So the answer is \frac{3}{4}.", "3/4", 1.0, "last_number"),
+)
+
+GROUPING = rows(
+    ("There are 1 000 000 grains.", "1000000", 1.0),
+    (r"There are 1\,000\,000 grains.", "1000000", 1.0),
+    (r"There are $1\,000\,000$ grains.", "1000000", 1.0),
+    (r"\boxed{1\,000\,000}", "1000000", 1.0),
+    (r"\boxed{1 000 000}", "1000000", 1.0),
+    ("There are 1\u2009000\u2009000 grains.", "1000000", 1.0),  # thin space
+    ("There are 1\u202f000\u202f000 grains.", "1000000", 1.0),  # narrow no-break space
+    ("There are 1\u00a0000 grains.", "1000", 1.0),  # no-break space
+    (r"There are $1{,}000{,}000$ grains.", "1000000", 1.0),
+    (r"There are 1{,}000{,}000 grains.", "1000000", 1.0),
+    (r"\boxed{1{,}000{,}000}", "1000000", 1.0),
+    ("#### 1 000 000", "1000000", 1.0),
+    (r"It is 12\,345.5 m.", "12345.5", 1.0),
+    ("There are 1 000 000 grains.", "1000", 0.0),
+    ("There are 1,000,000.5 grains.", "1000000.5", 1.0),
+    ("There are 1 000 000 grains.", "1000000", 1.0, "last_number"),
+    ("so 2 apples and 3 pears make 5", "5", 1.0),  # no grouping across words
+    (r"\boxed{12 500}", "12500", 1.0),  # one plain space: one number when it is the whole answer
+    ("She has 2 100 dollar bills, so 200", "200", 1.0),  # ... but two numbers in running text
+    ("She has 2 100 dollar bills.", "2100", 0.0),
+)
+
+ORDER = rows(
+    (r"I first thought 23 but the answer is \boxed{24}", "23", 0.0),
+    (r"I first thought 23 but the answer is \boxed{24}", "24", 1.0),
+    (r"\boxed{23} is wrong; the answer is \boxed{24}", "23", 0.0),
+    ("The answer is 23. Wait, no: 24.", "23", 0.0),
+    ("The answer is 23. Wait, no: 24.", "24", 1.0),
+    (r"So $p = \frac{3}{4}$, which gives 5 marbles", "3/4", 0.0),
+    (r"So $p = \frac{3}{4}$, which gives 5 marbles", "5", 1.0),
+    ("<answer>23</answer> hmm <answer>24</answer>", "23", 0.0),
+    ("#### 23\n#### 24", "23", 0.0),
+    ("\u22123, or maybe 3", "-3", 0.0),
+    ("\u22123, or maybe 3", "3", 1.0),
+    ("23 is wrong, the answer is \u221223", "23", 0.0),
+    (r"\$23, no: \$24", "23", 0.0),
+    ("1 000 000, then 2", "1000000", 0.0),
+    (r"I thought \frac{1}{2} but it is 0.75", "1/2", 0.0),
+    (r"I thought \frac{1}{2} but it is 0.75", "0.75", 1.0),
+    (r"I thought 0.75 but it is \frac{1}{2}", "1/2", 1.0),
+)
+
+KEEP = rows(  # what worked before must keep working
+    ("x = 3-5 = -2, done", "-2", 1.0),
+    ("from 3-5", "5", 1.0, "last_number"),
+    ("They paid $1,500 in total.", "1500", 1.0),
+    ("so x equals 3/4", "0.75", 1.0),
+    (r"so \boxed{\frac{1}{2}}", "0.5", 1.0),
+    ("<answer>Paris</answer>", "paris", 1.0),
+    ("<answer>Pairs</answer>", "Paris", 0.0),
+    ("I am not sure.", "72", 0.0),
+    ("#### 6 then 7", "6", 0.0),
+    ("There are 4 ways to choose $k$.", "4", 1.0),
+    ("the answer is 12 dollars", "12", 1.0),
+    ("The scores are 98, 100 and 100.", "100", 1.0),
+)
+
+
+@pytest.mark.parametrize("completion, reference, expected, mode", DOLLAR)
+def test_escaped_dollar(completion, reference, expected, mode):
+    assert accuracy([completion], [reference], mode=mode) == [expected]
+
+
+@pytest.mark.parametrize("completion, reference, expected, mode", MINUS)
+def test_unicode_minus(completion, reference, expected, mode):
+    assert accuracy([completion], [reference], mode=mode) == [expected]
+
+
+@pytest.mark.parametrize("completion, reference, expected, mode", LATEX)
+def test_inline_latex(completion, reference, expected, mode):
+    assert accuracy([completion], [reference], mode=mode) == [expected]
+
+
+@pytest.mark.parametrize("completion, reference, expected, mode", GROUPING)
+def test_digit_grouping(completion, reference, expected, mode):
+    assert accuracy([completion], [reference], mode=mode) == [expected]
+
+
+@pytest.mark.parametrize("completion, reference, expected, mode", ORDER)
+def test_only_the_final_answer_counts(completion, reference, expected, mode):
+    assert accuracy([completion], [reference], mode=mode) == [expected]
+
+
+@pytest.mark.parametrize("completion, reference, expected, mode", KEEP)
+def test_kept_behaviour(completion, reference, expected, mode):
+    assert accuracy([completion], [reference], mode=mode) == [expected]
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (r"So the answer is $\frac{3}{4}$.", r"\frac{3}{4}"),  # the fraction, not its last number
+        (r"hence $p = \frac{3}{4}$", r"\frac{3}{4}"),  # the right-hand side of the last =
+        ("The answer is \u22123.", "-3"),
+        (r"\boxed{\$23}", "23"),
+        (r"There are 1\,000\,000 grains.", "1000000"),
+        ("There are 4 ways to choose $k$.", "4"),  # a math span without the last number is not the answer
+    ],
+)
+def test_extracted_text(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_answers_match_cleans_both_sides():
+    assert answers_match("\u22123", "-3") and not answers_match("-3", "3")
+    assert answers_match(r"\$1\,000", "1000") and answers_match("1 000 000", r"1{,}000{,}000")
+
+
+# --------------------------------------------------------------------------- maj@k
+
+
+def test_majority_groups_equivalent_answers():
+    # "3/4", "0.75" and "\frac{3}{4}" are one vote of 3 against two "1"s; the first seen text names it
+    assert majority_answer(["1", "3/4", "0.75", "1", r"\frac{3}{4}"]) == "3/4"
+    # 1 == 1.0 (2 votes) ties 1,000 == 1000 (2 votes): the first seen wins
+    assert majority_answer(["2", "1", "1.0", "1,000", "1000"]) == "1"
+    assert majority_answer(["-3", "\u22123", "3"]) == "-3"  # the Unicode minus is a minus
+    assert majority_answer([None, r"\$23", "23", "24"]) == "23"
+    assert majority_answer([None, None]) is None
+
+
+def test_majority_exact_integers():
+    # 2^53 + 1 is not a float: the old vote merged it with 2^53 and returned "9007199254740992"
+    assert 2**53 + 1 == 9007199254740993 and float(9007199254740993) == float(9007199254740992)
+    assert majority_answer(["9007199254740992", "9007199254740993", "9007199254740993"]) == "9007199254740993"
+    assert normalize_answer("12345678901234567891") == "12345678901234567891"
+    assert normalize_answer("12,345,678,901,234,567,891.0") == "12345678901234567891"
+    assert normalize_answer("1e400") == "1e400"  # no 400-digit integers from a typo
+
+
+def _sample(i, extracted, answer, correct):
+    return {"index": i, "kind": "sample", "sample": 0, "answer": answer, "extracted": extracted, "correct": correct,
+            "rewards": None, "length": 1, "truncated": False}
+
+
+def test_maj_at_k_scores_unanimous_big_integers_and_equivalent_forms():
+    big = "12345678901234567891"
+    samples = [_sample(0, big, big, True) for _ in range(4)]
+    # problem 1: "0.75", "3/4" (one vote of 2 by equivalence) against "1" (1 vote) and "2" -> 3/4 wins, correct
+    samples += [_sample(1, x, r"\frac{3}{4}", x != "1" and x != "2") for x in ("0.75", "1", "3/4", "2")]
+    m = summarize(samples, 4)
+    assert m["maj@4"] == 1.0 and m["maj@1"] == 1.0
+    # maj@2 of problem 1: "0.75" vs "1", a tie -> the first seen, correct
+    assert m["maj@2"] == 1.0
+    assert math.isclose(m["pass@1"], (4 / 4 + 2 / 4) / 2)
