@@ -107,6 +107,11 @@ def rollouts_path(run_dir: Path) -> Path:
     return path
 
 
+def follow_path(run_dir: Path) -> Path:
+    """The rollouts.jsonl --follow reads, which may not exist yet (a run folder about to be created)."""
+    return run_dir if run_dir.is_file() or (run_dir.name == ROLLOUTS and not run_dir.is_dir()) else run_dir / ROLLOUTS
+
+
 def skipped_note(n: int) -> str:
     return f"skipped {n} incomplete line" if n == 1 else f"skipped {n} incomplete or malformed lines"
 
@@ -386,57 +391,6 @@ def render_prompt_markdown(shown: list[Record], records: list[Record]) -> str:
     return "\n".join(out)
 
 
-# ----- rich (imported lazily) ---------------------------------------------------------------------
-def group_panel(rows: list[Record], group: list[Record], names: list[str]):
-    """A rich Panel: prompt, answer, group stats, completions table (best green, worst red)."""
-    from rich import box
-    from rich.console import Group
-    from rich.panel import Panel
-    from rich.table import Table
-    from rich.text import Text
-
-    best, worst = best_worst(group)
-    first = rows[0]
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for col in ("sample", "reward", *names, "adv", "len", "trunc"):
-        table.add_column(col, justify="right", no_wrap=True)
-    table.add_column("completion", overflow="fold")
-    for r in rows:
-        style = "green" if r["sample"] == best else "red" if r["sample"] == worst else None
-        table.add_row(*score_cells(r, names, best, worst), Text(visible(r.get("completion", ""))), style=style)
-    answer = Text(f"answer: {visible(first.get('answer'))}   {group_line(group_stats(group))}", style="bold")
-    body = Group(Text(visible(short_prompt(str(first.get("prompt", ""))))), answer, table)
-    return Panel(body, title=group_title(first).lower(), title_align="left")
-
-
-def print_table(console, shown: list[Record], records: list[Record], metrics: dict[int, Record]) -> None:
-    """The default view: a header line per step, then one panel per group."""
-    names = reward_names(shown)
-    for header, groups in views(shown, records, metrics):
-        console.print(header, style="bold")
-        for rows, group in groups:
-            console.print(group_panel(rows, group, names))
-
-
-def print_prompt_table(console, shown: list[Record], records: list[Record]) -> None:
-    """--prompt view: per distinct prompt, one row per step: mean reward, std, compact completions."""
-    from rich import box
-    from rich.panel import Panel
-    from rich.table import Table
-    from rich.text import Text
-
-    for (index, prompt), steps in prompt_history(shown, records).items():
-        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-        for col in ("step", "group", "mean", "std"):
-            table.add_column(col, justify="right", no_wrap=True)
-        table.add_column("completions (reward: text)", overflow="fold")
-        for s, g, st, rows in steps:
-            lines = "\n".join(f"{num(r.get('reward'))}: {compact(r.get('completion', ''))}" for r in rows)
-            table.add_row(str(s), str(g), num(st.mean), num(st.std), Text(lines))
-        title = f"data_index {index} · answer {visible(steps[0][3][0].get('answer'))}"
-        console.print(Panel(table, title=title, title_align="left", subtitle=compact(short_prompt(prompt), 100)))
-
-
 # ----- follow -------------------------------------------------------------------------------------
 def complete_steps(records: list[Record], metric_steps: Iterable[int]) -> set[int]:
     """Steps whose rollouts are all written: any step before the latest, and the latest once
@@ -453,8 +407,12 @@ def follow(path: Path, emit: Callable[[int, list[Record]], None], records: list[
     `timeout` seconds have passed (None: until Ctrl-C)."""
     metrics_path = path.parent / METRICS
     deadline = None if timeout is None else time.monotonic() + timeout
+    waiting = not path.exists()
     while deadline is None or time.monotonic() < deadline:
         time.sleep(poll_s)
+        if waiting and path.exists():
+            waiting = False
+            note(f"following {path}")
         if path.exists() and path.stat().st_size < offset:  # rewritten (a resume drops steps after its checkpoint)
             records.clear()
             offset = 0
@@ -484,12 +442,12 @@ def show(fmt: str, shown: list[Record], records: list[Record], metrics: dict[int
     elif fmt == "markdown":
         typer.echo(render_prompt_markdown(shown, records) if by_prompt else render_markdown(shown, records, metrics))
     else:
-        from rich.console import Console
+        from grpo_cli.inspect_console import make_console, print_prompt_table, print_table
 
         if by_prompt:
-            print_prompt_table(Console(highlight=False), shown, records)
+            print_prompt_table(make_console(), shown, records)
         else:
-            print_table(Console(highlight=False), shown, records, metrics)
+            print_table(make_console(), shown, records, metrics)
 
 
 def run(run_dir: Path, step: Optional[str], group: Optional[int], sort: str, where: list[str], limit: Optional[int],
@@ -497,8 +455,8 @@ def run(run_dir: Path, step: Optional[str], group: Optional[int], sort: str, whe
         ) -> None:
     """Everything `command` does, raising InspectError for people to read."""
     check_options(sort, fmt, follow_, prompt)
-    # a run that has just started may not have written rollouts.jsonl yet: --follow waits for it
-    path = run_dir / ROLLOUTS if follow_ and run_dir.is_dir() else rollouts_path(run_dir)
+    # a run that has just started may not have its folder or rollouts.jsonl yet: --follow waits for them
+    path = follow_path(run_dir) if follow_ else rollouts_path(run_dir)
     records, skipped, offset = read_from(path, 0) if follow_ else (*load_records(path), 0)
     if skipped:
         typer.echo(skipped_note(skipped), err=True)
@@ -512,7 +470,7 @@ def run(run_dir: Path, step: Optional[str], group: Optional[int], sort: str, whe
             raise InspectError(f"no prompt matches {prompt!r} (an integer matches data_index, text a substring)")
     wanted = resolve_step(pool, step or ("all" if prompt is not None else "last"))
     shown = arrange(select(pool, wanted, group, filters), sort, limit)
-    if shown or fmt == "json":
+    if shown or (fmt == "json" and not follow_):  # --follow: a JSON line per step, none for no step
         show(fmt, shown, records, metrics, by_prompt=prompt is not None, one_line_json=follow_)
     elif not follow_:
         what = f"step {'all' if wanted is None else wanted}, group {'all' if group is None else group}"
@@ -521,7 +479,8 @@ def run(run_dir: Path, step: Optional[str], group: Optional[int], sort: str, whe
     if not follow_ and metrics and wanted is not None and wanted not in done:
         typer.echo(f"note: step {wanted} has no {METRICS} line: being written, or the run stopped mid-step", err=True)
     if follow_:
-        typer.echo(f"following {path} (Ctrl-C to stop)", err=True)
+        typer.echo(f"{'following' if path.exists() else 'waiting for'} {path}{'' if path.exists() else ' ...'} "
+                   "(Ctrl-C to stop)", err=True)
 
         def emit(s: int, step_records: list[Record]) -> None:
             new = arrange(select(step_records, s, group, filters), sort, limit)
@@ -541,7 +500,8 @@ WHERE = typer.Option(None, "--where", show_default=False, help="Filter like 'rew
                      "repeat to AND; null never matches. Fields: " + ", ".join(FIELDS) + ", rewards.<name>.")
 LIMIT = typer.Option(None, "--limit", min=1, help="At most N completions per group (after sorting).")
 FORMAT = typer.Option("table", "--format", help="table | json (the selected records) | markdown (for an issue or PR).")
-FOLLOW = typer.Option(False, "--follow", help="Keep reading a running run; print each step as it completes (Ctrl-C).")
+FOLLOW = typer.Option(False, "--follow", help="Keep reading a running run; print each step as it completes (Ctrl-C). "
+                      "Waits for a run folder that does not exist yet.")
 PROMPT = typer.Option(None, "--prompt", show_default=False,
                       help="One prompt across steps: an integer matches data_index, text a substring of the prompt.")
 FOLLOW_TIMEOUT = typer.Option(None, "--follow-timeout", hidden=True, help="Stop --follow after S seconds.")

@@ -45,14 +45,81 @@ class ModelLoadError(RuntimeError):
     """A model or tokenizer that cannot be found or loaded; the message says what to change."""
 
 
+VERBOSE_ENV = "GRPO_VERBOSE"  # "1": `--verbose`; an environment variable so vLLM's engine processes see it too
+
+
+def verbose() -> bool:
+    """Whether `--verbose` asked for every library log line (the trainer's own processes and vLLM's)."""
+    return os.environ.get(VERBOSE_ENV) == "1"
+
+
 def quiet_transformers() -> None:
-    """transformers' own progress bars and info logs would drown ours."""
+    """transformers' own progress bars and info logs would drown ours (all of them with --verbose)."""
+    if verbose():
+        return
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     # bitsandbytes (imported by peft) warns on CPU that an optional kernels package is missing; it falls back
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+
+
+class OncePerMessage(logging.Filter):
+    """Lets each distinct message through once. vLLM logs the same lines at every weight sync and
+    request (a 4-step CPU colocate run printed 56 vLLM lines, 44 distinct); the first says it all.
+    Distinct means the formatted text, so a new failure is never hidden behind an older one."""
+
+    NOTE = "vLLM's repeated log messages are shown once from here on (--verbose shows every one)"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[tuple[str, int, str]] = set()
+        self.noted = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, record.levelno, record.getMessage())
+        if key not in self.seen:
+            self.seen.add(key)
+            return True
+        if not self.noted:  # said once, through the same handler (its filters run before it takes its lock)
+            self.noted = True
+            logging.getLogger(record.name).log(record.levelno, self.NOTE)
+        return False
+
+
+def quiet_vllm(level: str | None = "WARNING") -> None:
+    """Before vLLM is imported: its log level defaults to `level` (None: vLLM's own INFO) and each
+    distinct message shows once. vLLM applies its logging configuration anew in every engine and
+    process it starts, so the filter travels in the configuration file vLLM reads from
+    VLLM_LOGGING_CONFIG_PATH (vLLM's default configuration plus the filter). --verbose: INFO and every
+    line. The user's VLLM_LOGGING_LEVEL, VLLM_LOGGING_CONFIG_PATH or VLLM_CONFIGURE_LOGGING=0 win."""
+    own = os.environ.get("VLLM_LOGGING_CONFIG_PATH") or os.environ.get("VLLM_CONFIGURE_LOGGING") == "0"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if verbose() or level is None else level)
+    if own or verbose():
+        return
+    import json
+
+    try:
+        from vllm.logger import DEFAULT_LOGGING_CONFIG  # importing it configures nothing yet
+    except ImportError:  # no vLLM: the caller's own import says so
+        return
+
+    config, lvl = copy.deepcopy(DEFAULT_LOGGING_CONFIG), os.environ["VLLM_LOGGING_LEVEL"].upper()
+    config["filters"] = {"grpo_once": {"()": f"{__name__}.OncePerMessage"}}
+    config["handlers"]["vllm"].update(level=lvl, filters=["grpo_once"],
+                                      stream=os.environ.get("VLLM_LOGGING_STREAM", "ext://sys.stdout"))
+    config["loggers"]["vllm"]["level"] = lvl
+    for formatter in config["formatters"].values():
+        formatter["log_level"] = lvl
+    text = json.dumps(config, indent=1, sort_keys=True)
+    path = cache_dir() / f"vllm-logging-{hashlib.sha256(text.encode()).hexdigest()[:12]}.json"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)  # atomic: another process never reads half a file
+    os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(path)
 
 
 def cache_dir() -> Path:

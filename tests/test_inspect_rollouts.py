@@ -324,17 +324,53 @@ def test_follow_prints_a_step_appended_after_it_started(run_dir, capsys):
     assert printed[1][0] == step3[0] and "skipped" not in err
 
 
+def wait_for(condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_follow_waits_for_a_run_folder_that_does_not_exist_yet(tmp_path):
+    run, out, err = tmp_path / "runs/new", tmp_path / "out.txt", tmp_path / "err.txt"
+    with open(out, "w") as o, open(err, "w") as e:
+        proc = subprocess.Popen([sys.executable, "-m", "grpo_cli", "inspect-rollouts", str(run), "--follow",
+                                 "--format", "json", "--poll-interval", "0.05"], stdout=o, stderr=e, cwd=ROOT)
+    try:
+        wait_for(lambda: "waiting for" in err.read_text() or proc.poll() is not None)
+        assert proc.poll() is None, err.read_text()  # it did not exit: it waits
+        assert err.read_text().strip() == f"waiting for {run / 'rollouts.jsonl'} ... (Ctrl-C to stop)"
+        run.mkdir(parents=True)  # the trainer starts: the folder, then step 1's rollouts and metrics line
+        (run / "rollouts.jsonl").write_text(lines(select(RECORDS, step=1)))
+        (run / "metrics.jsonl").write_text(lines(METRICS[:1]))
+        wait_for(lambda: out.read_text().endswith("\n") or proc.poll() is not None)
+        assert proc.poll() is None, err.read_text()
+        printed = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [keys(p) for p in printed] == [keys(arrange(select(RECORDS, step=1)))]
+        assert err.read_text().count("waiting for") == 1 and f"following {run / 'rollouts.jsonl'}" in err.read_text()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 # ----- a real run -------------------------------------------------------------------------------
-def test_real_tiny_run_default_view_shows_every_completion_of_the_latest_step(tmp_path):
-    env = {**os.environ, "GRPO_CACHE_DIR": str(tmp_path / "cache")}
-    out = tmp_path / "run"
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory) -> Path:
+    """A 2-step ci-tiny training run (one per module: both tests below read it)."""
+    tmp = tmp_path_factory.mktemp("real")
+    env = {**os.environ, "GRPO_CACHE_DIR": str(tmp / "cache")}
+    out = tmp / "run"
     p = subprocess.run([sys.executable, "-m", "grpo_cli", "train", "recipes/ci-tiny.yaml", "-o", str(out),
                         "train.max_steps=2"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert p.returncode == 0, p.stderr
-    records, skipped = load_records(out / "rollouts.jsonl")
+    return out
+
+
+def test_real_tiny_run_default_view_shows_every_completion_of_the_latest_step(real_run):
+    records, skipped = load_records(real_run / "rollouts.jsonl")
     latest = [r for r in records if r["step"] == 2]
     assert skipped == 0 and len(latest) == 8  # ci-tiny: 2 prompts x G=4
-    p = cli(str(out))
+    p = cli(str(real_run))
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("step 2 | 8 completions in 2 groups | reward ")
     assert "step 1 |" not in p.stdout
@@ -342,6 +378,31 @@ def test_real_tiny_run_default_view_shows_every_completion_of_the_latest_step(tm
     for r in latest:
         assert " ".join(visible(r["completion"]).split()) in flat, r["completion"]
     assert p.stdout.count(" · group ") == 2
+
+
+@pytest.mark.parametrize("columns", ["80", None])  # an 80-column terminal; piped with no COLUMNS (100 wide)
+def test_narrow_or_piped_output_wraps_completions_readably(real_run, columns):
+    # a table with 7 score columns left 4 characters for the completion at 80 columns: one fragment a line
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    if columns:
+        env["COLUMNS"] = columns
+    p = subprocess.run([sys.executable, "-m", "grpo_cli", "inspect-rollouts", str(real_run), "--step", "all"],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    width = int(columns or 100)
+    out = p.stdout.splitlines()
+    assert max(map(len, out)) <= width, max(out, key=len)
+    inner = [line.strip("│ ") for line in out]  # without the panel's borders
+    records, _ = load_records(real_run / "rollouts.jsonl")
+    assert len(records) == 16
+    for r in records:
+        text = " ".join(visible(r["completion"]).split())
+        # a completion that fits the width is shown whole on one line, not cut into fragments
+        assert len(text) > width - 8 or any(text in " ".join(line.split()) for line in inner), (text, p.stdout)
+        assert text in " ".join(" ".join(inner).split())
+    # every score of every completion is shown: rewards with their names, advantage, length
+    assert len(re.findall(r"(?<!\S)reward=", p.stdout)) == len(re.findall(r"(?<!\S)adv=", p.stdout)) == 16
+    assert sum(0 < len(line) <= 6 for line in inner) <= 2, p.stdout  # no column of 4-character fragments
 
 
 def test_the_command_never_imports_torch(run_dir):

@@ -6,6 +6,7 @@ rate that moves the tiny model a lot per step, a missed sync would show as a lar
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,7 +31,9 @@ COMMON = ["train.learning_rate=1e-2", "rollout.backend=vllm",  # enforce_eager: 
 
 
 def env(cache: Path, **extra) -> dict:
-    e = {k: v for k, v in os.environ.items() if k != "GRPO_SERVER_TOKEN"}
+    # vLLM's logging settings may have been set in this process by an in-process engine (test_vllm_colocate)
+    e = {k: v for k, v in os.environ.items() if k not in ("GRPO_SERVER_TOKEN", "GRPO_VERBOSE")
+         and not k.startswith("VLLM_LOGGING_")}
     e.update(GRPO_CACHE_DIR=str(cache), VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0", **extra)
     return e
 
@@ -38,6 +41,11 @@ def env(cache: Path, **extra) -> dict:
 def train(run: Path, cache: Path, *overrides: str, timeout=300, **extra_env) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "grpo_cli", "train", str(TINY), "-o", str(run), *COMMON, *overrides],
                           capture_output=True, text=True, cwd=ROOT, env=env(cache, **extra_env), timeout=timeout)
+
+
+def vllm_lines(output: str) -> list[tuple[str, str]]:
+    """(level, message) of each line vLLM logged, without its process, time and source prefix."""
+    return re.findall(r"^\(\w+ pid=\d+\) (\w+) [\d\- :]+ \[[^\]]+\] (.*)$", output, re.M)
 
 
 def check_synced(metrics: list[dict]) -> None:
@@ -57,14 +65,22 @@ def test_colocate_trains_and_syncs_every_step(tmp_path):
     check_synced(metrics)
     assert "eval/accuracy" in metrics[-1]  # eval reused the vLLM engine
     assert len(read_jsonl(tmp_path / "run/rollouts.jsonl")) == 4 * 8
+    # vLLM's logging: warnings only, each distinct line once. Before, this run printed 56 vLLM lines (26
+    # warnings): "RotaryEmbedding: Failed to load weights" and 3 INFO lines at each of the 4 weight syncs.
+    logged = vllm_lines(p.stdout + p.stderr)
+    assert logged and {level for level, _ in logged} == {"WARNING"}, logged
+    assert len(logged) == len(set(logged)) and len(logged) <= 25, logged
 
 
 def test_colocate_lora_syncs_merged_weights_also_after_resume(tmp_path):
     # LoRA: vLLM serves the base model and gets W + scale * B @ A at every sync, and again right after a resume
     lora = ["model.lora.r=8", "train.learning_rate=5e-2", "algorithm.beta=0.01", "rollout.vllm.mode=colocate",
             "checkpoint.every_steps=2"]
-    p = train(tmp_path / "run", tmp_path / "cache", *lora, "train.max_steps=2")
+    p = train(tmp_path / "run", tmp_path / "cache", *lora, "train.max_steps=2", "--verbose")
     assert p.returncode == 0, p.stderr[-3000:]
+    # --verbose: every vLLM line, INFO included, repeated at every weight sync (the initial one and 2 steps)
+    logged = vllm_lines(p.stdout + p.stderr)
+    assert sum(m == "Successfully reset prefix cache" for _, m in logged) >= 2, logged
     p = train(tmp_path / "run", tmp_path / "cache", *lora, "train.max_steps=3", "--resume", "auto")
     assert p.returncode == 0, p.stderr[-3000:]
     metrics = read_jsonl(tmp_path / "run/metrics.jsonl")

@@ -194,7 +194,10 @@ def _build_llm(model_dir: str, cfg: RolloutConfig, seed: int):
             "rollout.vllm.mode=colocate supports a single training process for now; "
             "with several processes run `grpo serve-vllm` and set rollout.vllm.mode=server"
         )
+    from grpo_cli.models import quiet_vllm
+
     try:
+        quiet_vllm()  # warnings only, each once: vLLM repeats its lines at every weight sync (--verbose: all)
         import vllm
     except ImportError as e:
         raise RuntimeError(

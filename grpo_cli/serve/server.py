@@ -305,8 +305,11 @@ def start_engine(model: str, tp: int, gpu_memory_utilization: float, max_model_l
     import psutil
     import torch
 
+    from grpo_cli.models import quiet_vllm
     from grpo_cli.rollout.vllm_colocate import eager_default
     from grpo_cli.serve import startup
+
+    quiet_vllm(level=None)  # vLLM's INFO lines stay (in its log file), each distinct one once (--verbose: all)
 
     on_gpu = torch.cuda.is_available()
     shape = startup.model_shape(model, max_model_len)
@@ -420,6 +423,7 @@ def command(
     enforce_eager: Annotated[Optional[bool], typer.Option("--enforce-eager/--compile", help="Skip compilation and CUDA graphs: faster start, slower decode. Default: eager on CPU, compiled on GPU.")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     weights_dir: Annotated[Optional[Path], typer.Option("--weights-dir", help="The only directory /update_weights reads files from (a trainer on this machine writes there). Default: a private temporary directory, announced on GET /info.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Every line vLLM logs (default: each distinct line once; vLLM repeats some at every request and weight update).")] = False,
 ) -> None:
     """Serve a vLLM engine for `rollout.backend: vllm` with `rollout.vllm.mode: server`.
 
@@ -443,8 +447,11 @@ def command(
     if problem:  # checked before vLLM is even imported
         typer.echo(f"error: {problem}", err=True)
         raise typer.Exit(2)
-    from grpo_cli.models import ModelLoadError, resolve_model_source
+    from grpo_cli.models import VERBOSE_ENV, ModelLoadError, resolve_model_source
     from grpo_cli.recipe import ModelConfig
+
+    if verbose:  # vLLM's engine processes read it too
+        os.environ[VERBOSE_ENV] = "1"
     from grpo_cli.serve.startup import StartError, log_path_for, make_workdir
 
     sock = _bind(host, port)
