@@ -61,3 +61,4 @@ class RewardResult:
     per_function: dict[str, list[float | None]]  # name -> [N]; None = no reward for that row
     errors: dict[str, int] = field(default_factory=dict)  # name -> exceptions turned into None (on_error: skip)
     timeouts: dict[str, int] = field(default_factory=dict)  # name -> calls killed at timeout_s
+    nonfinite: dict[str, int] = field(default_factory=dict)  # name -> NaN/inf values turned into None (on_error: skip)

@@ -83,7 +83,7 @@ def step_metrics(
     m["frac_reward_zero_std"] = (stds < 1e-6).float().mean().item()
     for name, col in rewards.per_function.items():
         m[f"rewards/{name}/mean"], m[f"rewards/{name}/std"] = _nan_stats(gather(_column(col)))
-    for kind, counts in (("errors", rewards.errors), ("timeouts", rewards.timeouts)):
+    for kind, counts in (("errors", rewards.errors), ("timeouts", rewards.timeouts), ("nonfinite", rewards.nonfinite)):
         for name in rewards.per_function:
             c = gather(torch.tensor([float(counts.get(name, 0))])).sum().item()
             if c:

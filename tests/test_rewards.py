@@ -321,13 +321,17 @@ def test_async_rewards_run_concurrently(user_module):
         ("short", r"'short' returned 1 values for 2 completions"),
         ("bad_type", r"'bad_type' returned a str \('yes'\) for completion 0"),
         ("not_a_list", r"'not_a_list' returned a dict"),
-        ("nan", r"'nan' returned nan for completion 0"),
         ("huge_int", r"'huge_int' returned an integer of 1329 bits for completion 0, too large for a float"),
     ],
 )
 def test_wrong_output_names_the_function(user_module, fn, message):
     with pytest.raises(RewardError, match=message):
         run([f"{user_module}:{fn}"], ["a", "b"], on_error="skip")  # a broken contract raises even with skip
+
+
+def test_nan_raises_by_default(user_module):
+    with pytest.raises(RewardError, match=r"'nan' returned nan for completion 0; .*or set on_error: skip"):
+        run([f"{user_module}:nan"], ["a", "b"])  # with skip it is a missing reward: test_reward_checks.py
 
 
 def test_exception_raise_or_skip(user_module):

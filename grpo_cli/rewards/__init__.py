@@ -1,4 +1,5 @@
-"""Reward functions: the built-in registry, name resolution and scoring (see scoring.py for how calls run).
+"""Reward functions: the built-in registry, name resolution and scoring (see scoring.py for how calls run),
+kwargs checks at validation (kwargs.py) and reward models as rewards (reward_model.py).
 
 Importing this package must not import torch: the recipe validator checks reward names with it.
 """
@@ -6,6 +7,7 @@ Importing this package must not import torch: the recipe validator checks reward
 from grpo_cli.rewards.builtin import EXTRACT_MODES, REWARDS, answers_match, extract_answer, reference_text
 from grpo_cli.rewards.scoring import (
     RewardError,
+    check_reward,
     check_reward_name,
     resolve_reward,
     reward_log_name,
@@ -20,6 +22,7 @@ __all__ = [
     "REWARDS",
     "RewardError",
     "answers_match",
+    "check_reward",
     "check_reward_name",
     "extract_answer",
     "reference_text",

@@ -1,10 +1,17 @@
 """Resolve reward names to functions, call them TRL-style and sum their weighted rewards.
 
-A reward is named three ways: a built-in (`accuracy`), `module:function` (an importable module),
-or `path/to/file.py:function` (relative to the current directory). Each function is called as
+A reward is named four ways: a built-in (`accuracy`), `module:function` (an importable module),
+`path/to/file.py:function` (in a recipe: relative to the recipe's folder; load_recipe makes it absolute)
+or `model:PATH_OR_HUB_ID` (a sequence-classification reward model, see reward_model.py). Each function is called as
 `fn(prompts=..., completions=..., completion_ids=..., **columns, **spec.kwargs)` and returns one
 float or None per completion; the total is TRL's: the weighted sum over functions that gave a
 value, NaN where none did.
+
+Failures: with `on_error: raise` (the default) an exception stops the run with its text. With
+`on_error: skip` it scores the call as missing (None); the first failure of each reward is logged
+once (type, message and the frame in the user's code), later ones are only counted. A NaN or inf
+value is a failure too: an error with `raise`, None and counted (`nonfinite`) with `skip`. A wrong
+number of values or a wrong type always raises: that is a programming error, not a bad sample.
 
 How a call runs:
   * plain functions run in order in this process;
@@ -26,6 +33,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import logging
 import math
 import multiprocessing
 import numbers
@@ -40,7 +48,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from grpo_cli.rewards import reward_model as rm
 from grpo_cli.rewards.builtin import REWARDS
+from grpo_cli.rewards.kwargs import check_kwargs
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -55,11 +65,21 @@ class RewardError(RuntimeError):
 
 
 class ChildFailure(Exception):
-    """An exception raised inside a reward's child process, carried back as its traceback text."""
+    """An exception raised inside a reward's child process, carried back as text: `kind` is the type's
+    name, `message` its message, `frame` the user-code frame, `child_traceback` the whole traceback."""
+
+    def __init__(self, kind: str, message: str, frame: str = "", child_traceback: str = "") -> None:
+        super().__init__(f"{kind}: {message}" + (f"\n\nchild traceback:\n{child_traceback}" if child_traceback else ""))
+        self.kind, self.message, self.frame = kind, message, frame
+
+
+log = logging.getLogger(__name__)
+_REPORTED: set[tuple[str, str]] = set()  # (log name, kind) whose first failure this process has logged
 
 
 _FILE_MODULES: dict[str, ModuleType] = {}  # absolute path -> module, loaded once per process
-_FORMS = "`module:function` (an importable module) or `path/to/file.py:function` (relative to the current directory)"
+_FORMS = ("`module:function` (an importable module) or `path/to/file.py:function` (in a recipe file: relative "
+          "to its folder; in a command-line override: to the current directory)")
 
 
 # --------------------------------------------------------------------------- name resolution
@@ -83,7 +103,7 @@ def _load_file(target: str, name: str) -> ModuleType:
     if not os.path.isfile(path):
         raise ValueError(
             f"reward {name!r}: file not found: {target} (looked at {path}; "
-            "relative paths start at the current directory)"
+            "a recipe's relative paths start at its folder, an override's at the current directory)"
         )
     stem = "".join(ch if ch.isalnum() else "_" for ch in Path(path).stem)
     mod_name = f"grpo_reward_{stem}_{hashlib.sha1(path.encode()).hexdigest()[:8]}"
@@ -129,12 +149,14 @@ def resolve_reward(name: str) -> Callable[..., Any]:
     """The function a reward name stands for. Raises ValueError with a message for people."""
     if name in REWARDS:
         return REWARDS[name]
+    if rm.is_reward_model(name):
+        return rm.reward_model(name)
     if ":" not in name:
         close = difflib.get_close_matches(name, REWARDS.names(), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(
             f"unknown reward {name!r}{hint}; built-in rewards: {', '.join(REWARDS.names())}; "
-            f"or name your own function as {_FORMS}"
+            f"or name your own function as {_FORMS}, or a reward model as `model:PATH_OR_HUB_ID`"
         )
     target, fn_name = _split(name)
     module = _load_file(target, name) if _is_file(target) else _import(target, name)
@@ -146,8 +168,24 @@ def check_reward_name(name: str) -> None:
     resolve_reward(name)
 
 
+def check_reward(name: str, kwargs: dict[str, Any], timeout_s: float | None = None) -> None:
+    """Everything checkable before training: the name resolves, every kwarg is a parameter of the function
+    (with a did-you-mean), built-in values are valid, a reward model's config says num_labels 1.
+    Raises ValueError starting with the field (`name: ...`, `kwargs.KEY: ...`) for the recipe validator."""
+    if rm.is_reward_model(name):
+        rm.check_reward_model(name, kwargs, timeout_s)
+        return
+    try:
+        fn = resolve_reward(name)
+    except ValueError as e:
+        raise ValueError(f"name: {e}") from None
+    check_kwargs(name, fn, kwargs)
+
+
 def reward_log_name(name: str) -> str:
-    """Name a reward is logged under: built-ins as is, `x:fn` as `fn`."""
+    """Name a reward is logged under: built-ins as is, `x:fn` as `fn`, `model:x/my-rm` as `rm_my-rm`."""
+    if rm.is_reward_model(name):
+        return rm.log_name(name)
     return name.rpartition(":")[2].rpartition(".")[2] if ":" in name else name
 
 
@@ -168,7 +206,7 @@ def unique_log_names(names: list[str]) -> list[str]:
 
 def _portable_name(name: str) -> str:
     """The name with a file path made absolute, for a child process to resolve."""
-    if name in REWARDS or ":" not in name:
+    if name in REWARDS or ":" not in name or rm.is_reward_model(name):
         return name
     target, fn_name = _split(name)
     return f"{os.path.abspath(os.path.expanduser(target))}:{fn_name}" if _is_file(target) else name
@@ -225,17 +263,19 @@ def _child_main(name: str, kwargs: dict[str, Any], conn: Connection) -> None:
     if hasattr(os, "setpgrp"):
         os.setpgrp()  # own process group: a timeout kills whatever the reward itself started too
     _become_subreaper()
+    fn = None
     try:
-        out = resolve_reward(name)(**kwargs)
+        fn = resolve_reward(name)
+        out = fn(**kwargs)
         if inspect.iscoroutine(out):
             out = asyncio.run(out)
         out = list(out) if isinstance(out, tuple) else out
         conn.send(("ok", out))
     except BaseException as e:  # noqa: BLE001 - everything goes back to the parent as text
         try:
-            conn.send(("error", f"{type(e).__name__}: {e}", traceback.format_exc()))
+            conn.send(("error", type(e).__name__, str(e), user_frame(e, fn), traceback.format_exc()))
         except Exception:  # noqa: BLE001 - e.g. an unpicklable exception
-            conn.send(("error", f"{type(e).__name__} (its message could not be sent)", ""))
+            conn.send(("error", type(e).__name__, "(its message could not be sent)", "", ""))
     finally:
         conn.close()
 
@@ -342,11 +382,12 @@ def _collect(child: _Child) -> _Outcome:
         except EOFError:
             child.proc.join(5)
             code = child.proc.exitcode
-            return _Outcome(error=ChildFailure(f"child process exited with code {code} without a result"))
+            text = f"child process exited with code {code} without a result"
+            return _Outcome(error=ChildFailure("ChildProcessError", text))
         child.proc.join(5)
         if msg[0] == "ok":
             return _Outcome(values=msg[1])
-        return _Outcome(error=ChildFailure(msg[1] + (f"\n\nchild traceback:\n{msg[2]}" if msg[2] else "")))
+        return _Outcome(error=ChildFailure(*msg[1:]))
     finally:
         child.reader.close()
         if child.proc.is_alive():
@@ -356,8 +397,9 @@ def _collect(child: _Child) -> _Outcome:
 # --------------------------------------------------------------------------- checking and summing
 
 
-def _check_values(log_name: str, out: Any, n: int) -> list[float | None]:
-    """The call's result as N floats or None; RewardError saying what is wrong otherwise."""
+def _check_values(log_name: str, out: Any, n: int, skip: bool = False) -> tuple[list[float | None], list[int]]:
+    """The call's result as N floats or None, and the rows whose value was NaN or inf (None with `skip`,
+    RewardError without); RewardError saying what is wrong for any other broken result."""
     if not isinstance(out, (list, tuple)):
         kind = type(out).__name__
         raise RewardError(f"reward {log_name!r} returned a {kind}; it must return a list of {n} floats (or None)")
@@ -366,6 +408,7 @@ def _check_values(log_name: str, out: Any, n: int) -> list[float | None]:
             f"reward {log_name!r} returned {len(out)} values for {n} completions; it must return one per completion"
         )
     values: list[float | None] = []
+    nonfinite: list[int] = []
     for i, v in enumerate(out):
         if v is None:
             values.append(None)
@@ -376,41 +419,95 @@ def _check_values(log_name: str, out: Any, n: int) -> list[float | None]:
                     "large for a float; return a float (or None for a missing reward)"
                 )
             if not math.isfinite(float(v)):
-                raise RewardError(
-                    f"reward {log_name!r} returned {float(v)} for completion {i}; return None for a missing reward"
-                )
+                if not skip:
+                    raise RewardError(
+                        f"reward {log_name!r} returned {float(v)} for completion {i}; return None for a missing "
+                        "reward, or set on_error: skip to score such values as missing"
+                    )
+                nonfinite.append(i)
+                values.append(None)
+                continue
             values.append(float(v))
         else:
             raise RewardError(
                 f"reward {log_name!r} returned a {type(v).__name__} ({v!r:.60}) for completion {i}; "
                 "expected a float or None"
             )
-    return values
+    return values, nonfinite
+
+
+def user_frame(e: BaseException, fn: Callable | None = None) -> str:
+    """`file:line in function` of the innermost traceback frame in the reward's own file (else the innermost
+    one outside grpo_cli), so a skipped failure points at the user's code, not at grpo's."""
+    frames = traceback.extract_tb(e.__traceback__)
+    try:
+        source = inspect.getsourcefile(inspect.unwrap(fn)) if fn is not None else None
+        own = os.path.realpath(source) if source else None
+    except (TypeError, OSError):
+        own = None
+    grpo_dir = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    mine = [f for f in frames if own and os.path.realpath(f.filename) == own]
+    if not mine:
+        mine = [f for f in frames if not os.path.realpath(f.filename).startswith(grpo_dir + os.sep)]
+    return f"{mine[-1].filename}:{mine[-1].lineno} in {mine[-1].name}" if mine else ""
+
+
+def _report_once(log_name: str, kind: str, text: str) -> None:
+    """Log `text` the first time the reward logged as `log_name` fails this way in this process (on_error: skip)."""
+    if (log_name, kind) not in _REPORTED:
+        _REPORTED.add((log_name, kind))
+        log.warning(text)
+
+
+def reset_reports() -> None:
+    """Forget which first failures were logged (a new run in the same process logs them again)."""
+    _REPORTED.clear()
+
+
+def _skipped_error(label: str, log_name: str, e: BaseException, fn: Callable | None, step: int) -> str:
+    kind, message = (e.kind, e.message) if isinstance(e, ChildFailure) else (type(e).__name__, str(e))
+    frame = e.frame if isinstance(e, ChildFailure) else user_frame(e, fn)
+    where = f"\n  at {frame}" if frame else ""
+    return (f"reward {label} failed at step {step} and is scored as missing (on_error: skip): {kind}: {message}{where}\n"
+            f"  later failures of this reward are only counted (rewards/{log_name}/errors)")
 
 
 def _interpret(
-    spec: RewardConfig, log_name: str, out: _Outcome, n: int, step: int, counts: dict[str, dict[str, int]]
+    spec: RewardConfig, log_name: str, out: _Outcome, n: int, step: int, counts: dict[str, dict[str, int]],
+    fn: Callable | None = None,
 ) -> list[float | None]:
     """The call's rewards; failures and timeouts raise RewardError or, with on_error: skip, count and give None."""
     label = repr(log_name) if log_name == spec.name else f"{log_name!r} ({spec.name})"
+    skip = spec.on_error == "skip"
     if out.timed_out:
-        if spec.on_error == "raise":
+        if not skip:
             raise RewardError(
                 f"reward {label} timed out after {spec.timeout_s:g} s at step {step} (its child process was killed); "
                 "raise timeout_s, or set on_error: skip to score such calls as missing"
             )
+        _report_once(log_name, "timeout", f"reward {label} timed out after {spec.timeout_s:g} s at step {step} and is "
+                     f"scored as missing (on_error: skip); later timeouts are only counted (rewards/{log_name}/timeouts)")
         counts["timeouts"][log_name] = counts["timeouts"].get(log_name, 0) + 1
         return [None] * n
     if out.error is not None:
-        if spec.on_error == "raise":
-            e = out.error
+        e = out.error
+        if not skip:
+            text = str(e) if isinstance(e, ChildFailure) else f"{type(e).__name__}: {e}"
             raise RewardError(
-                f"reward {label} failed at step {step}: {type(e).__name__}: {e}\n"
+                f"reward {label} failed at step {step}: {text}\n"
                 "fix the function, or set on_error: skip to score failed calls as missing"
             ) from e
+        _report_once(log_name, "error", _skipped_error(label, log_name, e, fn, step))
         counts["errors"][log_name] = counts["errors"].get(log_name, 0) + 1
         return [None] * n
-    return _check_values(log_name, out.values, n)
+    values, nonfinite = _check_values(log_name, out.values, n, skip)
+    if nonfinite:
+        bad = out.values[nonfinite[0]]
+        _report_once(log_name, "nonfinite", f"reward {label} returned {float(bad)} for completion {nonfinite[0]} at "
+                     f"step {step}; scored as missing (on_error: skip); later ones are only counted "
+                     f"(rewards/{log_name}/nonfinite)")
+        counts["nonfinite"][log_name] = counts["nonfinite"].get(log_name, 0) + len(nonfinite)
+    return values
 
 
 def weighted_total(weights: list[float], columns: list[list[float | None]], n: int) -> list[float]:
@@ -433,17 +530,20 @@ def score(
     columns: dict[str, list],
     *,
     step: int = 0,
+    user_prompts: list[str] | None = None,
 ) -> RewardResult:
     """Score N completions with every reward in `specs`. `columns` are dataset columns, one value per
-    completion (plus scalars the engine adds, e.g. max_completion_length); `spec.kwargs` override them."""
+    completion (plus scalars the engine adds, e.g. max_completion_length); `spec.kwargs` override them.
+    `user_prompts` [N] (the prompts before the policy's chat template) go to reward models only."""
     from grpo_cli.datatypes import RewardResult  # here: datatypes imports torch
 
     n = len(completions)
     log_names = unique_log_names([s.name for s in specs])
     base = {**columns, "prompts": prompts, "completions": completions, "completion_ids": completion_ids}
-    kwargs = [{**base, **s.kwargs} for s in specs]
     fns = [resolve_reward(s.name) for s in specs]
-    counts: dict[str, dict[str, int]] = {"errors": {}, "timeouts": {}}
+    kwargs = [{**base, **s.kwargs, **({"user_prompts": user_prompts} if isinstance(f, rm.RewardModel) else {})}
+              for s, f in zip(specs, fns)]
+    counts: dict[str, dict[str, int]] = {"errors": {}, "timeouts": {}, "nonfinite": {}}
     values: dict[int, list[float | None]] = {}
     children: dict[int, _Child] = {}
     try:
@@ -452,10 +552,10 @@ def score(
                 children[i] = _start_child(s.name, kwargs[i], s.timeout_s, log_names[i])
         local = [i for i in range(len(specs)) if i not in children]
         for i in (i for i in local if not _is_async(fns[i])):
-            values[i] = _interpret(specs[i], log_names[i], _run_sync(fns[i], kwargs[i]), n, step, counts)
+            values[i] = _interpret(specs[i], log_names[i], _run_sync(fns[i], kwargs[i]), n, step, counts, fns[i])
         async_ids = [i for i in local if _is_async(fns[i])]
         for i, out in zip(async_ids, _run_async([(fns[i], kwargs[i]) for i in async_ids])):
-            values[i] = _interpret(specs[i], log_names[i], out, n, step, counts)
+            values[i] = _interpret(specs[i], log_names[i], out, n, step, counts, fns[i])
         for i, child in children.items():
             values[i] = _interpret(specs[i], log_names[i], _collect(child), n, step, counts)
     finally:  # on an error above, no child outlives this call
@@ -465,12 +565,14 @@ def score(
                 _kill(child.proc)
     per_function = {log_names[i]: values[i] for i in range(len(specs))}
     total = weighted_total([s.weight for s in specs], [values[i] for i in range(len(specs))], n)
-    return RewardResult(total=total, per_function=per_function, errors=counts["errors"], timeouts=counts["timeouts"])
+    return RewardResult(total=total, per_function=per_function, errors=counts["errors"], timeouts=counts["timeouts"],
+                        nonfinite=counts["nonfinite"])
 
 
 def score_rollout(specs: list[RewardConfig], rollout, columns: dict[str, list], *, max_completion_length: int,
-                  step: int = 0) -> RewardResult:
+                  step: int = 0, user_prompts: list[str] | None = None) -> RewardResult:
     """Score a `Rollout` (duck-typed: no torch import here). `columns` hold one value per completion;
     `max_completion_length` is added for length-aware rewards unless the data has such a column."""
     columns = {"max_completion_length": [max_completion_length] * len(rollout.completions), **columns}
-    return score(specs, rollout.prompts, rollout.completions, rollout.completion_lists(), columns, step=step)
+    return score(specs, rollout.prompts, rollout.completions, rollout.completion_lists(), columns, step=step,
+                 user_prompts=user_prompts)
