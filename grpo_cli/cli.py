@@ -24,7 +24,12 @@ app = typer.Typer(
 )
 
 RECIPE = typer.Argument(..., help="Path to a YAML recipe, e.g. recipes/quickstart.yaml.", show_default=False)
-OVERRIDES = typer.Argument(None, help="Dotted overrides such as algorithm.beta=0.04 train.max_steps=50.", show_default=False)
+OVERRIDES = typer.Argument(
+    None, help="Dotted overrides such as algorithm.beta=0.04 train.max_steps=50 data.files=my.jsonl. Values are YAML "
+    "scalars or flow collections (0.3, null, [a, b], {k: v}); anything else (not valid YAML, a lone {column}, "
+    "text with ': ') is taken as plain text, so 'data.template={question} Answer with a number.' works. "
+    "Relative paths in overrides start at the working directory, those written in the recipe at the recipe's "
+    "folder.", show_default=False)
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -32,22 +37,58 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _load(recipe: Path, overrides: Optional[list[str]]):
+def _load(recipe: Path, overrides: Optional[list[str]], check_data: bool = False):
     from grpo_cli.recipe import RecipeError, load_recipe
 
     try:
-        return load_recipe(recipe, overrides or [])
+        r = load_recipe(recipe, overrides or [])
     except RecipeError as e:
         _fail(str(e))
+    if check_data:  # a missing file or column exits 2 before any model is loaded, not at step 1
+        _check_data(r)
+    return r
+
+
+def _check_data(r) -> list[str]:
+    """The early data checks (files, columns; no model): exit 2 naming the field, as for a bad recipe."""
+    from grpo_cli.data import DataError
+    from grpo_cli.datacheck import check_data
+
+    try:
+        return check_data(r)
+    except DataError as e:
+        _fail(str(e))
+        raise  # unreachable: _fail exits
+
+
+def _version(value: bool) -> None:
+    if value:
+        from grpo_cli import __version__
+
+        typer.echo(f"grpo {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """Fine-tune language models with GRPO and its variants (Dr. GRPO, DAPO, GSPO, CISPO, SAPO)."""
 
 
 @app.command()
 def validate(recipe: Path = RECIPE, overrides: Optional[list[str]] = OVERRIDES) -> None:
     """Validate a recipe (and overrides) and exit: 0 if valid, 2 with the bad fields otherwise.
 
+    Checks without loading a model: every field, reward names and files, the data files (they exist and
+    parse; their first rows hold the prompt column or the template's placeholders and the answer column),
+    a generator's kwargs, local dataset folders. Hub datasets are checked when `train` loads them.
+
     Example: grpo validate recipes/gsm8k.yaml algorithm.num_generations=16
     """
     r = _load(recipe, overrides)
+    for note in _check_data(r):
+        typer.echo(f"note: {note}")
     typer.echo(f"{recipe}: ok ({r.name}: {r.algorithm.loss_type}, G={r.algorithm.num_generations}, "
                f"{r.train.max_steps} steps of {r.train.prompts_per_step} prompts)")
 
@@ -73,6 +114,7 @@ def train(
     accelerate_config: Optional[Path] = typer.Option(None, "--accelerate-config", help="accelerate config file, e.g. recipes/accelerate/fsdp2.yaml (DDP, FSDP2, DeepSpeed)."),
     start_over: bool = typer.Option(False, "--start-over", help="Delete the run folder's logs and checkpoints and train from step 1."),
     allow_recipe_change: bool = typer.Option(False, "--allow-recipe-change", help="On resume, accept changes to fields that change what the run learns (model, data, algorithm, optimizer, ...); train.max_steps, train.threads, checkpoint.*, logging.*, eval.* and the vLLM server address may change without it. Recorded in recipe_changes.jsonl."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show every log line of vLLM and transformers (default: vLLM's warnings only, each distinct one once; transformers' errors)."),
 ) -> None:
     """Train with GRPO. Writes metrics.jsonl, rollouts.jsonl and checkpoints/step-N/ under the run folder.
 
@@ -89,8 +131,12 @@ def train(
 
       grpo train recipes/gsm8k.yaml --num-processes 8 --accelerate-config recipes/accelerate/fsdp2.yaml
     """
-    r = _load(recipe, overrides)
+    r = _load(recipe, overrides, check_data=True)
     run_dir = output_dir or Path(r.output_dir)
+    if verbose:  # read by grpo_cli.models in this process, the relaunched workers and vLLM's engine processes
+        from grpo_cli.models import VERBOSE_ENV
+
+        os.environ[VERBOSE_ENV] = "1"
     from grpo_cli import runlock
     from grpo_cli.launch import LaunchError, launched_by_torchrun, relaunch
 
@@ -148,7 +194,8 @@ def train(
 def eval_(
     targets: list[str] = typer.Argument(..., help="`base` (the recipe's model), run folders, checkpoints, model folders or hub ids.", show_default=False),
     recipe: Optional[Path] = typer.Option(None, "--recipe", help="Recipe for problems, rewards and extraction (default: the checkpoint's)."),
-    dataset: Optional[str] = typer.Option(None, "--dataset", help="Evaluate on this dataset instead of the recipe's."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="Evaluate on this dataset instead of the recipe's (eval.dataset)."),
+    files: Optional[list[Path]] = typer.Option(None, "--file", help="Evaluate on this held-out file (eval.files); repeat for several."),
     split: Optional[str] = typer.Option(None, "--split", help="Split of the dataset (default: eval.split, `test`)."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Number of problems."),
     num_samples: Optional[int] = typer.Option(None, "--num-samples", "-n", min=1, help="Samples per problem for pass@k / maj@k."),
@@ -174,9 +221,12 @@ def eval_(
 
     if backend not in ("hf", "vllm"):
         _fail(f"--backend {backend!r} is not available; valid: hf, vllm")
+    if dataset and files:
+        _fail("give --dataset or --file, not both")
     r = _load(recipe, []) if recipe else None
-    if r is not None and dataset:
-        r = r.model_copy(update={"data": r.data.model_copy(update={"dataset": dataset, "files": None, "generator": None})})
+    # an empty value (not None) replaces the recipe's other eval source
+    held_out = ({"dataset": dataset, "files": []} if dataset else
+                {"files": [str(f.resolve()) for f in files], "dataset": ""} if files else {})
     from grpo_cli.checkpoint import CheckpointError
     from grpo_cli.data import DataError
     from grpo_cli.evaluate import run_eval
@@ -185,7 +235,7 @@ def eval_(
 
     out = output or Path("eval") / time.strftime("%Y%m%d-%H%M%S")
     overrides = dict(split=split, limit=limit, num_samples=num_samples, temperature=temperature, top_p=top_p,
-                     max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size)
+                     max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size, **held_out)
     try:
         run_eval(targets, r, overrides, out, backend=backend)
     except (ValueError, CheckpointError, DataError, ModelLoadError, RewardError) as e:

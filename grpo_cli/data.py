@@ -204,7 +204,7 @@ def load_rows(cfg: DataConfig, seed: int) -> Dataset:
         ds = ds.select(range(min(cfg.limit, len(ds))))
     if len(ds) == 0:
         raise DataError(f"{source} has no rows; check the split, files or data.limit")
-    _check_prompt_columns(cfg, ds.column_names, source)
+    check_columns(cfg, ds.column_names, source)
     return ds
 
 
@@ -238,7 +238,8 @@ def _file_rows(files: list[str]) -> Dataset:
         if p.suffix.lower() not in FILE_BUILDERS:
             raise DataError(f"data.files: {p} has an unsupported extension; use one of {', '.join(FILE_BUILDERS)}")
         if not p.is_file():
-            raise DataError(f"data.files: {p} does not exist; fix the path (relative paths start at the working directory)")
+            raise DataError(f"data.files: {p} does not exist; fix the path (relative paths in a recipe start at "
+                            "its folder, in an override at the working directory)")
         if p.stat().st_size == 0:
             raise DataError(f"data.files: {p} is empty; remove it from data.files or fill it")
         builders.add(FILE_BUILDERS[p.suffix.lower()])
@@ -288,14 +289,37 @@ def _template_columns(template: str) -> list[str]:
     return names
 
 
-def _check_prompt_columns(cfg: DataConfig, columns: list[str], source: str) -> None:
-    needed = _template_columns(cfg.template) if cfg.template else [cfg.prompt_column]
-    missing = [c for c in needed if c not in columns]
-    if missing:
-        where = "data.template" if cfg.template else "data.prompt_column"
+def _did_you_mean(name: str, columns: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, columns, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def check_columns(cfg: DataConfig, columns: list[str], source: str, needs_answer: bool | None = None) -> None:
+    """DataError unless the prompt column or the template's placeholders, and the answer column, are in `columns`.
+
+    A missing answer column is an error when `needs_answer` (default: when data.answer_column names
+    another column than the default `answer`, which a dataset without answers may lack)."""
+    listing = ", ".join(columns) or "none"
+    if cfg.template:
+        missing = [c for c in _template_columns(cfg.template) if c not in columns]
+        if missing:
+            raise DataError(
+                f"data.template uses column(s) {missing}{_did_you_mean(missing[0], columns)} that {source} does not "
+                f"have; columns: {listing}; fix data.template"
+            )
+    elif cfg.prompt_column not in columns:
         raise DataError(
-            f"{where} uses column(s) {missing} that {source} does not have; columns: {', '.join(columns)}; "
-            f"fix {where} (or data.template)"
+            f"data.prompt_column {cfg.prompt_column!r}{_did_you_mean(cfg.prompt_column, columns)} is not a column "
+            f"of {source}; columns: {listing}; set data.prompt_column or data.template"
+        )
+    if needs_answer is None:
+        needs_answer = bool(cfg.answer_column) and cfg.answer_column != "answer"
+    if needs_answer and cfg.answer_column not in columns:
+        raise DataError(
+            f"data.answer_column {cfg.answer_column!r}{_did_you_mean(cfg.answer_column, columns)} is not a column "
+            f"of {source}; columns: {listing}; set data.answer_column to the column with the reference answers"
         )
 
 

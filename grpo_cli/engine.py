@@ -349,6 +349,7 @@ class Engine:
     def train_step(self, step: int) -> dict[str, Any]:
         """One GRPO step: B prompts -> B*G completions -> rewards -> advantages -> mu updates."""
         from grpo_cli.rewards import score_rollout
+        from grpo_cli.rewards.reward_model import user_prompts
 
         r, G = self.recipe, self.G
         t0 = time.perf_counter()
@@ -360,7 +361,8 @@ class Engine:
         t_gen = time.perf_counter()
 
         columns = {k: [v[i // G] for i in rows] for k, v in batch.columns.items()}
-        rewards = score_rollout(r.rewards, rollout, columns, max_completion_length=r.rollout.max_completion_length, step=step)
+        rewards = score_rollout(r.rewards, rollout, columns, max_completion_length=r.rollout.max_completion_length, step=step,
+                                user_prompts=user_prompts(r.rewards, r.data, columns))  # for reward models only
         t_score = time.perf_counter()
 
         total = self._gather(torch.tensor(rewards.total, dtype=torch.float32))  # [N], all processes
@@ -507,12 +509,15 @@ class Engine:
 
     def evaluate(self) -> dict[str, float]:
         """The recipe's eval on the main process (its own RNG: training's random stream is untouched)."""
-        from grpo_cli.evaluate import evaluate_model, load_problems
+        from grpo_cli.evaluate import eval_source, evaluate_model, load_problems
 
         out: dict[str, float] = {}
         if self.accelerator.is_main_process or self.sharded:  # sharded: all take part, the main one reports
             if self._eval_problems is None:
                 self._eval_problems = load_problems(self.recipe, self.recipe.eval, self.tokenizer)
+                source = eval_source(self.recipe, self.recipe.eval)
+                if not source["held_out"]:  # once per run: eval/* then measures fit to the training problems
+                    self.console.print(f"eval: not held out: {source['source']} is {source['note']}")
             t0 = time.perf_counter()
             # a vLLM backend is reused (one vLLM engine per process); hf generates with the policy itself
             generator = self.generator if self.recipe.rollout.backend == "vllm" or self.sharded else None

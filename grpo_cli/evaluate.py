@@ -3,7 +3,8 @@
 accuracy   greedy decoding, the final answer extracted as the recipe's `accuracy` reward does
            (its `mode`/`tag` kwargs) and compared with math-verify: pass@1 of the greedy policy.
 pass@k     unbiased estimator over n samples (Chen et al. 2021, arXiv:2107.03374): 1 - C(n-c, k) / C(n, k).
-maj@k      majority vote over the extracted answers of the first k samples (self-consistency).
+maj@k      majority vote over the extracted answers of the first k samples (self-consistency), answers
+           grouped by mathematical equivalence ("3/4" and "0.75" are one vote), integers kept exact.
 Plus the mean of each reward function, format compliance (share of greedy completions with an
 extractable answer), mean completion length and truncation rate, all on greedy completions.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,19 +32,37 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def normalize_answer(answer: str) -> str:
-    """Canonical text for voting: numbers as numbers (1,000 == 1000.0 == 1000), other text stripped."""
-    text = answer.strip().rstrip(".").strip()
+    """Canonical text for voting: numbers exactly as numbers (1,000 == 1000.0 == 1000; no float, so
+    2**53 + 1 stays itself), dashes/dollars/digit groups cleaned as for accuracy, other text stripped."""
+    from decimal import Decimal, InvalidOperation
+
+    from grpo_cli.rewards.answers import clean_answer
+
+    text = clean_answer(answer).strip().rstrip(".").strip()
     try:
-        value = float(text.replace(",", ""))
-    except ValueError:
+        value = Decimal(text.replace(",", ""))
+    except InvalidOperation:
         return text
-    return str(int(value)) if value.is_integer() else repr(value)
+    if not value.is_finite() or abs(value.adjusted()) > 100:  # "1e400" is not worth 400 digits
+        return text
+    return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
 
 
-def majority_answer(answers: list[str | None]) -> str | None:
-    """Most common extracted answer (ties: the one seen first); None if nothing was extracted."""
-    votes = Counter(normalize_answer(a) for a in answers if a is not None)
-    return votes.most_common(1)[0][0] if votes else None
+def majority_answer(answers: list[str | None], match: Callable[[str, str], bool] | None = None) -> str | None:
+    """Most common extracted answer, votes grouped by mathematical equivalence (`answers_match`:
+    "3/4", "0.75" and "\\frac{3}{4}" are one vote); ties: the group seen first; None if nothing was
+    extracted. Returns the group's first normalised text. Equal normalised texts are one vote without
+    asking math-verify, so u distinct texts cost at most u*(u-1)/2 `match` calls (pass a cached one)."""
+    if match is None:
+        from grpo_cli.rewards import answers_match as match
+    groups: list[list[Any]] = []  # [first text, votes], in order of first appearance
+    for text, votes in Counter(normalize_answer(a) for a in answers if a is not None).items():
+        group = next((g for g in groups if g[0] == text or match(g[0], text)), None)
+        if group is None:
+            groups.append([text, votes])
+        else:
+            group[1] += votes
+    return max(groups, key=lambda g: g[1])[0] if groups else None  # max keeps the first of equals
 
 
 def k_values(n: int) -> list[int]:
@@ -71,15 +91,38 @@ class Problems:
 
 
 def eval_data_config(recipe: Recipe, cfg: EvalConfig) -> DataConfig:
-    """The recipe's data, held out: the eval split of a dataset, or the generator under another seed."""
+    """The held-out data: eval.files, eval.dataset (+ eval.config, eval.split), the eval split of
+    data.dataset, or else the training data itself (files) or the generator under another seed."""
     d = recipe.data
     update: dict[str, Any] = {"limit": cfg.limit, "shuffle": False, "seed": cfg.seed}
-    if d.dataset:
-        update["split"] = cfg.split
-    if d.generator:
+    if cfg.files:
+        update.update(files=cfg.files, dataset=None, generator=None)
+    elif cfg.dataset:
+        same = cfg.dataset == d.dataset
+        update.update(dataset=cfg.dataset, config=cfg.config or (d.config if same else None), split=cfg.split,
+                      files=None, generator=None)
+    elif d.dataset:
+        update.update(split=cfg.split, config=cfg.config or d.config)
+    elif d.generator:
         kwargs = {k: v for k, v in d.generator_kwargs.items() if k != "seed"}
         update["generator_kwargs"] = {**kwargs, "size": cfg.limit}
     return d.model_copy(update=update)
+
+
+def eval_source(recipe: Recipe, cfg: EvalConfig) -> dict[str, Any]:
+    """Where the eval problems come from and whether they are held out from training (eval.json's `eval_data`)."""
+    d, e = recipe.data, eval_data_config(recipe, cfg)
+    if e.files:
+        held_out = cfg.files is not None and sorted(e.files) != sorted(d.files or [])
+        source, note = ", ".join(e.files), None if held_out else "the training files: set eval.files to a held-out file"
+    elif e.dataset:
+        held_out = (e.dataset, e.config, e.split) != (d.dataset, d.config, d.split)
+        source = f"{e.dataset}:{e.config or ''}:{e.split}"
+        note = None if held_out else "the training split: set eval.split or eval.dataset to held-out data"
+    else:
+        held_out, source = False, f"generator {e.generator} (seed {cfg.seed})"
+        note = "the training generator under another seed (problems may repeat): set eval.files or eval.dataset"
+    return {"source": source, "held_out": held_out, **({"note": note} if note else {})}
 
 
 def load_problems(recipe: Recipe, cfg: EvalConfig, tokenizer) -> Problems:
@@ -154,17 +197,27 @@ def summarize(samples: list[dict[str, Any]], n: int) -> dict[str, float]:
         for s in samples:
             if s["kind"] == "sample":
                 by_problem.setdefault(s["index"], []).append(s)
+        matchers = {i: _cached_match() for i in by_problem}  # one cache per problem, shared by its k's
         for k in k_values(n):
             m[f"pass@{k}"] = sum(pass_at_k(n, sum(x["correct"] for x in xs), k) for xs in by_problem.values()) / len(by_problem)
-            m[f"maj@{k}"] = sum(_majority_correct(xs[:k]) for xs in by_problem.values()) / len(by_problem)
+            votes = [_majority_correct(xs[:k], matchers[i]) for i, xs in by_problem.items()]
+            m[f"maj@{k}"] = sum(votes) / len(by_problem)
     return m
 
 
-def _majority_correct(xs: list[dict[str, Any]]) -> bool:
+def _cached_match() -> Callable[[str, str], bool]:
+    from functools import cache
+
     from grpo_cli.rewards import answers_match
 
-    winner = majority_answer([x["extracted"] for x in xs])
-    return bool(winner is not None and xs[0]["answer"] is not None and answers_match(xs[0]["answer"], winner))
+    return cache(answers_match)
+
+
+def _majority_correct(xs: list[dict[str, Any]], match: Callable[[str, str], bool] | None = None) -> bool:
+    """The majority answer of xs (grouped by equivalence) matches the reference."""
+    match = match or _cached_match()
+    winner = majority_answer([x["extracted"] for x in xs], match)
+    return bool(winner is not None and xs[0]["answer"] is not None and match(xs[0]["answer"], winner))
 
 
 class _progress:
@@ -221,10 +274,9 @@ def resolve_target(spec: str, recipe: Recipe | None) -> Target:
 
 
 def eval_settings(recipe: Recipe, cfg: EvalConfig, problems: Problems) -> dict[str, Any]:
-    d = problems.data
-    source = d.dataset and f"{d.dataset}:{d.config or ''}:{d.split}" or d.files or f"generator {d.generator}"
+    data = eval_source(recipe, cfg)
     return {
-        "problems": len(problems), "source": source, "seed": cfg.seed, "extraction": accuracy_settings(recipe),
+        "problems": len(problems), "source": data["source"], "eval_data": data, "seed": cfg.seed, "extraction": accuracy_settings(recipe),
         "accuracy_decoding": "greedy", "num_samples": cfg.num_samples, "temperature": cfg.temperature,
         "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens or recipe.rollout.max_completion_length,
     }
@@ -295,6 +347,9 @@ def print_table(report: dict[str, Any]) -> None:
 
     s, results = report["settings"], report["targets"]
     console = Console()
+    data = s.get("eval_data", {})
+    if data and not data["held_out"]:
+        console.print(f"[bold yellow]not held out:[/] evaluating on {data['note']}", soft_wrap=True)
     console.print(
         f"{s['problems']} problems from {s['source']} (seed {s['seed']}); answers extracted with mode "
         f"{s['extraction']['mode']!r}; accuracy = greedy pass@1; pass@k/maj@k from n={s['num_samples']} samples "

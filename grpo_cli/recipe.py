@@ -8,6 +8,8 @@ Importing this module must not import torch: `grpo validate` stays fast.
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,12 +18,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo")
 SCALE_MODES = ("group", "batch", "none")
 
+CISPO_CAP = 5.0  # TRL's suggested epsilon_high for cispo; MiniMax-M1 (arXiv:2506.13585) caps the IS weight itself
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
 ScaleMode = Literal["group", "batch", "none"]
 
 
 class RecipeError(ValueError):
     """A recipe that cannot be used; the message is meant for people (the CLI exits 2 with it)."""
+
+
+def _one_or_list(v: Any) -> Any:
+    return [v] if isinstance(v, str) else v  # `files: problems.jsonl` is one file
 
 
 class Section(BaseModel):
@@ -60,10 +67,16 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    dataset: str | None = Field(None, description="Hub dataset name or local dataset folder (datasets.load_dataset).")
+    dataset: str | None = Field(
+        None, description="Hub dataset name or local dataset folder (datasets.load_dataset); a folder named with "
+        "./ or ../, or found next to the recipe, is relative to the recipe file's folder.",
+    )
     config: str | None = Field(None, description="Dataset config name, e.g. `main` for openai/gsm8k.")
     split: str = Field("train", description="Split to train on.")
-    files: list[str] | None = Field(None, description="Local .json/.jsonl/.parquet/.csv files instead of `dataset`.")
+    files: list[str] | None = Field(
+        None, description="Local .json/.jsonl/.parquet/.csv file(s) instead of `dataset`: one path or a list; "
+        "relative paths start at the recipe file's folder (at the working directory when given as an override).",
+    )
     generator: str | None = Field(None, description="Offline problem generator, e.g. `arithmetic`.")
     generator_kwargs: dict[str, Any] = Field(default_factory=dict, description="Arguments of the generator.")
     prompt_column: str = Field("prompt", description="Column holding the prompt when no template is given.")
@@ -76,6 +89,8 @@ class DataConfig(Section):
     shuffle: bool = Field(True, description="Shuffle each epoch (seeded).")
     seed: int | None = Field(None, description="Shuffle seed; defaults to train.seed.")
 
+    _files_list = field_validator("files", mode="before")(_one_or_list)
+
     @model_validator(mode="after")
     def _one_source(self) -> DataConfig:
         given = [n for n in ("dataset", "files", "generator") if getattr(self, n)]
@@ -85,11 +100,14 @@ class DataConfig(Section):
 
 
 class RewardConfig(Section):
-    name: str = Field(..., description="Built-in reward name, `module:function` or `path/to/file.py:function`.")
+    name: str = Field(
+        ..., description="Built-in reward name, `module:function`, `path/to/file.py:function` (relative to the "
+        "recipe file's folder) or `model:PATH_OR_HUB_ID` (a sequence-classification reward model, num_labels 1).",
+    )
     weight: float = Field(1.0, description="Weight in the summed reward.")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for the function.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for the function, checked against its signature.")
     timeout_s: float | None = Field(None, gt=0, description="Run in a child process killed after this many seconds.")
-    on_error: Literal["raise", "skip"] = Field("raise", description="`skip` turns an exception into a missing reward.")
+    on_error: Literal["raise", "skip"] = Field("raise", description="`skip` turns an exception, a timeout or a NaN/inf value into a missing reward (the first one is printed).")
 
 
 class AlgorithmConfig(Section):
@@ -97,7 +115,8 @@ class AlgorithmConfig(Section):
     beta: float = Field(0.0, ge=0, description="KL coefficient (k3 estimator); 0 loads no reference model.")
     epsilon: float = Field(0.2, ge=0, description="Lower clip range: ratios below 1 - epsilon are clipped.")
     epsilon_high: float | None = Field(
-        None, ge=0, description="Upper clip range (DAPO clip-higher: 0.28); for cispo the ratio cap itself. Default: epsilon."
+        None, ge=0, description="Upper clip range (DAPO clip-higher: 0.28). For cispo the cap on the importance weight "
+        f"itself, >= 1 (default {CISPO_CAP}, as TRL suggests). Default: epsilon.",
     )
     delta: float | None = Field(None, description="Two-sided clipping bound on the ratio (INTELLECT-2); > 1 + epsilon_high.")
     loss_type: LossType = Field("dapo", description="Loss aggregation / objective: " + " | ".join(LOSS_TYPES) + ".")
@@ -106,19 +125,25 @@ class AlgorithmConfig(Section):
     num_iterations: int = Field(1, ge=1, description="mu: policy updates per generation batch.")
     mask_truncated_completions: bool = Field(False, description="Drop completions that hit max length from the loss (DAPO).")
     top_entropy_quantile: float = Field(1.0, gt=0, le=1, description="Train only on the top-q highest-entropy tokens.")
-    sapo_temperature_pos: float = Field(1.0, gt=0)
-    sapo_temperature_neg: float = Field(1.05, gt=0)
+    sapo_temperature_pos: float = Field(1.0, gt=0, description="sapo: gate temperature for positive advantages.")
+    sapo_temperature_neg: float = Field(1.05, gt=0, description="sapo: gate temperature for negative advantages.")
 
     @property
     def epsilon_high_value(self) -> float:
-        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+        if self.epsilon_high is None:
+            return CISPO_CAP if self.loss_type == "cispo" else self.epsilon
+        return self.epsilon_high
 
     @model_validator(mode="after")
     def _clip_ranges(self) -> AlgorithmConfig:
         if self.loss_type != "cispo" and self.epsilon_high_value < self.epsilon:
             raise ValueError(f"algorithm.epsilon_high ({self.epsilon_high}) must be >= algorithm.epsilon ({self.epsilon})")
-        if self.loss_type == "cispo" and self.epsilon_high_value <= 0:
-            raise ValueError("algorithm.epsilon_high is the cispo ratio cap and must be > 0")
+        if self.loss_type == "cispo" and self.epsilon_high_value < 1:
+            raise ValueError(
+                f"algorithm.epsilon_high ({self.epsilon_high}) is below 1: for loss_type cispo it is the cap on the "
+                "importance weight itself (not 1 + epsilon_high as in the clipped losses), so every token would be "
+                f"clipped; use a value >= 1, usually {CISPO_CAP} (TRL's suggestion; unset means {CISPO_CAP})"
+            )
         if self.delta is not None and self.delta <= 1 + self.epsilon_high_value:
             raise ValueError(f"algorithm.delta ({self.delta}) must be > 1 + epsilon_high ({1 + self.epsilon_high_value})")
         return self
@@ -150,25 +175,25 @@ class RolloutConfig(Section):
     importance_sampling_cap: float = Field(3.0, gt=1, description="C: the cap of the importance weight.")
     max_completion_length: int = Field(256, ge=1, description="Max new tokens per completion.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (log-probs are computed at this temperature).")
-    top_p: float = Field(1.0, gt=0, le=1)
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; 1 disables it.")
     top_k: int | None = Field(None, ge=1, description="None disables top-k.")
-    min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float = Field(1.0, gt=0)
+    min_p: float | None = Field(None, ge=0, le=1, description="Drop tokens below min_p x the top probability; None disables.")
+    repetition_penalty: float = Field(1.0, gt=0, description="> 1 discourages repeated tokens; 1 disables it.")
 
 
 class TrainConfig(Section):
     max_steps: int = Field(..., ge=1, description="Training steps (one generation batch each).")
     prompts_per_step: int = Field(8, ge=1, description="B: prompts per step; the batch holds B * G completions.")
     micro_batch_size: int = Field(8, ge=1, description="Completions per forward/backward; the rest is gradient accumulation.")
-    learning_rate: float = Field(1e-6, gt=0)
-    scheduler: Literal["constant", "linear", "cosine"] = Field("constant")
+    learning_rate: float = Field(1e-6, gt=0, description="AdamW peak learning rate.")
+    scheduler: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up: constant, linear or cosine to 0.")
     warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up.")
-    weight_decay: float = Field(0.0, ge=0)
-    adam_beta1: float = Field(0.9, ge=0, lt=1)
-    adam_beta2: float = Field(0.99, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
+    adam_beta2: float = Field(0.99, ge=0, lt=1, description="AdamW beta2.")
     max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the global grad norm; None disables.")
     mixed_precision: Literal["no", "bf16", "fp16"] = Field("no", description="Autocast for forward passes (accelerate).")
-    seed: int = Field(0)
+    seed: int = Field(0, description="Seed of sampling, shuffling and initialisation.")
     threads: int | None = Field(None, ge=1, description="torch intra-op threads (CPU); None keeps torch's choice.")
 
     @field_validator("mixed_precision", mode="before")
@@ -183,7 +208,10 @@ class CheckpointConfig(Section):
 
 
 class LoggingConfig(Section):
-    output_dir: str | None = Field(None, description="Run folder; default runs/<recipe name>.")
+    output_dir: str | None = Field(
+        None, description="Run folder; default runs/<recipe name>. Relative to the working directory (as in TRL "
+        "and verl), not to the recipe file.",
+    )
     every_steps: int = Field(1, ge=1, description="Print a console line every N steps (metrics.jsonl gets every step).")
     trackers: list[Literal["tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml"]] = Field(
         default_factory=list, description="accelerate trackers to report to."
@@ -193,14 +221,31 @@ class LoggingConfig(Section):
 
 class EvalConfig(Section):
     every_steps: int = Field(0, ge=0, description="Evaluate every N training steps and at the end; 0: only at the end.")
-    split: str = Field("test", description="Split of data.dataset to evaluate on (held out from training).")
+    files: list[str] | None = Field(
+        None, description="Held-out .json/.jsonl/.parquet/.csv file(s) with the training data's columns; relative "
+        "paths start at the recipe file's folder. Default: the training data (see split).",
+    )
+    dataset: str | None = Field(None, description="Held-out hub dataset or local folder; default: data.dataset.")
+    config: str | None = Field(None, description="Config of eval.dataset; default: data.config.")
+    split: str = Field(
+        "test", description="Split of eval.dataset (or data.dataset) to evaluate on. A files or generator recipe "
+        "without eval.files / eval.dataset evaluates on its training data, and says so.",
+    )
     limit: int = Field(100, ge=1, description="Number of problems (the first N rows, not shuffled).")
     seed: int = Field(1234, description="Seed of offline generators (other problems than training's) and of sampling.")
     num_samples: int = Field(1, ge=1, description="n samples per problem at `temperature` for pass@k and maj@k, k <= n.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of the n samples (pass@1 'accuracy' is greedy).")
-    top_p: float = Field(1.0, gt=0, le=1)
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of the n samples.")
     max_new_tokens: int | None = Field(None, ge=1, description="Default: rollout.max_completion_length.")
     batch_size: int = Field(32, ge=1, description="Prompts per generate call.")
+
+    _files_list = field_validator("files", mode="before")(_one_or_list)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EvalConfig:
+        if self.files and self.dataset:
+            raise ValueError("set at most one of eval.files and eval.dataset")
+        return self
 
 
 class Recipe(Section):
@@ -223,17 +268,18 @@ class Recipe(Section):
     def output_dir(self) -> str:
         return self.logging.output_dir or f"runs/{self.name}"
 
-    @field_validator("rewards")
-    @classmethod
-    def _rewards_known(cls, rewards: list[RewardConfig]) -> list[RewardConfig]:
-        from grpo_cli.rewards import check_reward_name
+    @model_validator(mode="after")
+    def _rewards_known(self) -> Recipe:
+        from grpo_cli.rewards import check_reward
 
-        for i, r in enumerate(rewards):
+        # names resolve, kwargs fit the function, reward models have one label; a model validator so the
+        # message starts with the dotted field (rewards.0.kwargs.mode), not with `rewards`
+        for i, r in enumerate(self.rewards):
             try:
-                check_reward_name(r.name)
+                check_reward(r.name, r.kwargs, r.timeout_s)
             except ValueError as e:
-                raise ValueError(f"rewards.{i}.name: {e}") from None
-        return rewards
+                raise ValueError(f"rewards.{i}.{e}") from None
+        return self
 
     @model_validator(mode="after")
     def _batch_shapes(self) -> Recipe:
@@ -270,8 +316,30 @@ def _format_validation_error(err: ValidationError) -> str:
     return "invalid recipe:\n  " + "\n  ".join(lines)
 
 
+def _override_value(value: str) -> Any:
+    """An override's value: a YAML scalar or flow collection (0.3, null, [a, b], {k: v}), else the text itself.
+
+    `data.template={prompt} Answer with a number.` is not YAML, `{question}` would be a one-key mapping
+    and `Be brief: one line` a block mapping: all three are taken as plain text."""
+    import yaml
+
+    if not value:
+        return ""
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+    if isinstance(parsed, dict) and (not value.lstrip().startswith("{") or (
+            ":" not in value and all(v is None for v in parsed.values()))):
+        return value
+    return parsed
+
+
 def load_raw(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
-    """YAML (safe loader) + dotlist overrides -> plain dict, interpolations resolved."""
+    """YAML (safe loader) + dotlist overrides -> plain dict, interpolations resolved, local paths made absolute.
+
+    Relative paths written in the file start at the file's folder; those given as overrides at the
+    working directory (see `resolve_paths`)."""
     import yaml
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
@@ -289,18 +357,85 @@ def load_raw(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> d
         cfg = OmegaConf.create(data)
     except OmegaConfBaseException as e:
         raise RecipeError(f"{path}: {str(e).splitlines()[0]}") from None
+    overridden = []
     for o in overrides:
         key, sep, value = o.partition("=")
         if not sep or not key:
             raise RecipeError(f"override {o!r} is not of the form dotted.key=value")
-        try:  # values are YAML scalars or flow collections: 0.3, null, [a, b], {k: v}
-            OmegaConf.update(cfg, key.strip(), yaml.safe_load(value) if value else "", merge=True)
-        except (yaml.YAMLError, OmegaConfBaseException, TypeError, ValueError, KeyError, IndexError) as e:
+        key = key.strip()
+        try:
+            OmegaConf.update(cfg, key, _override_value(value), merge=True)
+        except (OmegaConfBaseException, TypeError, ValueError, KeyError, IndexError) as e:
             raise RecipeError(f"override {o!r} cannot be applied: {str(e).splitlines()[0]}") from None
+        overridden.append(re.sub(r"\[(\d+)\]", r".\1", key))  # rewards[0].name == rewards.0.name
     try:
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+        raw = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as e:
         raise RecipeError(f"{path}: {str(e).splitlines()[0]}") from None
+    return resolve_paths(raw, path.resolve().parent, overridden)  # type: ignore[arg-type]
+
+
+def _absolute(value: str, base: Path) -> str:
+    return os.path.normpath(os.path.join(base, os.path.expanduser(value)))
+
+
+def _local_path(value: Any, base: Path) -> bool:
+    """A name that means a local path: ./ ../ / ~, or found under `base` (hub ids like org/name stay)."""
+    if not isinstance(value, str) or not value or "://" in value:
+        return False
+    if value.startswith(("./", "../", "/", "~")) or value in (".", ".."):
+        return True
+    return ":" not in value and os.path.exists(os.path.join(base, value))
+
+
+def _reward_path(name: Any, base: Path) -> Any:
+    """`dir/file.py:fn` and `model:PATH` rewards with their path made absolute; other names unchanged."""
+    if not isinstance(name, str) or ":" not in name:
+        return name
+    if name.startswith("model:"):
+        target = name.removeprefix("model:")
+        return f"model:{_absolute(target, base)}" if _local_path(target, base) else name
+    target, _, fn = name.rpartition(":")
+    if target.endswith(".py") or "/" in target or os.sep in target:  # the file form (rewards.scoring._is_file)
+        return f"{_absolute(target, base)}:{fn}"
+    return name
+
+
+def resolve_paths(raw: dict[str, Any], recipe_dir: Path, overridden: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """Local paths of a raw recipe made absolute, so the recipe works from any directory and the resolved
+    recipe saved with a run names the same files wherever it is read.
+
+    A value set by an override (its dotted key, or a parent's, is in `overridden`) starts at the working
+    directory, any other at `recipe_dir`. Paths: data.files, eval.files (always paths), reward files
+    (`dir/file.py:fn`) and `model:PATH` rewards, model.name_or_path, data.dataset and eval.dataset when they
+    name a local path (./, ../, /, ~, or existing there). logging.output_dir stays relative to the working
+    directory, as in TRL and verl."""
+
+    def base(key: str) -> Path:
+        from_cli = any(key == o or key.startswith(o + ".") for o in overridden)
+        return Path.cwd() if from_cli else recipe_dir
+
+    def section(name: str) -> dict[str, Any]:
+        value = raw.get(name)
+        return value if isinstance(value, dict) else {}
+
+    for sec in ("data", "eval"):
+        d = section(sec)
+        files = d.get("files")
+        if isinstance(files, str):
+            files = [files]
+        if isinstance(files, list):
+            d["files"] = [_absolute(f, base(f"{sec}.files.{i}")) if isinstance(f, str) else f for i, f in enumerate(files)]
+        if _local_path(d.get("dataset"), base(f"{sec}.dataset")):
+            d["dataset"] = _absolute(d["dataset"], base(f"{sec}.dataset"))
+    m = section("model")
+    if _local_path(m.get("name_or_path"), base("model.name_or_path")):
+        m["name_or_path"] = _absolute(m["name_or_path"], base("model.name_or_path"))
+    rewards = raw.get("rewards")
+    for i, r in enumerate(rewards if isinstance(rewards, list) else []):
+        if isinstance(r, dict) and "name" in r:
+            r["name"] = _reward_path(r["name"], base(f"rewards.{i}.name"))
+    return raw
 
 
 def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
@@ -336,3 +471,34 @@ def recipe_to_yaml(recipe: Recipe) -> str:
     import yaml
 
     return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+
+
+def schema_keys(model: type[BaseModel] = Recipe, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted key, pydantic FieldInfo) of every leaf field; list sections as `rewards[].name`."""
+    import typing
+
+    out = []
+    for name, f in model.model_fields.items():
+        args = typing.get_args(f.annotation)
+        candidates = [f.annotation, *args]
+        sub = next((a for a in candidates if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if sub is not None:
+            suffix = "[]" if typing.get_origin(f.annotation) is list else ""
+            out += schema_keys(sub, f"{prefix}{name}{suffix}.")
+        else:
+            out.append((f"{prefix}{name}", f))
+    return out
+
+
+def key_table() -> str:
+    """The README's table of recipe keys (key, default, description), made from the schema."""
+    import json
+
+    from pydantic_core import PydanticUndefined
+
+    rows = ["| key | default | what it is |", "|---|---|---|"]
+    for key, f in schema_keys():
+        required = f.default is PydanticUndefined and f.default_factory is None
+        default = "required" if required else f"`{json.dumps(f.default_factory() if f.default_factory else f.default)}`"
+        rows.append(f"| `{key}` | {default} | {(f.description or '').replace('|', chr(92) + '|')} |")
+    return "\n".join(rows)

@@ -11,7 +11,8 @@ import sys
 from typer.testing import CliRunner
 from grpo_cli.cli import app
 runner = CliRunner()
-for args in (["--help"], ["train", "--help"], ["validate", "recipes/ci-tiny.yaml"], ["print-recipe", "recipes/gsm8k.yaml"]):
+for args in (["--help"], ["--version"], ["train", "--help"], ["validate", "recipes/ci-tiny.yaml"],
+             ["validate", "recipes/gsm8k.yaml"], ["print-recipe", "recipes/gsm8k.yaml"]):
     r = runner.invoke(app, args)
     assert r.exit_code == 0, (args, r.output)
 heavy = sorted(m for m in ("torch", "transformers", "datasets", "accelerate") if m in sys.modules)
@@ -42,3 +43,18 @@ def test_print_recipe_spells_out_defaults_and_overrides():
     assert d["algorithm"]["beta"] == 0.04
     assert d["algorithm"]["importance_sampling_level"] == "token"  # a default not written in the file
     assert d["train"]["mixed_precision"] == "no"
+
+
+def test_version():
+    from grpo_cli import __version__
+
+    p = subprocess.run([sys.executable, "-m", "grpo_cli", "--version"], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0 and p.stdout == f"grpo {__version__}\n", p.stderr
+    assert __version__.count(".") == 2
+
+
+def test_help_says_how_overrides_are_read():
+    p = subprocess.run([sys.executable, "-m", "grpo_cli", "validate", "--help"], capture_output=True, text=True, cwd=ROOT)
+    text = " ".join(p.stdout.split())  # help is wrapped to the terminal
+    assert "taken as plain text" in text and "data.template={question} Answer with a number." in text
+    assert "start at the working directory" in text and "the data files (they exist and parse" in text

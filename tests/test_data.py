@@ -121,8 +121,10 @@ def test_load_rows_errors_name_the_problem(tmp_path):
     with pytest.raises(DataError, match=r"unsupported extension; use one of .json, .jsonl, .parquet, .csv"):
         load_rows(DataConfig(files=[str(tmp_path / "x.txt")]), seed=0)
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    with pytest.raises(DataError, match=r"data.prompt_column uses column\(s\) \['prompt'\].*columns: question, answer, level"):
+    with pytest.raises(DataError, match=r"data.prompt_column 'prompt' is not a column.*columns: question, answer, level"):
         load_rows(DataConfig(files=[str(tmp_path / "rows.jsonl")]), seed=0)
+    with pytest.raises(DataError, match=r"data.answer_column 'solution' is not a column.*columns: question, answer, level"):
+        load_rows(DataConfig(files=[str(tmp_path / "rows.jsonl")], prompt_column="question", answer_column="solution"), seed=0)
     with pytest.raises(DataError, match=r"data.template uses column\(s\) \['topic'\]"):
         load_rows(DataConfig(files=[str(tmp_path / "rows.jsonl")], template="{topic}: {question}"), seed=0)
     with pytest.raises(DataError, match="positional placeholders"):

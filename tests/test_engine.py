@@ -23,10 +23,12 @@ pytestmark = pytest.mark.usefixtures("model_cache")
 
 def test_ci_tiny_through_the_cli(tmp_path):
     run = tmp_path / "run"
-    p = cli("train", str(TINY), "-o", str(run))
+    p = cli("train", str(TINY), "-o", str(run), "eval={limit: 2, max_new_tokens: 4}")
     assert p.returncode == 0, p.stderr
+    # a generator recipe without eval.files evaluates on its own generator, and says so once
+    assert p.stderr.count("eval: not held out: generator arithmetic (seed 1234) is the training generator") == 1
     metrics = read_jsonl(run / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4] and "eval/accuracy" in metrics[-1]
     for key in ("reward", "reward_std", "frac_reward_zero_std", "rewards/accuracy/mean", "rewards/digit_fraction/mean",
                 "completions/mean_length", "completions/clipped_ratio", "entropy", "clip_ratio/region_mean",
                 "grad_norm", "learning_rate", "time/generate", "time/score", "time/train", "time/step"):

@@ -92,7 +92,9 @@ def test_eval_command_on_a_trained_run(tmp_path, monkeypatch):
                        capture_output=True, text=True, cwd=ROOT, env=env)
     assert p.returncode == 0, p.stderr
     assert "greedy pass@1" in p.stdout and "pass@2" in p.stdout
+    assert "not held out" in p.stdout  # ci-tiny has no eval set: its generator under eval.seed, said aloud
     report = json.loads((out / "eval.json").read_text())
+    assert report["settings"]["eval_data"]["held_out"] is False
     assert [t["target"] for t in report["targets"]] == ["base", str(run)]
     assert report["settings"]["extraction"] == {"mode": "auto", "tag": "answer"}
     assert report["settings"]["problems"] == 6 and report["settings"]["max_new_tokens"] == 8
@@ -113,6 +115,28 @@ def test_eval_command_on_a_trained_run(tmp_path, monkeypatch):
                         "--max-new-tokens", "8", "-o", str(tmp_path / "again")], capture_output=True, text=True, cwd=ROOT, env=env)
     again = [json.loads(line) for line in (tmp_path / "again/samples.jsonl").read_text().splitlines()]
     assert [s["completion"] for s in again] == [s["completion"] for s in samples if s["target"] == "base" and s["kind"] == "greedy"]
+
+
+def test_eval_set_is_held_out_or_says_it_is_not(tmp_path, monkeypatch):
+    from grpo_cli.evaluate import eval_data_config, eval_source
+    from grpo_cli.recipe import EvalConfig, load_recipe
+
+    monkeypatch.chdir(tmp_path)
+    files = load_recipe(TINY, ["data.generator=null", "data.files=train.jsonl"])
+    for recipe, cfg, source, held_out in [
+        (files, EvalConfig(), str(tmp_path / "train.jsonl"), False),  # falls back to the training file
+        (files, EvalConfig(files=[str(tmp_path / "test.jsonl")]), str(tmp_path / "test.jsonl"), True),
+        (files, EvalConfig(dataset="org/ds", split="validation"), "org/ds::validation", True),
+        (load_recipe(TINY), EvalConfig(seed=5), "generator arithmetic (seed 5)", False),
+        (load_recipe(ROOT / "recipes/gsm8k.yaml"), EvalConfig(), "openai/gsm8k:main:test", True),
+        (load_recipe(ROOT / "recipes/gsm8k.yaml"), EvalConfig(split="train"), "openai/gsm8k:main:train", False),
+    ]:
+        got = eval_source(recipe, cfg)
+        assert (got["source"], got["held_out"]) == (source, held_out), (cfg, got)
+        assert ("note" in got) == (not held_out)
+    d = eval_data_config(files, EvalConfig(files=[str(tmp_path / "test.jsonl")], limit=7))
+    assert (d.files, d.limit, d.shuffle, d.template) == ([str(tmp_path / "test.jsonl")], 7, False, files.data.template)
+    assert eval_data_config(load_recipe(ROOT / "recipes/gsm8k.yaml"), EvalConfig(dataset="other/set")).config is None
 
 
 def test_eval_leaves_the_training_rng_alone(tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
 """Every shipped recipe validates; bad recipes name the field, exit 2, no traceback."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +19,8 @@ def test_recipes_exist():
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
-def test_every_shipped_recipe_validates(path, monkeypatch):
-    monkeypatch.chdir(ROOT)  # reward files are named relative to the repo root
+def test_every_shipped_recipe_validates(path, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # reward files are named relative to the recipe: any working directory works
     r = load_recipe(path)
     assert isinstance(r, Recipe)
     # the resolved YAML loads back to the same recipe (what runs and checkpoints save)
@@ -109,3 +110,108 @@ def test_cli_bad_recipes_exit_2_without_traceback(tmp_path):
         p = subprocess.run([sys.executable, "-m", "grpo_cli", *args], capture_output=True, text=True, cwd=ROOT)
         assert p.returncode == 2, (args, p.stderr)
         assert want in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+# ----- paths: relative to the recipe file, overrides relative to the working directory -----
+def _project(tmp_path):
+    """A recipe next to its data, reward file and a local model folder (as a user keeps them)."""
+    folder = tmp_path / "proj"
+    (folder / "rewards").mkdir(parents=True)
+    (folder / "models/tiny").mkdir(parents=True)
+    (folder / "problems.jsonl").write_text('{"prompt": "1+1?", "answer": "2"}\n')
+    (folder / "rewards/mine.py").write_text("def one(completions, **kw):\n    return [1.0] * len(completions)\n")
+    text = (ROOT / "recipes/ci-tiny.yaml").read_text()
+    text = text.replace("generator: arithmetic", "files: problems.jsonl").replace("  generator_kwargs: {size: 256, min_value: 0, max_value: 20}\n", "")
+    text = text.replace("rewards/toy.py:digit_fraction", "rewards/mine.py:one")
+    (folder / "recipe.yaml").write_text(text)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    return folder, elsewhere
+
+
+def test_data_files_takes_one_path_or_a_list(tmp_path, monkeypatch):
+    folder, elsewhere = _project(tmp_path)
+    monkeypatch.chdir(elsewhere)
+    r = load_recipe(folder / "recipe.yaml")  # `files: problems.jsonl`, a string
+    assert r.data.files == [str(folder / "problems.jsonl")]
+    r = load_recipe(folder / "recipe.yaml", ["data.files=[problems.jsonl, ../proj/problems.jsonl]"])
+    assert r.data.files == [str(elsewhere / "problems.jsonl"), str(folder / "problems.jsonl")]  # overrides: cwd
+
+
+def test_relative_paths_start_at_the_recipe_folder_and_are_saved_absolute(tmp_path, monkeypatch):
+    folder, elsewhere = _project(tmp_path)
+    monkeypatch.chdir(elsewhere)
+    r = load_recipe(folder / "recipe.yaml", ["eval={files: held.jsonl}", "logging.output_dir=out"])
+    assert r.data.files == [str(folder / "problems.jsonl")]
+    assert r.rewards[1].name == f"{folder}/rewards/mine.py:one" and r.rewards[0].name == "accuracy"
+    assert r.eval.files == [str(elsewhere / "held.jsonl")]  # given as an override: the working directory
+    assert r.logging.output_dir == "out" and r.model.name_or_path == "builtin:tiny-qwen2"
+    # the resolved recipe (saved with runs and checkpoints) loads back the same from anywhere
+    saved = tmp_path / "saved/recipe.yaml"
+    saved.parent.mkdir()
+    saved.write_text(recipe_to_yaml(r))
+    monkeypatch.chdir(tmp_path)
+    assert load_recipe(saved) == r
+    # a recipe file naming a reward by `./` path and a model folder next to it; hub ids and module:function stay
+    text = (folder / "recipe.yaml").read_text().replace("builtin:tiny-qwen2", "./models/tiny")
+    (folder / "recipe.yaml").write_text(text.replace("rewards/mine.py:one", "./rewards/mine.py:one"))
+    r = load_recipe(folder / "recipe.yaml", ["eval={dataset: models}"])
+    assert r.model.name_or_path == str(folder / "models/tiny") and r.rewards[1].name == f"{folder}/rewards/mine.py:one"
+    assert r.eval.dataset == "models"  # an override: proj/models does not count, and cwd has none (a hub name)
+    for name in ("Qwen/Qwen2.5-0.5B-Instruct", "models/tiny"):  # models/tiny exists under proj/, not under cwd
+        r = load_recipe(folder / "recipe.yaml", [f"model.name_or_path={name}", "rewards.1.name=json:dumps"])
+        assert r.model.name_or_path == name and r.rewards[1].name == "json:dumps"
+
+
+def test_cispo_refuses_an_epsilon_high_below_one(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    # ci-tiny sets epsilon_high: 0.28 (DAPO clip-higher); for cispo that caps every weight at 0.28
+    with pytest.raises(RecipeError, match=r"epsilon_high \(0.28\) is below 1: for loss_type cispo it is the cap on the "
+                       r"importance weight itself.*usually 5.0"):
+        load_recipe(ROOT / "recipes/ci-tiny.yaml", ["algorithm.loss_type=cispo"])
+    r = load_recipe(ROOT / "recipes/ci-tiny.yaml", ["algorithm.loss_type=cispo", "algorithm.epsilon_high=null"])
+    assert r.algorithm.epsilon_high_value == 5.0  # unset: TRL's suggested cap, not epsilon (0.2)
+    r = load_recipe(ROOT / "recipes/ci-tiny.yaml", ["algorithm.loss_type=cispo", "algorithm.epsilon_high=1.0"])
+    assert r.algorithm.epsilon_high_value == 1.0
+
+
+@pytest.mark.parametrize("override,field,expected", [
+    ("data.template={prompt} Answer with a number.", "template", "{prompt} Answer with a number."),
+    ("data.template={prompt}", "template", "{prompt}"),  # a lone placeholder, not a mapping {prompt: null}
+    ("data.template=Q: {prompt} A:", "template", "Q: {prompt} A:"),
+    ("data.system_prompt=Be brief: answer [only] with a number", "system_prompt", "Be brief: answer [only] with a number"),
+    ("data.limit=7", "limit", 7),  # valid YAML keeps its type
+    ("data.system_prompt=null", "system_prompt", None),
+])
+def test_overrides_that_are_not_yaml_are_plain_text(override, field, expected, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    r = load_recipe(ROOT / "recipes/ci-tiny.yaml", [override])
+    assert getattr(r.data, field) == expected
+    r = load_recipe(ROOT / "recipes/ci-tiny.yaml", ["rewards.0.kwargs={mode: boxed}"])
+    assert r.rewards[0].kwargs == {"mode": "boxed"}  # a flow mapping with a colon stays a mapping
+
+
+def test_resolve_paths_rules(tmp_path, monkeypatch):
+    from grpo_cli.recipe import resolve_paths
+
+    recipe_dir, cwd = tmp_path / "recipe", tmp_path / "cwd"
+    (recipe_dir / "rm").mkdir(parents=True)
+    (recipe_dir / "ds").mkdir()
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    raw = {
+        "model": {"name_or_path": "org/model"},  # a hub id: nothing of that name next to the recipe
+        "data": {"files": "a.jsonl", "dataset": "ds"},
+        "eval": {"files": ["~/x.jsonl", "/abs/y.jsonl"], "dataset": "org/ds"},
+        "rewards": [{"name": "model:rm"}, {"name": "model:org/rm"}, {"name": "model:./other"}, {"name": "pkg.mod:fn"},
+                    {"name": "accuracy"}, {"name": "sub/f.py:g"}, {"name": "f.py:g"}],
+        "logging": {"output_dir": "runs/x"},
+    }
+    out = resolve_paths(raw, recipe_dir, overridden=["rewards.6", "eval.dataset"])
+    assert out["model"]["name_or_path"] == "org/model"
+    assert out["data"] == {"files": [f"{recipe_dir}/a.jsonl"], "dataset": f"{recipe_dir}/ds"}
+    assert out["eval"] == {"files": [os.path.expanduser("~/x.jsonl"), "/abs/y.jsonl"], "dataset": "org/ds"}
+    assert [r["name"] for r in out["rewards"]] == [
+        f"model:{recipe_dir}/rm", "model:org/rm", f"model:{recipe_dir}/other", "pkg.mod:fn", "accuracy",
+        f"{recipe_dir}/sub/f.py:g", f"{cwd}/f.py:g"]  # rewards.6 came from an override: the working directory
+    assert out["logging"]["output_dir"] == "runs/x"

@@ -13,7 +13,7 @@ import torch
 
 from grpo_cli import runlock
 from grpo_cli.checkpoint import CheckpointError, list_checkpoints, load_training_state, save_checkpoint, verify_checkpoint
-from grpo_cli.recipe import load_recipe
+from grpo_cli.recipe import load_recipe, recipe_to_yaml
 from grpo_cli.rundir import (
     RECIPE_CHANGES, RunFolderError, apply_optimizer_changes, check_drift, recipe_changes, resumable, start_point,
 )
@@ -121,7 +121,7 @@ def test_drift_classifies_and_lists_fields():
 
 
 def test_drift_is_refused_unless_allowed(tmp_path, model):
-    ckpt = save(tmp_path, 2, model, recipe_yaml=TINY.read_text())
+    ckpt = save(tmp_path, 2, model, recipe_yaml=recipe_to_yaml(load_recipe(TINY)))  # as train saves it: paths absolute
     new = load_recipe(TINY, ["train.learning_rate=0.01", "algorithm.num_generations=2", "train.max_steps=8"])
     with pytest.raises(RunFolderError) as e:
         check_drift(ckpt, new.model_dump(mode="json"), allow=False)
