@@ -309,6 +309,8 @@ def _format_validation_error(err: ValidationError) -> str:
             lines.append(f"{loc}: unknown field (value {e['input']!r}); check the spelling")
         elif e["type"] == "missing":
             lines.append(f"{loc}: required field is missing")
+        elif loc and msg.startswith(f"{loc}."):  # a section's validator that names the field itself
+            lines.append(msg)
         elif loc:
             lines.append(f"{loc}: {msg} (got {e['input']!r})" if not isinstance(e["input"], dict) else f"{loc}: {msg}")
         else:
