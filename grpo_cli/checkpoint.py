@@ -224,6 +224,26 @@ def restore_rng_state(tensors: dict[str, torch.Tensor], meta: dict) -> None:
             torch.cuda.set_rng_state(tensors[f"torch.cuda.{i}"].to(torch.uint8), device=i)
 
 
+def rank_rng_state() -> dict[str, str]:
+    """This process's torch RNG states as base64 text (JSON-able, no pickle): trainer_state.json's rng_per_rank."""
+    import base64
+
+    enc = lambda t: base64.b64encode(t.numpy().tobytes()).decode()  # noqa: E731
+    state = {"cpu": enc(torch.get_rng_state())}
+    if torch.cuda.is_available():
+        state["cuda"] = enc(torch.cuda.get_rng_state())
+    return state
+
+
+def set_rank_rng_state(state: dict[str, str]) -> None:
+    import base64
+
+    dec = lambda s: torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)  # noqa: E731
+    torch.set_rng_state(dec(state["cpu"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(dec(state["cuda"]))
+
+
 def _save_rng(folder: Path) -> None:
     tensors, meta = capture_rng_state()
     save_file(tensors, str(folder / "rng.safetensors"))

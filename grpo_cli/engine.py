@@ -20,6 +20,7 @@ from grpo_cli.advantages import compute_advantages
 from grpo_cli.datatypes import Rollout
 from grpo_cli.logprobs import token_logprobs
 from grpo_cli.losses import POLICY_LOSSES, compute_loss, sampler_correction
+from grpo_cli.models import disable_dropout, has_dropout
 from grpo_cli.recipe import Recipe, flat_config, recipe_to_yaml
 from grpo_cli.stepstats import MetricSums, rollout_records, step_metrics
 
@@ -47,34 +48,6 @@ def entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> 
         return mask
     threshold = torch.quantile(active.float(), 1.0 - quantile)
     return mask * (entropy >= threshold).to(mask.dtype)
-
-
-def _get_rank_rng() -> dict[str, str]:
-    """This process's torch RNG states as base64 text (JSON-able, no pickle)."""
-    import base64
-
-    enc = lambda t: base64.b64encode(t.numpy().tobytes()).decode()  # noqa: E731
-    state = {"cpu": enc(torch.get_rng_state())}
-    if torch.cuda.is_available():
-        state["cuda"] = enc(torch.cuda.get_rng_state())
-    return state
-
-
-def _set_rank_rng(state: dict[str, str]) -> None:
-    import base64
-
-    dec = lambda s: torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)  # noqa: E731
-    torch.set_rng_state(dec(state["cpu"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(dec(state["cuda"]))
-
-
-def _disable_dropout(model: torch.nn.Module) -> None:
-    # RL ratios compare two forward passes of the same weights; dropout would make them differ.
-    # LoRA's own dropout stays as the recipe's model.lora.dropout asks.
-    for name, m in model.named_modules():
-        if isinstance(m, torch.nn.Dropout) and "lora_dropout" not in name:
-            m.p = 0.0
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -186,13 +159,15 @@ class Engine:
             if r.algorithm.beta > 0 and not r.model.lora.r:  # with LoRA the reference is the base: adapters disabled
                 ref_cfg = r.model.model_copy(update={"gradient_checkpointing": False})
                 self.ref_model = load_model(ref_cfg).to(self.accelerator.device).eval().requires_grad_(False)
-        _disable_dropout(model)
+        disable_dropout(model)
         self.model_summary = parameter_summary(model)
         params = [p for p in model.parameters() if p.requires_grad]
         a, t = r.algorithm, r.train
-        optimizer = torch.optim.AdamW(
-            params, lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay
-        )
+        # fused: one kernel over all tensors (5x faster than the per-tensor loop on CPU for 135M parameters);
+        # sharded runs keep the default, which FSDP's DTensors and DeepSpeed's wrapper are tested with
+        fused = not (self._fsdp or self._deepspeed) and self.accelerator.device.type in ("cpu", "cuda")
+        optimizer = torch.optim.AdamW(params, lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2),
+                                      weight_decay=t.weight_decay, fused=fused or None)
         total_updates = t.max_steps * a.num_iterations
         self.scheduler = make_scheduler(optimizer, t.scheduler, t.warmup_steps, total_updates)
         acc = self.accelerator
@@ -268,7 +243,7 @@ class Engine:
         return 0
 
     def _restore(self) -> int:
-        from grpo_cli.checkpoint import CheckpointError, load_training_state
+        from grpo_cli.checkpoint import CheckpointError, load_training_state, set_rank_rng_state
         from grpo_cli.rundir import apply_optimizer_changes
 
         state = load_training_state(self.checkpoint_path, optimizer=None if self._deepspeed else self.optimizer,
@@ -288,7 +263,7 @@ class Engine:
         step = int(state["step"])
         per_rank = state.get("rng_per_rank") or []
         if len(per_rank) == self.accelerator.num_processes:
-            _set_rank_rng(per_rank[self.accelerator.process_index])
+            set_rank_rng_state(per_rank[self.accelerator.process_index])
         elif self.accelerator.num_processes > 1:  # resumed on another process count: fresh, distinct streams
             torch.manual_seed(self.recipe.train.seed + self.accelerator.process_index + 1000 * step)
         return step
@@ -392,7 +367,12 @@ class Engine:
         a, t = self.recipe.algorithm, self.recipe.train
         n, mbs = len(rollout), t.micro_batch_size
         slices = [slice(s, s + mbs) for s in range(0, n, mbs)]
-        old = self._logps_no_grad(self.model, rollout, slices) if a.num_iterations > 1 else None
+        # mu > 1: the old policy is the one of iteration 0, whose forwards run before any optimizer step, so
+        # their detached log-probs are the old log-probs and need no forward of their own; with dropout
+        # every forward differs, and the old policy gets a separate one (as TRL computes it)
+        separate_old = a.num_iterations > 1 and has_dropout(self.accelerator.unwrap_model(self.model))
+        old = self._logps_no_grad(self.model, rollout, slices) if separate_old else None
+        first_logps: list[torch.Tensor] = []
         ref = self._ref_logps(rollout, slices) if a.beta > 0 else None
         global_tokens = POLICY_LOSSES.get(a.loss_type).aggregation == "global_token_mean"
         if global_tokens:  # every token of the global batch weighs the same; DDP averages over processes
@@ -409,11 +389,16 @@ class Engine:
                 # DDP/FSDP all-reduce only on the window's last backward; DeepSpeed steps its engine only then
                 self.accelerator.sync_gradients = last
                 with nullcontext() if last else self.accelerator.no_sync(self.model):
-                    self._micro_step(rollout, sl, adv, mask, old, ref, num_active, loss_scale, sums, first=it == 0)
+                    logps = self._micro_step(rollout, sl, adv, mask, old, ref, num_active, loss_scale, sums, first=it == 0)
+                if it == 0 and a.num_iterations > 1 and not separate_old:
+                    first_logps.append(logps)
+            if first_logps:
+                old, first_logps = torch.cat(first_logps), []  # [N, T]: the old policy of iterations 1 .. mu-1
             sums.add_scalar("grad_norm", self._optimizer_step())
         return sums
 
-    def _micro_step(self, rollout, sl, adv, mask, old, ref, num_active, loss_scale, sums, first) -> None:
+    def _micro_step(self, rollout, sl, adv, mask, old, ref, num_active, loss_scale, sums, first) -> torch.Tensor:
+        """One forward/backward of micro-batch `sl`; -> its detached log-probs [b, T]."""
         a = self.recipe.algorithm
         with self.accelerator.autocast():
             logps, entropy = token_logprobs(
@@ -442,6 +427,7 @@ class Engine:
         for key, value in lm.items():
             sums.add_weighted(key, value.item(), n_tok)
         sums.add_scalar("loss", loss.item())
+        return logps.detach()
 
     def _sampler_weights(self, rollout, sl, old, mask, sums) -> torch.Tensor | None:
         """Train/inference mismatch: log it, and return the importance weights the recipe asks for."""
@@ -535,14 +521,14 @@ class Engine:
         return step == self.recipe.train.max_steps or self.stop_requested or (every > 0 and step % every == 0)
 
     def save(self, step: int) -> None:
-        from grpo_cli.checkpoint import save_checkpoint
+        from grpo_cli.checkpoint import rank_rng_state, save_checkpoint
 
         from accelerate.utils import gather_object
 
         from grpo_cli.lora import BASE_MODEL, base_identity, is_peft_model
 
         # each rank samples with its own torch RNG; rank 0's is also saved in rng.safetensors
-        rng_per_rank = gather_object([_get_rank_rng()]) if self.accelerator.num_processes > 1 else [_get_rank_rng()]
+        rng_per_rank = gather_object([rank_rng_state()]) if self.accelerator.num_processes > 1 else [rank_rng_state()]
         # sharded: every process takes part in gathering the full weights and optimizer state to the main one
         weights = self.accelerator.get_state_dict(self.model) if self.sharded else None
         optimizer_state = self._full_optimizer_state() if self._fsdp else None

@@ -53,6 +53,23 @@ def verbose() -> bool:
     return os.environ.get(VERBOSE_ENV) == "1"
 
 
+def disable_dropout(model: Any) -> None:
+    """Dropout off (LoRA's excepted): RL ratios compare two forward passes of the same weights."""
+    import torch
+
+    for name, m in model.named_modules():  # LoRA's own dropout stays as model.lora.dropout asks
+        if isinstance(m, torch.nn.Dropout) and "lora_dropout" not in name:
+            m.p = 0.0
+
+
+def has_dropout(model: Any) -> bool:
+    """Whether a training forward of `model` is random: dropout layers (LoRA's too) or attention dropout."""
+    import torch
+
+    return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()) or any(
+        float(getattr(getattr(m, "config", None), "attention_dropout", 0) or 0) > 0 for m in model.modules())
+
+
 def quiet_transformers() -> None:
     """transformers' own progress bars and info logs would drown ours (all of them with --verbose)."""
     if verbose():

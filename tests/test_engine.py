@@ -95,6 +95,36 @@ def test_micro_batches_equal_one_big_batch(tmp_path, loss_type):
     assert diff < 1e-6, diff
 
 
+class ForwardCount(Engine):
+    """Counts the no-grad forwards (old policy, reference) the updates ask for."""
+
+    no_grad_forwards = 0
+
+    def _logps_no_grad(self, model, rollout, slices):
+        self.no_grad_forwards += len(slices)
+        return super()._logps_no_grad(model, rollout, slices)
+
+
+def test_mu_2_takes_the_old_policy_from_iteration_0_without_a_forward_of_its_own(tmp_path, monkeypatch):
+    import grpo_cli.engine as engine_module
+
+    r = load_recipe(TINY, ["train.max_steps=2", "checkpoint.every_steps=0", "logging.rollouts=false",
+                           "algorithm.num_iterations=3", "train.micro_batch_size=4", "train.learning_rate=3e-3"])
+    reused = ForwardCount(r, tmp_path / "reused")
+    reused.fit()
+    # a model with dropout gets a separate old-policy forward; this one has none, so both give the same numbers
+    monkeypatch.setattr(engine_module, "has_dropout", lambda model: True)
+    separate = ForwardCount(r, tmp_path / "separate")
+    separate.fit()
+    assert (reused.no_grad_forwards, separate.no_grad_forwards) == (0, 2 * 2)  # 2 steps x 2 micro-batches
+    assert reused.optimizer.param_groups[0]["fused"] is True  # one AdamW kernel for all tensors (not sharded)
+    a, b = read_jsonl(tmp_path / "reused/metrics.jsonl"), read_jsonl(tmp_path / "separate/metrics.jsonl")
+    assert [m["reward"] for m in a] == [m["reward"] for m in b]  # same rollouts at step 2: same updates at step 1
+    assert max(m["clip_ratio/region_mean"] for m in a) > 0  # iterations 1-2 moved the ratios off 1: old logps used
+    for pa, pb in zip(reused.model.parameters(), separate.model.parameters()):
+        assert torch.allclose(pa, pb, atol=1e-6, rtol=0)
+
+
 def test_sigterm_saves_then_resume_matches_uninterrupted_run(tmp_path):
     common = ["train.max_steps=24", "checkpoint.every_steps=100", "algorithm.num_iterations=2", "algorithm.beta=0.05",
               "train.scheduler=linear", "train.warmup_steps=3", "rollout.max_completion_length=24",
