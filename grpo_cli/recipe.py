@@ -392,15 +392,16 @@ def _local_path(value: Any, base: Path) -> bool:
 
 def _reward_path(name: Any, base: Path) -> Any:
     """`dir/file.py:fn` and `model:PATH` rewards with their path made absolute; other names unchanged."""
+    from grpo_cli.rewards.reward_model import PREFIX, is_reward_model
+    from grpo_cli.rewards.scoring import _is_file
+
     if not isinstance(name, str) or ":" not in name:
         return name
-    if name.startswith("model:"):
-        target = name.removeprefix("model:")
-        return f"model:{_absolute(target, base)}" if _local_path(target, base) else name
+    if is_reward_model(name):
+        target = name.removeprefix(PREFIX)
+        return f"{PREFIX}{_absolute(target, base)}" if _local_path(target, base) else name
     target, _, fn = name.rpartition(":")
-    if target.endswith(".py") or "/" in target or os.sep in target:  # the file form (rewards.scoring._is_file)
-        return f"{_absolute(target, base)}:{fn}"
-    return name
+    return f"{_absolute(target, base)}:{fn}" if _is_file(target) else name
 
 
 def resolve_paths(raw: dict[str, Any], recipe_dir: Path, overridden: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:

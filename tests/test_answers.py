@@ -137,33 +137,14 @@ KEEP = rows(  # what worked before must keep working
 )
 
 
-@pytest.mark.parametrize("completion, reference, expected, mode", DOLLAR)
-def test_escaped_dollar(completion, reference, expected, mode):
-    assert accuracy([completion], [reference], mode=mode) == [expected]
+CLASSES = {"escaped_dollar": DOLLAR, "unicode_minus": MINUS, "inline_latex": LATEX, "digit_grouping": GROUPING,
+           "only_the_final_answer_counts": ORDER, "kept_behaviour": KEEP}
 
 
-@pytest.mark.parametrize("completion, reference, expected, mode", MINUS)
-def test_unicode_minus(completion, reference, expected, mode):
-    assert accuracy([completion], [reference], mode=mode) == [expected]
-
-
-@pytest.mark.parametrize("completion, reference, expected, mode", LATEX)
-def test_inline_latex(completion, reference, expected, mode):
-    assert accuracy([completion], [reference], mode=mode) == [expected]
-
-
-@pytest.mark.parametrize("completion, reference, expected, mode", GROUPING)
-def test_digit_grouping(completion, reference, expected, mode):
-    assert accuracy([completion], [reference], mode=mode) == [expected]
-
-
-@pytest.mark.parametrize("completion, reference, expected, mode", ORDER)
-def test_only_the_final_answer_counts(completion, reference, expected, mode):
-    assert accuracy([completion], [reference], mode=mode) == [expected]
-
-
-@pytest.mark.parametrize("completion, reference, expected, mode", KEEP)
-def test_kept_behaviour(completion, reference, expected, mode):
+@pytest.mark.parametrize("completion, reference, expected, mode", [
+    pytest.param(*p.values, id=f"{name}-{p.id}") for name, table in CLASSES.items() for p in table
+])
+def test_accuracy_table(completion, reference, expected, mode):
     assert accuracy([completion], [reference], mode=mode) == [expected]
 
 

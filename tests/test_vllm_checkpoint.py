@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import torch
 from grpo_cli.launch import free_port
 
 from helpers import ROOT, cli
+from test_vllm_server import _wait_healthy
 
 pytestmark = pytest.mark.usefixtures("model_cache")
 PROMPT = [5, 6, 7, 8, 9]
@@ -69,18 +69,12 @@ def _check_weights(ckpt: Path, completion: list[int], served_logps: list[float])
 def _serve(cmd: list[str], url: str, log: Path, env: dict, deadline_s: float = 180):
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < deadline_s:
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            urllib.request.urlopen(url + "/health", timeout=2).read()
-            print(f"{cmd[2]} healthy after {time.monotonic() - t0:.1f} s")
-            return proc
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    raise AssertionError(f"not healthy after {deadline_s} s:\n{log.read_text()[-4000:]}")
+    try:
+        print(f"{cmd[2]} healthy after {_wait_healthy(url, proc, deadline_s):.1f} s")
+    except (RuntimeError, TimeoutError) as e:
+        proc.kill()
+        raise AssertionError(f"{e}:\n{log.read_text()[-4000:]}") from None
+    return proc
 
 
 def _post(url: str, body: dict) -> dict:
