@@ -294,7 +294,7 @@ class Engine:
     def fit(self) -> int:
         """Train to train.max_steps; returns the last completed step. SIGINT/SIGTERM stop after a checkpoint."""
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        step = self.start_step
+        step, completed = self.start_step, False
         if self.checkpoint_path:
             self.console.print(f"resumed from {self.checkpoint_path} at step {step}")
         ref = "none (beta = 0)" if self.recipe.algorithm.beta == 0 else (
@@ -315,10 +315,11 @@ class Engine:
                 if self.stop_requested:
                     self.console.print(f"stopped by signal after step {step}; resume with --resume auto")
                     break
+            completed = True
         finally:
             for s, h in previous.items():
                 signal.signal(s, h)
-            self.close()
+            self.close(end_distributed=completed)
         return step
 
     def train_step(self, step: int) -> dict[str, Any]:
@@ -568,15 +569,20 @@ class Engine:
         self.console.print(f"got {signal.Signals(signum).name}: finishing this step, saving a checkpoint, then exiting "
                            "(send it again to exit at once)")
 
-    def close(self) -> None:
+    def close(self, end_distributed: bool = False) -> None:
+        """Logs, generator, trackers and the run lock; `end_distributed` (a run every process finished) also
+        destroys the process group: left to interpreter exit, gloo's worker threads can abort the process."""
         self.console.close()
         for log in (self.metrics_log, self.rollout_log):
             if log is not None:
                 log.close()
         if getattr(self, "generator", None) is not None:
             self.generator.close()
-        if self.recipe.logging.trackers:
-            self.accelerator.end_training()
+        if end_distributed:  # not after an error: a process still inside a collective would hang the others
+            self.accelerator.end_training()  # trackers finish; the process group is destroyed
+        elif self.recipe.logging.trackers:
+            for tracker in self.accelerator.trackers:
+                tracker.finish()
         self._release_lock()
 
     def _release_lock(self) -> None:

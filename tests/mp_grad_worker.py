@@ -68,6 +68,7 @@ def main(out: Path, micro_batch_size: int, loss_types: list[str]) -> None:
             save_file({f"{i}.{n}": g for i, grads in enumerate(e.grads) for n, g in grads.items()},
                       str(out / f"{loss_type}.safetensors"))
         e.close()
+    e.accelerator.end_training()  # destroys the process group before interpreter exit
 
 
 if __name__ == "__main__":
