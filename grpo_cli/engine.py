@@ -177,6 +177,8 @@ class Engine:
         self.model, self.optimizer = acc.prepare(model, optimizer)
         # weights split over processes: every process must run every forward (generation included)
         self.sharded = self._fsdp or (self._deepspeed and acc.state.deepspeed_plugin.zero_stage == 3)
+        # a group's prompt runs once per micro-batch through the key/value cache, which gradient checkpointing turns off
+        self._shared_prompts = not cfg.gradient_checkpointing
         self.generator = self._make_generator(cfg)
 
     @property
@@ -405,7 +407,7 @@ class Engine:
             logps, entropy = token_logprobs(
                 self.model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl],
                 rollout.completion_mask[sl], temperature=self.recipe.rollout.temperature,
-                with_entropy=first or a.top_entropy_quantile < 1,
+                with_entropy=first or a.top_entropy_quantile < 1, shared_prompts=self._shared_prompts,
             )
         m = mask[sl]
         if first:
@@ -462,6 +464,7 @@ class Engine:
                 lp, _ = token_logprobs(
                     model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl],
                     rollout.completion_mask[sl], temperature=self.recipe.rollout.temperature,
+                    shared_prompts=self._shared_prompts,
                 )
                 out.append(lp)
         return torch.cat(out).clone()  # clone: leave inference mode so autograd can use it as a constant

@@ -5,6 +5,7 @@ row chunks under activation checkpointing, so a [b, T, V] fp32 tensor never exis
 the backward pass (the bf16/fp32 logits of the micro-batch are the only full-vocabulary tensor).
 Logits are divided by the sampling temperature: the policy that sampled is pi(. | T), and the
 ratio pi/pi_old must compare the same distribution (TRL does the same).
+A group's G rows share their prompt: it runs through the model once per micro-batch, not G times.
 """
 
 from __future__ import annotations
@@ -39,24 +40,54 @@ def token_logprobs(
     temperature: float = 1.0,
     chunk_rows: int = 1,
     with_entropy: bool = False,
+    shared_prompts: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """-> logps [b, T] (fp32) and, if asked, per-token entropy [b, T] (no grad)."""
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    """-> logps [b, T] (fp32) and, if asked, per-token entropy [b, T] (no grad).
+
+    `shared_prompts`: rows with the same prompt (a group's G completions) run the prompt through the
+    model once: its keys and values are computed for each distinct prompt, indexed out to the rows
+    (backward sums their gradients), and the completions attend to them, so a group's prompt costs one
+    row's forward and backward instead of G. Same function, same gradient (to float rounding)."""
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-    T = completion_ids.shape[1]
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        logits_to_keep=T + 1,
-        use_cache=False,
-    )
-    logits = out.logits[:, :-1]  # [b, T, V]: position t predicts completion token t
-    logps = logps_from_logits(logits, completion_ids, temperature, chunk_rows)
+    positions = position_ids_from_mask(attention_mask)
+    parts = _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, attention_mask, positions) if shared_prompts else None
+    if parts is None:
+        out = model(
+            input_ids=torch.cat([prompt_ids, completion_ids], dim=1),
+            attention_mask=attention_mask,
+            position_ids=positions,
+            logits_to_keep=completion_ids.shape[1] + 1,
+            use_cache=False,
+        )
+        parts = [out.logits[:, :-1]]  # [b, T, V]: position t predicts completion token t
+    ids = completion_ids.split([p.shape[1] for p in parts], dim=1)
+    logps = torch.cat([logps_from_logits(lg, i, temperature, chunk_rows) for lg, i in zip(parts, ids)], dim=1)
     entropy = None
     if with_entropy:
-        entropy = torch.cat([_chunk_entropy(lg, temperature) for lg in logits.detach().split(chunk_rows)])
+        entropy = torch.cat([torch.cat([_chunk_entropy(c, temperature) for c in lg.detach().split(chunk_rows)])
+                             for lg in parts], dim=1)
     return logps, entropy
+
+
+def _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, attention_mask, positions) -> list[torch.Tensor] | None:
+    """Logits of the completion tokens, each distinct prompt run once -> [b, 1, V] and [b, T-1, V];
+    None when every row's prompt differs, or the model returns no key/value cache (gradient checkpointing)."""
+    distinct, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True)
+    if len(distinct) == len(prompt_ids):
+        return None
+    P, T = prompt_ids.shape[1], completion_ids.shape[1]
+    rows = torch.arange(len(inverse), device=inverse.device)
+    first = torch.zeros(len(distinct), dtype=torch.long, device=inverse.device).scatter_(0, inverse, rows)  # a row per prompt
+    prefix = model(input_ids=prompt_ids[first], attention_mask=prompt_mask[first], position_ids=positions[first, :P],
+                   logits_to_keep=1, use_cache=True)
+    cache = prefix.past_key_values
+    if cache is None:
+        return None
+    cache.batch_select_indices(inverse)  # [u, ...] -> [b, ...]; indexing: backward sums the rows' gradients
+    out = model(input_ids=completion_ids, attention_mask=attention_mask, position_ids=positions[:, P:],
+                past_key_values=cache, logits_to_keep=T, use_cache=True)
+    # the prompt's last position predicts completion token 0, completion position t token t + 1
+    return [prefix.logits[inverse], out.logits[:, :-1]]
 
 
 def logps_from_logits(logits: torch.Tensor, ids: torch.Tensor, temperature: float, chunk_rows: int = 1) -> torch.Tensor:
