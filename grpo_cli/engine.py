@@ -151,8 +151,9 @@ class Engine:
         cfg = r.model
         if self.checkpoint_path is not None:  # weights and tokenizer come from the checkpoint
             cfg = cfg.model_copy(update={"name_or_path": str(self.checkpoint_path), "gguf_file": None, "revision": None})
-        # the main process fills the model cache (GGUF conversion, builtin models) before the others read it
-        with self.accelerator.main_process_first():
+        # each node's main process fills its model cache (GGUF conversion, builtin models) before the others
+        # there read it; on a filesystem the nodes share, the caches are written atomically (models.py)
+        with self.accelerator.local_main_process_first():
             self.tokenizer = load_tokenizer(cfg)
             model = self._load_policy(cfg)
             self.ref_model = None
@@ -228,7 +229,7 @@ class Engine:
 
         d, seed = self.recipe.data, self.recipe.train.seed
         data_seed = d.seed if d.seed is not None else seed
-        with self.accelerator.main_process_first():  # one download / cache write
+        with self.accelerator.local_main_process_first():  # one download / cache write per node
             self.dataset = load_rows(d, data_seed)
         self.stream = PromptStream(self.dataset, d, self.tokenizer, self.recipe.train.prompts_per_step, data_seed)
 

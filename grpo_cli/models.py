@@ -280,7 +280,7 @@ def _cached_folder(target: Path, build: Callable[[Path], None]) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         build(tmp)
-        if not (tmp / "config.json").is_file():  # e.g. save_pretrained on a non-main distributed rank writes nothing
+        if not (tmp / "config.json").is_file():
             raise ModelLoadError(f"building the cached model {target.name} wrote no config.json; nothing was cached")
         try:
             os.rename(tmp, target)
@@ -318,7 +318,7 @@ def _dequantize_gguf(gguf_path: Path, out: Path) -> None:
             f"converting {gguf_path.name}: the weights do not fit the config (missing {missing}, unexpected {unexpected})"
         )
     model.generation_config = gguf_model.generation_config
-    model.save_pretrained(out)
+    _save_on_this_node(model, out)
     tokenizer.save_pretrained(out)
     log.info("converted %s in %.0f s -> %s", gguf_path.name, time.perf_counter() - t0, out.parent)
 
@@ -402,8 +402,15 @@ def _build_tiny(kind: str, out: Path) -> None:
     finally:
         torch.random.set_rng_state(state)
     model.generation_config = GenerationConfig(**ids)
-    model.save_pretrained(out)
+    _save_on_this_node(model, out)
     tok.save_pretrained(out)
+
+
+def _save_on_this_node(model, out: Path) -> None:
+    """save_pretrained, also on a node's main process: with torch.distributed up, transformers writes only on
+    global rank 0, but a cache may be per node (the main process of each fills its own)."""
+    model.should_save_on_this_rank = lambda is_main_process: True
+    model.save_pretrained(out)
 
 
 # ---------------------------------------------------------------- errors

@@ -118,7 +118,8 @@ def test_accelerate_configs_parse_into_their_plugins(path, monkeypatch):
     from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
 
     args, defaults, _ = _validate_launch_command(launch_command_parser().parse_args(["--config_file", str(path), "x.py"]))
-    assert args.num_processes == 8 and defaults.num_machines == 1
+    machines = 2 if "machines" in path.stem else 1
+    assert args.num_processes == 8 * machines and defaults.num_machines == machines
     assert "#" in path.read_text().splitlines()[0]  # opens with when to use it
     if args.use_deepspeed:
         args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
@@ -140,7 +141,9 @@ def test_accelerate_configs_parse_into_their_plugins(path, monkeypatch):
         assert plugin.deepspeed_config["gradient_accumulation_steps"] == "auto" or plugin.gradient_accumulation_steps == 1
         assert zero.get("stage3_gather_16bit_weights_on_model_save", False) is (stage == 3)
     else:
-        assert name == "ddp" and args.multi_gpu and env.get("ACCELERATE_USE_FSDP") is None
+        assert name.startswith("ddp") and args.multi_gpu and env.get("ACCELERATE_USE_FSDP") is None
+        if machines > 1:  # what torchrun gets on machine 0 (--machine_rank overrides the rank on the others)
+            assert (args.num_machines, args.machine_rank, args.main_process_ip, args.main_process_port) == (2, 0, "10.0.0.1", 29500)
 
 
 @pytest.mark.skipif(gpu_count() > 0, reason="checks the CPU-only refusal")
