@@ -166,6 +166,12 @@ class VLLMConfig(Section):
 
 class RolloutConfig(Section):
     backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend: `hf` (transformers generate) or `vllm`.")
+    dtype: Literal["auto", "policy", "bfloat16", "float16"] = Field(
+        "auto", description="`hf` backend: sample with a copy of the policy in this dtype, filled from it before every "
+        "generate and freed after (its log-probs feed importance_sampling, as vLLM's do); `policy` samples with the "
+        "policy itself. auto: bfloat16 for a full float32 policy on one process where the hardware computes bf16 "
+        "natively (CUDA, CPUs with AVX512-BF16 or AMX), else `policy`.",
+    )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="Used when backend is `vllm`.")
     importance_sampling: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none"] = Field(
         "token_truncate",

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import re
+from pathlib import Path
+
 import torch
 
 from grpo_cli.datatypes import Rollout, completion_lists
@@ -52,15 +56,94 @@ def eos_token_ids(model, tokenizer) -> list[int]:
     return ids
 
 
+def native_bf16(device: torch.device) -> bool:
+    """True where bf16 matrix products run natively: CUDA with bf16, or a CPU with AVX512-BF16 or AMX (Linux)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return False
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return re.search(r"\b(avx512_bf16|amx_bf16)\b", cpuinfo) is not None
+
+
+def sampler_dtype(setting: str, model, *, full_model: bool) -> torch.dtype | None:
+    """`rollout.dtype` -> the dtype of the sampling copy, or None to sample with the policy itself."""
+    param = next(model.parameters())
+    if setting == "policy":
+        return None
+    if setting == "auto":
+        return torch.bfloat16 if full_model and param.dtype == torch.float32 and native_bf16(param.device) else None
+    if not full_model:
+        raise ValueError(f"rollout.dtype: {setting} needs a full model on one process (not LoRA, FSDP or ZeRO-3); "
+                         "use auto or policy")
+    dtype = getattr(torch, setting)
+    return None if dtype == param.dtype else dtype
+
+
+class SamplingCopy:
+    """The policy in a lower precision, holding memory only while it samples: between `fill` and `free`
+    its parameters live on the meta device. Buffers keep their dtype (RoPE frequencies stay float32)."""
+
+    def __init__(self, model, dtype: torch.dtype) -> None:
+        # requires_grad as the policy's (generate runs without grad): with frozen weights, torch's matmul copies a
+        # [b, hidden, vocab] expansion of the LM head for the non-contiguous last-position hidden states (~1 s)
+        memo = {id(p): torch.nn.Parameter(torch.empty_like(p, device="meta", dtype=dtype if p.is_floating_point() else p.dtype),
+                                          requires_grad=p.requires_grad) for p in model.parameters()}
+        memo |= {id(b): torch.empty_like(b, device="meta") for b in model.buffers()}
+        self.module = copy.deepcopy(model, memo).eval()  # structure, config and generation config; no weights
+        self.module.config.dtype = dtype  # masks and caches are built in it (a float32 mask slows bf16 attention 4x)
+        self.dtype = dtype
+
+    @torch.no_grad()
+    def fill(self, model) -> torch.nn.Module:
+        # leaving the meta device unties tied weights (embeddings / LM head): every name is filled
+        self.module.to_empty(device=next(model.parameters()).device)
+        for source, target in ((model.named_parameters(remove_duplicate=False), self.module.named_parameters()),
+                               (model.named_buffers(remove_duplicate=False), self.module.named_buffers())):
+            values = dict(source)
+            for name, t in target:
+                t.copy_(values[name])
+        return self.module
+
+    def free(self) -> None:
+        self.module.to("meta")
+
+
+class SamplerLogprobs:
+    """A logits processor that keeps, per step, the log-prob of the token the sampler then drew: under the
+    sampling temperature, before top-k/top-p/min-p (as the trainer computes it, and vLLM's raw log-probs)."""
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature, self.previous, self.steps = temperature, None, []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.previous is not None:  # the token drawn from the previous step's distribution is now the last input
+            self.steps.append(self.previous.gather(1, input_ids[:, -1:]))
+        self.previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def result(self, completion_ids: torch.Tensor) -> torch.Tensor:
+        """[N, T] log-probs of `completion_ids` (the last step's token is not an input of any call)."""
+        return torch.cat([*self.steps, self.previous.gather(1, completion_ids[:, -1:])], dim=1)
+
+
 class HFGenerator:
-    """Sampling with the policy itself; nothing to sync after an optimizer step."""
+    """Sampling with transformers `generate`: with the policy itself, or a lower-precision copy of it
+    (rollout.dtype) filled from the policy before every call, so nothing needs syncing after an update."""
 
     def __init__(self, model, tokenizer, cfg: RolloutConfig, synced: bool = False) -> None:
+        from grpo_cli.lora import is_peft_model
+
         # synced: the weights are sharded over processes (FSDP, ZeRO-3); a process whose sequences are done
         # keeps running forwards until every process is done, or the others would wait forever
         self.model, self.tokenizer, self.cfg, self.synced = model, tokenizer, cfg, synced
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        dtype = sampler_dtype(cfg.dtype, model, full_model=not synced and not is_peft_model(model))
+        self.copy = SamplingCopy(model, dtype) if dtype is not None else None
 
     def sleep(self) -> None:
         """Only the colocated vLLM engine frees memory during the update."""
@@ -98,11 +181,21 @@ class HFGenerator:
             max_new_tokens=max_new_tokens or c.max_completion_length,
             eos_token_id=self.eos_ids, pad_token_id=self.pad_id, use_cache=True,
         )
+        # a sampling copy is a different policy: its log-probs go with the rollout (importance sampling)
+        recorder = SamplerLogprobs(sampling["temperature"]) if self.copy is not None and not greedy else None
         was_training = self.model.training
         self.model.eval()
-        out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg, synced_gpus=self.synced)
-        self.model.train(was_training)
+        sampler = self.copy.fill(self.model) if self.copy is not None else self.model
+        try:
+            out = sampler.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg, synced_gpus=self.synced,
+                                   logits_processor=[recorder] if recorder is not None else None)
+        finally:
+            if self.copy is not None:
+                self.copy.free()
+            self.model.train(was_training)
         completion_ids = out[:, ids.shape[1] :]
         cmask, truncated = completion_mask_from_eos(completion_ids, self.eos_ids)
+        logps = recorder.result(completion_ids).masked_fill(cmask == 0, 0.0) if recorder is not None else None
         completion_ids = completion_ids.masked_fill(cmask == 0, self.pad_id)
-        return build_rollout(prompt_ids, prompts, n, completion_ids, cmask, truncated, self.tokenizer, self.pad_id)
+        return build_rollout(prompt_ids, prompts, n, completion_ids, cmask, truncated, self.tokenizer, self.pad_id,
+                             sampling_logps=logps)

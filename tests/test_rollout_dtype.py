@@ -1,0 +1,112 @@
+"""`rollout.dtype`: the hf backend samples with a lower-precision copy of the policy, filled before every
+generate and freed after, and records the sampler's log-probs for importance sampling."""
+
+import pytest
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, Qwen2Config, Qwen2ForCausalLM
+
+from grpo_cli.logprobs import token_logprobs
+from grpo_cli.recipe import RolloutConfig
+from grpo_cli.rollout.hf import HFGenerator, SamplerLogprobs, SamplingCopy, left_pad, native_bf16, sampler_dtype
+
+from helpers import read_jsonl, cli
+
+torch.set_num_threads(1)
+
+
+class Tok:
+    pad_token_id, eos_token_id = 0, 1
+
+    def batch_decode(self, lists, skip_special_tokens=True):
+        return [" ".join(map(str, x)) for x in lists]
+
+
+def tiny(dtype=torch.float32) -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(cfg).to(dtype)
+    model.generation_config = GenerationConfig(eos_token_id=1, pad_token_id=0)
+    return model
+
+
+PROMPTS = [[5, 6, 7, 8], [9, 10]]
+
+
+def test_the_copy_holds_memory_only_while_sampling_and_follows_the_policy():
+    model = tiny()
+    copy = SamplingCopy(model, torch.bfloat16)
+    assert {p.device.type for p in copy.module.parameters()} == {"meta"}
+    for _ in range(2):  # the second fill sees the policy's new weights
+        sampler = copy.fill(model)
+        policy = dict(model.named_parameters(remove_duplicate=False))
+        for name, p in sampler.named_parameters(remove_duplicate=False):  # tied LM head included
+            assert p.dtype == torch.bfloat16 and torch.equal(p, policy[name].to(torch.bfloat16)), name
+        for (name, b), (_, ref) in zip(sampler.named_buffers(), model.named_buffers()):
+            assert b.dtype == ref.dtype and torch.equal(b, ref), name  # RoPE frequencies stay float32
+        copy.free()
+        assert {p.device.type for p in copy.module.parameters()} == {"meta"}
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01)
+    assert all(p.dtype == torch.float32 and p.device.type == "cpu" for p in model.parameters())  # untouched
+
+
+def test_recorded_logprobs_are_the_samplers_at_the_sampling_temperature_before_top_p():
+    model = tiny().eval()
+    ids, mask = left_pad([p for p in PROMPTS for _ in range(3)], 0)
+    recorder = SamplerLogprobs(0.7)
+    torch.manual_seed(1)
+    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=0.7, top_p=0.8, top_k=0,
+                         max_new_tokens=6, eos_token_id=63, logits_processor=LogitsProcessorList([recorder]))
+    completion = out[:, ids.shape[1]:]
+    recorded = recorder.result(completion)
+    with torch.no_grad():
+        expected, _ = token_logprobs(model, ids, mask, completion, torch.ones_like(completion), temperature=0.7,
+                                     shared_prompts=False)
+    assert recorded.shape == completion.shape and completion.shape[1] > 3
+    assert (recorded - expected).abs().max() < 1e-4
+
+
+def test_the_generator_samples_with_the_copy_and_returns_its_logprobs():
+    model = tiny()
+    gen = HFGenerator(model, Tok(), RolloutConfig(max_completion_length=8, dtype="bfloat16"))
+    torch.manual_seed(0)
+    r = gen.generate(PROMPTS, ["a", "b"], n=4)
+    assert r.sampling_logps is not None and r.sampling_logps.shape == r.completion_ids.shape
+    assert (r.sampling_logps[r.completion_mask == 0] == 0).all() and (r.sampling_logps[r.completion_mask == 1] < 0).all()
+    with torch.no_grad():
+        policy, _ = token_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
+        sampler, _ = token_logprobs(gen.copy.fill(model), r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
+    gen.copy.free()
+    m = r.completion_mask.bool()
+    # the recorded numbers are the bf16 copy's (to bf16 rounding), not the float32 policy's
+    assert (r.sampling_logps - sampler)[m].abs().max() < 2e-2
+    assert (policy - sampler)[m].abs().max() > 1e-4
+    greedy = gen.generate(PROMPTS, ["a", "b"], greedy=True)
+    assert greedy.sampling_logps is None
+    assert HFGenerator(model, Tok(), RolloutConfig(dtype="policy")).copy is None
+
+
+def test_auto_picks_bf16_only_for_a_full_float32_policy_on_native_bf16_hardware():
+    model = tiny()
+    native = native_bf16(torch.device("cpu"))
+    assert sampler_dtype("auto", model, full_model=True) == (torch.bfloat16 if native else None)
+    assert sampler_dtype("auto", model, full_model=False) is None  # LoRA, FSDP, ZeRO-3: the policy samples
+    assert sampler_dtype("auto", tiny(torch.bfloat16), full_model=True) is None
+    assert sampler_dtype("bfloat16", tiny(torch.bfloat16), full_model=True) is None  # already bf16
+    assert sampler_dtype("policy", model, full_model=True) is None
+    with pytest.raises(ValueError, match="rollout.dtype: bfloat16 needs a full model"):
+        sampler_dtype("bfloat16", model, full_model=False)
+
+
+@pytest.mark.usefixtures("model_cache")
+def test_training_with_a_bf16_sampler_logs_the_mismatch_and_corrects_it(tmp_path):
+    p = cli("train", "recipes/ci-tiny.yaml", "-o", str(tmp_path / "bf16"), "train.max_steps=2", "rollout.dtype=bfloat16")
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = read_jsonl(tmp_path / "bf16/metrics.jsonl")[-1]
+    assert 0 < m["sampling/sampling_logp_difference/mean"] < 0.1
+    assert m["sampling/importance_sampling_ratio/mean"] == pytest.approx(1.0, abs=0.1)
+    p = cli("train", "recipes/ci-tiny.yaml", "-o", str(tmp_path / "fp32"), "train.max_steps=2", "rollout.dtype=policy")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "sampling/sampling_logp_difference/mean" not in read_jsonl(tmp_path / "fp32/metrics.jsonl")[-1]
