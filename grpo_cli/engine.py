@@ -82,15 +82,16 @@ class Engine:
     def _setup(self, resume: str | None, start_over: bool, allow_recipe_change: bool) -> None:
         from accelerate import Accelerator
 
-        from grpo_cli.models import quiet_transformers
+        from grpo_cli.models import quiet_transformers, resolve_mixed_precision
 
         quiet_transformers()
         recipe = self.recipe
         t = recipe.train
         if t.threads:
             torch.set_num_threads(t.threads)
+        self.mixed_precision = resolve_mixed_precision(t.mixed_precision, recipe.model.dtype)
         self.accelerator = Accelerator(
-            mixed_precision=t.mixed_precision, log_with=recipe.logging.trackers or None, project_dir=str(self.run_dir)
+            mixed_precision=self.mixed_precision, log_with=recipe.logging.trackers or None, project_dir=str(self.run_dir)
         )
         self.G = recipe.algorithm.num_generations
         self._check_process_split()
@@ -302,7 +303,10 @@ class Engine:
             self.console.print(f"resumed from {self.checkpoint_path} at step {step}")
         ref = "none (beta = 0)" if self.recipe.algorithm.beta == 0 else (
             "a second copy" if self.ref_model is not None else "the base with adapters disabled (no copy)")
-        self.console.print(f"policy: {self.model_summary}; reference: {ref}; "
+        forwards = f"{self.mixed_precision} autocast" if self.mixed_precision != "no" else self.recipe.model.dtype
+        copy = getattr(self.generator, "copy", None)  # hf backend, rollout.dtype
+        sampling = f", sampling in {str(copy.dtype).removeprefix('torch.')}" if copy is not None else ""
+        self.console.print(f"policy: {self.model_summary}; forwards in {forwards}{sampling}; reference: {ref}; "
                            f"peak memory {peak_memory_gib(self.accelerator.device):.2f} GiB")
         try:
             while step < self.recipe.train.max_steps:

@@ -19,6 +19,7 @@ import importlib.util
 import logging
 import os
 import random
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -137,6 +138,33 @@ def quiet_vllm(level: str | None = "WARNING") -> None:
         tmp.write_text(text)
         os.replace(tmp, path)  # atomic: another process never reads half a file
     os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(path)
+
+
+def native_bf16(device: torch.device) -> bool:
+    """True where bf16 matrix products run natively: CUDA with bf16, or a CPU with AVX512-BF16 or AMX (Linux)."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return False
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return re.search(r"\b(avx512_bf16|amx_bf16)\b", cpuinfo) is not None
+
+
+def resolve_mixed_precision(setting: str, weights_dtype: str) -> str:
+    """train.mixed_precision -> accelerate's: `auto` is bf16 autocast for float32 weights where the device
+    computes bf16 natively (CUDA; CPUs with AVX512-BF16 or AMX), else no autocast."""
+    import torch
+
+    if setting != "auto":
+        return setting
+    on_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not torch.cuda.is_available()
+    native = native_bf16(torch.device("cpu" if on_cpu else "cuda"))
+    return "bf16" if weights_dtype == "float32" and native else "no"
 
 
 def cache_dir() -> Path:

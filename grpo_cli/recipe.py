@@ -166,11 +166,11 @@ class VLLMConfig(Section):
 
 class RolloutConfig(Section):
     backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend: `hf` (transformers generate) or `vllm`.")
-    dtype: Literal["auto", "policy", "bfloat16", "float16"] = Field(
-        "auto", description="`hf` backend: sample with a copy of the policy in this dtype, filled from it before every "
-        "generate and freed after (its log-probs feed importance_sampling, as vLLM's do); `policy` samples with the "
-        "policy itself. auto: bfloat16 for a full float32 policy on one process where the hardware computes bf16 "
-        "natively (CUDA, CPUs with AVX512-BF16 or AMX), else `policy`.",
+    dtype: Literal["policy", "auto", "bfloat16", "float16"] = Field(
+        "policy", description="`hf` backend: `policy` samples with the policy itself; bfloat16/float16 with a copy of "
+        "it in that dtype, filled before every generate and freed after (~2x faster decoding on bf16 hardware; its "
+        "log-probs feed importance_sampling, as vLLM's do); auto: bfloat16 for a full float32 policy on one process "
+        "where the hardware computes bf16 natively (CUDA, CPUs with AVX512-BF16 or AMX), else policy.",
     )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="Used when backend is `vllm`.")
     importance_sampling: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none"] = Field(
@@ -198,7 +198,10 @@ class TrainConfig(Section):
     adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
     adam_beta2: float = Field(0.99, ge=0, lt=1, description="AdamW beta2.")
     max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the global grad norm; None disables.")
-    mixed_precision: Literal["no", "bf16", "fp16"] = Field("no", description="Autocast for forward passes (accelerate).")
+    mixed_precision: Literal["no", "auto", "bf16", "fp16"] = Field(
+        "no", description="Autocast for forward passes (accelerate); weights, gradients and AdamW stay in model.dtype. "
+        "auto: bf16 for float32 weights where the hardware computes bf16 natively (CUDA, CPUs with AVX512-BF16 or AMX), else no.",
+    )
     seed: int = Field(0, description="Seed of sampling, shuffling and initialisation.")
     threads: int | None = Field(None, ge=1, description="torch intra-op threads (CPU); None keeps torch's choice.")
 

@@ -285,3 +285,13 @@ def test_cached_folder_refuses_a_build_without_config(tmp_path):
     with pytest.raises(models.ModelLoadError, match="wrote no config.json"):
         models._cached_folder(tmp_path / "models" / "m", build)
     assert list((tmp_path / "models").iterdir()) == []  # nothing half-built is published
+
+
+def test_mixed_precision_auto_is_bf16_autocast_for_float32_weights_on_native_bf16_hardware(monkeypatch):
+    from grpo_cli.models import native_bf16, resolve_mixed_precision
+
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
+    native = native_bf16(torch.device("cpu"))  # this machine's CPU: AVX512-BF16
+    assert resolve_mixed_precision("auto", "float32") == ("bf16" if native else "no")
+    assert resolve_mixed_precision("auto", "bfloat16") == "no"  # nothing to autocast
+    assert resolve_mixed_precision("no", "float32") == "no" and resolve_mixed_precision("fp16", "float32") == "fp16"

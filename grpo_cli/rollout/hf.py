@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import copy
-import re
-from pathlib import Path
 
 import torch
 
 from grpo_cli.datatypes import Rollout, completion_lists
+from grpo_cli.models import native_bf16
 from grpo_cli.recipe import RolloutConfig
 
 
@@ -54,19 +53,6 @@ def eos_token_ids(model, tokenizer) -> list[int]:
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
         ids.append(tokenizer.eos_token_id)
     return ids
-
-
-def native_bf16(device: torch.device) -> bool:
-    """True where bf16 matrix products run natively: CUDA with bf16, or a CPU with AVX512-BF16 or AMX (Linux)."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    if device.type != "cpu":
-        return False
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return re.search(r"\b(avx512_bf16|amx_bf16)\b", cpuinfo) is not None
 
 
 def sampler_dtype(setting: str, model, *, full_model: bool) -> torch.dtype | None:
