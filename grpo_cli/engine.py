@@ -22,7 +22,7 @@ from grpo_cli.logprobs import token_logprobs
 from grpo_cli.losses import POLICY_LOSSES, compute_loss, sampler_correction
 from grpo_cli.models import disable_dropout, has_dropout
 from grpo_cli.recipe import Recipe, flat_config, recipe_to_yaml
-from grpo_cli.stepstats import MetricSums, rollout_records, step_metrics
+from grpo_cli.stepstats import MetricSums, peak_memory_gib, rollout_records, step_metrics
 
 
 class SetupError(RuntimeError):
@@ -48,15 +48,6 @@ def entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> 
         return mask
     threshold = torch.quantile(active.float(), 1.0 - quantile)
     return mask * (entropy >= threshold).to(mask.dtype)
-
-
-def peak_memory_gib(device: torch.device) -> float:
-    """Peak memory of this process so far: CUDA allocator peak on a GPU, peak RSS on the CPU."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
 
 
 class Engine:
@@ -304,8 +295,8 @@ class Engine:
         ref = "none (beta = 0)" if self.recipe.algorithm.beta == 0 else (
             "a second copy" if self.ref_model is not None else "the base with adapters disabled (no copy)")
         forwards = f"{self.mixed_precision} autocast" if self.mixed_precision != "no" else self.recipe.model.dtype
-        copy = getattr(self.generator, "copy", None)  # hf backend, rollout.dtype
-        sampling = f", sampling in {str(copy.dtype).removeprefix('torch.')}" if copy is not None else ""
+        sampling_copy = getattr(self.generator, "copy", None)  # hf backend, rollout.dtype
+        sampling = f", sampling in {str(sampling_copy.dtype).removeprefix('torch.')}" if sampling_copy is not None else ""
         self.console.print(f"policy: {self.model_summary}; forwards in {forwards}{sampling}; reference: {ref}; "
                            f"peak memory {peak_memory_gib(self.accelerator.device):.2f} GiB")
         try:

@@ -15,6 +15,15 @@ if TYPE_CHECKING:
     from grpo_cli.engine import Engine
 
 
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak memory of this process so far: CUDA allocator peak on a GPU, peak RSS on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
 class MetricSums:
     """Running sums for means that must be exact over micro-batches and processes."""
 
