@@ -20,7 +20,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from grpo_cli.registry import Registry
+from grpo_cli.registry import Registry, did_you_mean
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -290,10 +290,7 @@ def _template_columns(template: str) -> list[str]:
 
 
 def _did_you_mean(name: str, columns: list[str]) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(name, columns, n=1, cutoff=0.75)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    return did_you_mean(name, columns, cutoff=0.75)  # column names are short: a stricter match
 
 
 def check_columns(cfg: DataConfig, columns: list[str], source: str, needs_answer: bool | None = None) -> None:

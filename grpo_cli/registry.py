@@ -7,6 +7,14 @@ from typing import Callable, Generic, Iterator, TypeVar
 T = TypeVar("T")
 
 
+def did_you_mean(word: str, choices, cutoff: float = 0.6) -> str:
+    """' (did you mean 'x'?)' for the closest of `choices`, or '' (difflib's ratio >= cutoff)."""
+    import difflib
+
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 class Registry(Generic[T]):
     """A name -> object table. Unknown names fail with the list of valid ones."""
 

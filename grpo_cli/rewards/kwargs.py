@@ -14,21 +14,16 @@ Importing this module must not import torch.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import numbers
 import re
 from collections.abc import Callable
 from typing import Any
 
+from grpo_cli.registry import did_you_mean
 from grpo_cli.rewards.builtin import EXTRACT_MODES, REWARDS
 
 RESERVED = ("prompts", "completions", "completion_ids")  # grpo passes these itself
-
-
-def _did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def accepted_kwargs(fn: Callable, builtin: bool) -> list[str] | None:
@@ -59,7 +54,7 @@ def check_kwargs(name: str, fn: Callable, kwargs: dict[str, Any]) -> None:
             if key not in accepted:
                 takes = ", ".join(accepted) if accepted else "no settings"
                 where = f"the built-in reward {name!r}" if builtin else f"{name} (its signature has no **kwargs)"
-                hint = _did_you_mean(key, accepted)
+                hint = did_you_mean(key, accepted)
                 raise ValueError(f"kwargs.{key}: not a parameter of {where}{hint}; it takes: {takes}")
     if builtin and name in BUILTIN_CHECKS:
         BUILTIN_CHECKS[name](kwargs)
@@ -81,7 +76,7 @@ def _int(kwargs: dict[str, Any], key: str, low: int, required: bool = False, hin
 def _accuracy(kwargs: dict[str, Any]) -> None:
     mode = kwargs.get("mode", "auto")
     if mode not in EXTRACT_MODES:
-        hint = _did_you_mean(str(mode), EXTRACT_MODES)
+        hint = did_you_mean(str(mode), EXTRACT_MODES)
         raise ValueError(f"kwargs.mode: unknown answer extraction mode {mode!r}{hint}; valid: {', '.join(EXTRACT_MODES)}")
     tag = kwargs.get("tag", "answer")
     if not isinstance(tag, str) or not tag.strip():

@@ -76,14 +76,14 @@ def _read_config(source: str) -> dict[str, Any]:
 
 def check_reward_model(name: str, kwargs: dict[str, Any], timeout_s: float | None) -> None:
     """Raise ValueError (message for people, naming `name` or `kwargs.KEY`) unless the reward model is usable."""
-    from grpo_cli.rewards.kwargs import _did_you_mean
+    from grpo_cli.registry import did_you_mean
 
     source = model_source(name)
     if not source:
         raise ValueError("name: `model:` needs a folder or hub id after it, e.g. model:./my-reward-model")
     for key, value in kwargs.items():
         if key not in DEFAULTS:
-            hint = _did_you_mean(key, list(DEFAULTS))
+            hint = did_you_mean(key, DEFAULTS)
             raise ValueError(f"kwargs.{key}: not a setting of a reward model{hint}; it takes: {', '.join(DEFAULTS)}")
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"kwargs.{key}: must be an integer >= 1 (got {value!r})")

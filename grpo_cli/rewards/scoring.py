@@ -28,7 +28,6 @@ Importing this module must not import torch (`grpo validate` checks reward names
 from __future__ import annotations
 
 import asyncio
-import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -48,6 +47,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from grpo_cli.registry import did_you_mean
 from grpo_cli.rewards import reward_model as rm
 from grpo_cli.rewards.builtin import REWARDS
 from grpo_cli.rewards.kwargs import check_kwargs
@@ -152,8 +152,7 @@ def resolve_reward(name: str) -> Callable[..., Any]:
     if rm.is_reward_model(name):
         return rm.reward_model(name)
     if ":" not in name:
-        close = difflib.get_close_matches(name, REWARDS.names(), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = did_you_mean(name, REWARDS.names())
         raise ValueError(
             f"unknown reward {name!r}{hint}; built-in rewards: {', '.join(REWARDS.names())}; "
             f"or name your own function as {_FORMS}, or a reward model as `model:PATH_OR_HUB_ID`"
