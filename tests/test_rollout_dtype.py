@@ -110,3 +110,27 @@ def test_training_with_a_bf16_sampler_logs_the_mismatch_and_corrects_it(tmp_path
     p = cli("train", "recipes/ci-tiny.yaml", "-o", str(tmp_path / "fp32"), "train.max_steps=2", "rollout.dtype=policy")
     assert p.returncode == 0, p.stderr[-3000:]
     assert "sampling/sampling_logp_difference/mean" not in read_jsonl(tmp_path / "fp32/metrics.jsonl")[-1]
+
+
+def test_sampling_runs_outside_the_training_autocast():
+    """train.mixed_precision wraps the model's forward in autocast (accelerate); sampling uses the forward it had
+    before, so it draws the same tokens as the unwrapped policy, and training forwards keep their autocast."""
+    from accelerate import Accelerator
+
+    reference = tiny()
+    torch.manual_seed(2)
+    expected = HFGenerator(reference, Tok(), RolloutConfig(max_completion_length=6)).generate(PROMPTS, ["a", "b"], n=3)
+
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+    model = accelerator.prepare(tiny())
+    seen = []
+    model.model.layers[0].mlp.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    torch.manual_seed(2)
+    got = HFGenerator(accelerator.unwrap_model(model), Tok(), RolloutConfig(max_completion_length=6)).generate(
+        PROMPTS, ["a", "b"], n=3)
+    assert seen and set(seen) == {torch.float32}  # no decode step ran under autocast
+    assert torch.equal(got.completion_ids, expected.completion_ids)
+    seen.clear()
+    model(input_ids=torch.tensor(PROMPTS[:1]))
+    assert seen == [torch.bfloat16]  # the training forward is still autocast
+    accelerator.free_memory()

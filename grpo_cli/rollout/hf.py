@@ -7,7 +7,7 @@ import copy
 import torch
 
 from grpo_cli.datatypes import Rollout, completion_lists
-from grpo_cli.models import native_bf16
+from grpo_cli.models import native_bf16, without_autocast
 from grpo_cli.recipe import RolloutConfig
 
 
@@ -173,8 +173,9 @@ class HFGenerator:
         self.model.eval()
         sampler = self.copy.fill(self.model) if self.copy is not None else self.model
         try:
-            out = sampler.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg, synced_gpus=self.synced,
-                                   logits_processor=[recorder] if recorder is not None else None)
+            with without_autocast(sampler):  # train.mixed_precision autocasts training forwards, not sampling
+                out = sampler.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg,
+                                       synced_gpus=self.synced, logits_processor=[recorder] if recorder is not None else None)
         finally:
             if self.copy is not None:
                 self.copy.free()
