@@ -3,12 +3,15 @@
 A_i = (r_i - mean(group)) / (std + 1e-4), where the std is the group's (`group`, the paper),
 the whole batch's (`batch`, as in TRL's scale_rewards="batch"), or 1 (`none`, Dr. GRPO arXiv:2503.20783,
 which shows that dividing by the group std biases towards too-easy and too-hard prompts).
+With several rewards, `normalize_then_sum` (GDPO arXiv:2601.05242; TRL's multi_objective_aggregation) first
+normalises each reward within its group, sums them weighted, and normalises the sums over the whole batch.
 Rows are B groups of G contiguous completions. A NaN reward means "no reward" (a reward function
 returned None): it is left out of the group statistics and its advantage is 0.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -63,3 +66,19 @@ def compute_advantages(rewards: torch.Tensor, group_size: int, scale: str) -> to
 def group_std(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """[N] -> [B] unbiased std of each group's rewards (NaN ignored); for frac_reward_zero_std."""
     return _nan_std(rewards.float().view(-1, group_size), dim=1)
+
+
+def normalize_then_sum(per_function: torch.Tensor, weights: list[float], group_size: int) -> torch.Tensor:
+    """[N, K] rewards of K functions (NaN = missing) -> [N] advantages, as TRL's normalize_then_sum:
+    r_k = (r_k - mean_group(r_k)) / (std_group(r_k) + eps); s = sum_k w_k r_k over the functions that gave one;
+    A = (s - mean_batch(s)) / (std_batch(s) + eps). A row no function scored gets 0."""
+    n, k = per_function.shape
+    if n % group_size or k != len(weights):
+        raise ValueError(f"per-function rewards must be [B*G, K] with G={group_size}, K={len(weights)}, got {(n, k)}")
+    r = per_function.float().view(-1, group_size, k)  # [B, G, K]
+    normalized = (r - torch.nanmean(r, dim=1, keepdim=True)) / (_nan_std(r, dim=1, keepdim=True) + EPS)
+    w = torch.tensor(weights, dtype=torch.float32, device=r.device)
+    summed = (normalized.view(n, k) * w).nansum(dim=1)
+    summed = torch.where(torch.isnan(per_function).all(dim=1), torch.full_like(summed, math.nan), summed)
+    adv = (summed - torch.nanmean(summed)) / (_nan_std(summed) + EPS)
+    return torch.where(torch.isnan(adv), torch.zeros_like(adv), adv)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from grpo_cli.advantages import compute_advantages
+from grpo_cli.advantages import compute_advantages, normalize_then_sum
 from grpo_cli.datatypes import Rollout
 from grpo_cli.logprobs import token_logprobs
 from grpo_cli.losses import POLICY_LOSSES, compute_loss, sampler_correction
@@ -340,7 +340,12 @@ class Engine:
         t_score = time.perf_counter()
 
         total = self._gather(torch.tensor(rewards.total, dtype=torch.float32))  # [N], all processes
-        advantages = compute_advantages(total, G, r.algorithm.scale_rewards)  # [N]
+        if r.algorithm.multi_objective_aggregation == "normalize_then_sum":
+            per_function = [[math.nan if v is None else v for v in col] for col in rewards.per_function.values()]
+            per_function = self._gather(torch.tensor(per_function, dtype=torch.float32).T.contiguous())  # [N, K]
+            advantages = normalize_then_sum(per_function, [w.weight for w in r.rewards], G)
+        else:
+            advantages = compute_advantages(total, G, r.algorithm.scale_rewards)  # [N]
         local_adv = advantages[rows.start : rows.stop]
         mask = rollout.completion_mask.clone()
         if r.algorithm.mask_truncated_completions:
@@ -419,7 +424,9 @@ class Engine:
             ref_logps=ref[sl] if ref is not None else None,
             max_completion_length=self.recipe.rollout.max_completion_length, num_active_tokens=num_active,
             sapo_temperature_pos=a.sapo_temperature_pos, sapo_temperature_neg=a.sapo_temperature_neg,
-            token_weights=weights,
+            token_weights=weights, use_bias_correction_kl=a.use_bias_correction_kl,
+            off_policy_mask_threshold=a.off_policy_mask_threshold,
+            sampling_logps=rollout.sampling_logps[sl] if rollout.sampling_logps is not None else None,
         )
         self.accelerator.backward(loss * loss_scale)
         n_tok = m.sum().item()

@@ -9,7 +9,11 @@ Objectives (the loss is the negative of the surrogate that is maximised):
            (PPO/GRPO arXiv:2402.03300; two-sided clipping from INTELLECT-2 arXiv:2505.07291)
   cispo    -sg(min(w, eps_high)) A log pi   (MiniMax-M1 arXiv:2506.13585: clip the IS weight, keep every token's gradient)
   sapo     -(sigmoid(tau (w - 1)) 4 / tau) A, tau by the sign of A (soft adaptive policy optimization arXiv:2511.20347)
-plus beta * k3 KL to the reference: exp(ref - logp) - (ref - logp) - 1 (Schulman's k3, as in DeepSeekMath eq. 4).
+plus beta * k3 KL to the reference: exp(ref - logp) - (ref - logp) - 1 (Schulman's k3, as in DeepSeekMath eq. 4);
+with `use_bias_correction_kl` the k3 of each token is multiplied by its importance ratio w, gradient included
+(DeepSeek-V3.2 arXiv:2512.02556, "unbiased KL estimate"; TRL's use_bias_correction_kl).
+`off_policy_mask_threshold` (DeepSeek-V3.2 "off-policy sequence masking") drops from the policy term every
+completion with a negative advantage whose mean per-token log(pi_sampler / pi) exceeds the threshold.
 
 Aggregations (what a loss_type name adds on top of its objective):
   grpo, sapo   mean over sequences of the per-sequence token mean (DeepSeekMath eq. 3)
@@ -107,6 +111,16 @@ def k3_kl(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1
 
 
+def off_policy_sequence_mask(adv: torch.Tensor, logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor,
+                             threshold: float) -> torch.Tensor:
+    """[N, 1]: 1 keeps a completion in the policy loss, 0 drops it: kept when its advantage is >= 0 or the mean
+    over its tokens of log pi_sampler - log pi (how far the policy has moved from what sampled it) is <= threshold.
+    Tokens without a sampler log-prob (NaN) count as 0, as in TRL."""
+    drift = torch.nan_to_num(sampling_logps - logps.detach(), nan=0.0) * mask
+    mean_drift = drift.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+    return ((adv >= 0) | (mean_drift <= threshold)).to(mask.dtype)
+
+
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
@@ -129,11 +143,15 @@ def compute_loss(
     sapo_temperature_pos: float = 1.0,
     sapo_temperature_neg: float = 1.05,
     token_weights: torch.Tensor | None = None,
+    use_bias_correction_kl: bool = False,
+    off_policy_mask_threshold: float | None = None,
+    sampling_logps: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Scalar loss (to minimise) and detached metrics; see the module docstring for the formulas.
 
     `token_weights` [N, T] (constants) multiply the policy term per token: the importance-sampling
-    correction for rollouts sampled by another engine (see `sampler_correction`)."""
+    correction for rollouts sampled by another engine (see `sampler_correction`). The off-policy mask
+    measures drift from `sampling_logps` (the sampler's log-probs), or from `old_logps` when there are none."""
     spec = POLICY_LOSSES.get(loss_type)
     mask = mask.to(logps.dtype)
     w = importance_weights(logps, old_logps.detach(), mask, importance_sampling_level)  # [N, T]
@@ -142,13 +160,20 @@ def compute_loss(
         w, adv, logps, epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta,
         sapo_temperature_pos=sapo_temperature_pos, sapo_temperature_neg=sapo_temperature_neg,
     )
+    metrics: dict[str, torch.Tensor] = {}
+    if off_policy_mask_threshold is not None:
+        drift_from = sampling_logps if sampling_logps is not None else old_logps
+        keep = off_policy_sequence_mask(adv, logps, drift_from.to(logps.dtype), mask, off_policy_mask_threshold)
+        per_token = per_token * keep
+        metrics["off_policy_mask/masked_token_fraction"] = _masked_mean((1 - keep).expand_as(mask), mask).detach()
     if token_weights is not None:
         per_token = per_token * token_weights.detach().to(per_token.dtype)
-    metrics: dict[str, torch.Tensor] = {}
     if beta > 0:
         if ref_logps is None:
             raise ValueError("beta > 0 needs ref_logps")
         kl = k3_kl(logps, ref_logps.detach())
+        if use_bias_correction_kl:  # samples come from pi_old: w makes k3 an unbiased estimate of KL(pi || ref)
+            kl = kl * w  # not detached: the ratio's gradient is part of the estimator's
         per_token = per_token + beta * kl
         metrics["kl"] = _masked_mean(kl, mask).detach()
     loss = AGGREGATIONS.get(spec.aggregation)(

@@ -127,6 +127,20 @@ class AlgorithmConfig(Section):
     top_entropy_quantile: float = Field(1.0, gt=0, le=1, description="Train only on the top-q highest-entropy tokens.")
     sapo_temperature_pos: float = Field(1.0, gt=0, description="sapo: gate temperature for positive advantages.")
     sapo_temperature_neg: float = Field(1.05, gt=0, description="sapo: gate temperature for negative advantages.")
+    use_bias_correction_kl: bool = Field(
+        False, description="Multiply each token's k3 KL by its importance ratio pi/pi_old, gradient included "
+        "(DeepSeek-V3.2's unbiased KL estimate; TRL's default is true). false: plain k3 as in DeepSeekMath. Needs beta > 0 to matter.",
+    )
+    off_policy_mask_threshold: float | None = Field(
+        None, ge=0, description="DeepSeek-V3.2 off-policy sequence masking: a completion with a negative advantage whose "
+        "mean per-token log(pi_sampler / pi) exceeds this is left out of the policy loss (sampler log-probs from vLLM "
+        "or rollout.dtype, else the old policy's). None: no mask.",
+    )
+    multi_objective_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = Field(
+        "sum_then_normalize", description="Several rewards: `sum_then_normalize` sums the weighted rewards, then "
+        "normalises per group (scale_rewards); `normalize_then_sum` (GDPO arXiv:2601.05242, as TRL) normalises each "
+        "reward within its group, sums them weighted, then normalises the sums over the batch.",
+    )
 
     @property
     def epsilon_high_value(self) -> float:
@@ -143,6 +157,12 @@ class AlgorithmConfig(Section):
                 f"algorithm.epsilon_high ({self.epsilon_high}) is below 1: for loss_type cispo it is the cap on the "
                 "importance weight itself (not 1 + epsilon_high as in the clipped losses), so every token would be "
                 f"clipped; use a value >= 1, usually {CISPO_CAP} (TRL's suggestion; unset means {CISPO_CAP})"
+            )
+        if self.multi_objective_aggregation == "normalize_then_sum" and self.scale_rewards != "group":
+            raise ValueError(
+                f"algorithm.scale_rewards ({self.scale_rewards}) does not apply with multi_objective_aggregation "
+                "normalize_then_sum, which divides each reward by its group's std and the sums by the batch's std "
+                "(as TRL, which ignores scale_rewards there): leave scale_rewards at group"
             )
         if self.delta is not None and self.delta <= 1 + self.epsilon_high_value:
             raise ValueError(f"algorithm.delta ({self.delta}) must be > 1 + epsilon_high ({1 + self.epsilon_high_value})")
