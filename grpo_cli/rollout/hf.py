@@ -69,6 +69,31 @@ def sampler_dtype(setting: str, model, *, full_model: bool) -> torch.dtype | Non
     return None if dtype == param.dtype else dtype
 
 
+@torch.no_grad()
+def shared_prefill(model, ids: torch.Tensor, mask: torch.Tensor):
+    """A prompt cache for `generate` in which each distinct prompt ran through the model once and its keys and
+    values were indexed out to its rows (a group's G rows share one prompt: G - 1 prompt forwards saved).
+
+    -> a cache over all but the last prompt position (generate runs that one and samples), or None when no two
+    rows share a prompt. Same sampled tokens as without it, to float rounding."""
+    from grpo_cli.logprobs import position_ids_from_mask
+
+    if ids.shape[1] < 2:
+        return None
+    distinct, inverse = torch.unique(torch.cat([ids, mask], dim=1), dim=0, return_inverse=True)
+    if len(distinct) == len(ids):
+        return None
+    rows = torch.arange(len(inverse), device=inverse.device)
+    first = torch.zeros(len(distinct), dtype=torch.long, device=inverse.device).scatter_(0, inverse, rows)
+    P = ids.shape[1] - 1
+    out = model(input_ids=ids[first, :P], attention_mask=mask[first, :P],
+                position_ids=position_ids_from_mask(mask)[first, :P], use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    if cache is not None:
+        cache.batch_select_indices(inverse)  # [u, ...] -> [rows, ...]
+    return cache
+
+
 class SamplingCopy:
     """The policy in a lower precision, holding memory only while it samples: between `fill` and `free`
     its parameters live on the meta device. Buffers keep their dtype (RoPE frequencies stay float32)."""
@@ -174,7 +199,9 @@ class HFGenerator:
         sampler = self.copy.fill(self.model) if self.copy is not None else self.model
         try:
             with without_autocast(sampler):  # train.mixed_precision autocasts training forwards, not sampling
-                out = sampler.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg,
+                # sharded weights: every process must run the same forwards, so no process-dependent prefill
+                cache = None if self.synced else shared_prefill(sampler, ids, mask)
+                out = sampler.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg, past_key_values=cache,
                                        synced_gpus=self.synced, logits_processor=[recorder] if recorder is not None else None)
         finally:
             if self.copy is not None:
