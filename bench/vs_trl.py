@@ -101,7 +101,7 @@ def model_folder(kind: str, tmp: Path) -> Path:
 
 def write_prompts(path: Path, n: int, seed: int) -> None:
     """n arithmetic problems from grpo's generator (the quickstart's kind) as chat messages + answer, JSONL."""
-    from grpo_cli.data import arithmetic
+    from grpo_cli.problems import arithmetic
 
     rows = arithmetic(n=n, seed=seed, ops=["+"], min_value=1, max_value=20)
     with open(path, "w") as f:

@@ -164,7 +164,8 @@ def train(
     logging.getLogger("grpo_cli").setLevel(logging.INFO)
     from grpo_cli.checkpoint import CheckpointError, latest_checkpoint
     from grpo_cli.data import DataError
-    from grpo_cli.engine import Engine, SetupError
+    from grpo_cli.engine import Engine
+    from grpo_cli.errors import SetupError
     from grpo_cli.models import ModelLoadError
     from grpo_cli.rewards import RewardError
     from grpo_cli.rollout.vllm_server import VLLMServerError
@@ -245,7 +246,7 @@ def eval_(
 
 # ----- commands that live in their own modules (each module imports only light things at the top) -----
 # inspect-rollouts: registered below
-from grpo_cli.inspect_rollouts import command as _inspect_rollouts  # noqa: E402
+from grpo_cli.inspect_command import command as _inspect_rollouts  # noqa: E402
 
 app.command("inspect-rollouts")(_inspect_rollouts)
 # serve-vllm: the HTTP server around vLLM (grpo_cli/serve/server.py)

@@ -14,9 +14,10 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from grpo_cli.data import FILE_BUILDERS, GENERATORS, DataError, check_columns
+from grpo_cli.data import FILE_BUILDERS, DataError, check_columns
+from grpo_cli.problems import GENERATORS
 
 if TYPE_CHECKING:
     from grpo_cli.recipe import DataConfig, Recipe

@@ -20,6 +20,18 @@ class PromptBatch:
     def __len__(self) -> int:
         return len(self.texts)
 
+    def select(self, picks: list[int]) -> PromptBatch:
+        """The prompts at positions `picks`, in that order."""
+        return PromptBatch(texts=[self.texts[i] for i in picks], input_ids=[self.input_ids[i] for i in picks],
+                           columns={k: [v[i] for i in picks] for k, v in self.columns.items()},
+                           indices=[self.indices[i] for i in picks])
+
+    @staticmethod
+    def cat(batches: list[PromptBatch]) -> PromptBatch:
+        return PromptBatch(texts=[t for b in batches for t in b.texts], input_ids=[x for b in batches for x in b.input_ids],
+                           columns={k: [v for b in batches for v in b.columns[k]] for k in batches[0].columns},
+                           indices=[i for b in batches for i in b.indices])
+
 
 def completion_lists(completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> list[list[int]]:
     """[N, T] padded ids and 0/1 mask -> N lists of the active ids."""
@@ -38,6 +50,7 @@ class Rollout:
     prompts: list[str]  # [N]
     completions: list[str]  # [N] decoded, special tokens skipped
     sampling_logps: torch.Tensor | None = None  # [N, T] log-probs reported by the sampler, if any
+    weight_step: int | None = None  # asynchronous rollouts: the trainer step whose weights sampled them
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -45,6 +58,40 @@ class Rollout:
     def completion_lists(self) -> list[list[int]]:
         """[N] unpadded completion token ids (up to and including the first EOS)."""
         return completion_lists(self.completion_ids, self.completion_mask)
+
+    def select(self, rows: list[int]) -> Rollout:
+        """The rows `rows`, in that order."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.completion_ids.device)
+        pick = {k: getattr(self, k)[index] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated")}
+        logps = self.sampling_logps[index] if self.sampling_logps is not None else None
+        return replace(self, **pick, prompts=[self.prompts[i] for i in rows], completions=[self.completions[i] for i in rows],
+                       sampling_logps=logps)
+
+    @staticmethod
+    def cat(parts: list[Rollout], pad_id: int) -> Rollout:
+        """Rows of several rollouts, re-padded to the longest prompt (left) and completion (right)."""
+        P = max(r.prompt_ids.shape[1] for r in parts)
+        T = max(r.completion_ids.shape[1] for r in parts)
+
+        def left(x, width, value):
+            return torch.nn.functional.pad(x, (width - x.shape[1], 0), value=value)
+
+        def right(x, width, value):
+            return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+        with_logps = [r.sampling_logps is not None for r in parts]
+        if any(with_logps) and not all(with_logps):
+            raise ValueError("cannot join rollouts with and without sampler log-probs")
+        return Rollout(
+            prompt_ids=torch.cat([left(r.prompt_ids, P, pad_id) for r in parts]),
+            prompt_mask=torch.cat([left(r.prompt_mask, P, 0) for r in parts]),
+            completion_ids=torch.cat([right(r.completion_ids, T, pad_id) for r in parts]),
+            completion_mask=torch.cat([right(r.completion_mask, T, 0) for r in parts]),
+            truncated=torch.cat([r.truncated for r in parts]),
+            prompts=[x for r in parts for x in r.prompts], completions=[x for r in parts for x in r.completions],
+            sampling_logps=torch.cat([right(r.sampling_logps, T, 0.0) for r in parts]) if all(with_logps) else None,
+            weight_step=parts[0].weight_step if len({r.weight_step for r in parts}) == 1 else None,
+        )
 
     def to(self, device) -> Rollout:
         """The tensors on `device` (vLLM returns CPU tensors; the trainer may be on a GPU)."""
@@ -62,3 +109,22 @@ class RewardResult:
     errors: dict[str, int] = field(default_factory=dict)  # name -> exceptions turned into None (on_error: skip)
     timeouts: dict[str, int] = field(default_factory=dict)  # name -> calls killed at timeout_s
     nonfinite: dict[str, int] = field(default_factory=dict)  # name -> NaN/inf values turned into None (on_error: skip)
+
+    def select(self, rows: list[int]) -> RewardResult:
+        """The rows `rows`; the error counts stay (they count scoring calls, not rows)."""
+        return replace(self, total=[self.total[i] for i in rows],
+                       per_function={k: [v[i] for i in rows] for k, v in self.per_function.items()})
+
+    @staticmethod
+    def cat(parts: list[RewardResult]) -> RewardResult:
+        """Rows of several results; counts summed."""
+        def counts(kind: str) -> dict[str, int]:
+            out: dict[str, int] = {}
+            for r in parts:
+                for k, v in getattr(r, kind).items():
+                    out[k] = out.get(k, 0) + v
+            return out
+
+        return RewardResult(total=[x for r in parts for x in r.total],
+                            per_function={k: [x for r in parts for x in r.per_function[k]] for k in parts[0].per_function},
+                            errors=counts("errors"), timeouts=counts("timeouts"), nonfinite=counts("nonfinite"))

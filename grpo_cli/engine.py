@@ -11,43 +11,23 @@ import math
 import signal
 import time
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from grpo_cli.advantages import compute_advantages, normalize_then_sum
-from grpo_cli.datatypes import Rollout
+from grpo_cli.datatypes import PromptBatch, RewardResult, Rollout
+from grpo_cli.distributed import (
+    full_optimizer_state, gather, is_deepspeed, is_fsdp, load_full_optimizer_state, process_rows,
+)
 from grpo_cli.logprobs import token_logprobs
-from grpo_cli.losses import POLICY_LOSSES, compute_loss, sampler_correction
+from grpo_cli.losses import POLICY_LOSSES, compute_loss, entropy_mask, sampler_correction
 from grpo_cli.models import disable_dropout, has_dropout
+from grpo_cli.optim import build_optimizer, make_scheduler
 from grpo_cli.recipe import Recipe, flat_config, recipe_to_yaml
 from grpo_cli.stepstats import MetricSums, peak_memory_gib, rollout_records, step_metrics
-
-
-class SetupError(RuntimeError):
-    """The run cannot start as asked (the message says what to change)."""
-
-
-def make_scheduler(optimizer: torch.optim.Optimizer, kind: str, warmup: int, total: int):
-    """Linear warm-up, then constant / linear decay to 0 / cosine decay to 0 over `total` optimizer steps."""
-
-    def factor(i: int) -> float:
-        if i < warmup:
-            return (i + 1) / (warmup + 1)
-        progress = min(1.0, (i - warmup) / max(1, total - warmup))
-        return {"constant": 1.0, "linear": 1.0 - progress, "cosine": 0.5 * (1 + math.cos(math.pi * progress))}[kind]
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-def entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
-    """Keep the top-`quantile` highest-entropy active tokens (arXiv:2506.01939, "80/20 rule")."""
-    active = entropy[mask.bool()]
-    if quantile >= 1.0 or active.numel() == 0:
-        return mask
-    threshold = torch.quantile(active.float(), 1.0 - quantile)
-    return mask * (entropy >= threshold).to(mask.dtype)
 
 
 class Engine:
@@ -85,7 +65,7 @@ class Engine:
             mixed_precision=self.mixed_precision, log_with=recipe.logging.trackers or None, project_dir=str(self.run_dir)
         )
         self.G = recipe.algorithm.num_generations
-        self._check_process_split()
+        self.rows = process_rows(self.accelerator, recipe)  # this process's slice of the B*G completion rows
         self.checkpoint_path = self._resolve_resume(resume, start_over)
         self.recipe_changes = self._check_drift(allow_recipe_change)
         torch.manual_seed(t.seed)  # fresh LoRA adapters (peft draws lora_A at random): same on every run and rank
@@ -94,30 +74,10 @@ class Engine:
         self.start_step = self._restore() if self.checkpoint_path else self._fresh_start()
         self._open_logs()
         self.stop_requested, self.stop_signal = False, None
+        self.pipeline = None  # asynchronous rollouts (rollout.max_staleness), started by fit
         self._eval_problems = None
 
     # ----- set-up -----------------------------------------------------------------------------
-    def _check_process_split(self) -> None:
-        import os
-
-        acc, world = self.accelerator, int(os.environ.get("WORLD_SIZE", "1"))
-        asked = [name for env, name in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed"))
-                 if os.environ.get(env, "false").lower() == "true"]
-        if world != acc.num_processes or (asked and acc.distributed_type.name not in ("FSDP", "DEEPSPEED")):
-            # e.g. an FSDP config launched on a CPU-only machine: accelerate would train WORLD_SIZE unrelated copies
-            raise SetupError(
-                f"{world} processes were launched with {' + '.join(asked) or 'a distributed config'}, but accelerate "
-                f"set up {acc.num_processes} process(es) of type {acc.distributed_type.name}; FSDP and DeepSpeed need "
-                "GPUs: on CPU use `grpo train --num-processes N` (DDP over gloo)"
-            )
-        P, N, mbs = self.accelerator.num_processes, self.recipe.generation_batch_size, self.recipe.train.micro_batch_size
-        if N % P or (N // P) % mbs:
-            raise SetupError(
-                f"prompts_per_step * num_generations = {N} completions must split evenly over {P} processes "
-                f"into micro-batches of train.micro_batch_size = {mbs}"
-            )
-        self.rows = range(self.accelerator.process_index * (N // P), (self.accelerator.process_index + 1) * (N // P))
-
     def _resolve_resume(self, resume: str | None, start_over: bool) -> Path | None:
         """The checkpoint to continue from, or None; refuses to rewind or overwrite the run folder silently."""
         from grpo_cli.rundir import start_point
@@ -156,31 +116,20 @@ class Engine:
         self.model_summary = parameter_summary(model)
         params = [p for p in model.parameters() if p.requires_grad]
         a, t = r.algorithm, r.train
-        # fused: one kernel over all tensors (5x faster than the per-tensor loop on CPU for 135M parameters);
-        # sharded runs keep the default, which FSDP's DTensors and DeepSpeed's wrapper are tested with
-        fused = not (self._fsdp or self._deepspeed) and self.accelerator.device.type in ("cpu", "cuda")
-        optimizer = torch.optim.AdamW(params, lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2),
-                                      weight_decay=t.weight_decay, fused=fused or None)
+        fused = not (is_fsdp(self.accelerator) or is_deepspeed(self.accelerator)) and self.accelerator.device.type in ("cpu", "cuda")
+        optimizer = build_optimizer(params, t, fused=fused)
         total_updates = t.max_steps * a.num_iterations
         self.scheduler = make_scheduler(optimizer, t.scheduler, t.warmup_steps, total_updates)
         acc = self.accelerator
-        if self._deepspeed:  # no dataloader to infer these from; grpo accumulates itself
+        if is_deepspeed(self.accelerator):  # no dataloader to infer these from; grpo accumulates itself
             acc.state.deepspeed_plugin.deepspeed_config.update(
                 train_micro_batch_size_per_gpu=t.micro_batch_size, gradient_accumulation_steps=1)
         self.model, self.optimizer = acc.prepare(model, optimizer)
         # weights split over processes: every process must run every forward (generation included)
-        self.sharded = self._fsdp or (self._deepspeed and acc.state.deepspeed_plugin.zero_stage == 3)
+        self.sharded = is_fsdp(self.accelerator) or (is_deepspeed(self.accelerator) and acc.state.deepspeed_plugin.zero_stage == 3)
         # a group's prompt runs once per micro-batch through the key/value cache, which gradient checkpointing turns off
         self._shared_prompts = not cfg.gradient_checkpointing
         self.generator = self._make_generator(cfg)
-
-    @property
-    def _fsdp(self) -> bool:
-        return self.accelerator.distributed_type.name == "FSDP"
-
-    @property
-    def _deepspeed(self) -> bool:
-        return self.accelerator.distributed_type.name == "DEEPSPEED"
 
     def _load_policy(self, cfg):
         """The trained model: full weights (fresh or from a checkpoint), or base + LoRA adapters (fresh or saved)."""
@@ -194,26 +143,21 @@ class Engine:
         return wrap_lora(model, m) if m.lora.r else model
 
     def _make_generator(self, cfg):
-        """The rollout backend: the policy itself (hf), a vLLM engine in this process, or `grpo serve-vllm`."""
-        from grpo_cli.rollout.hf import HFGenerator
+        """The rollout backend (grpo_cli/rollout): the policy itself (hf), a vLLM engine in this process, or
+        `grpo serve-vllm`; a vLLM engine starts from the model folder (LoRA: the base, merged weights synced)."""
+        from grpo_cli.models import resolve_model_source
+        from grpo_cli.rollout import build_generator
 
-        r, seed = self.recipe, self.recipe.train.seed + self.accelerator.process_index
-        if r.rollout.backend == "hf":
-            return HFGenerator(self.accelerator.unwrap_model(self.model), self.tokenizer, r.rollout, synced=self.sharded)
-        if r.rollout.vllm.mode == "colocate":
-            from grpo_cli.models import resolve_model_source
-            from grpo_cli.rollout.vllm_colocate import VLLMColocateGenerator
-
-            # LoRA: vLLM serves the base model and receives merged weights at every sync
-            generator = VLLMColocateGenerator(resolve_model_source(r.model if r.model.lora.r else cfg),
-                                              self.tokenizer, r.rollout, seed)
-            if self.checkpoint_path is not None and r.model.lora.r:
-                generator.sync_weights(self.accelerator.unwrap_model(self.model))
-            return generator
-        from grpo_cli.rollout.vllm_server import VLLMServerGenerator
-
-        generator = VLLMServerGenerator(self.tokenizer, r.rollout, seed)
-        generator.sync_weights(self.accelerator.unwrap_model(self.model))  # the server may hold other weights
+        r, policy = self.recipe, self.accelerator.unwrap_model(self.model)
+        colocate = r.rollout.backend == "vllm" and r.rollout.vllm.mode == "colocate"
+        generator = build_generator(
+            r.rollout, tokenizer=self.tokenizer, model=policy, synced=self.sharded,
+            model_dir=resolve_model_source(r.model if r.model.lora.r else cfg) if colocate else None,
+            seed=r.train.seed + self.accelerator.process_index,
+        )
+        # a server may hold other weights; a colocated engine holds the base, not the resumed adapters
+        if r.rollout.backend == "vllm" and (not colocate or (self.checkpoint_path is not None and r.model.lora.r)):
+            generator.sync_weights(policy)
         return generator
 
     def _build_data(self) -> None:
@@ -241,11 +185,11 @@ class Engine:
         from grpo_cli.checkpoint import CheckpointError, load_training_state, set_rank_rng_state
         from grpo_cli.rundir import apply_optimizer_changes
 
-        state = load_training_state(self.checkpoint_path, optimizer=None if self._deepspeed else self.optimizer,
-                                    scheduler=self.scheduler, load_optimizer=self._load_full_optimizer_state if self._fsdp else None)
+        state = load_training_state(self.checkpoint_path, optimizer=None if is_deepspeed(self.accelerator) else self.optimizer,
+                                    scheduler=self.scheduler, load_optimizer=partial(load_full_optimizer_state, self.model, self.optimizer) if is_fsdp(self.accelerator) else None)
         # the checkpoint restored the old optimizer settings: changed ones take effect (--allow-recipe-change)
         apply_optimizer_changes(self.optimizer, self.scheduler, set(self.recipe_changes), self.recipe.train)
-        if self._deepspeed:
+        if is_deepspeed(self.accelerator):
             import logging
 
             logging.getLogger(__name__).warning(
@@ -256,6 +200,10 @@ class Engine:
         except ValueError as e:  # e.g. --allow-recipe-change to a smaller dataset
             raise CheckpointError(f"{self.checkpoint_path}: {e}; resume with the data the run trained on") from None
         step = int(state["step"])
+        self._restored_state = state  # the rollouts in flight at the checkpoint (rollout.max_staleness)
+        generators = state.get("generator_per_rank") or []
+        if len(generators) == self.accelerator.num_processes:  # request seeds continue where they were
+            self.generator.load_state_dict(generators[self.accelerator.process_index])
         per_rank = state.get("rng_per_rank") or []
         if len(per_rank) == self.accelerator.num_processes:
             set_rank_rng_state(per_rank[self.accelerator.process_index])
@@ -299,6 +247,7 @@ class Engine:
         sampling = f", sampling in {str(sampling_copy.dtype).removeprefix('torch.')}" if sampling_copy is not None else ""
         self.console.print(f"policy: {self.model_summary}; forwards in {forwards}{sampling}; reference: {ref}; "
                            f"peak memory {peak_memory_gib(self.accelerator.device):.2f} GiB")
+        self.pipeline = self._start_pipeline() if self.recipe.rollout.max_staleness else None
         try:
             while step < self.recipe.train.max_steps:
                 step += 1
@@ -307,7 +256,7 @@ class Engine:
                     metrics.update(self.evaluate())
                 self._log(step, metrics)
                 if self.accelerator.num_processes > 1:  # a signal may reach one process: all must stop (saving is collective)
-                    self.stop_requested = bool(self._gather(torch.tensor([float(self.stop_requested)])).max())
+                    self.stop_requested = bool(gather(self.accelerator, torch.tensor([float(self.stop_requested)])).max())
                 if self._should_save(step):
                     self.save(step)
                 if self.stop_requested:
@@ -322,27 +271,15 @@ class Engine:
 
     def train_step(self, step: int) -> dict[str, Any]:
         """One GRPO step: B prompts -> B*G completions -> rewards -> advantages -> mu updates."""
-        from grpo_cli.rewards import score_rollout
-        from grpo_cli.rewards.reward_model import user_prompts
-
-        r, G = self.recipe, self.G
+        r, G, rows = self.recipe, self.G, self.rows  # rows: this process's slice of the B*G completion rows
         t0 = time.perf_counter()
-        batch = self.stream.next_batch()  # the same B prompts on every process
-        rows = self.rows  # this process's slice of the B*G completion rows
-        rollout = self.generator.generate([batch.input_ids[i // G] for i in rows], [batch.texts[i // G] for i in rows])
-        rollout = rollout.to(self.accelerator.device)
-        self.generator.sleep()  # colocated vLLM on GPU (sleep_mode): give the trainer its memory back
-        t_gen = time.perf_counter()
-
-        columns = {k: [v[i // G] for i in rows] for k, v in batch.columns.items()}
-        rewards = score_rollout(r.rewards, rollout, columns, max_completion_length=r.rollout.max_completion_length, step=step,
-                                user_prompts=user_prompts(r.rewards, r.data, columns))  # for reward models only
+        times = {"time/generate": 0.0, "time/score": 0.0}
+        batch, rollout, rewards, total, extra = self._collect(step, times)
         t_score = time.perf_counter()
 
-        total = self._gather(torch.tensor(rewards.total, dtype=torch.float32))  # [N], all processes
         if r.algorithm.multi_objective_aggregation == "normalize_then_sum":
             per_function = [[math.nan if v is None else v for v in col] for col in rewards.per_function.values()]
-            per_function = self._gather(torch.tensor(per_function, dtype=torch.float32).T.contiguous())  # [N, K]
+            per_function = gather(self.accelerator, torch.tensor(per_function, dtype=torch.float32).T.contiguous())  # [N, K]
             advantages = normalize_then_sum(per_function, [w.weight for w in r.rewards], G)
         else:
             advantages = compute_advantages(total, G, r.algorithm.scale_rewards)  # [N]
@@ -352,19 +289,80 @@ class Engine:
             mask[rollout.truncated] = 0
         sums = self._update(rollout, local_adv.to(mask.device), mask)
         t_train = time.perf_counter()
-        self.generator.wake_up()
-        self.generator.sync_weights(self.accelerator.unwrap_model(self.model))  # the next rollouts see the new policy
+        if self.pipeline is not None:  # written now, loaded by the server after the batches sampled before it
+            self.pipeline.submit_weights(self.accelerator.unwrap_model(self.model), step)
+            if step + r.rollout.max_staleness + 1 <= r.train.max_steps:
+                self.pipeline.submit_batch(self.stream.next_batch())
+        else:
+            self.generator.wake_up()
+            self.generator.sync_weights(self.accelerator.unwrap_model(self.model))  # the next rollouts see the new policy
         t_end = time.perf_counter()
 
-        times = {"time/generate": t_gen - t0, "time/score": t_score - t_gen, "time/train": t_train - t_score,
-                 "time/sync": t_end - t_train, "time/step": t_end - t0}
-        metrics = step_metrics(self, rollout, rewards, total, advantages, sums, times, batch)
+        times |= {"time/train": t_train - t_score, "time/sync": t_end - t_train, "time/step": t_end - t0}
+        metrics = step_metrics(rollout, rewards, total, advantages, sums, times, G=G, gather=lambda x: gather(self.accelerator, x),
+                               accelerator=self.accelerator, epoch=self.stream.state_dict()["epoch"]) | extra
+        if rollout.weight_step is not None:  # steps between the weights that sampled and the ones being trained
+            metrics["sampling/staleness/mean"] = metrics["sampling/staleness/max"] = float(step - 1 - rollout.weight_step)
         metrics["memory/peak_gib"] = peak_memory_gib(self.accelerator.device)  # this process's
         if r.logging.rollouts:  # every process takes part in the gather; the main one writes
-            records = rollout_records(self, step, batch, rollout, rewards, total, advantages)
+            records = rollout_records(step, batch, rollout, rewards, total, advantages, G=G, rows=rows,
+                                      num_processes=self.accelerator.num_processes)
             if self.rollout_log is not None:
                 self.rollout_log.write_many(records)
         return metrics
+
+    def _start_pipeline(self):
+        """Asynchronous rollouts: the batches in flight at the checkpoint, or the first k + 1 (grpo_cli/rollout/pipeline.py)."""
+        from grpo_cli.rollout.pipeline import RolloutPipeline
+
+        r, step = self.recipe, self.start_step
+        pipeline = RolloutPipeline(self.generator, r.rollout.max_staleness, self.G, loaded_step=step)
+        saved = (getattr(self, "_restored_state", None) or {}).get("in_flight")
+        if saved:
+            pipeline.restore(saved, self.stream.batch_of)
+        # a fresh run, or one resumed with a larger train.max_steps: sample with the weights it has
+        for _ in range(min(r.rollout.max_staleness + 1, r.train.max_steps - step) - len(pipeline.pending)):
+            pipeline.submit_batch(self.stream.next_batch())
+        return pipeline
+
+    def _sample(self, step: int, times: dict[str, float], wake: bool = False) -> tuple[PromptBatch, Rollout, RewardResult, torch.Tensor]:
+        """B prompts -> this process's rows of their B*G completions, scored; -> also the weighted rewards of all
+        rows (every process's), [N]. `wake`: a later round of the step, after the generator went to sleep."""
+        from grpo_cli.data import user_prompts
+        from grpo_cli.rewards import score_rollout
+        from grpo_cli.rewards.reward_model import is_reward_model
+
+        r, G, rows = self.recipe, self.G, self.rows
+        t0 = time.perf_counter()
+        if self.pipeline is not None:  # sampled ahead (rollout.max_staleness); the wait is what shows as generate
+            batch, rollout = self.pipeline.next()
+        else:
+            batch = self.stream.next_batch()  # the same B prompts on every process
+            if wake:
+                self.generator.wake_up()
+            rollout = self.generator.generate([batch.input_ids[i // G] for i in rows], [batch.texts[i // G] for i in rows])
+            self.generator.sleep()  # colocated vLLM on GPU (sleep_mode): give the trainer (and reward models) its memory
+        rollout = rollout.to(self.accelerator.device)
+        t_gen = time.perf_counter()
+        columns = {k: [v[i // G] for i in rows] for k, v in batch.columns.items()}
+        users = user_prompts(r.data, columns) if any(is_reward_model(s.name) for s in r.rewards) else None
+        rewards = score_rollout(r.rewards, rollout, columns, max_completion_length=r.rollout.max_completion_length,
+                                step=step, user_prompts=users)  # user prompts: for reward models' chat templates
+        times["time/generate"] += t_gen - t0
+        times["time/score"] += time.perf_counter() - t_gen
+        return batch, rollout, rewards, gather(self.accelerator, torch.tensor(rewards.total, dtype=torch.float32))
+
+    def _collect(self, step: int, times: dict[str, float]):
+        """The step's generation batch: one round of `_sample`, or with dynamic sampling as many rounds as it
+        takes to collect B groups with signal. -> batch, rollout, rewards, total as `_sample`'s, and metrics."""
+        from grpo_cli.dynamic_sampling import collect
+
+        first, ds = self._sample(step, times), self.recipe.algorithm.dynamic_sampling
+        if not ds.enabled:
+            return *first, {}
+        return collect(first, lambda: self._sample(step, times, wake=True), max_rounds=ds.max_rounds,
+                       batch_size=self.recipe.train.prompts_per_step, group_size=self.G, rows=self.rows,
+                       pad_id=self.generator.pad_id, accelerator=self.accelerator)
 
     def _update(self, rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor) -> MetricSums:
         """mu optimizer steps over the same rollouts, each one accumulation window over all micro-batches."""
@@ -380,7 +378,7 @@ class Engine:
         ref = self._ref_logps(rollout, slices) if a.beta > 0 else None
         global_tokens = POLICY_LOSSES.get(a.loss_type).aggregation == "global_token_mean"
         if global_tokens:  # every token of the global batch weighs the same; DDP averages over processes
-            num_active = self._gather(mask.sum().reshape(1).float().cpu()).sum().item()
+            num_active = gather(self.accelerator, mask.sum().reshape(1).float().cpu()).sum().item()
             loss_scale = float(self.accelerator.num_processes)
         else:
             num_active, loss_scale = None, 1.0 / len(slices)
@@ -481,11 +479,6 @@ class Engine:
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm) if norm is not None else math.nan  # DeepSpeed reports no norm before its first step
 
-    def _gather(self, x: torch.Tensor) -> torch.Tensor:
-        if self.accelerator.num_processes == 1:
-            return x
-        return self.accelerator.gather(x.to(self.accelerator.device)).cpu()
-
     # ----- logging, checkpoints, signals ----------------------------------------------------
     def _log(self, step: int, metrics: dict[str, Any]) -> None:
         if self.metrics_log is not None:
@@ -514,6 +507,10 @@ class Engine:
             t0 = time.perf_counter()
             # a vLLM backend is reused (one vLLM engine per process); hf generates with the policy itself
             generator = self.generator if self.recipe.rollout.backend == "vllm" or self.sharded else None
+            if self.pipeline is not None:
+                from grpo_cli.rollout.pipeline import Serialized
+
+                generator = Serialized(self.pipeline)  # after the batches in flight, with this step's weights
             metrics, _ = evaluate_model(
                 self.accelerator.unwrap_model(self.model), self.tokenizer, self.recipe, self.recipe.eval,
                 self._eval_problems, generator=generator,
@@ -536,9 +533,13 @@ class Engine:
 
         # each rank samples with its own torch RNG; rank 0's is also saved in rng.safetensors
         rng_per_rank = gather_object([rank_rng_state()]) if self.accelerator.num_processes > 1 else [rank_rng_state()]
+        in_flight = self.pipeline.state() if self.pipeline is not None else None  # waits for them (one process)
+        generators = [self.generator.state_dict()]
+        if self.accelerator.num_processes > 1:
+            generators = gather_object(generators)
         # sharded: every process takes part in gathering the full weights and optimizer state to the main one
         weights = self.accelerator.get_state_dict(self.model) if self.sharded else None
-        optimizer_state = self._full_optimizer_state() if self._fsdp else None
+        optimizer_state = full_optimizer_state(self.model, self.optimizer) if is_fsdp(self.accelerator) else None
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
             model = self.accelerator.unwrap_model(self.model)
@@ -546,27 +547,14 @@ class Engine:
             path = save_checkpoint(
                 self.run_dir, step, model=model, tokenizer=self.tokenizer, extra_json=extra, state_dict=weights,
                 optimizer_state=optimizer_state,
-                optimizer=None if self._deepspeed else self.optimizer, scheduler=self.scheduler,
+                optimizer=None if is_deepspeed(self.accelerator) else self.optimizer, scheduler=self.scheduler,
                 recipe_yaml=recipe_to_yaml(self.recipe),
-                trainer_state={"step": step, "data": self.stream.state_dict(), "rng_per_rank": rng_per_rank}, keep_last=self.recipe.checkpoint.keep_last,
+                trainer_state={"step": step, "data": self.stream.state_dict(), "rng_per_rank": rng_per_rank,
+                               "generator_per_rank": generators, **({"in_flight": in_flight} if in_flight is not None else {})},
+                keep_last=self.recipe.checkpoint.keep_last,
             )
             self.console.print(f"saved {path}")
         self.accelerator.wait_for_everyone()
-
-    def _full_optimizer_state(self) -> dict:
-        """FSDP2: AdamW state of every parameter, keyed by parameter name, on the main process (collective)."""
-        import copy
-
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        # deepcopy: the `step` tensors returned alias the live optimizer's, which the next step increments
-        return copy.deepcopy(get_optimizer_state_dict(self.model, self.optimizer.optimizer, options=options))
-
-    def _load_full_optimizer_state(self, state: dict) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-        set_optimizer_state_dict(self.model, self.optimizer.optimizer, state, options=StateDictOptions(full_state_dict=True))
 
     def _on_signal(self, signum, frame) -> None:
         if self.stop_requested:  # second signal: leave now, the last checkpoint is intact
@@ -582,6 +570,8 @@ class Engine:
         for log in (self.metrics_log, self.rollout_log):
             if log is not None:
                 log.close()
+        if getattr(self, "pipeline", None) is not None:
+            self.pipeline.close()
         if getattr(self, "generator", None) is not None:
             self.generator.close()
         if end_distributed:  # not after an error: a process still inside a collective would hang the others

@@ -146,9 +146,10 @@ def evaluate_model(model, tokenizer, recipe: Recipe, cfg: EvalConfig, problems: 
     import torch
 
     from grpo_cli.rewards import answers_match, extract_answer, reference_text, score_rollout
-    from grpo_cli.rollout.hf import HFGenerator
+    from grpo_cli.rollout import build_generator
 
-    gen, ext = generator or HFGenerator(model, tokenizer, recipe.rollout), accuracy_settings(recipe)
+    gen = generator or build_generator(recipe.rollout.model_copy(update={"backend": "hf"}), tokenizer=tokenizer, model=model)
+    ext = accuracy_settings(recipe)
     max_len, n = cfg.max_new_tokens or recipe.rollout.max_completion_length, cfg.num_samples
     samples: list[dict[str, Any]] = []
     batches = [list(range(s, min(s + cfg.batch_size, len(problems)))) for s in range(0, len(problems), cfg.batch_size)]
@@ -333,9 +334,10 @@ def _backend(backend: str, t: Target, tokenizer, recipe: Recipe, seed: int):
         if policy is None:
             return load_model(t.model, device=device), None
         return (policy if t.model.load_in_4bit else policy.merge_and_unload().to(device)), None
-    from grpo_cli.rollout.vllm_colocate import VLLMColocateGenerator
+    from grpo_cli.rollout import build_generator
 
-    generator = VLLMColocateGenerator(resolve_model_source(t.model), tokenizer, recipe.rollout, seed)
+    cfg = recipe.rollout.model_copy(update={"backend": "vllm", "vllm": recipe.rollout.vllm.model_copy(update={"mode": "colocate"})})
+    generator = build_generator(cfg, tokenizer=tokenizer, model_dir=resolve_model_source(t.model), seed=seed)
     if policy is not None:
         generator.sync_weights(policy)
     return None, generator

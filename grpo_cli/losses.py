@@ -218,3 +218,12 @@ def sampler_correction(
     rho = torch.exp(log_rho)
     weights = torch.clamp(rho, max=cap) if action == "truncate" else torch.where(rho <= cap, rho, torch.zeros_like(rho))
     return weights.detach(), rho.detach()
+
+
+def entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
+    """Keep the top-`quantile` highest-entropy active tokens (arXiv:2506.01939, "80/20 rule")."""
+    active = entropy[mask.bool()]
+    if quantile >= 1.0 or active.numel() == 0:
+        return mask
+    threshold = torch.quantile(active.float(), 1.0 - quantile)
+    return mask * (entropy >= threshold).to(mask.dtype)

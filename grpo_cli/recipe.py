@@ -110,6 +110,17 @@ class RewardConfig(Section):
     on_error: Literal["raise", "skip"] = Field("raise", description="`skip` turns an exception, a timeout or a NaN/inf value into a missing reward (the first one is printed).")
 
 
+class DynamicSamplingConfig(Section):
+    enabled: bool = Field(
+        False, description="DAPO dynamic sampling: groups whose G rewards are all equal (zero advantages: no signal) "
+        "are dropped, and whole new generation batches are sampled until B groups with signal are collected.",
+    )
+    max_rounds: int = Field(
+        4, ge=1, description="Most generation batches per step. When they hold fewer than B groups with signal, the "
+        "batch is completed with groups without (earliest first) and frac_reward_zero_std says how many.",
+    )
+
+
 class AlgorithmConfig(Section):
     num_generations: int = Field(8, ge=2, description="G: completions sampled per prompt (a group).")
     beta: float = Field(0.0, ge=0, description="KL coefficient (k3 estimator); 0 loads no reference model.")
@@ -127,6 +138,8 @@ class AlgorithmConfig(Section):
     top_entropy_quantile: float = Field(1.0, gt=0, le=1, description="Train only on the top-q highest-entropy tokens.")
     sapo_temperature_pos: float = Field(1.0, gt=0, description="sapo: gate temperature for positive advantages.")
     sapo_temperature_neg: float = Field(1.05, gt=0, description="sapo: gate temperature for negative advantages.")
+    dynamic_sampling: DynamicSamplingConfig = Field(
+        default_factory=DynamicSamplingConfig, description="DAPO's dynamic sampling (arXiv:2503.14476 sec. 3.2).")
     use_bias_correction_kl: bool = Field(
         False, description="Multiply each token's k3 KL by its importance ratio pi/pi_old, gradient included "
         "(DeepSeek-V3.2's unbiased KL estimate; TRL's default is true). false: plain k3 as in DeepSeekMath. Needs beta > 0 to matter.",
@@ -205,6 +218,11 @@ class RolloutConfig(Section):
     top_k: int | None = Field(None, ge=1, description="None disables top-k.")
     min_p: float | None = Field(None, ge=0, le=1, description="Drop tokens below min_p x the top probability; None disables.")
     repetition_penalty: float = Field(1.0, gt=0, description="> 1 discourages repeated tokens; 1 disables it.")
+    max_staleness: int = Field(
+        0, ge=0, description="k >= 1: asynchronous rollouts, sampled with the weights of k steps before the "
+        "synchronous ones (step t's with those after step t-1-k), so `grpo serve-vllm` samples the next batches "
+        "while the trainer updates; deterministic and resumable. 0: synchronous. Needs backend vllm, mode server.",
+    )
 
 
 class TrainConfig(Section):
@@ -318,11 +336,23 @@ class Recipe(Section):
                 f"train.micro_batch_size ({self.train.micro_batch_size}) must divide prompts_per_step * "
                 f"num_generations ({self.train.prompts_per_step} * {self.algorithm.num_generations} = {n})"
             )
+        k = self.rollout.max_staleness
+        if k and (self.rollout.backend != "vllm" or self.rollout.vllm.mode != "server"):
+            raise ValueError(
+                f"rollout.max_staleness ({k}) needs rollout.backend vllm with rollout.vllm.mode server: asynchronous "
+                "rollouts sample in another process (grpo serve-vllm) while this one trains; the hf backend and a "
+                "colocated vLLM share the trainer's process and devices, so there is nothing to overlap"
+            )
+        if k and self.algorithm.dynamic_sampling.enabled:
+            raise ValueError(
+                "algorithm.dynamic_sampling does not combine with rollout.max_staleness yet: its extra rounds would be "
+                "sampled outside the fixed staleness schedule; use one or the other"
+            )
         if self.model.load_in_4bit and self.rollout.backend == "vllm":
             raise ValueError("model.load_in_4bit (QLoRA) works with rollout.backend hf only: vLLM cannot take 4-bit "
                              "merged weights from the trainer; use LoRA on a bf16 base with vLLM")
         if self.data.generator:
-            from grpo_cli.data import GENERATORS
+            from grpo_cli.problems import GENERATORS
 
             if self.data.generator not in GENERATORS:
                 raise ValueError(f"data.generator {self.data.generator!r} is unknown; valid: {', '.join(GENERATORS.names())}")

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 import torch
 
 from grpo_cli.advantages import group_std
 from grpo_cli.datatypes import PromptBatch, RewardResult, Rollout
-
-if TYPE_CHECKING:
-    from grpo_cli.engine import Engine
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -80,11 +77,11 @@ def _column(values: list[float | None]) -> torch.Tensor:
 
 
 def step_metrics(
-    engine: Engine, rollout: Rollout, rewards: RewardResult, total: torch.Tensor, advantages: torch.Tensor,
-    sums: MetricSums, times: dict[str, float], batch: PromptBatch,
+    rollout: Rollout, rewards: RewardResult, total: torch.Tensor, advantages: torch.Tensor, sums: MetricSums,
+    times: dict[str, float], *, G: int, gather: Callable[[torch.Tensor], torch.Tensor], accelerator, epoch: int,
 ) -> dict[str, Any]:
-    """Everything logged for a step; `total` and `advantages` are already global [N]."""
-    G, gather = engine.G, engine._gather
+    """Everything logged for a step; `total` and `advantages` are already global [N]; `rollout` and `rewards`
+    are this process's rows, `gather` concatenates a tensor over processes."""
     stds = group_std(total, G)
     m: dict[str, Any] = {}
     m["reward"], _ = _nan_stats(total)
@@ -106,10 +103,10 @@ def step_metrics(
     m["completions/clipped_ratio"] = truncated.mean().item()
     m["completions/mean_terminated_length"] = terminated.mean().item() if terminated.numel() else 0.0
     m["advantages/abs_mean"] = advantages.abs().mean().item()
-    m.update(_finite(sums.means(engine.accelerator)))
+    m.update(_finite(sums.means(accelerator)))
     m.update(times)
     m["throughput/gen_tokens_per_s"] = lengths.sum().item() / max(times["time/generate"], 1e-9)
-    m["epoch"] = engine.stream.state_dict().get("epoch", 0)
+    m["epoch"] = epoch
     return m
 
 
@@ -118,13 +115,13 @@ def _finite(means: dict[str, float]) -> dict[str, float]:
 
 
 def rollout_records(
-    engine: Engine, step: int, batch: PromptBatch, rollout: Rollout, rewards: RewardResult,
-    total: torch.Tensor, advantages: torch.Tensor,
+    step: int, batch: PromptBatch, rollout: Rollout, rewards: RewardResult, total: torch.Tensor,
+    advantages: torch.Tensor, *, G: int, rows: range, num_processes: int,
 ) -> list[dict[str, Any]]:
-    """One JSON record per completion (input of `grpo inspect-rollouts`), gathered to the main process."""
+    """One JSON record per completion (input of `grpo inspect-rollouts`), gathered to the main process;
+    `rows`: this process's rows of the B*G, whose completions `rollout` holds."""
     from accelerate.utils import gather_object
 
-    G, rows = engine.G, engine.rows
     lengths = rollout.completion_mask.sum(1).tolist()
     records = []
     for j, i in enumerate(rows):
@@ -137,6 +134,6 @@ def rollout_records(
             "reward": total[i].item(), "advantage": advantages[i].item(),
             "length": int(lengths[j]), "truncated": bool(rollout.truncated[j]),
         })
-    if engine.accelerator.num_processes > 1:
+    if num_processes > 1:
         records = gather_object(records)
     return records

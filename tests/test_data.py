@@ -13,7 +13,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from grpo_cli.data import GENERATORS, DataError, PromptStream, encode_prompts, load_rows, render_prompt  # noqa: E402
+from grpo_cli.data import DataError, PromptStream, encode_prompts, load_rows, render_prompt  # noqa: E402
+from grpo_cli.problems import GENERATORS  # noqa: E402
 from grpo_cli.recipe import DataConfig, ModelConfig  # noqa: E402
 
 torch.set_num_threads(1)

@@ -206,3 +206,22 @@ def test_fsdp2_checkpoints_gather_and_resume_exactly(tmp_path):
     assert [stable(m) for m in a] == [stable(m) for m in b]
     ca = [r["completion"] for r in read_jsonl(tmp_path / "full/rollouts.jsonl")]
     assert ca == [r["completion"] for r in read_jsonl(mp / "rollouts.jsonl")]
+
+
+def test_dynamic_sampling_decides_over_both_processes(tmp_path):
+    # group 1 of each round is split over the two processes; the kept groups are redistributed by rows
+    run_dir = tmp_path / "ds"
+    p = grpo_train(run_dir, "train.max_steps=2", "rewards=[{name: 'tests/signal_rewards.py:odd_answers_only'}]",
+                   "algorithm.dynamic_sampling={enabled: true, max_rounds: 8}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    metrics, rollouts = read_jsonl(run_dir / "metrics.jsonl"), read_jsonl(run_dir / "rollouts.jsonl")
+    assert [m["frac_reward_zero_std"] for m in metrics] == [0.0, 0.0]
+    assert any(m["dynamic_sampling/rounds"] > 1 for m in metrics)
+    for step in (1, 2):
+        rows = [r for r in rollouts if r["step"] == step]
+        assert [(r["group"], r["sample"]) for r in rows] == [(g, s) for g in range(3) for s in range(4)]
+        assert all(int(r["answer"]) % 2 == 1 for r in rows)
+        rewards = torch.tensor([r["reward"] for r in rows])
+        adv = compute_advantages(rewards, 4, "group")
+        assert torch.allclose(adv, torch.tensor([r["advantage"] for r in rows]), atol=1e-5)
+        assert all(len({r["prompt"] for r in rows if r["group"] == g}) == 1 for g in range(3))

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_cli.engine import Engine, SetupError
+from grpo_cli.engine import Engine
+from grpo_cli.errors import SetupError
 from grpo_cli.recipe import load_recipe
 
 from helpers import cli, read_jsonl, stable

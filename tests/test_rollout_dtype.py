@@ -7,7 +7,8 @@ from transformers import GenerationConfig, LogitsProcessorList, Qwen2Config, Qwe
 
 from grpo_cli.logprobs import token_logprobs
 from grpo_cli.recipe import RolloutConfig
-from grpo_cli.rollout.hf import HFGenerator, SamplerLogprobs, SamplingCopy, left_pad, native_bf16, sampler_dtype
+from grpo_cli.rollout.common import left_pad
+from grpo_cli.rollout.hf import HFGenerator, SamplerLogprobs, SamplingCopy, native_bf16, sampler_dtype
 
 from helpers import read_jsonl, cli
 
@@ -121,18 +122,21 @@ def test_sampling_runs_outside_the_training_autocast():
     torch.manual_seed(2)
     expected = HFGenerator(reference, Tok(), RolloutConfig(max_completion_length=6)).generate(PROMPTS, ["a", "b"], n=3)
 
-    accelerator = Accelerator(cpu=True, mixed_precision="bf16")
-    model = accelerator.prepare(tiny())
-    seen = []
-    model.model.layers[0].mlp.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
-    torch.manual_seed(2)
-    got = HFGenerator(accelerator.unwrap_model(model), Tok(), RolloutConfig(max_completion_length=6)).generate(
-        PROMPTS, ["a", "b"], n=3)
-    assert seen and set(seen) == {torch.float32}  # no decode step ran under autocast
-    assert torch.equal(got.completion_ids, expected.completion_ids)
-    seen.clear()
-    model(input_ids=torch.tensor(PROMPTS[:1]))
-    assert seen == [torch.bfloat16]  # the training forward is still autocast
     from accelerate.state import AcceleratorState
 
-    AcceleratorState._reset_state(reset_partial_state=True)  # the next Accelerator in this process may differ
+    AcceleratorState._reset_state(reset_partial_state=True)  # an earlier test's Accelerator may have had no autocast
+    try:
+        accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+        model = accelerator.prepare(tiny())
+        seen = []
+        model.model.layers[0].mlp.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+        torch.manual_seed(2)
+        got = HFGenerator(accelerator.unwrap_model(model), Tok(), RolloutConfig(max_completion_length=6)).generate(
+            PROMPTS, ["a", "b"], n=3)
+        assert seen and set(seen) == {torch.float32}  # no decode step ran under autocast
+        assert torch.equal(got.completion_ids, expected.completion_ids)
+        seen.clear()
+        model(input_ids=torch.tensor(PROMPTS[:1]))
+        assert seen == [torch.bfloat16]  # the training forward is still autocast
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)  # the next Accelerator in this process may differ

@@ -57,12 +57,16 @@ def check_synced(metrics: list[dict]) -> None:
 
 
 def test_colocate_trains_and_syncs_every_step(tmp_path):
+    # with dynamic sampling: several generate calls per step, then one sync
     p = train(tmp_path / "run", tmp_path / "cache", "rollout.vllm.mode=colocate", "train.max_steps=4",
-              "eval={limit: 4}")
+              "eval={limit: 4}", "rewards=[{name: accuracy}, {name: 'tests/signal_rewards.py:odd_answers_only'}]",
+              "algorithm.dynamic_sampling={enabled: true, max_rounds: 8}")
     assert p.returncode == 0, p.stderr[-3000:]
     metrics = read_jsonl(tmp_path / "run/metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     check_synced(metrics)
+    assert [m["frac_reward_zero_std"] for m in metrics] == [0.0] * 4
+    assert any(m["dynamic_sampling/rounds"] > 1 for m in metrics)
     assert "eval/accuracy" in metrics[-1]  # eval reused the vLLM engine
     assert len(read_jsonl(tmp_path / "run/rollouts.jsonl")) == 4 * 8
     # vLLM's logging: warnings only, each distinct line once. Before, this run printed 56 vLLM lines (26

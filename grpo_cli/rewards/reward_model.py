@@ -6,7 +6,7 @@ Bradley-Terry RMs of InstructGPT, arXiv:2203.02155) read at the last token of pr
 
   * Text: with a chat template in the reward model's own tokenizer, the conversation
     [user: prompt, assistant: completion] rendered by that template, where the prompt is the one the
-    policy got before its own chat template and system prompt (`user_prompts`, passed by the engine);
+    policy got before its own chat template and system prompt (`user_prompts`: data.user_prompts, passed by the engine);
     without a template (or without `user_prompts`, e.g. in `grpo eval`), the policy's prompt text +
     completion, as the policy saw them.
   * Long texts keep their end (left truncation at `max_length`): the reward is read at the last token.
@@ -172,18 +172,3 @@ def reward_model(name: str) -> RewardModel:
 
 
 _FUNCTIONS: dict[str, RewardModel] = {}
-
-
-def user_prompts(specs: list[Any], data_cfg: Any, columns: dict[str, list]) -> list[str] | None:
-    """[N] each row's prompt before the policy's chat template and system prompt (the user message a reward
-    model's own chat template needs), or None when no reward is a model or the rows cannot be rendered so."""
-    if not any(is_reward_model(s.name) for s in specs):
-        return None
-    from grpo_cli.data import DataError, render_prompt
-
-    plain = data_cfg.model_copy(update={"chat_template": False, "system_prompt": None})
-    n = len(next(iter(columns.values()), []))
-    try:
-        return [render_prompt({k: v[i] for k, v in columns.items()}, plain, None) for i in range(n)]
-    except DataError:  # e.g. a template naming the answer column, which rewards get as `answer`
-        return None

@@ -45,10 +45,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+import grpo_cli.rewards.reward_model as rm
 from grpo_cli.registry import did_you_mean
-from grpo_cli.rewards import reward_model as rm
 from grpo_cli.rewards.builtin import REWARDS
 from grpo_cli.rewards.kwargs import check_kwargs
 
@@ -57,7 +57,16 @@ if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
     from grpo_cli.datatypes import RewardResult
-    from grpo_cli.recipe import RewardConfig
+
+
+class RewardSpec(Protocol):
+    """A recipe's reward entry (recipe.RewardConfig), as scoring reads it."""
+
+    name: str
+    weight: float
+    kwargs: dict[str, Any]
+    timeout_s: float | None
+    on_error: Literal["raise", "skip"]
 
 
 class RewardError(RuntimeError):
@@ -472,7 +481,7 @@ def _skipped_error(label: str, log_name: str, e: BaseException, fn: Callable | N
 
 
 def _interpret(
-    spec: RewardConfig, log_name: str, out: _Outcome, n: int, step: int, counts: dict[str, dict[str, int]],
+    spec: RewardSpec, log_name: str, out: _Outcome, n: int, step: int, counts: dict[str, dict[str, int]],
     fn: Callable | None = None,
 ) -> list[float | None]:
     """The call's rewards; failures and timeouts raise RewardError or, with on_error: skip, count and give None."""
@@ -521,8 +530,10 @@ def weighted_total(weights: list[float], columns: list[list[float | None]], n: i
 # --------------------------------------------------------------------------- score
 
 
+
+
 def score(
-    specs: list[RewardConfig],
+    specs: list[RewardSpec],
     prompts: list[str],
     completions: list[str],
     completion_ids: list[list[int]],
@@ -568,7 +579,7 @@ def score(
                         nonfinite=counts["nonfinite"])
 
 
-def score_rollout(specs: list[RewardConfig], rollout, columns: dict[str, list], *, max_completion_length: int,
+def score_rollout(specs: list[RewardSpec], rollout, columns: dict[str, list], *, max_completion_length: int,
                   step: int = 0, user_prompts: list[str] | None = None) -> RewardResult:
     """Score a `Rollout` (duck-typed: no torch import here). `columns` hold one value per completion;
     `max_completion_length` is added for length-aware rewards unless the data has such a column."""

@@ -6,53 +6,10 @@ import copy
 
 import torch
 
-from grpo_cli.datatypes import Rollout, completion_lists
+from grpo_cli.datatypes import Rollout
+from grpo_cli.rollout.common import build_rollout, completion_mask_from_eos, eos_token_ids, left_pad, pad_id_of
 from grpo_cli.models import native_bf16, without_autocast
 from grpo_cli.recipe import RolloutConfig
-
-
-def left_pad(seqs: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ragged token lists -> [n, L] ids and 0/1 mask, padded on the left."""
-    L = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), L), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if s:
-            ids[i, L - len(s) :] = torch.tensor(s, dtype=torch.long)
-            mask[i, L - len(s) :] = 1
-    return ids.to(device), mask.to(device)
-
-
-def completion_mask_from_eos(completion_ids: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """[n, T] -> mask [n, T] (1 up to and including the first EOS) and truncated [n] (no EOS at all)."""
-    is_eos = torch.isin(completion_ids, torch.tensor(eos_ids, device=completion_ids.device))
-    T = completion_ids.shape[1]
-    first = torch.where(is_eos.any(1), is_eos.int().argmax(1), torch.full_like(is_eos[:, 0], T, dtype=torch.long))
-    mask = (torch.arange(T, device=completion_ids.device)[None] <= first[:, None]).long()
-    return mask, ~is_eos.any(1)
-
-
-def build_rollout(
-    prompt_ids: list[list[int]], prompts: list[str], n: int, completion_ids: torch.Tensor, completion_mask: torch.Tensor,
-    truncated: torch.Tensor, tokenizer, pad_id: int, sampling_logps: torch.Tensor | None = None,
-) -> Rollout:
-    """Every backend's last step: left-padded prompts repeated n times, decoded completions, one Rollout."""
-    ids, mask = left_pad([p for p in prompt_ids for _ in range(n)], pad_id, completion_ids.device)
-    texts = tokenizer.batch_decode(completion_lists(completion_ids, completion_mask), skip_special_tokens=True)
-    return Rollout(
-        prompt_ids=ids, prompt_mask=mask, completion_ids=completion_ids, completion_mask=completion_mask,
-        truncated=truncated, prompts=[p for p in prompts for _ in range(n)], completions=texts,
-        sampling_logps=sampling_logps,
-    )
-
-
-def eos_token_ids(model, tokenizer) -> list[int]:
-    """EOS ids of the generation config (chat models often list several) plus the tokenizer's."""
-    ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids = [ids] if isinstance(ids, int) else list(ids or [])
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-        ids.append(tokenizer.eos_token_id)
-    return ids
 
 
 def sampler_dtype(setting: str, model, *, full_model: bool) -> torch.dtype | None:
@@ -152,7 +109,7 @@ class HFGenerator:
         # keeps running forwards until every process is done, or the others would wait forever
         self.model, self.tokenizer, self.cfg, self.synced = model, tokenizer, cfg, synced
         self.eos_ids = eos_token_ids(model, tokenizer)
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.pad_id = pad_id_of(tokenizer, self.eos_ids)
         dtype = sampler_dtype(cfg.dtype, model, full_model=not synced and not is_peft_model(model))
         self.copy = SamplingCopy(model, dtype) if dtype is not None else None
 
@@ -167,6 +124,13 @@ class HFGenerator:
         return 0.0
 
     def close(self) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        """Nothing: sampling draws from torch's RNG, which checkpoints hold."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
         pass
 
     @torch.no_grad()

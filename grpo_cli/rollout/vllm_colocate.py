@@ -26,7 +26,9 @@ import torch
 
 from grpo_cli.datatypes import Rollout
 from grpo_cli.recipe import RolloutConfig
-from grpo_cli.rollout.hf import build_rollout, completion_mask_from_eos, eos_token_ids
+from grpo_cli.rollout.common import (
+    GenerationConfigOf, build_rollout, eos_token_ids, pad_completions, pad_id_of, request_seed,
+)
 
 WORKER_EXTENSION = "grpo_cli.rollout.vllm_worker.WeightSyncExtension"
 
@@ -36,8 +38,8 @@ class VLLMColocateGenerator:
 
     def __init__(self, model_dir: str, tokenizer, rollout_cfg: RolloutConfig, seed: int) -> None:
         self.cfg, self.tokenizer, self.seed = rollout_cfg, tokenizer, seed
-        self.eos_ids = eos_token_ids(_GenerationConfigHolder(model_dir), tokenizer)
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.eos_ids = eos_token_ids(GenerationConfigOf(model_dir), tokenizer)
+        self.pad_id = pad_id_of(tokenizer, self.eos_ids)
         self.calls = 0  # generate() calls so far: the per-request seeds derive from (seed, calls)
         self.version = 0  # weight syncs so far
         self.in_process = _prepare_environment(rollout_cfg.vllm.cpu_kv_cache_gib)
@@ -86,21 +88,15 @@ class VLLMColocateGenerator:
             top_k=0 if greedy else (c.top_k or 0), min_p=0.0 if greedy else (c.min_p or 0.0),  # 0 = off in vLLM
             repetition_penalty=c.repetition_penalty, max_tokens=max_new_tokens or c.max_completion_length,
             stop_token_ids=self.eos_ids, logprobs=0,  # 0: only the sampled token's log-prob
-            seed=(self.seed * 1_000_003 + self.calls * 100_003 + i * n) % 2**31, detokenize=False,
+            seed=request_seed(self.seed, self.calls, i * n), detokenize=False,
         )
 
     def _pad_completions(self, samples: list[Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """vLLM CompletionOutputs -> ids [N, T] (pad after the first EOS), mask [N, T], sampler logps [N, T]."""
-        T = max(len(s.token_ids) for s in samples)
-        ids = torch.full((len(samples), T), self.pad_id, dtype=torch.long)
-        logps = torch.zeros((len(samples), T), dtype=torch.float32)
-        for r, s in enumerate(samples):
-            toks = list(s.token_ids)
-            ids[r, : len(toks)] = torch.tensor(toks, dtype=torch.long)
-            if s.logprobs is not None:
-                logps[r, : len(toks)] = torch.tensor([lp[t].logprob for t, lp in zip(toks, s.logprobs)])
-        mask, _ = completion_mask_from_eos(ids, self.eos_ids)
-        return ids.masked_fill(mask == 0, self.pad_id), mask, logps * mask
+        tokens = [list(s.token_ids) for s in samples]
+        logps = [[lp[t].logprob for t, lp in zip(toks, s.logprobs)] if s.logprobs is not None else []
+                 for toks, s in zip(tokens, samples)]
+        return pad_completions(tokens, logps, self.pad_id, self.eos_ids)
 
     @torch.no_grad()
     def sync_weights(self, model: torch.nn.Module) -> float:
@@ -127,6 +123,13 @@ class VLLMColocateGenerator:
             path = str(Path(tmp) / "weights.safetensors")
             save_file({k: v.detach().to(self.dtype).contiguous().cpu() for k, v in _unique_tensors(state).items()}, path)
             self.llm.collective_rpc("grpo_load_weights_from_file", args=(path, self.version))
+
+    def state_dict(self) -> dict:
+        """What a resumed run needs to sample as this one would have: the request seeds' counter."""
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.calls = int(state.get("calls", 0))
 
     def weight_version(self) -> int:
         """The version vLLM's worker reports (equals `self.version` after a successful sync)."""
@@ -160,18 +163,6 @@ def _unique_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             seen.add(key)
             out[k] = v
     return out
-
-
-class _GenerationConfigHolder:
-    """Just enough of a model for `eos_token_ids`: the folder's generation_config.json, if any."""
-
-    def __init__(self, model_dir: str) -> None:
-        from transformers import GenerationConfig
-
-        try:
-            self.generation_config = GenerationConfig.from_pretrained(model_dir)
-        except OSError:  # no generation_config.json: the tokenizer's EOS alone
-            self.generation_config = None
 
 
 def eager_default(enforce_eager: bool | None) -> bool:

@@ -33,7 +33,9 @@ import torch
 
 from grpo_cli.datatypes import Rollout
 from grpo_cli.recipe import RolloutConfig
-from grpo_cli.rollout.hf import build_rollout, completion_mask_from_eos, eos_token_ids
+from grpo_cli.rollout.common import (
+    GenerationConfigOf, build_rollout, completion_mask_from_eos, eos_token_ids, pad_completions, pad_id_of, request_seed,
+)
 from grpo_cli.serve.server import is_loopback
 
 TOKEN_ENV = "GRPO_SERVER_TOKEN"
@@ -64,8 +66,8 @@ class VLLMServerGenerator:
         self.token = os.environ.get(TOKEN_ENV) or None
         self.loopback = is_loopback(urlparse(self.url).hostname or "")
         self.model_hint = getattr(tokenizer, "name_or_path", None) or "MODEL"
-        self.eos_ids = eos_token_ids(_GenerationConfigOf(self.model_hint), tokenizer)
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.eos_ids = eos_token_ids(GenerationConfigOf(self.model_hint), tokenizer)
+        self.pad_id = pad_id_of(tokenizer, self.eos_ids)
         self.calls = 0  # generate() calls so far: request seeds derive from (seed, calls)
         self.weights_dir: str | None = None  # where the (loopback) server reads weight files from
         self._asked_weights_dir = False
@@ -101,45 +103,62 @@ class VLLMServerGenerator:
         """Push the trainer's weights (the unwrapped HF model) to the server as version+1; -> seconds.
 
         Loopback server: a file in its weights directory. Otherwise (or when that fails) the file's bytes."""
-        from safetensors.torch import save_file
-
         t0 = time.perf_counter()
-        version = self.version + 1
-        state = _unshared_cpu_state(model)
-        out = self._sync_by_path(state, version) if self.loopback else None
-        if out is None:
-            with tempfile.TemporaryDirectory(prefix="grpo-weights-") as tmp:
-                path = str(Path(tmp) / "weights.safetensors")
-                save_file(state, path)
-                out = self._upload(path, version)
-        self.version = int(out["weight_version"])
+        self.load_weights(self.write_weights(model))
         return time.perf_counter() - t0
 
-    def _sync_by_path(self, state: dict[str, torch.Tensor], version: int) -> dict | None:
-        """Write the weights into the server's weights directory and name the file; None: upload instead."""
+    @torch.no_grad()
+    def write_weights(self, model: torch.nn.Module) -> str:
+        """First half of a sync: the weights as they are now, in a file (in the server's weights directory when
+        it is on this machine and lets us write there) -> its path, for `load_weights`, which deletes it."""
         from safetensors.torch import save_file
 
-        wdir = self._server_weights_dir()
-        if wdir is None:
-            return None
-        try:
-            fd, path = tempfile.mkstemp(prefix="grpo-weights-", suffix=".safetensors", dir=wdir)
+        state = _unshared_cpu_state(model)
+        wdir = self._server_weights_dir() if self.loopback else None
+        path = None
+        if wdir is not None:
+            try:
+                fd, path = tempfile.mkstemp(prefix="grpo-weights-", suffix=".safetensors", dir=wdir)
+                os.close(fd)
+            except OSError:  # not writable by this user, or gone (a restarted server): ask again next time
+                self._asked_weights_dir, path = False, None
+        if path is None:
+            fd, path = tempfile.mkstemp(prefix="grpo-weights-", suffix=".safetensors")
             os.close(fd)
-        except OSError:  # not writable by this user, or gone (a restarted server): ask again next time
-            self._asked_weights_dir = False
-            return None
         try:
             save_file(state, path)
-            return self._request("POST", "/update_weights", doing="updating the weights",
-                                 payload={"path": path, "version": version})
-        except VLLMServerError as e:
-            if e.status in (400, 403):  # the server does not see this file (another mount namespace): upload it
-                self._asked_weights_dir = False
-                return None
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
             raise
+        return path
+
+    def load_weights(self, path: str) -> None:
+        """Second half: the server loads the file as version+1 (by path when it can see it, else uploaded)."""
+        version = self.version + 1
+        try:
+            out = None
+            if self.weights_dir is not None and Path(path).parent == Path(self.weights_dir):
+                try:
+                    out = self._request("POST", "/update_weights", doing="updating the weights",
+                                        payload={"path": path, "version": version})
+                except VLLMServerError as e:
+                    if e.status not in (400, 403):
+                        raise
+                    self._asked_weights_dir = False  # the server does not see this file (another mount namespace)
+            if out is None:
+                out = self._upload(path, version)
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(path)
+        self.version = int(out["weight_version"])
+
+    def state_dict(self) -> dict:
+        """What a resumed run needs to sample as this one would have: the request seeds' counter."""
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.calls = int(state.get("calls", 0))
 
     def _server_weights_dir(self) -> str | None:
         if not self._asked_weights_dir:
@@ -171,21 +190,13 @@ class VLLMServerGenerator:
             "top_p": 1.0 if greedy else (top_p or c.top_p),
             "top_k": None if greedy else c.top_k, "min_p": None if greedy else c.min_p,
             "repetition_penalty": c.repetition_penalty, "max_tokens": max_new_tokens or c.max_completion_length,
-            "seed": (self.seed * 1_000_003 + self.calls * 100_003) % 2**31,
+            "seed": request_seed(self.seed, self.calls),
             "stop_token_ids": self.eos_ids, "expected_version": self.version,
         }
 
     def _pad_completions(self, samples: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Server samples -> ids [N, T] (pad after the first EOS), mask [N, T], sampler logps [N, T] float32."""
-        T = max(1, max(len(s["token_ids"]) for s in samples))
-        ids = torch.full((len(samples), T), self.pad_id, dtype=torch.long)
-        logps = torch.zeros((len(samples), T), dtype=torch.float32)
-        for r, s in enumerate(samples):
-            k = len(s["token_ids"])
-            ids[r, :k] = torch.tensor(s["token_ids"], dtype=torch.long)
-            logps[r, : len(s["logprobs"])] = torch.tensor(s["logprobs"], dtype=torch.float32)
-        mask, _ = completion_mask_from_eos(ids, self.eos_ids)
-        return ids.masked_fill(mask == 0, self.pad_id), mask, logps * mask
+        return pad_completions([s["token_ids"] for s in samples], [s["logprobs"] for s in samples], self.pad_id, self.eos_ids)
 
     # ------------------------------------------------------------ HTTP with timeouts and retries
 
@@ -276,15 +287,3 @@ def _unshared_cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         out[k] = t.clone() if ptr in seen else t
         seen.add(ptr)
     return out
-
-
-class _GenerationConfigOf:
-    """Just enough of a model for `eos_token_ids`: the tokenizer folder's generation_config.json, if any."""
-
-    def __init__(self, model_dir: str) -> None:
-        from transformers import GenerationConfig
-
-        try:
-            self.generation_config = GenerationConfig.from_pretrained(model_dir)
-        except (OSError, ValueError):
-            self.generation_config = None

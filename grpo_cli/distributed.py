@@ -1,0 +1,67 @@
+"""Processes: how a generation batch's rows split over them, the collectives the loop needs, and what FSDP
+and DeepSpeed need done their way. Every function takes the run's accelerate `Accelerator`."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from grpo_cli.errors import SetupError
+
+
+def is_fsdp(accelerator) -> bool:
+    return accelerator.distributed_type.name == "FSDP"
+
+
+def is_deepspeed(accelerator) -> bool:
+    return accelerator.distributed_type.name == "DEEPSPEED"
+
+
+def process_rows(accelerator, recipe) -> range:
+    """This process's contiguous slice of the B*G completion rows; SetupError when the launch and the recipe
+    do not fit together."""
+    acc, world = accelerator, int(os.environ.get("WORLD_SIZE", "1"))
+    asked = [name for env, name in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed"))
+             if os.environ.get(env, "false").lower() == "true"]
+    if world != acc.num_processes or (asked and acc.distributed_type.name not in ("FSDP", "DEEPSPEED")):
+        # e.g. an FSDP config launched on a CPU-only machine: accelerate would train WORLD_SIZE unrelated copies
+        raise SetupError(
+            f"{world} processes were launched with {' + '.join(asked) or 'a distributed config'}, but accelerate "
+            f"set up {acc.num_processes} process(es) of type {acc.distributed_type.name}; FSDP and DeepSpeed need "
+            "GPUs: on CPU use `grpo train --num-processes N` (DDP over gloo)"
+        )
+    P, N, mbs = acc.num_processes, recipe.generation_batch_size, recipe.train.micro_batch_size
+    if N % P or (N // P) % mbs:
+        raise SetupError(
+            f"prompts_per_step * num_generations = {N} completions must split evenly over {P} processes "
+            f"into micro-batches of train.micro_batch_size = {mbs}"
+        )
+    if recipe.rollout.max_staleness and P > 1:
+        raise SetupError(f"rollout.max_staleness runs one trainer process for now ({P} were launched); "
+                         "the server side scales with `grpo serve-vllm --tp N`")
+    return range(acc.process_index * (N // P), (acc.process_index + 1) * (N // P))
+
+
+def gather(accelerator, x: torch.Tensor) -> torch.Tensor:
+    """Every process's `x`, concatenated in process order, on the CPU (x itself with one process)."""
+    if accelerator.num_processes == 1:
+        return x
+    return accelerator.gather(x.to(accelerator.device)).cpu()
+
+
+def full_optimizer_state(model, optimizer) -> dict:
+    """FSDP2: AdamW state of every parameter, keyed by parameter name, on the main process (collective)."""
+    import copy
+
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    # deepcopy: the `step` tensors returned alias the live optimizer's, which the next step increments
+    return copy.deepcopy(get_optimizer_state_dict(model, optimizer.optimizer, options=options))
+
+
+def load_full_optimizer_state(model, optimizer, state: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer.optimizer, state, options=StateDictOptions(full_state_dict=True))

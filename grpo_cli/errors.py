@@ -1,0 +1,9 @@
+"""Errors shared by modules that must not import each other; each message is meant for people."""
+
+
+class DataError(RuntimeError):
+    """Data that cannot be used; the message names what is wrong and what to change."""
+
+
+class SetupError(RuntimeError):
+    """The run cannot start as asked (the message says what to change)."""
