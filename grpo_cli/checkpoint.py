@@ -11,11 +11,13 @@ so nothing else may sit there). Layout of `RUN_DIR/checkpoints/step-N/` (format 
     optimizer.safetensors + optimizer.json torch optimizer state_dict: tensors under flat keys
                                            (`state.0.exp_avg`), the rest as JSON with tags for tensors/tuples
     scheduler.json                         lr scheduler state_dict (scheduler.safetensors only if it holds tensors)
-    rng.safetensors + rng.json             python `random`, numpy legacy, torch CPU and every CUDA device
-    trainer_state.json                     the caller's dict (step, data position, ...)
+    trainer_state.json                     the caller's dict (step, data position, ...) and `rng_per_rank`:
+                                           each process's python `random`, numpy legacy, torch CPU and CUDA
+                                           RNG states (`rng_state`), one format for one process or many
     manifest.json                          written last: {"step", "files": {path from step-N/: sha256}, "format"}
 Format 1 (before this layout) kept the trainer's files and the manifest at the top level; such
-checkpoints are still listed, verified and resumed.
+checkpoints are still listed, verified and resumed, as are those that kept rank 0's RNGs in
+rng.safetensors + rng.json and only torch's per rank.
 
 A save writes everything into `checkpoints/.tmp-step-N-<pid>/`, fsyncs every file, writes the manifest,
 then renames the folder into place, so a crash at any point leaves the previous checkpoints untouched and
@@ -42,7 +44,7 @@ from safetensors.torch import load_file, save_file
 
 FORMAT = 2
 FORMATS = (1, 2)  # what this version reads
-STATE_FORMAT = 1  # of the JSON state files (optimizer.json, scheduler.json, rng.json)
+STATE_FORMAT = 1  # of the JSON state files (optimizer.json, scheduler.json)
 MANIFEST = "manifest.json"
 STATE_DIR = "trainer"  # the trainer's state inside a checkpoint (format 2)
 RECIPE = "recipe.yaml"
@@ -194,72 +196,70 @@ def save_scheduler(folder: Path, scheduler: Any) -> None:
 # ------------------------------------------------------------------------------------------------ RNG states
 
 
-def capture_rng_state() -> tuple[dict[str, torch.Tensor], dict]:
-    """Every RNG a training step draws from -> (tensors for safetensors, JSON-able metadata)."""
-    version, mt, gauss_next = random.getstate()
-    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
-    tensors = {"torch.cpu": torch.get_rng_state()}
-    cuda_devices = 0
-    if torch.cuda.is_available():
-        for i, state in enumerate(torch.cuda.get_rng_state_all()):
-            tensors[f"torch.cuda.{i}"] = state
-        cuda_devices = torch.cuda.device_count()
-    meta = {
-        "python": [version, list(mt), gauss_next],
-        "numpy": [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached_gaussian)],
-        "cuda_devices": cuda_devices,
-    }
-    return tensors, meta
-
-
-def restore_rng_state(tensors: dict[str, torch.Tensor], meta: dict) -> None:
-    """Inverse of `capture_rng_state`. CUDA states are restored for the devices present in both runs."""
-    version, mt, gauss_next = meta["python"]
-    random.setstate((version, tuple(mt), gauss_next))
-    name, keys, pos, has_gauss, cached_gaussian = meta["numpy"]
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
-    torch.set_rng_state(tensors["torch.cpu"].to(torch.uint8))
-    if meta.get("cuda_devices", 0) and torch.cuda.is_available():
-        for i in range(min(meta["cuda_devices"], torch.cuda.device_count())):
-            torch.cuda.set_rng_state(tensors[f"torch.cuda.{i}"].to(torch.uint8), device=i)
-
-
-def rank_rng_state() -> dict[str, str]:
-    """This process's torch RNG states as base64 text (JSON-able, no pickle): trainer_state.json's rng_per_rank."""
+def rng_state() -> dict:
+    """This process's RNGs, every one a training step draws from, as JSON (torch's byte states in base64, no
+    pickle): python `random`, numpy's legacy global generator, torch CPU and the current CUDA device."""
     import base64
 
+    version, mt, gauss_next = random.getstate()
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
     enc = lambda t: base64.b64encode(t.numpy().tobytes()).decode()  # noqa: E731
-    state = {"cpu": enc(torch.get_rng_state())}
+    state = {
+        "python": [version, list(mt), gauss_next],
+        "numpy": [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached_gaussian)],
+        "cpu": enc(torch.get_rng_state()),
+    }
     if torch.cuda.is_available():
         state["cuda"] = enc(torch.cuda.get_rng_state())
     return state
 
 
-def set_rank_rng_state(state: dict[str, str]) -> None:
+def set_rng_state(state: dict) -> None:
+    """Inverse of `rng_state`. (Entries of the older per-rank format hold torch's states only.)"""
     import base64
 
     dec = lambda s: torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)  # noqa: E731
+    if "python" in state:
+        version, mt, gauss_next = state["python"]
+        random.setstate((version, tuple(mt), gauss_next))
+        name, keys, pos, has_gauss, cached_gaussian = state["numpy"]
+        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
     torch.set_rng_state(dec(state["cpu"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(dec(state["cuda"]))
 
 
-def _save_rng(folder: Path) -> None:
-    tensors, meta = capture_rng_state()
-    save_file(tensors, str(folder / "rng.safetensors"))
-    (folder / "rng.json").write_text(json.dumps({"format": STATE_FORMAT, **meta}))
-
-
-def _load_rng(folder: Path) -> None:
-    _require(folder, "rng.json", "rng.safetensors")
+def _restore_rng(folder: Path, per_rank: list[dict], rank: int, world: int) -> bool:
+    """This process's saved RNG states, if the checkpoint has them for this many processes; -> restored or not.
+    Older checkpoints: rank 0's python/numpy/torch from rng.safetensors + rng.json, then torch's per rank."""
+    legacy = (folder / "rng.json").exists()
+    if legacy:
+        _require(folder, "rng.json", "rng.safetensors")
+        try:
+            meta = json.loads((folder / "rng.json").read_text())
+            tensors = load_file(str(folder / "rng.safetensors"))
+            set_rng_state({"python": meta["python"], "numpy": meta["numpy"], "cpu": _b64(tensors["torch.cpu"])})
+            if meta.get("cuda_devices", 0) and torch.cuda.is_available():
+                for i in range(min(meta["cuda_devices"], torch.cuda.device_count())):
+                    torch.cuda.set_rng_state(tensors[f"torch.cuda.{i}"].to(torch.uint8), device=i)
+        except (ValueError, KeyError, TypeError, SafetensorError) as e:
+            raise CheckpointError(
+                f"{folder}: rng.json / rng.safetensors cannot be read ({e}); the checkpoint is corrupted"
+            ) from None
+    if len(per_rank) != world:
+        return legacy and world == 1
     try:
-        meta = json.loads((folder / "rng.json").read_text())
-        tensors = load_file(str(folder / "rng.safetensors"))
-        restore_rng_state(tensors, meta)
-    except (ValueError, KeyError, TypeError, SafetensorError) as e:
-        raise CheckpointError(
-            f"{folder}: rng.json / rng.safetensors cannot be read ({e}); the checkpoint is corrupted"
-        ) from None
+        set_rng_state(per_rank[rank])
+    except (ValueError, KeyError, TypeError, RuntimeError) as e:
+        raise CheckpointError(f"{folder / 'trainer_state.json'}: rng_per_rank[{rank}] cannot be read ({e}); "
+                              "the checkpoint is corrupted") from None
+    return True
+
+
+def _b64(t: torch.Tensor) -> str:
+    import base64
+
+    return base64.b64encode(t.to(torch.uint8).numpy().tobytes()).decode()
 
 
 # ------------------------------------------------------------------------------------------ listing, verifying
@@ -431,7 +431,8 @@ def _write_contents(
     extra_json: dict[str, dict] | None = None, state_dict: dict | None = None, optimizer_state: dict | None = None,
 ) -> None:
     try:
-        state_text = json.dumps(trainer_state, indent=1)
+        # one process's own RNGs unless the caller gathered every process's
+        state_text = json.dumps({"rng_per_rank": [rng_state()], **trainer_state}, indent=1)
     except (TypeError, ValueError) as e:
         raise CheckpointError(
             f"trainer_state cannot be saved as JSON ({e}); keep it to numbers, strings, lists and dicts"
@@ -452,7 +453,6 @@ def _write_contents(
         save_optimizer(state, optimizer)
     if scheduler is not None:
         save_scheduler(state, scheduler)
-    _save_rng(state)
     (state / "trainer_state.json").write_text(state_text)
     make_readable(folder)
 
@@ -559,8 +559,10 @@ def _free_space(path: Path) -> str:
         return "free space unknown"
 
 
-def load_training_state(path: str | Path, *, optimizer: Any, scheduler: Any, load_optimizer: Any = None) -> dict:
-    """Restore optimizer, scheduler and RNG states from a checkpoint; return its trainer_state dict.
+def load_training_state(path: str | Path, *, optimizer: Any, scheduler: Any, load_optimizer: Any = None,
+                        rank: int = 0, world: int = 1) -> dict:
+    """Restore optimizer, scheduler and this process's RNG states (process `rank` of `world`) from a checkpoint;
+    return its trainer_state dict, RNGs replaced by "rng_restored" (False: none saved for `world` processes).
 
     Optimizer tensors are handed to `optimizer.load_state_dict`, which moves them to the device and dtype
     of the parameters (keeping `step` as saved), as torch does for its own checkpoints.
@@ -577,11 +579,12 @@ def load_training_state(path: str | Path, *, optimizer: Any, scheduler: Any, loa
             ) from None
     if scheduler is not None:
         scheduler.load_state_dict(_load_state(path, "scheduler"))
-    _load_rng(path)
     _require(path, "trainer_state.json")
     try:
-        return json.loads((path / "trainer_state.json").read_text())
+        state = json.loads((path / "trainer_state.json").read_text())
     except ValueError as e:
         raise CheckpointError(
             f"{path / 'trainer_state.json'} is not valid JSON ({e}); the checkpoint is corrupted"
         ) from None
+    state["rng_restored"] = _restore_rng(path, state.pop("rng_per_rank", None) or [], rank, world)
+    return state

@@ -8,6 +8,16 @@ from typing import Any
 import torch
 
 
+def group_of(row: int, group_size: int) -> int:
+    """The prompt (group) of completion row `row`: a group's G rows are contiguous."""
+    return row // group_size
+
+
+def group_rows(group: int, group_size: int) -> range:
+    """The completion rows of prompt (group) `group`."""
+    return range(group * group_size, (group + 1) * group_size)
+
+
 @dataclass
 class PromptBatch:
     """B prompts drawn from the data stream, rendered and tokenized."""
@@ -25,6 +35,10 @@ class PromptBatch:
         return PromptBatch(texts=[self.texts[i] for i in picks], input_ids=[self.input_ids[i] for i in picks],
                            columns={k: [v[i] for i in picks] for k, v in self.columns.items()},
                            indices=[self.indices[i] for i in picks])
+
+    def per_row(self, rows: range | list[int], group_size: int) -> PromptBatch:
+        """One entry per completion row in `rows` (each row's prompt, columns and data index)."""
+        return self.select([group_of(i, group_size) for i in rows])
 
     @staticmethod
     def cat(batches: list[PromptBatch]) -> PromptBatch:

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from grpo_cli.advantages import group_std
-from grpo_cli.datatypes import PromptBatch, RewardResult, Rollout
+from grpo_cli.datatypes import PromptBatch, RewardResult, Rollout, group_rows
 
 ZERO_STD = 1e-6  # as frac_reward_zero_std counts it
 
@@ -48,7 +48,7 @@ def pick_groups(signal: list[list[bool]], batch_size: int) -> list[tuple[int, in
 def assemble(rounds: list[Round], picks: list[tuple[int, int]], group_size: int, pad_id: int) -> Round:
     """The picked (round, group) pairs as one generation batch, in pick order (rows of a group contiguous).
     The error counts are those of every round: they count scoring calls, kept or not."""
-    rows = [[g * group_size + k for k in range(group_size)] for _, g in picks]
+    rows = [list(group_rows(g, group_size)) for _, g in picks]
     rollout = Rollout.cat([rounds[r].rollout.select(x) for (r, _), x in zip(picks, rows)], pad_id)
     scored = RewardResult.cat([rounds[r].rewards.select(x) for (r, _), x in zip(picks, rows)])
     calls = RewardResult.cat([rd.rewards for rd in rounds])

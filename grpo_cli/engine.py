@@ -182,11 +182,15 @@ class Engine:
         return 0
 
     def _restore(self) -> int:
-        from grpo_cli.checkpoint import CheckpointError, load_training_state, set_rank_rng_state
+        from grpo_cli.checkpoint import CheckpointError, load_training_state
         from grpo_cli.rundir import apply_optimizer_changes
 
-        state = load_training_state(self.checkpoint_path, optimizer=None if is_deepspeed(self.accelerator) else self.optimizer,
-                                    scheduler=self.scheduler, load_optimizer=partial(load_full_optimizer_state, self.model, self.optimizer) if is_fsdp(self.accelerator) else None)
+        acc = self.accelerator
+        state = load_training_state(
+            self.checkpoint_path, optimizer=None if is_deepspeed(acc) else self.optimizer, scheduler=self.scheduler,
+            load_optimizer=partial(load_full_optimizer_state, self.model, self.optimizer) if is_fsdp(acc) else None,
+            rank=acc.process_index, world=acc.num_processes,
+        )
         # the checkpoint restored the old optimizer settings: changed ones take effect (--allow-recipe-change)
         apply_optimizer_changes(self.optimizer, self.scheduler, set(self.recipe_changes), self.recipe.train)
         if is_deepspeed(self.accelerator):
@@ -204,11 +208,8 @@ class Engine:
         generators = state.get("generator_per_rank") or []
         if len(generators) == self.accelerator.num_processes:  # request seeds continue where they were
             self.generator.load_state_dict(generators[self.accelerator.process_index])
-        per_rank = state.get("rng_per_rank") or []
-        if len(per_rank) == self.accelerator.num_processes:
-            set_rank_rng_state(per_rank[self.accelerator.process_index])
-        elif self.accelerator.num_processes > 1:  # resumed on another process count: fresh, distinct streams
-            torch.manual_seed(self.recipe.train.seed + self.accelerator.process_index + 1000 * step)
+        if not state["rng_restored"] and acc.num_processes > 1:  # resumed on another process count: fresh streams
+            torch.manual_seed(self.recipe.train.seed + acc.process_index + 1000 * step)
         return step
 
     def _open_logs(self) -> None:
@@ -340,11 +341,12 @@ class Engine:
             batch = self.stream.next_batch()  # the same B prompts on every process
             if wake:
                 self.generator.wake_up()
-            rollout = self.generator.generate([batch.input_ids[i // G] for i in rows], [batch.texts[i // G] for i in rows])
+            mine = batch.per_row(rows, G)
+            rollout = self.generator.generate(mine.input_ids, mine.texts)
             self.generator.sleep()  # colocated vLLM on GPU (sleep_mode): give the trainer (and reward models) its memory
         rollout = rollout.to(self.accelerator.device)
         t_gen = time.perf_counter()
-        columns = {k: [v[i // G] for i in rows] for k, v in batch.columns.items()}
+        columns = batch.per_row(rows, G).columns
         users = user_prompts(r.data, columns) if any(is_reward_model(s.name) for s in r.rewards) else None
         rewards = score_rollout(r.rewards, rollout, columns, max_completion_length=r.rollout.max_completion_length,
                                 step=step, user_prompts=users)  # user prompts: for reward models' chat templates
@@ -525,14 +527,14 @@ class Engine:
         return step == self.recipe.train.max_steps or self.stop_requested or (every > 0 and step % every == 0)
 
     def save(self, step: int) -> None:
-        from grpo_cli.checkpoint import rank_rng_state, save_checkpoint
+        from grpo_cli.checkpoint import rng_state, save_checkpoint
 
         from accelerate.utils import gather_object
 
         from grpo_cli.lora import BASE_MODEL, base_identity, is_peft_model
 
-        # each rank samples with its own torch RNG; rank 0's is also saved in rng.safetensors
-        rng_per_rank = gather_object([rank_rng_state()]) if self.accelerator.num_processes > 1 else [rank_rng_state()]
+        # each rank samples with its own RNGs: every rank's are saved
+        rng_per_rank = gather_object([rng_state()]) if self.accelerator.num_processes > 1 else [rng_state()]
         in_flight = self.pipeline.state() if self.pipeline is not None else None  # waits for them (one process)
         generators = [self.generator.state_dict()]
         if self.accelerator.num_processes > 1:

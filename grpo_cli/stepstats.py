@@ -9,7 +9,7 @@ from typing import Any, Callable
 import torch
 
 from grpo_cli.advantages import group_std
-from grpo_cli.datatypes import PromptBatch, RewardResult, Rollout
+from grpo_cli.datatypes import PromptBatch, RewardResult, Rollout, group_of
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -125,7 +125,7 @@ def rollout_records(
     lengths = rollout.completion_mask.sum(1).tolist()
     records = []
     for j, i in enumerate(rows):
-        b = i // G
+        b = group_of(i, G)
         records.append({
             "step": step, "group": b, "sample": i % G, "data_index": batch.indices[b],
             "prompt": batch.texts[b], "answer": batch.columns.get("answer", [None] * len(batch))[b],

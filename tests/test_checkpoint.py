@@ -18,12 +18,12 @@ from grpo_cli import checkpoint as ck  # noqa: E402
 from grpo_cli.checkpoint import (  # noqa: E402
     CheckpointError,
     atomic_write_text,
-    capture_rng_state,
     latest_checkpoint,
     list_checkpoints,
     load_training_state,
     resolve_resume,
-    restore_rng_state,
+    rng_state,
+    set_rng_state,
     save_checkpoint,
     verify_checkpoint,
 )
@@ -110,7 +110,7 @@ def test_round_trip_resumes_bit_exactly(tmp_path):
     model2 = AutoModelForCausalLM.from_pretrained(path)
     opt2, sched2 = make_opt(model2)
     state = load_training_state(path, optimizer=opt2, scheduler=sched2)
-    assert state == {"step": 2, "data_position": 6}
+    assert state == {"step": 2, "data_position": 6, "rng_restored": True}
     assert (path / "trainer/recipe.yaml").read_text() == RECIPE
     assert_same(opt.state_dict(), opt2.state_dict())  # step is a float32 0-dim tensor equal to 2.0
     assert opt2.state_dict()["state"][0]["step"].dtype == torch.float32
@@ -158,19 +158,57 @@ def draws() -> tuple:
 def test_rng_restore_repeats_every_draw():
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
     random.gauss(0, 1), np.random.randn()  # leave a cached gaussian in both states
-    tensors, meta = capture_rng_state()
-    json.dumps(meta)  # the metadata is plain JSON
+    state = json.loads(json.dumps(rng_state()))  # plain JSON, through text and back
     first = draws()
-    restore_rng_state(tensors, meta)
+    set_rng_state(state)
     assert draws() == first
     assert draws() != first  # the state moved on: the comparison above can fail
 
 
 def test_rng_restored_by_load_training_state(tmp_path, model):
-    torch.manual_seed(5)
+    torch.manual_seed(5), random.seed(6), np.random.seed(7)
     path = save(tmp_path, 1, model)
     expected = draws()
-    assert load_training_state(path, optimizer=None, scheduler=None) == {"step": 1, "data_position": 3}
+    state = load_training_state(path, optimizer=None, scheduler=None)
+    assert state["step"] == 1 and state["data_position"] == 3 and state["rng_restored"]
+    assert draws() == expected
+    assert not (path / "trainer/rng.json").exists()  # one format: trainer_state.json's rng_per_rank
+
+
+def test_each_process_gets_its_own_rng_back(tmp_path, model):
+    states = []
+    for seed in (11, 12):  # what two processes would hold
+        torch.manual_seed(seed), random.seed(seed), np.random.seed(seed)
+        states.append((rng_state(), draws()))
+    path = save_checkpoint(tmp_path, 1, model=model, tokenizer=None, optimizer=None, scheduler=None, recipe_yaml=RECIPE,
+                           trainer_state={"step": 1, "rng_per_rank": [s for s, _ in states]}, keep_last=None)
+    for rank, (_, expected) in enumerate(states):
+        assert load_training_state(path, optimizer=None, scheduler=None, rank=rank, world=2)["rng_restored"]
+        assert draws() == expected
+    # another process count: nothing to restore, the caller reseeds
+    assert not load_training_state(path, optimizer=None, scheduler=None, rank=0, world=3)["rng_restored"]
+
+
+def test_checkpoints_with_the_older_rng_files_still_restore(tmp_path, model):
+    # before: rank 0's python/numpy/torch in rng.safetensors + rng.json, only torch's per rank
+    from safetensors.torch import save_file
+
+    torch.manual_seed(21), random.seed(22), np.random.seed(23)
+    full = rng_state()
+    expected = draws()
+    path = save(tmp_path, 1, model)
+    state_file = path / "trainer/trainer_state.json"
+    state = json.loads(state_file.read_text())
+    state["rng_per_rank"] = [{"cpu": full["cpu"]}]
+    state_file.write_text(json.dumps(state))
+    import base64
+
+    cpu = torch.frombuffer(bytearray(base64.b64decode(full["cpu"])), dtype=torch.uint8)
+    save_file({"torch.cpu": cpu}, str(path / "trainer/rng.safetensors"))
+    (path / "trainer/rng.json").write_text(json.dumps({"format": 1, "python": full["python"], "numpy": full["numpy"],
+                                                       "cuda_devices": 0}))
+    random.seed(0), np.random.seed(0), torch.manual_seed(0)
+    assert load_training_state(path, optimizer=None, scheduler=None)["rng_restored"]
     assert draws() == expected
 
 
@@ -182,7 +220,7 @@ def test_manifest_lists_every_file_and_comes_last(tmp_path, model):
     assert manifest["step"] == 3 and manifest["format"] == 2
     assert sorted(manifest["files"]) == [f for f in files if f != "trainer/manifest.json"]
     for name in ("model.safetensors", "config.json", "trainer/optimizer.safetensors", "trainer/optimizer.json",
-                 "trainer/scheduler.json", "trainer/rng.safetensors", "trainer/rng.json", "trainer/trainer_state.json",
+                 "trainer/scheduler.json", "trainer/trainer_state.json",
                  "trainer/recipe.yaml"):
         assert name in manifest["files"]
     assert all(len(h) == 64 for h in manifest["files"].values())
@@ -223,8 +261,8 @@ def test_corruption_is_named_and_refused(tmp_path, model):
     data[-1] ^= 0xFF  # repair the weights, then lose another file
     weights.write_bytes(bytes(data))
     verify_checkpoint(path)
-    (path / "trainer/rng.json").unlink()
-    with pytest.raises(CheckpointError, match=r"trainer/rng\.json is missing"):
+    (path / "trainer/trainer_state.json").unlink()
+    with pytest.raises(CheckpointError, match=r"trainer/trainer_state\.json is missing"):
         verify_checkpoint(path)
     assert resolve_resume(tmp_path, str(tmp_path / "checkpoints" / "step-5")) == tmp_path / "checkpoints" / "step-5"
     with pytest.raises(CheckpointError, match="no such checkpoint folder"):

@@ -200,6 +200,6 @@ def test_format_1_checkpoints_still_resume(tmp_path, model):
     verify_checkpoint(path)
     assert start_point(tmp_path, "auto", say=lambda _: None) == path
     opt2, sched2 = make_opt(tiny_model())
-    assert load_training_state(path, optimizer=opt2, scheduler=sched2) == {"step": 1}
+    assert load_training_state(path, optimizer=opt2, scheduler=sched2) == {"step": 1, "rng_restored": True}
     assert sched2.last_epoch == 1
     assert check_drift(path, {"name": "tiny", "train": {"max_steps": 3}}, allow=False) == {}

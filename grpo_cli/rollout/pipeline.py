@@ -73,8 +73,8 @@ class RolloutPipeline:
         G = self.G
 
         def generate():
-            rollout = self.generator.generate([p for p in batch.input_ids for _ in range(G)],
-                                              [t for t in batch.texts for _ in range(G)])
+            rows = batch.per_row(range(len(batch) * G), G)
+            rollout = self.generator.generate(rows.input_ids, rows.texts)
             return rollout, self._loaded_step
 
         self.pending.append(InFlight(batch, self._run(generate)))
@@ -113,9 +113,9 @@ class RolloutPipeline:
             batch = batch_of(item["indices"])
             completion_ids, mask, logps = pad_completions(item["completion_ids"], item["sampling_logps"], gen.pad_id,
                                                           gen.eos_ids)
-            rollout = build_rollout([p for p in batch.input_ids for _ in range(G)], [t for t in batch.texts for _ in range(G)],
-                                    1, completion_ids, mask, torch.tensor(item["truncated"]), gen.tokenizer, gen.pad_id,
-                                    logps)
+            rows = batch.per_row(range(len(batch) * G), G)
+            rollout = build_rollout(rows.input_ids, rows.texts, 1, completion_ids, mask, torch.tensor(item["truncated"]),
+                                    gen.tokenizer, gen.pad_id, logps)
             done: Future = Future()
             done.set_result((rollout, int(item["policy_step"])))
             self.pending.append(InFlight(batch, done))
