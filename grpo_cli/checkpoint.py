@@ -196,6 +196,13 @@ def save_scheduler(folder: Path, scheduler: Any) -> None:
 # ------------------------------------------------------------------------------------------------ RNG states
 
 
+def seed_process(seed: int) -> None:
+    """Seed every RNG `rng_state` covers (a fresh run; a resumed one restores them instead)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
 def rng_state() -> dict:
     """This process's RNGs, every one a training step draws from, as JSON (torch's byte states in base64, no
     pickle): python `random`, numpy's legacy global generator, torch CPU and the current CUDA device."""

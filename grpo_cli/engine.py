@@ -11,7 +11,6 @@ import math
 import signal
 import time
 from contextlib import nullcontext
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +18,16 @@ import torch
 
 from grpo_cli.advantages import compute_advantages, normalize_then_sum
 from grpo_cli.datatypes import PromptBatch, RewardResult, Rollout
-from grpo_cli.distributed import (
-    full_optimizer_state, gather, is_deepspeed, is_fsdp, load_full_optimizer_state, process_rows,
-)
-from grpo_cli.logprobs import token_logprobs
+from grpo_cli.distributed import gather, is_deepspeed, is_fsdp, process_rows
+from grpo_cli.logprobs import logps_no_grad, token_logprobs
 from grpo_cli.losses import POLICY_LOSSES, compute_loss, entropy_mask, sampler_correction
+from grpo_cli.checkpoint import seed_process
+from grpo_cli.metrics import open_run_logs
 from grpo_cli.models import disable_dropout, has_dropout
 from grpo_cli.optim import build_optimizer, make_scheduler
-from grpo_cli.recipe import Recipe, flat_config, recipe_to_yaml
-from grpo_cli.stepstats import MetricSums, peak_memory_gib, rollout_records, step_metrics
+from grpo_cli.recipe import Recipe
+from grpo_cli.runstate import restore_run, save_run
+from grpo_cli.stepstats import MetricSums, peak_memory_gib, rollout_records, start_line, step_metrics
 
 
 class Engine:
@@ -71,11 +71,19 @@ class Engine:
         torch.manual_seed(t.seed)  # fresh LoRA adapters (peft draws lora_A at random): same on every run and rank
         self._build_model()
         self._build_data()
-        self.start_step = self._restore() if self.checkpoint_path else self._fresh_start()
-        self._open_logs()
+        self._restored_state: dict = {}  # the checkpoint's trainer state (its rollouts in flight, if any)
+        if self.checkpoint_path:
+            self.start_step, self._restored_state = restore_run(
+                self.checkpoint_path, self.accelerator, self.model, self.optimizer, self.scheduler, self.stream,
+                self.generator, changes=set(self.recipe_changes), train=t)
+        else:  # every process samples its own completions; the data stream is seeded apart, the same everywhere
+            seed_process(t.seed + self.accelerator.process_index)
+            self.start_step = 0
+        self.metrics_log, self.rollout_log, self.console = open_run_logs(
+            self.run_dir, recipe, self.start_step, self.checkpoint_path, self.recipe_changes, self.accelerator)
         self.stop_requested, self.stop_signal = False, None
         self.pipeline = None  # asynchronous rollouts (rollout.max_staleness), started by fit
-        self._eval_problems = None
+        self._eval_cache: dict = {}  # the eval problems, loaded by the first eval
 
     # ----- set-up -----------------------------------------------------------------------------
     def _resolve_resume(self, resume: str | None, start_over: bool) -> Path | None:
@@ -96,7 +104,7 @@ class Engine:
         return check_drift(self.checkpoint_path, self.recipe.model_dump(mode="json"), allow)
 
     def _build_model(self) -> None:
-        from grpo_cli.lora import parameter_summary
+        from grpo_cli.lora import load_policy, parameter_summary
         from grpo_cli.models import load_model, load_tokenizer
 
         r = self.recipe
@@ -107,7 +115,7 @@ class Engine:
         # there read it; on a filesystem the nodes share, the caches are written atomically (models.py)
         with self.accelerator.local_main_process_first():
             self.tokenizer = load_tokenizer(cfg)
-            model = self._load_policy(cfg)
+            model = load_policy(cfg, r.model, self.checkpoint_path, self.accelerator.device)
             self.ref_model = None
             if r.algorithm.beta > 0 and not r.model.lora.r:  # with LoRA the reference is the base: adapters disabled
                 ref_cfg = r.model.model_copy(update={"gradient_checkpointing": False})
@@ -116,31 +124,20 @@ class Engine:
         self.model_summary = parameter_summary(model)
         params = [p for p in model.parameters() if p.requires_grad]
         a, t = r.algorithm, r.train
-        fused = not (is_fsdp(self.accelerator) or is_deepspeed(self.accelerator)) and self.accelerator.device.type in ("cpu", "cuda")
+        acc = self.accelerator
+        fused = not (is_fsdp(acc) or is_deepspeed(acc)) and acc.device.type in ("cpu", "cuda")
         optimizer = build_optimizer(params, t, fused=fused)
         total_updates = t.max_steps * a.num_iterations
         self.scheduler = make_scheduler(optimizer, t.scheduler, t.warmup_steps, total_updates)
-        acc = self.accelerator
-        if is_deepspeed(self.accelerator):  # no dataloader to infer these from; grpo accumulates itself
+        if is_deepspeed(acc):  # no dataloader to infer these from; grpo accumulates itself
             acc.state.deepspeed_plugin.deepspeed_config.update(
                 train_micro_batch_size_per_gpu=t.micro_batch_size, gradient_accumulation_steps=1)
         self.model, self.optimizer = acc.prepare(model, optimizer)
         # weights split over processes: every process must run every forward (generation included)
-        self.sharded = is_fsdp(self.accelerator) or (is_deepspeed(self.accelerator) and acc.state.deepspeed_plugin.zero_stage == 3)
+        self.sharded = is_fsdp(acc) or (is_deepspeed(acc) and acc.state.deepspeed_plugin.zero_stage == 3)
         # a group's prompt runs once per micro-batch through the key/value cache, which gradient checkpointing turns off
         self._shared_prompts = not cfg.gradient_checkpointing
         self.generator = self._make_generator(cfg)
-
-    def _load_policy(self, cfg):
-        """The trained model: full weights (fresh or from a checkpoint), or base + LoRA adapters (fresh or saved)."""
-        from grpo_cli.lora import is_adapter_checkpoint, load_adapter_model, wrap_lora
-        from grpo_cli.models import load_model
-
-        m = self.recipe.model
-        if self.checkpoint_path is not None and is_adapter_checkpoint(self.checkpoint_path):
-            return load_adapter_model(self.checkpoint_path, m, trainable=True, device=self.accelerator.device)
-        model = load_model(cfg, device=self.accelerator.device if m.load_in_4bit else None)
-        return wrap_lora(model, m) if m.lora.r else model
 
     def _make_generator(self, cfg):
         """The rollout backend (grpo_cli/rollout): the policy itself (hf), a vLLM engine in this process, or
@@ -169,71 +166,6 @@ class Engine:
             self.dataset = load_rows(d, data_seed)
         self.stream = PromptStream(self.dataset, d, self.tokenizer, self.recipe.train.prompts_per_step, data_seed)
 
-    def _fresh_start(self) -> int:
-        # Every process samples different completions; the data stream is seeded separately and identical.
-        seed = self.recipe.train.seed + self.accelerator.process_index
-        import random
-
-        import numpy as np
-
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        torch.manual_seed(seed)
-        return 0
-
-    def _restore(self) -> int:
-        from grpo_cli.checkpoint import CheckpointError, load_training_state
-        from grpo_cli.rundir import apply_optimizer_changes
-
-        acc = self.accelerator
-        state = load_training_state(
-            self.checkpoint_path, optimizer=None if is_deepspeed(acc) else self.optimizer, scheduler=self.scheduler,
-            load_optimizer=partial(load_full_optimizer_state, self.model, self.optimizer) if is_fsdp(acc) else None,
-            rank=acc.process_index, world=acc.num_processes,
-        )
-        # the checkpoint restored the old optimizer settings: changed ones take effect (--allow-recipe-change)
-        apply_optimizer_changes(self.optimizer, self.scheduler, set(self.recipe_changes), self.recipe.train)
-        if is_deepspeed(self.accelerator):
-            import logging
-
-            logging.getLogger(__name__).warning(
-                "DeepSpeed: AdamW moments restart from zero on resume (checkpoints do not hold its ZeRO optimizer "
-                "state: it contains Python objects, and grpo loads nothing it would have to unpickle)")
-        try:
-            self.stream.load_state_dict(state["data"])
-        except ValueError as e:  # e.g. --allow-recipe-change to a smaller dataset
-            raise CheckpointError(f"{self.checkpoint_path}: {e}; resume with the data the run trained on") from None
-        step = int(state["step"])
-        self._restored_state = state  # the rollouts in flight at the checkpoint (rollout.max_staleness)
-        generators = state.get("generator_per_rank") or []
-        if len(generators) == self.accelerator.num_processes:  # request seeds continue where they were
-            self.generator.load_state_dict(generators[self.accelerator.process_index])
-        if not state["rng_restored"] and acc.num_processes > 1:  # resumed on another process count: fresh streams
-            torch.manual_seed(self.recipe.train.seed + acc.process_index + 1000 * step)
-        return step
-
-    def _open_logs(self) -> None:
-        from grpo_cli.metrics import Console, JsonlLog
-        from grpo_cli.rundir import report_changes
-
-        main = self.accelerator.is_main_process
-        self.metrics_log = self.rollout_log = None
-        if main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "recipe.yaml").write_text(recipe_to_yaml(self.recipe))
-            if self.recipe_changes:
-                report_changes(self.run_dir, self.checkpoint_path, self.start_step + 1, self.recipe_changes)
-            self.metrics_log = JsonlLog(self.run_dir / "metrics.jsonl", self.start_step)
-            if self.recipe.logging.rollouts:
-                self.rollout_log = JsonlLog(self.run_dir / "rollouts.jsonl", self.start_step)
-            for log in (self.metrics_log, self.rollout_log):
-                if log is not None and log.dropped:  # written after the checkpoint by the run that was interrupted
-                    print(f"{log.path.name}: dropped {log.dropped} lines of steps after {self.start_step}, "
-                          f"logged after the checkpoint {self.checkpoint_path} was saved")
-        if self.recipe.logging.trackers:
-            self.accelerator.init_trackers(self.recipe.name, config=flat_config(self.recipe.model_dump(mode="json")))
-        self.console = Console(self.recipe.train.max_steps, self.start_step, self.recipe.logging.every_steps, main)
-
     # ----- the loop ---------------------------------------------------------------------------
     def fit(self) -> int:
         """Train to train.max_steps; returns the last completed step. SIGINT/SIGTERM stop after a checkpoint."""
@@ -241,14 +173,13 @@ class Engine:
         step, completed = self.start_step, False
         if self.checkpoint_path:
             self.console.print(f"resumed from {self.checkpoint_path} at step {step}")
-        ref = "none (beta = 0)" if self.recipe.algorithm.beta == 0 else (
-            "a second copy" if self.ref_model is not None else "the base with adapters disabled (no copy)")
-        forwards = f"{self.mixed_precision} autocast" if self.mixed_precision != "no" else self.recipe.model.dtype
-        sampling_copy = getattr(self.generator, "copy", None)  # hf backend, rollout.dtype
-        sampling = f", sampling in {str(sampling_copy.dtype).removeprefix('torch.')}" if sampling_copy is not None else ""
-        self.console.print(f"policy: {self.model_summary}; forwards in {forwards}{sampling}; reference: {ref}; "
-                           f"peak memory {peak_memory_gib(self.accelerator.device):.2f} GiB")
-        self.pipeline = self._start_pipeline() if self.recipe.rollout.max_staleness else None
+        self.console.print(start_line(self.model_summary, self.recipe, self.mixed_precision, self.ref_model is not None,
+                                      getattr(self.generator, "copy", None), self.accelerator.device))
+        if self.recipe.rollout.max_staleness:  # asynchronous rollouts: the batches in flight, or the first k + 1
+            from grpo_cli.rollout.pipeline import start_pipeline
+
+            saved = self._restored_state.get("in_flight")
+            self.pipeline = start_pipeline(self.generator, self.recipe, self.G, self.start_step, saved, self.stream)
         try:
             while step < self.recipe.train.max_steps:
                 step += 1
@@ -311,20 +242,6 @@ class Engine:
             if self.rollout_log is not None:
                 self.rollout_log.write_many(records)
         return metrics
-
-    def _start_pipeline(self):
-        """Asynchronous rollouts: the batches in flight at the checkpoint, or the first k + 1 (grpo_cli/rollout/pipeline.py)."""
-        from grpo_cli.rollout.pipeline import RolloutPipeline
-
-        r, step = self.recipe, self.start_step
-        pipeline = RolloutPipeline(self.generator, r.rollout.max_staleness, self.G, loaded_step=step)
-        saved = (getattr(self, "_restored_state", None) or {}).get("in_flight")
-        if saved:
-            pipeline.restore(saved, self.stream.batch_of)
-        # a fresh run, or one resumed with a larger train.max_steps: sample with the weights it has
-        for _ in range(min(r.rollout.max_staleness + 1, r.train.max_steps - step) - len(pipeline.pending)):
-            pipeline.submit_batch(self.stream.next_batch())
-        return pipeline
 
     def _sample(self, step: int, times: dict[str, float], wake: bool = False) -> tuple[PromptBatch, Rollout, RewardResult, torch.Tensor]:
         """B prompts -> this process's rows of their B*G completions, scored; -> also the weighted rewards of all
@@ -458,19 +375,10 @@ class Engine:
         with self.accelerator.unwrap_model(self.model).disable_adapter():  # LoRA: the frozen base is the reference
             return self._logps_no_grad(self.model, rollout, slices)
 
-    @torch.no_grad()
     def _logps_no_grad(self, model, rollout: Rollout, slices: list[slice]) -> torch.Tensor:
         """Old-policy (mu > 1) or reference (beta > 0) log-probs, micro-batch by micro-batch."""
-        out = []
-        with torch.inference_mode(), self.accelerator.autocast():
-            for sl in slices:
-                lp, _ = token_logprobs(
-                    model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl],
-                    rollout.completion_mask[sl], temperature=self.recipe.rollout.temperature,
-                    shared_prompts=self._shared_prompts,
-                )
-                out.append(lp)
-        return torch.cat(out).clone()  # clone: leave inference mode so autograd can use it as a constant
+        return logps_no_grad(model, rollout, slices, temperature=self.recipe.rollout.temperature,
+                             shared_prompts=self._shared_prompts, autocast=self.accelerator.autocast)
 
     def _optimizer_step(self) -> float:
         # accelerate computes the global norm for DDP, FSDP (sharded grads) and DeepSpeed; inf: measure only
@@ -497,66 +405,25 @@ class Engine:
 
     def evaluate(self) -> dict[str, float]:
         """The recipe's eval on the main process (its own RNG: training's random stream is untouched)."""
-        from grpo_cli.evaluate import eval_source, evaluate_model, load_problems
+        from grpo_cli.evaluate import evaluate_during_training
 
-        out: dict[str, float] = {}
-        if self.accelerator.is_main_process or self.sharded:  # sharded: all take part, the main one reports
-            if self._eval_problems is None:
-                self._eval_problems = load_problems(self.recipe, self.recipe.eval, self.tokenizer)
-                source = eval_source(self.recipe, self.recipe.eval)
-                if not source["held_out"]:  # once per run: eval/* then measures fit to the training problems
-                    self.console.print(f"eval: not held out: {source['source']} is {source['note']}")
-            t0 = time.perf_counter()
-            # a vLLM backend is reused (one vLLM engine per process); hf generates with the policy itself
-            generator = self.generator if self.recipe.rollout.backend == "vllm" or self.sharded else None
-            if self.pipeline is not None:
-                from grpo_cli.rollout.pipeline import Serialized
+        # a vLLM backend is reused (one vLLM engine per process), asynchronous rollouts go through their queue
+        # (after the batches in flight, with this step's weights); hf generates with the policy itself
+        generator = self.generator if self.recipe.rollout.backend == "vllm" or self.sharded else None
+        if self.pipeline is not None:
+            from grpo_cli.rollout.pipeline import Serialized
 
-                generator = Serialized(self.pipeline)  # after the batches in flight, with this step's weights
-            metrics, _ = evaluate_model(
-                self.accelerator.unwrap_model(self.model), self.tokenizer, self.recipe, self.recipe.eval,
-                self._eval_problems, generator=generator,
-            )
-            if self.accelerator.is_main_process:
-                out = {f"eval/{k}": v for k, v in metrics.items()} | {"time/eval": time.perf_counter() - t0}
-        self.accelerator.wait_for_everyone()
-        return out
+            generator = Serialized(self.pipeline)
+        return evaluate_during_training(self.accelerator, self.accelerator.unwrap_model(self.model), self.tokenizer,
+                                        self.recipe, generator, self._eval_cache, self.sharded, self.console.print)
 
     def _should_save(self, step: int) -> bool:
         every = self.recipe.checkpoint.every_steps
         return step == self.recipe.train.max_steps or self.stop_requested or (every > 0 and step % every == 0)
 
     def save(self, step: int) -> None:
-        from grpo_cli.checkpoint import rng_state, save_checkpoint
-
-        from accelerate.utils import gather_object
-
-        from grpo_cli.lora import BASE_MODEL, base_identity, is_peft_model
-
-        # each rank samples with its own RNGs: every rank's are saved
-        rng_per_rank = gather_object([rng_state()]) if self.accelerator.num_processes > 1 else [rng_state()]
-        in_flight = self.pipeline.state() if self.pipeline is not None else None  # waits for them (one process)
-        generators = [self.generator.state_dict()]
-        if self.accelerator.num_processes > 1:
-            generators = gather_object(generators)
-        # sharded: every process takes part in gathering the full weights and optimizer state to the main one
-        weights = self.accelerator.get_state_dict(self.model) if self.sharded else None
-        optimizer_state = full_optimizer_state(self.model, self.optimizer) if is_fsdp(self.accelerator) else None
-        self.accelerator.wait_for_everyone()
-        if self.accelerator.is_main_process:
-            model = self.accelerator.unwrap_model(self.model)
-            extra = {BASE_MODEL: base_identity(model, self.recipe.model)} if is_peft_model(model) else {}
-            path = save_checkpoint(
-                self.run_dir, step, model=model, tokenizer=self.tokenizer, extra_json=extra, state_dict=weights,
-                optimizer_state=optimizer_state,
-                optimizer=None if is_deepspeed(self.accelerator) else self.optimizer, scheduler=self.scheduler,
-                recipe_yaml=recipe_to_yaml(self.recipe),
-                trainer_state={"step": step, "data": self.stream.state_dict(), "rng_per_rank": rng_per_rank,
-                               "generator_per_rank": generators, **({"in_flight": in_flight} if in_flight is not None else {})},
-                keep_last=self.recipe.checkpoint.keep_last,
-            )
-            self.console.print(f"saved {path}")
-        self.accelerator.wait_for_everyone()
+        save_run(self.run_dir, step, self.accelerator, self.model, self.optimizer, self.scheduler, self.tokenizer,
+                 self.recipe, self.stream, self.generator, self.pipeline, sharded=self.sharded, say=self.console.print)
 
     def _on_signal(self, signum, frame) -> None:
         if self.stop_requested:  # second signal: leave now, the last checkpoint is intact

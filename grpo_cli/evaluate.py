@@ -343,6 +343,28 @@ def _backend(backend: str, t: Target, tokenizer, recipe: Recipe, seed: int):
     return None, generator
 
 
+def evaluate_during_training(accelerator, model, tokenizer, recipe: Recipe, generator, cache: dict, sharded: bool,
+                             say) -> dict[str, float]:
+    """The recipe's eval during training: on the main process (every process when the weights are sharded; the
+    main one reports) -> eval/* metrics and time/eval. `cache` keeps the problems between calls; `say` prints
+    once that the eval set is not held out when it is not."""
+    import time
+
+    out: dict[str, float] = {}
+    if accelerator.is_main_process or sharded:
+        if "problems" not in cache:
+            cache["problems"] = load_problems(recipe, recipe.eval, tokenizer)
+            source = eval_source(recipe, recipe.eval)
+            if not source["held_out"]:  # once per run: eval/* then measures fit to the training problems
+                say(f"eval: not held out: {source['source']} is {source['note']}")
+        t0 = time.perf_counter()
+        metrics, _ = evaluate_model(model, tokenizer, recipe, recipe.eval, cache["problems"], generator=generator)
+        if accelerator.is_main_process:
+            out = {f"eval/{k}": v for k, v in metrics.items()} | {"time/eval": time.perf_counter() - t0}
+    accelerator.wait_for_everyone()
+    return out
+
+
 def print_table(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table

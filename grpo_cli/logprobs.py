@@ -103,3 +103,16 @@ def logps_from_logits(logits: torch.Tensor, ids: torch.Tensor, temperature: floa
         else:
             out.append(_chunk_logps(lg, tok, temperature))
     return torch.cat(out)
+
+
+@torch.no_grad()
+def logps_no_grad(model, rollout, slices: list[slice], *, temperature: float, shared_prompts: bool, autocast) -> torch.Tensor:
+    """[N, T] log-probs of a rollout's completion tokens without autograd, micro-batch by micro-batch (`slices`),
+    under `autocast()` (the trainer's mixed precision): the old policy's or the reference's."""
+    out = []
+    with torch.inference_mode(), autocast():
+        for sl in slices:
+            lp, _ = token_logprobs(model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl],
+                                   rollout.completion_mask[sl], temperature=temperature, shared_prompts=shared_prompts)
+            out.append(lp)
+    return torch.cat(out).clone()  # clone: leave inference mode so autograd can use it as a constant

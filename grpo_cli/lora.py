@@ -126,3 +126,14 @@ def parameter_summary(model: Any) -> str:
     total = sum(_numel(p) for p in model.parameters())  # 4-bit weights counted unpacked
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return f"{total / 1e6:.2f}M parameters, {trainable / 1e6:.3f}M trainable ({100 * trainable / max(total, 1):.2f}%)"
+
+
+def load_policy(cfg, model_cfg, checkpoint_path, device):
+    """The trained model: full weights (fresh, or from the checkpoint `cfg` points at), or base + LoRA adapters
+    (fresh, or the checkpoint's). `model_cfg`: the recipe's model section (LoRA and 4-bit settings)."""
+    from grpo_cli.models import load_model
+
+    if checkpoint_path is not None and is_adapter_checkpoint(checkpoint_path):
+        return load_adapter_model(checkpoint_path, model_cfg, trainable=True, device=device)
+    model = load_model(cfg, device=device if model_cfg.load_in_4bit else None)
+    return wrap_lora(model, model_cfg) if model_cfg.lora.r else model

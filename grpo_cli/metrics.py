@@ -117,3 +117,28 @@ class Console:
     def close(self) -> None:
         if self.enabled:
             self.progress.stop()
+
+
+def open_run_logs(run_dir: Path, recipe, start_step: int, checkpoint_path: Path | None, changes: dict, accelerator):
+    """The run's recipe.yaml, metrics.jsonl and rollouts.jsonl (main process; lines after `start_step` written by
+    an interrupted run are dropped and counted), its trackers, and its console -> (metrics, rollouts, console)."""
+    from grpo_cli.recipe import flat_config, recipe_to_yaml
+    from grpo_cli.rundir import report_changes
+
+    main = accelerator.is_main_process
+    metrics_log = rollout_log = None
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "recipe.yaml").write_text(recipe_to_yaml(recipe))
+        if changes:
+            report_changes(run_dir, checkpoint_path, start_step + 1, changes)
+        metrics_log = JsonlLog(run_dir / "metrics.jsonl", start_step)
+        if recipe.logging.rollouts:
+            rollout_log = JsonlLog(run_dir / "rollouts.jsonl", start_step)
+        for log in (metrics_log, rollout_log):
+            if log is not None and log.dropped:  # written after the checkpoint by the run that was interrupted
+                print(f"{log.path.name}: dropped {log.dropped} lines of steps after {start_step}, "
+                      f"logged after the checkpoint {checkpoint_path} was saved")
+    if recipe.logging.trackers:
+        accelerator.init_trackers(recipe.name, config=flat_config(recipe.model_dump(mode="json")))
+    return metrics_log, rollout_log, Console(recipe.train.max_steps, start_step, recipe.logging.every_steps, main)

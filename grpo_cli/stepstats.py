@@ -21,6 +21,16 @@ def peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
 
 
+def start_line(model_summary: str, recipe, mixed_precision: str, ref_copy: bool, sampling_copy, device) -> str:
+    """The line a run starts with: the policy, the precision of its forwards and sampling, the reference."""
+    ref = "none (beta = 0)" if recipe.algorithm.beta == 0 else (
+        "a second copy" if ref_copy else "the base with adapters disabled (no copy)")
+    forwards = f"{mixed_precision} autocast" if mixed_precision != "no" else recipe.model.dtype
+    sampling = f", sampling in {str(sampling_copy.dtype).removeprefix('torch.')}" if sampling_copy is not None else ""
+    return (f"policy: {model_summary}; forwards in {forwards}{sampling}; reference: {ref}; "
+            f"peak memory {peak_memory_gib(device):.2f} GiB")
+
+
 class MetricSums:
     """Running sums for means that must be exact over micro-batches and processes."""
 

@@ -125,6 +125,18 @@ class RolloutPipeline:
         self._worker.shutdown(wait=False, cancel_futures=True)
 
 
+def start_pipeline(generator, recipe, group_size: int, start_step: int, saved: list[dict] | None, stream) -> RolloutPipeline:
+    """The pipeline of a run starting at `start_step`: the batches in flight at its checkpoint (`saved`), topped up
+    to k + 1 (a fresh run; one resumed with a larger train.max_steps samples them with the weights it has)."""
+    k, max_steps = recipe.rollout.max_staleness, recipe.train.max_steps
+    pipeline = RolloutPipeline(generator, k, group_size, loaded_step=start_step)
+    if saved:
+        pipeline.restore(saved, stream.batch_of)
+    for _ in range(min(k + 1, max_steps - start_step) - len(pipeline.pending)):
+        pipeline.submit_batch(stream.next_batch())
+    return pipeline
+
+
 class Serialized:
     """The pipeline's generator for other callers (the run's eval): each `generate` runs on the worker after
     everything submitted before it, with the weights submitted last."""
