@@ -436,6 +436,7 @@ def _write_manifest(folder: Path, step: int) -> None:
 def _write_contents(
     folder: Path, *, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any, recipe_yaml: str, trainer_state: dict,
     extra_json: dict[str, dict] | None = None, state_dict: dict | None = None, optimizer_state: dict | None = None,
+    trainer_tensors: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> None:
     try:
         # one process's own RNGs unless the caller gathered every process's
@@ -460,6 +461,8 @@ def _write_contents(
         save_optimizer(state, optimizer)
     if scheduler is not None:
         save_scheduler(state, scheduler)
+    for name, tensors in (trainer_tensors or {}).items():  # e.g. a refreshed reference model
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(state / f"{name}.safetensors"))
     (state / "trainer_state.json").write_text(state_text)
     make_readable(folder)
 
@@ -517,8 +520,10 @@ def save_checkpoint(
     extra_json: dict[str, dict] | None = None,
     state_dict: dict | None = None,
     optimizer_state: dict | None = None,
+    trainer_tensors: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> Path:
-    """Save `RUN_DIR/checkpoints/step-N/` atomically, then apply retention. Returns the checkpoint folder."""
+    """Save `RUN_DIR/checkpoints/step-N/` atomically, then apply retention. Returns the checkpoint folder.
+    `trainer_tensors`: name -> tensors, saved as trainer/<name>.safetensors (`load_trainer_tensors`)."""
     if keep_last is not None and keep_last < 1:
         raise CheckpointError(f"checkpoint.keep_last must be >= 1 or None (got {keep_last})")
     root = Path(run_dir) / CHECKPOINTS
@@ -532,7 +537,7 @@ def save_checkpoint(
         _write_contents(
             tmp, model=model, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
             recipe_yaml=recipe_yaml, trainer_state=trainer_state, extra_json=extra_json, state_dict=state_dict,
-            optimizer_state=optimizer_state,
+            optimizer_state=optimizer_state, trainer_tensors=trainer_tensors,
         )
         _write_manifest(tmp, int(step))
         _move_into_place(tmp, final)
@@ -595,3 +600,10 @@ def load_training_state(path: str | Path, *, optimizer: Any, scheduler: Any, loa
         ) from None
     state["rng_restored"] = _restore_rng(path, state.pop("rng_per_rank", None) or [], rank, world)
     return state
+
+
+def load_trainer_tensors(path: str | Path, name: str) -> dict[str, torch.Tensor]:
+    """trainer/<name>.safetensors of a checkpoint (saved with `trainer_tensors`)."""
+    folder = state_dir(path)
+    _require(folder, f"{name}.safetensors")
+    return load_file(str(folder / f"{name}.safetensors"))

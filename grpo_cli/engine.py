@@ -19,11 +19,12 @@ import torch
 from grpo_cli.advantages import compute_advantages, normalize_then_sum
 from grpo_cli.datatypes import PromptBatch, RewardResult, Rollout
 from grpo_cli.distributed import gather, is_deepspeed, is_fsdp, process_rows
+from grpo_cli.errors import SetupError
 from grpo_cli.logprobs import logps_no_grad, token_logprobs
 from grpo_cli.losses import POLICY_LOSSES, compute_loss, entropy_mask, sampler_correction
 from grpo_cli.checkpoint import seed_process
 from grpo_cli.metrics import open_run_logs
-from grpo_cli.models import disable_dropout, has_dropout
+from grpo_cli.models import disable_dropout, has_dropout, mix_into
 from grpo_cli.optim import build_optimizer, make_scheduler
 from grpo_cli.recipe import Recipe
 from grpo_cli.runstate import restore_run, save_run
@@ -75,10 +76,11 @@ class Engine:
         if self.checkpoint_path:
             self.start_step, self._restored_state = restore_run(
                 self.checkpoint_path, self.accelerator, self.model, self.optimizer, self.scheduler, self.stream,
-                self.generator, changes=set(self.recipe_changes), train=t)
+                self.generator, changes=set(self.recipe_changes), train=t, ref_model=self.ref_model)
         else:  # every process samples its own completions; the data stream is seeded apart, the same everywhere
             seed_process(t.seed + self.accelerator.process_index)
             self.start_step = 0
+        self.ref_syncs = int(self._restored_state.get("ref_model_syncs", 0))  # algorithm.sync_ref_model
         self.metrics_log, self.rollout_log, self.console = open_run_logs(
             self.run_dir, recipe, self.start_step, self.checkpoint_path, self.recipe_changes, self.accelerator)
         self.stop_requested, self.stop_signal = False, None
@@ -135,6 +137,9 @@ class Engine:
         self.model, self.optimizer = acc.prepare(model, optimizer)
         # weights split over processes: every process must run every forward (generation included)
         self.sharded = is_fsdp(acc) or (is_deepspeed(acc) and acc.state.deepspeed_plugin.zero_stage == 3)
+        if self.sharded and r.algorithm.sync_ref_model:
+            raise SetupError("algorithm.sync_ref_model needs the policy's full weights on every process; with FSDP "
+                             "or ZeRO-3 they are sharded: use DDP (or ZeRO-1/2) to refresh the reference")
         # a group's prompt runs once per micro-batch through the key/value cache, which gradient checkpointing turns off
         self._shared_prompts = not cfg.gradient_checkpointing
         self.generator = self._make_generator(cfg)
@@ -220,6 +225,9 @@ class Engine:
         if r.algorithm.mask_truncated_completions:
             mask[rollout.truncated] = 0
         sums = self._update(rollout, local_adv.to(mask.device), mask)
+        if r.algorithm.sync_ref_model and step % r.algorithm.ref_model_sync_steps == 0:  # Algorithm 1's outer loop
+            mix_into(self.ref_model, self.accelerator.unwrap_model(self.model), r.algorithm.ref_model_mixup_alpha)
+            self.ref_syncs += 1
         t_train = time.perf_counter()
         if self.pipeline is not None:  # written now, loaded by the server after the batches sampled before it
             self.pipeline.submit_weights(self.accelerator.unwrap_model(self.model), step)
@@ -236,6 +244,8 @@ class Engine:
         if rollout.weight_step is not None:  # steps between the weights that sampled and the ones being trained
             metrics["sampling/staleness/mean"] = metrics["sampling/staleness/max"] = float(step - 1 - rollout.weight_step)
         metrics["memory/peak_gib"] = peak_memory_gib(self.accelerator.device)  # this process's
+        if r.algorithm.sync_ref_model:
+            metrics["ref_model/syncs"] = self.ref_syncs
         if r.logging.rollouts:  # every process takes part in the gather; the main one writes
             records = rollout_records(step, batch, rollout, rewards, total, advantages, G=G, rows=rows,
                                       num_processes=self.accelerator.num_processes)
@@ -423,7 +433,8 @@ class Engine:
 
     def save(self, step: int) -> None:
         save_run(self.run_dir, step, self.accelerator, self.model, self.optimizer, self.scheduler, self.tokenizer,
-                 self.recipe, self.stream, self.generator, self.pipeline, sharded=self.sharded, say=self.console.print)
+                 self.recipe, self.stream, self.generator, self.pipeline, sharded=self.sharded, say=self.console.print,
+                 ref_model=self.ref_model if self.ref_syncs else None, ref_syncs=self.ref_syncs)
 
     def _on_signal(self, signum, frame) -> None:
         if self.stop_requested:  # second signal: leave now, the last checkpoint is intact

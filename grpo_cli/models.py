@@ -186,6 +186,20 @@ def without_autocast(model: Any):
         model.forward = wrapped
 
 
+def mix_into(target: Any, source: Any, alpha: float) -> None:
+    """target <- alpha * source + (1 - alpha) * target, parameter by parameter (same names; the reference refresh
+    of TR-DPO; alpha = 1 copies). Both full models on the same device; in place, no grad."""
+    import torch
+
+    params = dict(source.named_parameters())
+    with torch.no_grad():
+        for name, t in target.named_parameters():
+            if alpha == 1:
+                t.copy_(params[name])
+            else:
+                t.mul_(1 - alpha).add_(params[name].to(t.dtype), alpha=alpha)
+
+
 def cache_dir() -> Path:
     """Root of grpo's caches: $GRPO_CACHE_DIR, else ~/.cache/grpo."""
     env = os.environ.get("GRPO_CACHE_DIR")

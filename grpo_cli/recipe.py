@@ -140,6 +140,12 @@ class AlgorithmConfig(Section):
     sapo_temperature_neg: float = Field(1.05, gt=0, description="sapo: gate temperature for negative advantages.")
     dynamic_sampling: DynamicSamplingConfig = Field(
         default_factory=DynamicSamplingConfig, description="DAPO's dynamic sampling (arXiv:2503.14476 sec. 3.2).")
+    sync_ref_model: bool = Field(
+        False, description="Refresh the reference model from the policy every ref_model_sync_steps steps (TR-DPO "
+        "arXiv:2404.09656; alpha 1 is DeepSeekMath Algorithm 1's reset pi_ref <- pi_theta). Needs beta > 0 and full fine-tuning.",
+    )
+    ref_model_mixup_alpha: float = Field(0.6, ge=0, le=1, description="The refresh: pi_ref <- alpha pi_theta + (1 - alpha) pi_ref (weights).")
+    ref_model_sync_steps: int = Field(512, ge=1, description="Steps between reference refreshes (after the step's update).")
     use_bias_correction_kl: bool = Field(
         False, description="Multiply each token's k3 KL by its importance ratio pi/pi_old, gradient included "
         "(DeepSeek-V3.2's unbiased KL estimate; TRL's default is true). false: plain k3 as in DeepSeekMath. Needs beta > 0 to matter.",
@@ -171,6 +177,9 @@ class AlgorithmConfig(Section):
                 "importance weight itself (not 1 + epsilon_high as in the clipped losses), so every token would be "
                 f"clipped; use a value >= 1, usually {CISPO_CAP} (TRL's suggestion; unset means {CISPO_CAP})"
             )
+        if self.sync_ref_model and self.beta == 0:
+            raise ValueError("algorithm.sync_ref_model refreshes the reference model, and beta = 0 loads none: set "
+                             "algorithm.beta > 0 (e.g. 0.04) or leave sync_ref_model off")
         if self.multi_objective_aggregation == "normalize_then_sum" and self.scale_rewards != "group":
             raise ValueError(
                 f"algorithm.scale_rewards ({self.scale_rewards}) does not apply with multi_objective_aggregation "
@@ -347,6 +356,12 @@ class Recipe(Section):
             raise ValueError(
                 "algorithm.dynamic_sampling does not combine with rollout.max_staleness yet: its extra rounds would be "
                 "sampled outside the fixed staleness schedule; use one or the other"
+            )
+        if self.algorithm.sync_ref_model and self.model.lora.r:
+            raise ValueError(
+                "algorithm.sync_ref_model with LoRA: the reference is the frozen base with the adapters disabled, "
+                "which a refresh cannot move without a second copy of the model; train all weights (model.lora.r = 0) "
+                "to refresh the reference"
             )
         if self.model.load_in_4bit and self.rollout.backend == "vllm":
             raise ValueError("model.load_in_4bit (QLoRA) works with rollout.backend hf only: vLLM cannot take 4-bit "

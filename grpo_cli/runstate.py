@@ -13,8 +13,9 @@ from grpo_cli.distributed import full_optimizer_state, is_deepspeed, is_fsdp, lo
 
 
 def save_run(run_dir: Path, step: int, accelerator, model, optimizer, scheduler, tokenizer, recipe, stream, generator,
-             pipeline, *, sharded: bool, say) -> None:
-    """Checkpoint step `step` (collective: every process calls it; the main one writes)."""
+             pipeline, *, sharded: bool, say, ref_model=None, ref_syncs: int = 0) -> None:
+    """Checkpoint step `step` (collective: every process calls it; the main one writes). `ref_model`: a reference
+    refreshed `ref_syncs` times (algorithm.sync_ref_model), which is no longer the base model, so it is saved."""
     from accelerate.utils import gather_object
 
     from grpo_cli.checkpoint import rng_state, save_checkpoint
@@ -35,20 +36,24 @@ def save_run(run_dir: Path, step: int, accelerator, model, optimizer, scheduler,
         state = {"step": step, "data": stream.state_dict(), "rng_per_rank": rng_per_rank, "generator_per_rank": generators}
         if in_flight is not None:
             state["in_flight"] = in_flight
+        if ref_model is not None:
+            state["ref_model_syncs"] = ref_syncs
         path = save_checkpoint(
             run_dir, step, model=policy, tokenizer=tokenizer, extra_json=extra, state_dict=weights,
             optimizer_state=optimizer_state, optimizer=None if is_deepspeed(accelerator) else optimizer,
             scheduler=scheduler, recipe_yaml=recipe_to_yaml(recipe), trainer_state=state,
             keep_last=recipe.checkpoint.keep_last,
+            trainer_tensors={"ref_model": dict(ref_model.named_parameters())} if ref_model is not None else None,
         )
         say(f"saved {path}")
     accelerator.wait_for_everyone()
 
 
 def restore_run(checkpoint: Path, accelerator, model, optimizer, scheduler, stream, generator, *, changes: set[str],
-                train) -> tuple[int, dict]:
-    """Optimizer, scheduler, data position, this process's RNGs and generator counter from `checkpoint`; the
-    optimizer settings the resume changed (--allow-recipe-change) then take effect. -> (step, trainer state)."""
+                train, ref_model=None) -> tuple[int, dict]:
+    """Optimizer, scheduler, data position, this process's RNGs and generator counter (and a refreshed reference
+    model's weights) from `checkpoint`; the optimizer settings the resume changed (--allow-recipe-change) then
+    take effect. -> (step, trainer state)."""
     from grpo_cli.checkpoint import CheckpointError, load_training_state
     from grpo_cli.rundir import apply_optimizer_changes
 
@@ -70,6 +75,13 @@ def restore_run(checkpoint: Path, accelerator, model, optimizer, scheduler, stre
     except ValueError as e:  # e.g. --allow-recipe-change to a smaller dataset
         raise CheckpointError(f"{checkpoint}: {e}; resume with the data the run trained on") from None
     step = int(state["step"])
+    if state.get("ref_model_syncs") and ref_model is not None:
+        from grpo_cli.checkpoint import load_trainer_tensors
+
+        saved = load_trainer_tensors(checkpoint, "ref_model")
+        with torch.no_grad():
+            for name, p in ref_model.named_parameters():
+                p.copy_(saved[name])
     generators = state.get("generator_per_rank") or []
     if len(generators) == acc.num_processes:  # request seeds continue where they were
         generator.load_state_dict(generators[acc.process_index])
