@@ -5,6 +5,10 @@ the whole batch's (`batch`, as in TRL's scale_rewards="batch"), or 1 (`none`, Dr
 which shows that dividing by the group std biases towards too-easy and too-hard prompts).
 With several rewards, `normalize_then_sum` (GDPO arXiv:2601.05242; TRL's multi_objective_aggregation) first
 normalises each reward within its group, sums them weighted, and normalises the sums over the whole batch.
+Process supervision (sec. 4.1.3), `process_advantages`: each completion gets rewards for its reasoning steps,
+each step ending at a completion token; the step rewards R of a group's G completions are normalised together,
+r~ = (r - mean(R)) / std(R), and token t's advantage is the sum of r~ over the steps of its completion that end
+at or after t.
 Rows are B groups of G contiguous completions. A NaN reward means "no reward" (a reward function
 returned None): it is left out of the group statistics and its advantage is 0.
 """
@@ -82,3 +86,29 @@ def normalize_then_sum(per_function: torch.Tensor, weights: list[float], group_s
     summed = torch.where(torch.isnan(per_function).all(dim=1), torch.full_like(summed, math.nan), summed)
     adv = (summed - torch.nanmean(summed)) / (_nan_std(summed) + EPS)
     return torch.where(torch.isnan(adv), torch.zeros_like(adv), adv)
+
+
+def process_advantages(steps: list[list[tuple[int, float | None]]], group_size: int, length: int) -> torch.Tensor:
+    """Per completion, its steps as (index of the step's last token in the completion, reward or None) -> [N, T]
+    per-token advantages (T = `length`), DeepSeekMath sec. 4.1.3.
+
+    Steps with a None reward are left out. Every other step counts in its group's statistics; a step's advantage is
+    placed at its last token if that lies within the T columns (a process holding some rows of a group passes all
+    of the group's steps and its own width). The std is the unbiased one of the group's step rewards, + EPS (as
+    for outcome rewards; 0 with fewer than two rewards, so a group with one step reward gets 0 everywhere)."""
+    if len(steps) % group_size:
+        raise ValueError(f"{len(steps)} completions do not form groups of {group_size}")
+    adv = torch.zeros(len(steps), length)
+    for g in range(0, len(steps), group_size):
+        rows = range(g, g + group_size)
+        rewards = torch.tensor([r for i in rows for _, r in steps[i] if r is not None], dtype=torch.float32)
+        if rewards.numel() == 0:
+            continue
+        mean, std = rewards.mean(), _nan_std(rewards)
+        for i in rows:
+            per_token = torch.zeros(length)
+            for t, r in steps[i]:
+                if r is not None and 0 <= t < length:
+                    per_token[t] += (r - mean) / (std + EPS)  # the step's normalised reward, at its last token
+            adv[i] = per_token.flip(0).cumsum(0).flip(0)  # suffix sums: steps ending at or after t
+    return adv

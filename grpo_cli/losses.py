@@ -46,7 +46,7 @@ POLICY_LOSSES: Registry[PolicyLoss] = Registry("loss_type")
 
 @OBJECTIVES.register("clipped")
 def clipped_objective(w, adv, logps, *, epsilon_low, epsilon_high, delta, **_) -> torch.Tensor:
-    # w, logps [N, T]; adv [N, 1] -> per-token loss [N, T]
+    # w, logps [N, T]; adv [N, 1] (per completion) or [N, T] (per token) -> per-token loss [N, T]
     w_unclipped = torch.clamp(w, max=delta) if delta is not None else w
     w_clipped = torch.clamp(w, 1 - epsilon_low, 1 + epsilon_high)
     return -torch.min(w_unclipped * adv, w_clipped * adv)
@@ -155,7 +155,8 @@ def compute_loss(
     spec = POLICY_LOSSES.get(loss_type)
     mask = mask.to(logps.dtype)
     w = importance_weights(logps, old_logps.detach(), mask, importance_sampling_level)  # [N, T]
-    adv = advantages.to(logps.dtype).unsqueeze(-1)  # [N, 1]
+    # [N] per completion (outcome supervision) -> [N, 1]; [N, T] per token (process supervision) as it is
+    adv = advantages.to(logps.dtype).unsqueeze(-1) if advantages.dim() == 1 else advantages.to(logps.dtype)
     per_token = OBJECTIVES.get(spec.objective)(
         w, adv, logps, epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta,
         sapo_temperature_pos=sapo_temperature_pos, sapo_temperature_neg=sapo_temperature_neg,
