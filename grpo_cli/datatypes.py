@@ -123,11 +123,14 @@ class RewardResult:
     errors: dict[str, int] = field(default_factory=dict)  # name -> exceptions turned into None (on_error: skip)
     timeouts: dict[str, int] = field(default_factory=dict)  # name -> calls killed at timeout_s
     nonfinite: dict[str, int] = field(default_factory=dict)  # name -> NaN/inf values turned into None (on_error: skip)
+    # step-level rewards (process supervision): name -> [N] each completion's (token_index, reward) steps, or None
+    steps: dict[str, list[list[tuple[int, float | None]] | None]] = field(default_factory=dict)
 
     def select(self, rows: list[int]) -> RewardResult:
         """The rows `rows`; the error counts stay (they count scoring calls, not rows)."""
         return replace(self, total=[self.total[i] for i in rows],
-                       per_function={k: [v[i] for i in rows] for k, v in self.per_function.items()})
+                       per_function={k: [v[i] for i in rows] for k, v in self.per_function.items()},
+                       steps={k: [v[i] for i in rows] for k, v in self.steps.items()})
 
     @staticmethod
     def cat(parts: list[RewardResult]) -> RewardResult:
@@ -141,4 +144,5 @@ class RewardResult:
 
         return RewardResult(total=[x for r in parts for x in r.total],
                             per_function={k: [x for r in parts for x in r.per_function[k]] for k in parts[0].per_function},
-                            errors=counts("errors"), timeouts=counts("timeouts"), nonfinite=counts("nonfinite"))
+                            errors=counts("errors"), timeouts=counts("timeouts"), nonfinite=counts("nonfinite"),
+                            steps={k: [x for r in parts for x in r.steps[k]] for k in parts[0].steps})

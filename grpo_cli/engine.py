@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from grpo_cli.advantages import compute_advantages, normalize_then_sum
+from grpo_cli.advantages import compute_advantages, normalize_then_sum, process_advantages
 from grpo_cli.datatypes import PromptBatch, RewardResult, Rollout
 from grpo_cli.distributed import gather, is_deepspeed, is_fsdp, process_rows
 from grpo_cli.errors import SetupError
@@ -221,6 +221,8 @@ class Engine:
         else:
             advantages = compute_advantages(total, G, r.algorithm.scale_rewards)  # [N]
         local_adv = advantages[rows.start : rows.stop]
+        if rewards.steps:  # process supervision: + each step reward's per-token advantages, weighted
+            local_adv = local_adv[:, None] + self._step_advantages(rewards, rollout.completion_ids.shape[1])
         mask = rollout.completion_mask.clone()
         if r.algorithm.mask_truncated_completions:
             mask[rollout.truncated] = 0
@@ -253,6 +255,19 @@ class Engine:
                 self.rollout_log.write_many(records)
         return metrics
 
+    def _step_advantages(self, rewards: RewardResult, length: int) -> torch.Tensor:
+        """[n, T] sum over step-level rewards of weight x their sec. 4.1.3 advantages, for this process's rows
+        (a group's steps gathered from every process: they are normalised together)."""
+        from accelerate.utils import gather_object
+
+        weights = {name: spec.weight for name, spec in zip(rewards.per_function, self.recipe.rewards)}
+        out = torch.zeros(len(self.rows), length)
+        for name, steps in rewards.steps.items():
+            every = gather_object(steps) if self.accelerator.num_processes > 1 else steps
+            every = [x or [] for x in every]
+            out += weights[name] * process_advantages(every, self.G, length)[self.rows.start : self.rows.stop]
+        return out
+
     def _sample(self, step: int, times: dict[str, float], wake: bool = False) -> tuple[PromptBatch, Rollout, RewardResult, torch.Tensor]:
         """B prompts -> this process's rows of their B*G completions, scored; -> also the weighted rewards of all
         rows (every process's), [N]. `wake`: a later round of the step, after the generator went to sleep."""
@@ -276,7 +291,7 @@ class Engine:
         columns = batch.per_row(rows, G).columns
         users = user_prompts(r.data, columns) if any(is_reward_model(s.name) for s in r.rewards) else None
         rewards = score_rollout(r.rewards, rollout, columns, max_completion_length=r.rollout.max_completion_length,
-                                step=step, user_prompts=users)  # user prompts: for reward models' chat templates
+                                step=step, user_prompts=users, tokenizer=self.tokenizer)  # users: reward models' chat templates
         times["time/generate"] += t_gen - t0
         times["time/score"] += time.perf_counter() - t_gen
         return batch, rollout, rewards, gather(self.accelerator, torch.tensor(rewards.total, dtype=torch.float32))

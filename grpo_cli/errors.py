@@ -7,3 +7,7 @@ class DataError(RuntimeError):
 
 class SetupError(RuntimeError):
     """The run cannot start as asked (the message says what to change)."""
+
+
+class RewardError(RuntimeError):
+    """A reward function failed, timed out or returned something that is not N rewards."""

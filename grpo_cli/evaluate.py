@@ -165,7 +165,7 @@ def evaluate_model(model, tokenizer, recipe: Recipe, cfg: EvalConfig, problems: 
                 rewards = None
                 if kind == "greedy":
                     cols = {k: [v[i] for i in rows for _ in range(per)] for k, v in problems.columns.items()}
-                    rewards = score_rollout(recipe.rewards, rollout, cols, max_completion_length=max_len)
+                    rewards = score_rollout(recipe.rewards, rollout, cols, max_completion_length=max_len, tokenizer=tokenizer)
                 lengths = rollout.completion_mask.sum(1).tolist()
                 for j, text in enumerate(rollout.completions):
                     i = rows[j // per]

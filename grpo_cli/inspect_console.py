@@ -16,7 +16,7 @@ import sys
 
 from grpo_cli.inspect_rollouts import (
     Record, best_worst, compact, group_line, group_stats, group_title, num, prompt_history, reward_names,
-    score_cells, short_prompt, views, visible,
+    score_cells, short_prompt, views, visible, with_steps,
 )
 
 PIPED_WIDTH = 100
@@ -81,14 +81,14 @@ def group_panel(rows: list[Record], group: list[Record], names: list[str], width
             table.add_column(col, justify="right", no_wrap=True)
         table.add_column("completion", overflow="fold")
         for r in rows:
-            table.add_row(*score_cells(r, names, best, worst), Text(visible(r.get("completion", ""))),
+            table.add_row(*score_cells(r, names, best, worst), Text(visible(with_steps(r))),
                           style=style(r))
         completions = [table]
     else:
         completions = []
         for r in rows:
             completions += [Text(score_line(r, names, best, worst), style=f"bold {style(r) or ''}".strip()),
-                            Padding(Text(visible(r.get("completion", ""))), (0, 0, 0, 2))]
+                            Padding(Text(visible(with_steps(r))), (0, 0, 0, 2))]
     answer = Text(f"answer: {visible(first.get('answer'))}   {group_line(group_stats(group))}", style="bold")
     body = Group(Text(visible(short_prompt(str(first.get("prompt", ""))))), answer, *completions)
     return Panel(body, title=group_title(first).lower(), title_align="left")

@@ -332,6 +332,14 @@ def score_cells(r: Record, names: list[str], best: int | None, worst: int | None
             str(r.get("length", "n/a")), "yes" if r.get("truncated") else "no"]
 
 
+def with_steps(r: Record) -> str:
+    """The completion, then its step rewards (process supervision) a line per step-level reward:
+    `steps NAME: reward@token ...` (token: the step's last token in the completion)."""
+    lines = [f"steps {name}: " + (" ".join(f"{num(rw)}@{t}" for t, rw in pairs) or "none")
+             for name, pairs in (r.get("steps") or {}).items()]
+    return "\n".join([str(r.get("completion", "")), *lines])
+
+
 def views(shown: list[Record], records: list[Record], metrics: dict[int, Record]):
     """Per step of `shown`: (header line, [(shown rows, whole group), ...]); rows keep their arranged
     order (by_group sorts stably), statistics use the whole group and step from `records`."""
@@ -358,7 +366,7 @@ def render_markdown(shown: list[Record], records: list[Record], metrics: dict[in
                     f"**Answer:** {md_cell(first.get('answer'))} · {group_line(group_stats(group))}", "",
                     md_row(["sample", "reward", *names, "advantage", "length", "truncated", "completion"]),
                     "|" + "---:|" * (4 + len(names)) + ":--|:--|"]
-            out += [md_row([*score_cells(r, names, best, worst), md_cell(r.get("completion", ""))]) for r in rows]
+            out += [md_row([*score_cells(r, names, best, worst), md_cell(with_steps(r))]) for r in rows]
             out.append("")
     return "\n".join(out)
 

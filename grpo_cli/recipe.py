@@ -108,6 +108,10 @@ class RewardConfig(Section):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for the function, checked against its signature.")
     timeout_s: float | None = Field(None, gt=0, description="Run in a child process killed after this many seconds.")
     on_error: Literal["raise", "skip"] = Field("raise", description="`skip` turns an exception, a timeout or a NaN/inf value into a missing reward (the first one is printed).")
+    level: Literal["outcome", "step"] = Field(
+        "outcome", description="`outcome`: one reward per completion; `step`: process supervision (DeepSeekMath sec. "
+        "4.1.3), the function returns (token_index, reward) pairs per completion, one per reasoning step.",
+    )
 
 
 class DynamicSamplingConfig(Section):
@@ -332,7 +336,7 @@ class Recipe(Section):
         # message starts with the dotted field (rewards.0.kwargs.mode), not with `rewards`
         for i, r in enumerate(self.rewards):
             try:
-                check_reward(r.name, r.kwargs, r.timeout_s)
+                check_reward(r.name, r.kwargs, r.timeout_s, r.level)
             except ValueError as e:
                 raise ValueError(f"rewards.{i}.{e}") from None
         return self
@@ -357,6 +361,12 @@ class Recipe(Section):
                 "algorithm.dynamic_sampling does not combine with rollout.max_staleness yet: its extra rounds would be "
                 "sampled outside the fixed staleness schedule; use one or the other"
             )
+        if self.algorithm.dynamic_sampling.enabled and any(r.level == "step" for r in self.rewards):
+            raise ValueError("algorithm.dynamic_sampling decides by the outcome rewards' spread, and step-level rewards "
+                             "(rewards[].level: step) have their own: use one or the other")
+        if self.algorithm.multi_objective_aggregation == "normalize_then_sum" and any(r.level == "step" for r in self.rewards):
+            raise ValueError("algorithm.multi_objective_aggregation normalize_then_sum combines outcome rewards; "
+                             "step-level rewards are normalised per step already: use sum_then_normalize")
         if self.algorithm.sync_ref_model and self.model.lora.r:
             raise ValueError(
                 "algorithm.sync_ref_model with LoRA: the reference is the frozen base with the adapters disabled, "

@@ -143,6 +143,8 @@ def rollout_records(
             "rewards": {name: col[j] for name, col in rewards.per_function.items()},
             "reward": total[i].item(), "advantage": advantages[i].item(),
             "length": int(lengths[j]), "truncated": bool(rollout.truncated[j]),
+            **({"steps": {name: [list(x) for x in col[j] or []] for name, col in rewards.steps.items()}}
+               if rewards.steps else {}),
         })
     if num_processes > 1:
         records = gather_object(records)

@@ -11,17 +11,21 @@ float, or None for "no reward", per completion.
   tag_count                  partial credit for well-formed <think>/<answer> tags (Open-R1)
   soft_overlong_punishment   DAPO length penalty, arXiv:2503.14476 eq. 13
   repetition_penalty         n-gram repetition penalty, arXiv:2502.03373 (as in Open-R1)
+  arithmetic_steps           step-level (level: step): every "a op b = c" in the completion is a step,
+                             1 if it is correct, else 0 (process supervision on the arithmetic data)
 
 Importing this module must not import torch or math-verify (`grpo validate` stays fast).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from grpo_cli.registry import Registry
+from grpo_cli.rewards.steps import token_at
 from grpo_cli.rewards.answers import EXTRACT_MODES, answers_match, extract_answer, reference_text  # noqa: F401
 
 REWARDS: Registry[Callable[..., list[float | None]]] = Registry("reward")
@@ -149,3 +153,31 @@ def repetition_penalty(
         scaling = 1 - len(set(ngrams)) / len(ngrams)
         rewards.append(scaling * max_penalty + 0.0)  # + 0.0: no -0.0 in the logs
     return rewards
+
+
+_STEP = re.compile(r"(-?\d+(?:\.\d+)?)\s*([-+*/x×÷])\s*(-?\d+(?:\.\d+)?)\s*=\s*(-?\d+(?:\.\d+)?)")
+
+
+@REWARDS.register("arithmetic_steps")
+def arithmetic_steps(completions: list[str], completion_offsets: list[list[int]], **_: Any) -> list[list[tuple[int, float]]]:
+    """Step-level reward (DeepSeekMath sec. 4.1.3 process supervision, rule-based): each "a op b = c" in the
+    completion is a step ending at the token that holds its last character of c; 1.0 if a op b equals c
+    (within 1e-6), else 0.0. A completion without such a line has no steps."""
+    import operator
+
+    ops = {"+": operator.add, "-": operator.sub, "*": operator.mul, "x": operator.mul, "×": operator.mul,
+           "/": operator.truediv, "÷": operator.truediv}
+    out = []
+    for text, offsets in zip(completions, completion_offsets, strict=True):
+        steps = []
+        for m in _STEP.finditer(text):
+            a, op, b, c = float(m[1]), m[2], float(m[3]), float(m[4])
+            right = op not in "/÷" or b != 0
+            value = ops[op](a, b) if right else math.nan
+            if offsets:
+                steps.append((token_at(offsets, m.end()), 1.0 if right and abs(value - c) <= 1e-6 else 0.0))
+        out.append(steps)
+    return out
+
+
+arithmetic_steps.reward_level = "step"  # type: ignore[attr-defined]

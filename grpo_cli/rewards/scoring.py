@@ -48,9 +48,11 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import grpo_cli.rewards.reward_model as rm
+from grpo_cli.errors import RewardError
 from grpo_cli.registry import did_you_mean
 from grpo_cli.rewards.builtin import REWARDS
 from grpo_cli.rewards.kwargs import check_kwargs
+from grpo_cli.rewards.steps import check_steps, step_mean
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -67,10 +69,7 @@ class RewardSpec(Protocol):
     kwargs: dict[str, Any]
     timeout_s: float | None
     on_error: Literal["raise", "skip"]
-
-
-class RewardError(RuntimeError):
-    """A reward function failed, timed out or returned something that is not N rewards."""
+    level: Literal["outcome", "step"]
 
 
 class ChildFailure(Exception):
@@ -176,17 +175,23 @@ def check_reward_name(name: str) -> None:
     resolve_reward(name)
 
 
-def check_reward(name: str, kwargs: dict[str, Any], timeout_s: float | None = None) -> None:
+def check_reward(name: str, kwargs: dict[str, Any], timeout_s: float | None = None, level: str = "outcome") -> None:
     """Everything checkable before training: the name resolves, every kwarg is a parameter of the function
-    (with a did-you-mean), built-in values are valid, a reward model's config says num_labels 1.
+    (with a did-you-mean), built-in values are valid, a reward model's config says num_labels 1, a function
+    that declares its level (`fn.reward_level`) is used at it.
     Raises ValueError starting with the field (`name: ...`, `kwargs.KEY: ...`) for the recipe validator."""
     if rm.is_reward_model(name):
+        if level == "step":
+            raise ValueError("level: a reward model scores whole completions: use level outcome")
         rm.check_reward_model(name, kwargs, timeout_s)
         return
     try:
         fn = resolve_reward(name)
     except ValueError as e:
         raise ValueError(f"name: {e}") from None
+    declared = getattr(fn, "reward_level", None)
+    if declared is not None and declared != level:
+        raise ValueError(f"level: reward {name!r} is {declared}-level: set level: {declared}")
     check_kwargs(name, fn, kwargs)
 
 
@@ -482,9 +487,10 @@ def _skipped_error(label: str, log_name: str, e: BaseException, fn: Callable | N
 
 def _interpret(
     spec: RewardSpec, log_name: str, out: _Outcome, n: int, step: int, counts: dict[str, dict[str, int]],
-    fn: Callable | None = None,
-) -> list[float | None]:
-    """The call's rewards; failures and timeouts raise RewardError or, with on_error: skip, count and give None."""
+    fn: Callable | None = None, lengths: list[int] | None = None,
+) -> list[Any]:
+    """The call's rewards (a step-level reward's: its steps, rewards/steps.py; `lengths`: the completions' token
+    counts); failures and timeouts raise RewardError or, with on_error: skip, count and give None."""
     label = repr(log_name) if log_name == spec.name else f"{log_name!r} ({spec.name})"
     skip = spec.on_error == "skip"
     if out.timed_out:
@@ -508,6 +514,11 @@ def _interpret(
         _report_once(log_name, "error", _skipped_error(label, log_name, e, fn, step))
         counts["errors"][log_name] = counts["errors"].get(log_name, 0) + 1
         return [None] * n
+    if getattr(spec, "level", "outcome") == "step":
+        steps, bad = check_steps(log_name, out.values, lengths or [], skip)
+        if bad:
+            counts["nonfinite"][log_name] = counts["nonfinite"].get(log_name, 0) + bad
+        return steps
     values, nonfinite = _check_values(log_name, out.values, n, skip)
     if nonfinite:
         bad = out.values[nonfinite[0]]
@@ -548,6 +559,7 @@ def score(
     from grpo_cli.datatypes import RewardResult  # here: datatypes imports torch
 
     n = len(completions)
+    lengths = [len(c) for c in completion_ids]
     log_names = unique_log_names([s.name for s in specs])
     base = {**columns, "prompts": prompts, "completions": completions, "completion_ids": completion_ids}
     fns = [resolve_reward(s.name) for s in specs]
@@ -562,27 +574,37 @@ def score(
                 children[i] = _start_child(s.name, kwargs[i], s.timeout_s, log_names[i])
         local = [i for i in range(len(specs)) if i not in children]
         for i in (i for i in local if not _is_async(fns[i])):
-            values[i] = _interpret(specs[i], log_names[i], _run_sync(fns[i], kwargs[i]), n, step, counts, fns[i])
+            values[i] = _interpret(specs[i], log_names[i], _run_sync(fns[i], kwargs[i]), n, step, counts, fns[i], lengths)
         async_ids = [i for i in local if _is_async(fns[i])]
         for i, out in zip(async_ids, _run_async([(fns[i], kwargs[i]) for i in async_ids])):
-            values[i] = _interpret(specs[i], log_names[i], out, n, step, counts, fns[i])
+            values[i] = _interpret(specs[i], log_names[i], out, n, step, counts, fns[i], lengths)
         for i, child in children.items():
-            values[i] = _interpret(specs[i], log_names[i], _collect(child), n, step, counts)
+            values[i] = _interpret(specs[i], log_names[i], _collect(child), n, step, counts, lengths=lengths)
     finally:  # on an error above, no child outlives this call
         for child in children.values():
             child.reader.close()
             if child.proc.is_alive():
                 _kill(child.proc)
+    stepwise = [i for i, s in enumerate(specs) if getattr(s, "level", "outcome") == "step"]
+    steps = {log_names[i]: values[i] for i in stepwise}
+    for i in stepwise:  # logged as each completion's mean step reward; trained through its steps
+        values[i] = [step_mean(x) for x in values[i]]
     per_function = {log_names[i]: values[i] for i in range(len(specs))}
-    total = weighted_total([s.weight for s in specs], [values[i] for i in range(len(specs))], n)
+    outcome = [i for i in range(len(specs)) if i not in stepwise]  # the total is the outcome rewards'
+    total = weighted_total([specs[i].weight for i in outcome], [values[i] for i in outcome], n)
     return RewardResult(total=total, per_function=per_function, errors=counts["errors"], timeouts=counts["timeouts"],
-                        nonfinite=counts["nonfinite"])
+                        nonfinite=counts["nonfinite"], steps=steps)
 
 
 def score_rollout(specs: list[RewardSpec], rollout, columns: dict[str, list], *, max_completion_length: int,
-                  step: int = 0, user_prompts: list[str] | None = None) -> RewardResult:
+                  step: int = 0, user_prompts: list[str] | None = None, tokenizer: Any = None) -> RewardResult:
     """Score a `Rollout` (duck-typed: no torch import here). `columns` hold one value per completion;
-    `max_completion_length` is added for length-aware rewards unless the data has such a column."""
+    `max_completion_length` is added for length-aware rewards unless the data has such a column. With a
+    step-level reward, `tokenizer` gives them `completion_offsets` (rewards/steps.py)."""
+    ids = rollout.completion_lists()
     columns = {"max_completion_length": [max_completion_length] * len(rollout.completions), **columns}
-    return score(specs, rollout.prompts, rollout.completions, rollout.completion_lists(), columns, step=step,
-                 user_prompts=user_prompts)
+    if tokenizer is not None and any(getattr(s, "level", "outcome") == "step" for s in specs):
+        from grpo_cli.rewards.steps import token_end_offsets
+
+        columns["completion_offsets"] = token_end_offsets(tokenizer, ids)
+    return score(specs, rollout.prompts, rollout.completions, ids, columns, step=step, user_prompts=user_prompts)
