@@ -225,3 +225,14 @@ def test_dynamic_sampling_decides_over_both_processes(tmp_path):
         adv = compute_advantages(rewards, 4, "group")
         assert torch.allclose(adv, torch.tensor([r["advantage"] for r in rows]), atol=1e-5)
         assert all(len({r["prompt"] for r in rows if r["group"] == g}) == 1 for g in range(3))
+
+
+def test_step_rewards_are_normalised_over_both_processes(tmp_path):
+    # group 1 of B=3 x G=4 is split over the two processes: its step rewards are gathered before normalising
+    run_dir = tmp_path / "steps"
+    p = grpo_train(run_dir, "train.max_steps=2",
+                   "rewards=[{name: accuracy}, {name: 'tests/signal_rewards.py:digit_steps', level: step}]")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rollouts = read_jsonl(run_dir / "rollouts.jsonl")
+    assert len(rollouts) == 2 * 12 and all("digit_steps" in r["steps"] for r in rollouts)
+    assert [(r["group"], r["sample"]) for r in rollouts if r["step"] == 1] == [(g, s) for g in range(3) for s in range(4)]
