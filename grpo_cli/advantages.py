@@ -112,3 +112,13 @@ def process_advantages(steps: list[list[tuple[int, float | None]]], group_size: 
                     per_token[t] += (r - mean) / (std + EPS)  # the step's normalised reward, at its last token
             adv[i] = per_token.flip(0).cumsum(0).flip(0)  # suffix sums: steps ending at or after t
     return adv
+
+
+def step_signal(steps: list[list[tuple[int, float | None]]], group_size: int) -> list[bool]:
+    """Per group, whether its step rewards differ (at least two, std > 1e-6): without, process_advantages gives
+    the whole group 0 (e.g. completions that take no step, or all steps right)."""
+    out = []
+    for g in range(0, len(steps), group_size):
+        rewards = torch.tensor([r for row in steps[g : g + group_size] for _, r in row if r is not None])
+        out.append(bool(rewards.numel() >= 2 and _nan_std(rewards) > 1e-6))
+    return out

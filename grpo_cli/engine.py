@@ -222,7 +222,8 @@ class Engine:
             advantages = compute_advantages(total, G, r.algorithm.scale_rewards)  # [N]
         local_adv = advantages[rows.start : rows.stop]
         if rewards.steps:  # process supervision: + each step reward's per-token advantages, weighted
-            local_adv = local_adv[:, None] + self._step_advantages(rewards, rollout.completion_ids.shape[1])
+            step_adv, step_stats = self._step_advantages(rewards, rollout.completion_ids.shape[1])
+            local_adv, extra = local_adv[:, None] + step_adv, extra | step_stats
         mask = rollout.completion_mask.clone()
         if r.algorithm.mask_truncated_completions:
             mask[rollout.truncated] = 0
@@ -255,18 +256,24 @@ class Engine:
                 self.rollout_log.write_many(records)
         return metrics
 
-    def _step_advantages(self, rewards: RewardResult, length: int) -> torch.Tensor:
+    def _step_advantages(self, rewards: RewardResult, length: int) -> tuple[torch.Tensor, dict[str, float]]:
         """[n, T] sum over step-level rewards of weight x their sec. 4.1.3 advantages, for this process's rows
-        (a group's steps gathered from every process: they are normalised together)."""
+        (a group's steps gathered from every process: they are normalised together), and per step reward
+        rewards/<name>/steps_per_completion and /frac_zero_std (groups whose step rewards give no signal)."""
         from accelerate.utils import gather_object
 
+        from grpo_cli.advantages import step_signal
+
         weights = {name: spec.weight for name, spec in zip(rewards.per_function, self.recipe.rewards)}
-        out = torch.zeros(len(self.rows), length)
+        out, stats = torch.zeros(len(self.rows), length), {}
         for name, steps in rewards.steps.items():
             every = gather_object(steps) if self.accelerator.num_processes > 1 else steps
             every = [x or [] for x in every]
             out += weights[name] * process_advantages(every, self.G, length)[self.rows.start : self.rows.stop]
-        return out
+            signal = step_signal(every, self.G)
+            stats[f"rewards/{name}/steps_per_completion"] = sum(map(len, every)) / len(every)
+            stats[f"rewards/{name}/frac_zero_std"] = 1 - sum(signal) / len(signal)
+        return out, stats
 
     def _sample(self, step: int, times: dict[str, float], wake: bool = False) -> tuple[PromptBatch, Rollout, RewardResult, torch.Tensor]:
         """B prompts -> this process's rows of their B*G completions, scored; -> also the weighted rewards of all

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from grpo_cli.advantages import EPS, process_advantages
+from grpo_cli.advantages import EPS, process_advantages, step_signal
 from grpo_cli.losses import compute_loss
 
 torch.set_num_threads(1)
@@ -63,3 +63,9 @@ def test_the_loss_takes_per_token_advantages():
     per_token, _ = compute_loss("grpo", logps, logps.detach(), torch.tensor([[1.0] * 3, [-1.0] * 3]), mask,
                                 epsilon_low=0.2, epsilon_high=0.2)
     assert flat.item() == pytest.approx(per_token.item())
+
+
+def test_which_groups_have_step_signal():
+    steps = [[(0, 1.0)], [(0, 0.0)], [(1, 1.0)], [(0, 1.0), (2, 1.0)], [(0, None)], [], [(3, 0.5)], []]
+    # group 0: 1 vs 0; group 1: all 1; group 2: no reward; group 3: one reward
+    assert step_signal(steps, 2) == [True, False, False, False]

@@ -88,6 +88,11 @@ def test_training_with_step_rewards_logs_them_and_resumes_exactly(tmp_path, monk
     assert seen[0][1] == 4 and len(seen) == 4
     # the reward is the outcome rewards' total only (accuracy); the step rewards enter through their advantages
     assert all(x["reward"] == x["rewards"]["accuracy"] for x in records)
+    # how many steps, and how many groups the steps teach nothing (equal step rewards, or fewer than two)
+    steps = [x["steps"]["digit_steps"] for x in records]
+    assert metrics[0]["rewards/digit_steps/steps_per_completion"] == pytest.approx(sum(map(len, steps)) / 8)
+    no_signal = [len({r for _, r in sum(steps[g:g + 4], [])}) < 2 for g in (0, 4)]
+    assert metrics[0]["rewards/digit_steps/frac_zero_std"] == sum(no_signal) / 2
 
     # grpo inspect-rollouts shows them under each completion
     from typer.testing import CliRunner
