@@ -206,18 +206,15 @@ def seed_process(seed: int) -> None:
 def rng_state() -> dict:
     """This process's RNGs, every one a training step draws from, as JSON (torch's byte states in base64, no
     pickle): python `random`, numpy's legacy global generator, torch CPU and the current CUDA device."""
-    import base64
-
     version, mt, gauss_next = random.getstate()
     name, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
-    enc = lambda t: base64.b64encode(t.numpy().tobytes()).decode()  # noqa: E731
     state = {
         "python": [version, list(mt), gauss_next],
         "numpy": [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached_gaussian)],
-        "cpu": enc(torch.get_rng_state()),
+        "cpu": _b64(torch.get_rng_state()),
     }
     if torch.cuda.is_available():
-        state["cuda"] = enc(torch.cuda.get_rng_state())
+        state["cuda"] = _b64(torch.cuda.get_rng_state())
     return state
 
 

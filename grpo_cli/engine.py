@@ -286,6 +286,7 @@ class Engine:
         t0 = time.perf_counter()
         if self.pipeline is not None:  # sampled ahead (rollout.max_staleness); the wait is what shows as generate
             batch, rollout = self.pipeline.next()
+            mine = batch.per_row(rows, G)  # this process's rows: each its prompt's columns
         else:
             batch = self.stream.next_batch()  # the same B prompts on every process
             if wake:
@@ -295,7 +296,7 @@ class Engine:
             self.generator.sleep()  # colocated vLLM on GPU (sleep_mode): give the trainer (and reward models) its memory
         rollout = rollout.to(self.accelerator.device)
         t_gen = time.perf_counter()
-        columns = batch.per_row(rows, G).columns
+        columns = mine.columns
         users = user_prompts(r.data, columns) if any(is_reward_model(s.name) for s in r.rewards) else None
         rewards = score_rollout(r.rewards, rollout, columns, max_completion_length=r.rollout.max_completion_length,
                                 step=step, user_prompts=users, tokenizer=self.tokenizer)  # users: reward models' chat templates

@@ -69,15 +69,24 @@ def token_logprobs(
     return logps, entropy
 
 
+def distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Rows of left-padded [b, L] ids/mask that repeat (a group's G copies of its prompt) -> (first: [u] one row
+    index per distinct row, inverse: [b] each row's distinct index), or None when every row differs."""
+    distinct, inverse = torch.unique(torch.cat([ids, mask], dim=1), dim=0, return_inverse=True)
+    if len(distinct) == len(ids):
+        return None
+    rows = torch.arange(len(inverse), device=inverse.device)
+    return torch.zeros(len(distinct), dtype=torch.long, device=inverse.device).scatter_(0, inverse, rows), inverse
+
+
 def _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, attention_mask, positions) -> list[torch.Tensor] | None:
     """Logits of the completion tokens, each distinct prompt run once -> [b, 1, V] and [b, T-1, V];
     None when every row's prompt differs, or the model returns no key/value cache (gradient checkpointing)."""
-    distinct, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True)
-    if len(distinct) == len(prompt_ids):
+    shared = distinct_rows(prompt_ids, prompt_mask)
+    if shared is None:
         return None
+    first, inverse = shared
     P, T = prompt_ids.shape[1], completion_ids.shape[1]
-    rows = torch.arange(len(inverse), device=inverse.device)
-    first = torch.zeros(len(distinct), dtype=torch.long, device=inverse.device).scatter_(0, inverse, rows)  # a row per prompt
     prefix = model(input_ids=prompt_ids[first], attention_mask=prompt_mask[first], position_ids=positions[first, :P],
                    logits_to_keep=1, use_cache=True)
     cache = prefix.past_key_values

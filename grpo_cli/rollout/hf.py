@@ -33,15 +33,12 @@ def shared_prefill(model, ids: torch.Tensor, mask: torch.Tensor):
 
     -> a cache over all but the last prompt position (generate runs that one and samples), or None when no two
     rows share a prompt. Same sampled tokens as without it, to float rounding."""
-    from grpo_cli.logprobs import position_ids_from_mask
+    from grpo_cli.logprobs import distinct_rows, position_ids_from_mask
 
-    if ids.shape[1] < 2:
+    shared = distinct_rows(ids, mask) if ids.shape[1] >= 2 else None
+    if shared is None:
         return None
-    distinct, inverse = torch.unique(torch.cat([ids, mask], dim=1), dim=0, return_inverse=True)
-    if len(distinct) == len(ids):
-        return None
-    rows = torch.arange(len(inverse), device=inverse.device)
-    first = torch.zeros(len(distinct), dtype=torch.long, device=inverse.device).scatter_(0, inverse, rows)
+    first, inverse = shared
     P = ids.shape[1] - 1
     out = model(input_ids=ids[first, :P], attention_mask=mask[first, :P],
                 position_ids=position_ids_from_mask(mask)[first, :P], use_cache=True, logits_to_keep=1)
