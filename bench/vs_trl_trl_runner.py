@@ -24,6 +24,12 @@ def rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
 
 
+def cuda_gib() -> float:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+
+
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     out = Path(sys.argv[2])
@@ -44,15 +50,16 @@ def main() -> None:
     transformers.utils.logging.set_verbosity_error()
     G, mb = spec["num_generations"], spec["micro_batch_size"]
     rows = spec["prompts_per_step"] * G
+    cuda, bf16 = spec.get("device", "cpu") == "cuda", spec.get("dtype", "float32") == "bfloat16"
     args = GRPOConfig(
-        output_dir=str(out / "trl-output"), use_cpu=True, bf16=False, fp16=False, seed=spec["seed"],
+        output_dir=str(out / "trl-output"), use_cpu=not cuda, bf16=bf16, fp16=False, seed=spec["seed"],
         max_steps=spec["steps"], learning_rate=spec["learning_rate"], lr_scheduler_type="constant",
         warmup_steps=0, weight_decay=0.0, adam_beta1=0.9, adam_beta2=spec["adam_beta2"], max_grad_norm=1.0,
         # one generation batch (B*G rows) = one optimizer step, in micro-batches of `mb` rows
         per_device_train_batch_size=mb, gradient_accumulation_steps=rows // mb, steps_per_generation=rows // mb,
         num_generations=G, num_iterations=1, beta=0.0, loss_type="dapo", epsilon=0.2, epsilon_high=0.28,
         scale_rewards="group", max_completion_length=spec["max_completion_length"], temperature=spec["temperature"],
-        top_p=1.0, top_k=0, shuffle_dataset=False, model_init_kwargs={"dtype": "float32"},
+        top_p=1.0, top_k=0, shuffle_dataset=False, model_init_kwargs={"dtype": spec.get("dtype", "float32")},
         logging_steps=1, save_strategy="no", eval_strategy="no", report_to="none", disable_tqdm=True,
         dataloader_num_workers=0, log_completions=False,
     )
@@ -90,8 +97,10 @@ def main() -> None:
             self.t0, gen_time[0] = time.perf_counter(), 0.0
 
         def on_step_end(self, args, state, control, **kw):
+            if cuda:
+                torch.cuda.synchronize()  # the step's kernels have run, as grpo's logged loss makes them
             line = {"step": state.global_step, "time/step": time.perf_counter() - self.t0,
-                    "time/generate": gen_time[0], "rss_gib": rss_gib()}
+                    "time/generate": gen_time[0], "rss_gib": rss_gib(), "cuda_gib": cuda_gib()}
             with open(out / "steps.jsonl", "a") as f:
                 f.write(json.dumps(line) + "\n")
 

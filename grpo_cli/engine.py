@@ -28,7 +28,7 @@ from grpo_cli.models import disable_dropout, has_dropout, mix_into
 from grpo_cli.optim import build_optimizer, make_scheduler
 from grpo_cli.recipe import Recipe
 from grpo_cli.runstate import restore_run, save_run
-from grpo_cli.stepstats import MetricSums, peak_memory_gib, rollout_records, start_line, step_metrics
+from grpo_cli.stepstats import MetricSums, peak_memory_gib, rollout_records, settle, start_line, step_metrics
 
 
 class Engine:
@@ -140,8 +140,10 @@ class Engine:
         if self.sharded and r.algorithm.sync_ref_model:
             raise SetupError("algorithm.sync_ref_model needs the policy's full weights on every process; with FSDP "
                              "or ZeRO-3 they are sharded: use DDP (or ZeRO-1/2) to refresh the reference")
-        # a group's prompt runs once per micro-batch through the key/value cache, which gradient checkpointing turns off
-        self._shared_prompts = not cfg.gradient_checkpointing
+        # a group's prompt runs once per micro-batch through the key/value cache, which gradient checkpointing turns
+        # off. It pays where compute is the cost (CPU: train 7.9 -> 5.6 s/step); on a GPU the two forwards and the
+        # cache gather made a micro-batch's forward + backward 2.2x slower (bench/step_phases.py, H100)
+        self._shared_prompts = not cfg.gradient_checkpointing and acc.device.type == "cpu"
         self.generator = self._make_generator(cfg)
 
     def _make_generator(self, cfg):
@@ -231,6 +233,7 @@ class Engine:
         if r.algorithm.sync_ref_model and step % r.algorithm.ref_model_sync_steps == 0:  # Algorithm 1's outer loop
             mix_into(self.ref_model, self.accelerator.unwrap_model(self.model), r.algorithm.ref_model_mixup_alpha)
             self.ref_syncs += 1
+        settle(self.accelerator.device)
         t_train = time.perf_counter()
         if self.pipeline is not None:  # written now, loaded by the server after the batches sampled before it
             self.pipeline.submit_weights(self.accelerator.unwrap_model(self.model), step)

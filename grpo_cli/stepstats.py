@@ -21,6 +21,12 @@ def peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
 
 
+def settle(device: torch.device) -> None:
+    """Wait for the kernels queued on a GPU, so that the timer read next counts them (CUDA runs asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def start_line(model_summary: str, recipe, mixed_precision: str, ref_copy: bool, sampling_copy, device) -> str:
     """The line a run starts with: the policy, the precision of its forwards and sampling, the reference."""
     ref = "none (beta = 0)" if recipe.algorithm.beta == 0 else (

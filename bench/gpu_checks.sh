@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The CUDA checks, in one go (a lent GPU machine's time is short). Each part runs under its own time limit, so
+# one that fails or hangs does not cost the others; its log goes to OUT/<part>.log and its tail is printed.
+#
+#   bash bench/gpu_checks.sh OUT [PARTS...]     # parts: smoke vs-trl train-memory (default: all)
+#
+# smoke         `grpo train` of the ci-tiny recipe in bf16 on the GPU: 4 steps straight, 2 + --resume auto to 4
+#               (metrics compared step by step), LoRA + KL, mixed_precision bf16 over fp32 weights, `grpo eval`
+# vs-trl        bench/vs_trl.py on a random Qwen2.5-0.5B-shaped model, bf16, 64 and 128 new tokens (NEW_TOKENS)
+# train-memory  bench/train_memory.py: step time and CUDA peak of full / full + KL / LoRA + KL, bf16
+# TRL and the packages the GPU image lacks are expected on PYTHONPATH (see bench/RESULTS.md, "GPU").
+set -u
+out=${1:?usage: gpu_checks.sh OUT [PARTS...]}
+shift
+parts=${*:-smoke vs-trl train-memory}
+mkdir -p "$out"
+work=$(mktemp -d)
+py=${PYTHON:-python3}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # grpo_cli from this checkout, also for bench/*.py
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+
+part() {  # part NAME SECONDS CMD...
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name: $*"
+    local t0=$SECONDS
+    timeout "$limit" "$@" >>"$out/$name.log" 2>&1
+    local rc=$?
+    tail -n "${TAIL:-25}" "$out/$name.log"
+    echo "== $name: rc=$rc, $((SECONDS - t0)) s"
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+$py -c "import torch, transformers, accelerate, peft; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'| transformers', transformers.__version__, '| accelerate', accelerate.__version__, '| peft', peft.__version__); \
+import trl; print('trl', trl.__version__)"
+
+grpo() { $py -m grpo_cli "$@"; }
+compare() {  # compare RUN_A RUN_B: the per-step metrics two runs logged
+    $py - "$1" "$2" <<'EOF'
+import json, sys
+a, b = ([json.loads(l) for l in open(f"{d}/metrics.jsonl")] for d in sys.argv[1:])
+keys = ["loss", "reward", "completions/mean_length", "grad_norm"]
+assert [m["step"] for m in a] == [m["step"] for m in b], ([m["step"] for m in a], [m["step"] for m in b])
+worst = {k: max(abs(x[k] - y[k]) for x, y in zip(a, b)) for k in keys if k in a[0]}
+print("straight vs resumed, max |difference| over steps:", worst)
+EOF
+}
+
+for p in $parts; do
+    case $p in
+    smoke)
+        tiny=(recipes/ci-tiny.yaml model.dtype=bfloat16 train.learning_rate=1e-4)
+        part smoke 300 bash -c "
+            set -e
+            $py -m grpo_cli train ${tiny[*]} -o $work/straight train.max_steps=4
+            $py -m grpo_cli train ${tiny[*]} -o $work/resumed train.max_steps=2
+            $py -m grpo_cli train ${tiny[*]} -o $work/resumed train.max_steps=4 --resume auto
+            $py -m grpo_cli train ${tiny[*]} -o $work/lora train.max_steps=3 model.lora.r=8 algorithm.beta=0.04
+            $py -m grpo_cli train recipes/ci-tiny.yaml -o $work/amp train.max_steps=3 train.mixed_precision=bf16
+            (cd $work && $py -m grpo_cli eval $work/straight --limit 8)
+            grep -h memory/peak_gib $work/straight/metrics.jsonl | tail -1 | cut -c1-400"
+        compare "$work/straight" "$work/resumed" 2>&1 | tee -a "$out/smoke.log"
+        ;;
+    vs-trl)
+        for n in ${NEW_TOKENS:-64 128}; do
+            part "vs-trl-$n" 280 $py bench/vs_trl.py --model qwen2.5-0.5b --device cuda --dtype bfloat16 \
+                --trl-python "$py" --threads 4 --new-tokens "$n" --B 4 --micro-batch 8 --rounds 2 --steps 3
+        done
+        ;;
+    train-memory)
+        part train-memory 240 $py bench/train_memory.py --dtype bfloat16 --steps 3 --new-tokens 64 --threads 4
+        ;;
+    *) echo "unknown part $p" ;;
+    esac
+done
+rm -rf "$work"
