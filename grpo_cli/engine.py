@@ -81,6 +81,7 @@ class Engine:
             seed_process(t.seed + self.accelerator.process_index)
             self.start_step = 0
         self.ref_syncs = int(self._restored_state.get("ref_model_syncs", 0))  # algorithm.sync_ref_model
+        self.rm_updaters = self._build_reward_model_updates()  # rewards[].update
         self.metrics_log, self.rollout_log, self.console = open_run_logs(
             self.run_dir, recipe, self.start_step, self.checkpoint_path, self.recipe_changes, self.accelerator)
         self.stop_requested, self.stop_signal = False, None
@@ -104,6 +105,22 @@ class Engine:
         from grpo_cli.rundir import check_drift
 
         return check_drift(self.checkpoint_path, self.recipe.model_dump(mode="json"), allow)
+
+    def _build_reward_model_updates(self) -> list:
+        """An updater per reward model with `update` (rewards/rm_update.py), its weights, buffer and period so far
+        taken from the checkpoint when resuming."""
+        from grpo_cli.rewards import unique_log_names
+        from grpo_cli.rewards.rm_update import build_updaters
+
+        updaters = build_updaters(self.recipe, unique_log_names([s.name for s in self.recipe.rewards]))
+        saved = self._restored_state.get("reward_models", {})
+        for u in updaters:
+            if u.key in saved:
+                from grpo_cli.checkpoint import load_trainer_tensors
+
+                state = saved[u.key]
+                u.load_state_dict(state, load_trainer_tensors(self.checkpoint_path, u.key) if state["updates"] else None)
+        return updaters
 
     def _build_model(self) -> None:
         from grpo_cli.lora import load_policy, parameter_summary
@@ -233,6 +250,10 @@ class Engine:
         if r.algorithm.sync_ref_model and step % r.algorithm.ref_model_sync_steps == 0:  # Algorithm 1's outer loop
             mix_into(self.ref_model, self.accelerator.unwrap_model(self.model), r.algorithm.ref_model_mixup_alpha)
             self.ref_syncs += 1
+        if self.rm_updaters:  # Algorithm 1's last line: the reward model learns from this period's completions
+            t_rm = time.perf_counter()
+            extra = extra | self._update_reward_models(step, batch, rollout, rewards)
+            times["time/reward_model"] = time.perf_counter() - t_rm
         settle(self.accelerator.device)
         t_train = time.perf_counter()
         if self.pipeline is not None:  # written now, loaded by the server after the batches sampled before it
@@ -258,6 +279,27 @@ class Engine:
             if self.rollout_log is not None:
                 self.rollout_log.write_many(records)
         return metrics
+
+    def _update_reward_models(self, step: int, batch: PromptBatch, rollout: Rollout, rewards: RewardResult) -> dict[str, float]:
+        """Give each updater the step's labelled groups (every process's rows); train those whose period ended."""
+        from accelerate.utils import gather_object
+
+        from grpo_cli.data import user_prompts
+        from grpo_cli.rewards.rm_update import step_groups
+
+        users = user_prompts(self.recipe.data, batch.per_row(self.rows, self.G).columns)
+        values, out = list(rewards.per_function.values()), {}
+        for u in self.rm_updaters:
+            rows = list(zip(rollout.prompts, users or [None] * len(rollout), rollout.completions, values[u.label_index],
+                            strict=True))
+            if self.accelerator.num_processes > 1:
+                rows = gather_object(rows)
+            prompts, us, completions, labels = (list(x) for x in zip(*rows))
+            u.record(step_groups(prompts, None if None in us else us, completions, labels, self.G))
+            if u.due(step):
+                out |= u.update(step)
+            out[f"reward_model/{u.log_name}/updates"] = float(u.updates)
+        return out
 
     def _step_advantages(self, rewards: RewardResult, length: int) -> tuple[torch.Tensor, dict[str, float]]:
         """[n, T] sum over step-level rewards of weight x their sec. 4.1.3 advantages, for this process's rows
@@ -460,7 +502,8 @@ class Engine:
     def save(self, step: int) -> None:
         save_run(self.run_dir, step, self.accelerator, self.model, self.optimizer, self.scheduler, self.tokenizer,
                  self.recipe, self.stream, self.generator, self.pipeline, sharded=self.sharded, say=self.console.print,
-                 ref_model=self.ref_model if self.ref_syncs else None, ref_syncs=self.ref_syncs)
+                 ref_model=self.ref_model if self.ref_syncs else None, ref_syncs=self.ref_syncs,
+                 reward_models=self.rm_updaters)
 
     def _on_signal(self, signum, frame) -> None:
         if self.stop_requested:  # second signal: leave now, the last checkpoint is intact

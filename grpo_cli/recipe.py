@@ -99,6 +99,35 @@ class DataConfig(Section):
         return self
 
 
+class RewardUpdateConfig(Section):
+    every_steps: int = Field(
+        ..., ge=1, description="Fine-tune the reward model after every N policy steps (DeepSeekMath Algorithm 1's "
+        "iteration) on the completions of those steps, labelled by the `label` reward.",
+    )
+    label: str | None = Field(
+        None, description="The verifiable reward whose values label the completions: its `name` in this recipe, or "
+        "the name it is logged under (e.g. digit_fraction for path/to/toy.py:digit_fraction). "
+        "Default: the recipe's only outcome reward that is not a reward model.",
+    )
+    objective: Literal["pointwise", "pairwise"] = Field(
+        "pointwise", description="pointwise: binary cross-entropy of the score against the label in [0, 1] "
+        "(Math-Shepherd / DeepSeekMath's RMs); pairwise: Bradley-Terry -log sigmoid(s_i - s_j) for every pair of "
+        "the same prompt with label_i > label_j (InstructGPT's RM loss).",
+    )
+    learning_rate: float = Field(1e-5, gt=0, description="AdamW learning rate of each update (fresh moments, constant).")
+    epochs: int = Field(1, ge=1, description="Passes over the update's samples (new + replayed).")
+    batch_size: int = Field(8, ge=1, description="Completions per optimizer step (pairwise: whole groups).")
+    replay_fraction: float = Field(
+        0.1, ge=0, lt=1, description="Share of each update's training groups drawn from earlier periods' groups "
+        "(the replay buffer): n_new x f / (1 - f) of them.",
+    )
+    buffer_groups: int = Field(512, ge=1, description="Groups the replay buffer keeps (the newest).")
+    holdout_fraction: float = Field(
+        0.1, ge=0, lt=1, description="Share of each period's groups never trained on; the reward model's accuracy "
+        "on them after the update is logged.",
+    )
+
+
 class RewardConfig(Section):
     name: str = Field(
         ..., description="Built-in reward name, `module:function`, `path/to/file.py:function` (relative to the "
@@ -111,6 +140,10 @@ class RewardConfig(Section):
     level: Literal["outcome", "step"] = Field(
         "outcome", description="`outcome`: one reward per completion; `step`: process supervision (DeepSeekMath sec. "
         "4.1.3), the function returns (token_index, reward) pairs per completion, one per reasoning step.",
+    )
+    update: RewardUpdateConfig | None = Field(
+        None, description="Reward models only: keep training it during the run on the policy's new completions, "
+        "labelled by a verifiable reward, with a replay of earlier ones (DeepSeekMath Algorithm 1, last line).",
     )
 
 
@@ -339,6 +372,8 @@ class Recipe(Section):
                 check_reward(r.name, r.kwargs, r.timeout_s, r.level)
             except ValueError as e:
                 raise ValueError(f"rewards.{i}.{e}") from None
+            if r.update is not None:
+                update_label(self.rewards, i)
         return self
 
     @model_validator(mode="after")
@@ -382,6 +417,36 @@ class Recipe(Section):
             if self.data.generator not in GENERATORS:
                 raise ValueError(f"data.generator {self.data.generator!r} is unknown; valid: {', '.join(GENERATORS.names())}")
         return self
+
+
+def update_label(rewards: list[RewardConfig], i: int) -> int:
+    """The index of the reward that labels reward model `i`'s updates (rewards[i].update.label); ValueError
+    naming the field when `i` is no reward model or the label is missing, ambiguous or not verifiable."""
+    from grpo_cli.rewards.reward_model import is_reward_model
+
+    spec = rewards[i]
+    if not is_reward_model(spec.name):
+        raise ValueError(f"rewards.{i}.update: only a reward model (name: model:PATH) is trained during the run; "
+                         f"{spec.name!r} is a function: remove update")
+    verifiable = [j for j, r in enumerate(rewards) if not is_reward_model(r.name) and r.level == "outcome"]
+    label = spec.update.label
+    if label is None:
+        if len(verifiable) != 1:
+            found = ", ".join(repr(rewards[j].name) for j in verifiable) or "none"
+            raise ValueError(f"rewards.{i}.update.label: name the verifiable reward that labels the reward model's "
+                             f"samples (outcome rewards that are not reward models: {found})")
+        return verifiable[0]
+    from grpo_cli.rewards.scoring import unique_log_names
+
+    logged = unique_log_names([r.name for r in rewards])
+    named = [j for j, r in enumerate(rewards) if r.name == label] or [j for j, x in enumerate(logged) if x == label]
+    if not named:
+        raise ValueError(f"rewards.{i}.update.label: {label!r} is neither the name of a reward in this recipe nor the "
+                         f"name one is logged under ({', '.join(logged)})")
+    if named[0] not in verifiable:
+        raise ValueError(f"rewards.{i}.update.label: {label!r} is a reward model or step-level; the label must be an "
+                         "outcome reward computed by a function (e.g. accuracy)")
+    return named[0]
 
 
 def _format_validation_error(err: ValidationError) -> str:
@@ -522,6 +587,9 @@ def resolve_paths(raw: dict[str, Any], recipe_dir: Path, overridden: list[str] |
     for i, r in enumerate(rewards if isinstance(rewards, list) else []):
         if isinstance(r, dict) and "name" in r:
             r["name"] = _reward_path(r["name"], base(f"rewards.{i}.name"))
+        update = r.get("update") if isinstance(r, dict) else None
+        if isinstance(update, dict) and "label" in update:  # names a reward: resolved as its name was
+            update["label"] = _reward_path(update["label"], base(f"rewards.{i}.update.label"))
     return raw
 
 

@@ -13,9 +13,10 @@ from grpo_cli.distributed import full_optimizer_state, is_deepspeed, is_fsdp, lo
 
 
 def save_run(run_dir: Path, step: int, accelerator, model, optimizer, scheduler, tokenizer, recipe, stream, generator,
-             pipeline, *, sharded: bool, say, ref_model=None, ref_syncs: int = 0) -> None:
+             pipeline, *, sharded: bool, say, ref_model=None, ref_syncs: int = 0, reward_models=()) -> None:
     """Checkpoint step `step` (collective: every process calls it; the main one writes). `ref_model`: a reference
-    refreshed `ref_syncs` times (algorithm.sync_ref_model), which is no longer the base model, so it is saved."""
+    refreshed `ref_syncs` times (algorithm.sync_ref_model), which is no longer the base model, so it is saved.
+    `reward_models`: the updaters of rewards[].update (their buffers; their weights once trained)."""
     from accelerate.utils import gather_object
 
     from grpo_cli.checkpoint import rng_state, save_checkpoint
@@ -36,14 +37,19 @@ def save_run(run_dir: Path, step: int, accelerator, model, optimizer, scheduler,
         state = {"step": step, "data": stream.state_dict(), "rng_per_rank": rng_per_rank, "generator_per_rank": generators}
         if in_flight is not None:
             state["in_flight"] = in_flight
+        tensors = {}
         if ref_model is not None:
             state["ref_model_syncs"] = ref_syncs
+            tensors["ref_model"] = dict(ref_model.named_parameters())
+        if reward_models:
+            state["reward_models"] = {u.key: u.state_dict() for u in reward_models}
+            tensors |= {u.key: u.tensors() for u in reward_models if u.updates}
         path = save_checkpoint(
             run_dir, step, model=policy, tokenizer=tokenizer, extra_json=extra, state_dict=weights,
             optimizer_state=optimizer_state, optimizer=None if is_deepspeed(accelerator) else optimizer,
             scheduler=scheduler, recipe_yaml=recipe_to_yaml(recipe), trainer_state=state,
             keep_last=recipe.checkpoint.keep_last,
-            trainer_tensors={"ref_model": dict(ref_model.named_parameters())} if ref_model is not None else None,
+            trainer_tensors=tensors or None,
         )
         say(f"saved {path}")
     accelerator.wait_for_everyone()

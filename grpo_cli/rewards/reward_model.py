@@ -130,7 +130,7 @@ def _load(source: str, device: Any) -> tuple[Any, Any]:
     return _LOADED[key]
 
 
-def _texts(tok: Any, prompts: list[str], user_prompts: list[str] | None, completions: list[str]) -> list[str]:
+def texts_for(tok: Any, prompts: list[str], user_prompts: list[str] | None, completions: list[str]) -> list[str]:
     # `prompts` already hold the policy's chat template: as a user message they would be wrapped twice
     if getattr(tok, "chat_template", None) and user_prompts is not None:
         return [
@@ -138,6 +138,18 @@ def _texts(tok: Any, prompts: list[str], user_prompts: list[str] | None, complet
             for u, c in zip(user_prompts, completions, strict=True)
         ]
     return [p + c for p, c in zip(prompts, completions, strict=True)]
+
+
+def loaded(name: str) -> tuple[Any, Any]:
+    """(tokenizer, model) of reward `name` on this process's device, loaded on first use: the objects the reward
+    scores with, so an update to the model (rewards[].update) changes the rewards that follow."""
+    return _load(model_source(name), _device())
+
+
+def encode(tok: Any, texts: list[str], max_length: int, device: Any) -> Any:
+    """A batch as the reward model reads it: right padding, the end kept past `max_length`, no added tokens."""
+    return tok(texts, padding=True, truncation=True, max_length=max_length, add_special_tokens=False,
+               return_tensors="pt").to(device)
 
 
 class RewardModel:
@@ -154,12 +166,11 @@ class RewardModel:
         import torch
 
         tok, model = _load(self.source, _device())
-        texts = _texts(tok, prompts, user_prompts, completions)
+        texts = texts_for(tok, prompts, user_prompts, completions)
         scores: list[float] = []
         with torch.no_grad():
             for s in range(0, len(texts), batch_size):
-                enc = tok(texts[s : s + batch_size], padding=True, truncation=True, max_length=max_length,
-                          add_special_tokens=False, return_tensors="pt").to(model.device)
+                enc = encode(tok, texts[s : s + batch_size], max_length, model.device)
                 scores += model(**enc).logits[:, 0].float().tolist()  # [b, 1] -> b
         return scores
 
