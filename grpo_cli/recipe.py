@@ -542,7 +542,7 @@ def _local_path(value: Any, base: Path) -> bool:
 def _reward_path(name: Any, base: Path) -> Any:
     """`dir/file.py:fn` and `model:PATH` rewards with their path made absolute; other names unchanged."""
     from grpo_cli.rewards.reward_model import PREFIX, is_reward_model
-    from grpo_cli.rewards.scoring import _is_file
+    from grpo_cli.userobj import is_file as _is_file
 
     if not isinstance(name, str) or ":" not in name:
         return name

@@ -28,9 +28,6 @@ Importing this module must not import torch (`grpo validate` checks reward names
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import importlib
-import importlib.util
 import inspect
 import logging
 import math
@@ -44,10 +41,10 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import grpo_cli.rewards.reward_model as rm
+from grpo_cli import userobj
 from grpo_cli.errors import RewardError
 from grpo_cli.registry import did_you_mean
 from grpo_cli.rewards.builtin import REWARDS
@@ -85,72 +82,10 @@ log = logging.getLogger(__name__)
 _REPORTED: set[tuple[str, str]] = set()  # (log name, kind) whose first failure this process has logged
 
 
-_FILE_MODULES: dict[str, ModuleType] = {}  # absolute path -> module, loaded once per process
-_FORMS = ("`module:function` (an importable module) or `path/to/file.py:function` (in a recipe file: relative "
-          "to its folder; in a command-line override: to the current directory)")
+_FORMS = userobj.forms()
 
 
 # --------------------------------------------------------------------------- name resolution
-
-
-def _split(name: str) -> tuple[str, str]:
-    target, _, fn_name = name.rpartition(":")
-    if not target or not fn_name:
-        raise ValueError(f"reward {name!r}: expected {_FORMS}, with both parts non-empty")
-    return target, fn_name
-
-
-def _is_file(target: str) -> bool:
-    return target.endswith(".py") or "/" in target or os.sep in target
-
-
-def _load_file(target: str, name: str) -> ModuleType:
-    path = os.path.abspath(os.path.expanduser(target))
-    if path in _FILE_MODULES:
-        return _FILE_MODULES[path]
-    if not os.path.isfile(path):
-        raise ValueError(
-            f"reward {name!r}: file not found: {target} (looked at {path}; "
-            "a recipe's relative paths start at its folder, an override's at the current directory)"
-        )
-    stem = "".join(ch if ch.isalnum() else "_" for ch in Path(path).stem)
-    mod_name = f"grpo_reward_{stem}_{hashlib.sha1(path.encode()).hexdigest()[:8]}"
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    if spec is None or spec.loader is None:
-        raise ValueError(f"reward {name!r}: cannot load {path} as Python source")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module  # so pickle and dataclasses inside the file find their module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:  # noqa: BLE001 - any error in user code becomes a message for people
-        del sys.modules[mod_name]
-        raise ValueError(f"reward {name!r}: loading {target} raised {type(e).__name__}: {e}") from None
-    _FILE_MODULES[path] = module
-    return module
-
-
-def _import(target: str, name: str) -> ModuleType:
-    try:
-        return importlib.import_module(target)
-    except Exception as e:  # noqa: BLE001 - any error in user code becomes a message for people
-        raise ValueError(
-            f"reward {name!r}: cannot import module {target!r} ({type(e).__name__}: {e}); install it or put it on "
-            "PYTHONPATH, or name a file as path/to/file.py:function"
-        ) from None
-
-
-def _attribute(module: ModuleType, fn_name: str, where: str, name: str) -> Callable:
-    obj: Any = module
-    for part in fn_name.split("."):
-        if not hasattr(obj, part):
-            defined = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
-            listing = ", ".join(defined[:20]) or "no public functions"
-            raise ValueError(f"reward {name!r}: {where} has no function {fn_name!r}; it defines: {listing}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        kind = type(obj).__name__
-        raise ValueError(f"reward {name!r}: {where}:{fn_name} is a {kind}, not a function")  # noqa: TRY004
-    return obj
 
 
 def resolve_reward(name: str) -> Callable[..., Any]:
@@ -165,9 +100,7 @@ def resolve_reward(name: str) -> Callable[..., Any]:
             f"unknown reward {name!r}{hint}; built-in rewards: {', '.join(REWARDS.names())}; "
             f"or name your own function as {_FORMS}, or a reward model as `model:PATH_OR_HUB_ID`"
         )
-    target, fn_name = _split(name)
-    module = _load_file(target, name) if _is_file(target) else _import(target, name)
-    return _attribute(module, fn_name, target, name)
+    return userobj.resolve(name)
 
 
 def check_reward_name(name: str) -> None:
@@ -221,8 +154,7 @@ def _portable_name(name: str) -> str:
     """The name with a file path made absolute, for a child process to resolve."""
     if name in REWARDS or ":" not in name or rm.is_reward_model(name):
         return name
-    target, fn_name = _split(name)
-    return f"{os.path.abspath(os.path.expanduser(target))}:{fn_name}" if _is_file(target) else name
+    return userobj.portable(name)
 
 
 # --------------------------------------------------------------------------- running one call
