@@ -31,20 +31,18 @@ import asyncio
 import inspect
 import logging
 import math
-import multiprocessing
 import numbers
 import os
-import signal
 import sys
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import grpo_cli.rewards.reward_model as rm
 from grpo_cli import userobj
+from grpo_cli.children import become_subreaper, kill_tree, mp_context
 from grpo_cli.errors import RewardError
 from grpo_cli.registry import did_you_mean
 from grpo_cli.rewards.builtin import REWARDS
@@ -207,7 +205,7 @@ def _child_main(name: str, kwargs: dict[str, Any], conn: Connection) -> None:
     """Child process: resolve the reward by name, call it, send ("ok", values) or ("error", text)."""
     if hasattr(os, "setpgrp"):
         os.setpgrp()  # own process group: a timeout kills whatever the reward itself started too
-    _become_subreaper()
+    become_subreaper()
     fn = None
     try:
         fn = resolve_reward(name)
@@ -225,15 +223,6 @@ def _child_main(name: str, kwargs: dict[str, Any], conn: Connection) -> None:
         conn.close()
 
 
-def _mp_context() -> multiprocessing.context.BaseContext:
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    ctx = multiprocessing.get_context("forkserver")
-    # Imported once in the server, not in every child (ignored if the server already runs).
-    ctx.set_forkserver_preload(["grpo_cli.rewards.scoring", "math_verify"])
-    return ctx
-
-
 @dataclass
 class _Child:
     proc: BaseProcess
@@ -243,7 +232,7 @@ class _Child:
 
 
 def _start_child(name: str, kwargs: dict[str, Any], timeout_s: float, log_name: str) -> _Child:
-    ctx = _mp_context()
+    ctx = mp_context()
     reader, writer = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child_main, args=(_portable_name(name), kwargs, writer), name=f"reward-{log_name}")
     try:
@@ -259,68 +248,11 @@ def _start_child(name: str, kwargs: dict[str, Any], timeout_s: float, log_name: 
     return _Child(proc, reader, time.monotonic() + timeout_s, timeout_s)
 
 
-def _become_subreaper() -> None:
-    """Linux: orphans of the reward's own processes (a double fork, a daemon) are re-parented to the child,
-    not to init, so `_descendants` still finds them when the timeout comes."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        pass
-
-
-def _descendants(pid: int) -> list[int]:
-    """Linux: every process below `pid` (whatever its process group or session), from /proc; [] elsewhere."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])  # the name in (...) may hold spaces
-        except (OSError, ValueError, IndexError):
-            continue  # gone meanwhile
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        out += kids
-        todo += kids
-    return out
-
-
-def _kill(proc: BaseProcess) -> None:
-    """SIGKILL the child and everything it started: processes that left its group (`start_new_session`,
-    setsid daemons) are found below it in /proc while it still lives (it is their subreaper), then its group."""
-    if proc.pid is not None and hasattr(os, "killpg"):
-        _signal_group(proc.pid, signal.SIGSTOP)  # the reward's own code forks no more
-        for _ in range(5):  # what is below may still fork once more; orphans land on the stopped child
-            victims = _descendants(proc.pid)
-            if not victims:
-                break
-            for pid in victims:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-        _signal_group(proc.pid, signal.SIGKILL)  # the group exists only once the child has called setpgrp
-    if proc.is_alive():
-        proc.kill()
-    proc.join()  # reap: no zombies
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except OSError:
-        pass
-
-
 def _collect(child: _Child) -> _Outcome:
     """Wait for the child until its deadline; kill it if it is still running then."""
     try:
         if not child.reader.poll(max(0.0, child.deadline - time.monotonic())):
-            _kill(child.proc)
+            kill_tree(child.proc)
             return _Outcome(timed_out=True)
         try:
             msg = child.reader.recv()
@@ -336,7 +268,7 @@ def _collect(child: _Child) -> _Outcome:
     finally:
         child.reader.close()
         if child.proc.is_alive():
-            _kill(child.proc)
+            kill_tree(child.proc)
 
 
 # --------------------------------------------------------------------------- checking and summing
@@ -516,7 +448,7 @@ def score(
         for child in children.values():
             child.reader.close()
             if child.proc.is_alive():
-                _kill(child.proc)
+                kill_tree(child.proc)
     stepwise = [i for i, s in enumerate(specs) if getattr(s, "level", "outcome") == "step"]
     steps = {log_names[i]: values[i] for i in stepwise}
     for i in stepwise:  # logged as each completion's mean step reward; trained through its steps
