@@ -165,8 +165,9 @@ def check_columns(cfg: DataConfig, columns: list[str], source: str, needs_answer
 # ---------------------------------------------------------------- prompts
 
 
-def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer: Any) -> str:
-    """One row -> prompt text: template or prompt column, system prompt, chat template (with generation prompt)."""
+def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, extra_user_text: str | None = None) -> str:
+    """One row -> prompt text: template or prompt column, system prompt, chat template (with generation prompt).
+    `extra_user_text` (an environment's reset): appended to the last user message, after a blank line."""
     if cfg.template:
         try:
             messages = [{"role": "user", "content": cfg.template.format_map(row)}]
@@ -182,6 +183,13 @@ def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer: Any) -> str:
                 "set data.prompt_column or data.template"
             )
         messages = _as_messages(row[cfg.prompt_column], cfg.prompt_column)
+    if extra_user_text:
+        users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+        if users:
+            m = messages[users[-1]]
+            messages[users[-1]] = {**m, "content": f"{m['content']}\n\n{extra_user_text}"}
+        else:
+            messages.append({"role": "user", "content": extra_user_text})
     if cfg.system_prompt is not None:
         # the recipe's system prompt applies to every row: it replaces one the conversation brings
         messages = [{"role": "system", "content": cfg.system_prompt}] + [m for m in messages if m["role"] != "system"]

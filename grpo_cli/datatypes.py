@@ -65,6 +65,10 @@ class Rollout:
     completions: list[str]  # [N] decoded, special tokens skipped
     sampling_logps: torch.Tensor | None = None  # [N, T] log-probs reported by the sampler, if any
     weight_step: int | None = None  # asynchronous rollouts: the trainer step whose weights sampled them
+    # multi-turn episodes: 1 where a completion token is an observation (environment or tool text), 0 where the
+    # policy sampled it; observations are attended to (completion_mask) but never trained on (trained_mask)
+    observation_mask: torch.Tensor | None = None  # [N, T] int64
+    turns: list[list[dict]] | None = None  # [N] each episode's turns: {role, text, tokens}
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -73,13 +77,21 @@ class Rollout:
         """[N] unpadded completion token ids (up to and including the first EOS)."""
         return completion_lists(self.completion_ids, self.completion_mask)
 
+    def trained_mask(self) -> torch.Tensor:
+        """[N, T] 1 where the policy sampled the token: the tokens of the loss, KL, entropy and lengths."""
+        if self.observation_mask is None:
+            return self.completion_mask
+        return self.completion_mask * (1 - self.observation_mask)
+
     def select(self, rows: list[int]) -> Rollout:
         """The rows `rows`, in that order."""
         index = torch.tensor(rows, dtype=torch.long, device=self.completion_ids.device)
         pick = {k: getattr(self, k)[index] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated")}
         logps = self.sampling_logps[index] if self.sampling_logps is not None else None
+        observed = self.observation_mask[index] if self.observation_mask is not None else None
         return replace(self, **pick, prompts=[self.prompts[i] for i in rows], completions=[self.completions[i] for i in rows],
-                       sampling_logps=logps)
+                       sampling_logps=logps, observation_mask=observed,
+                       turns=[self.turns[i] for i in rows] if self.turns is not None else None)
 
     @staticmethod
     def cat(parts: list[Rollout], pad_id: int) -> Rollout:
@@ -96,6 +108,9 @@ class Rollout:
         with_logps = [r.sampling_logps is not None for r in parts]
         if any(with_logps) and not all(with_logps):
             raise ValueError("cannot join rollouts with and without sampler log-probs")
+        episodes = [r.observation_mask is not None for r in parts]
+        if any(episodes) and not all(episodes):
+            raise ValueError("cannot join multi-turn episodes with single completions")
         return Rollout(
             prompt_ids=torch.cat([left(r.prompt_ids, P, pad_id) for r in parts]),
             prompt_mask=torch.cat([left(r.prompt_mask, P, 0) for r in parts]),
@@ -105,13 +120,16 @@ class Rollout:
             prompts=[x for r in parts for x in r.prompts], completions=[x for r in parts for x in r.completions],
             sampling_logps=torch.cat([right(r.sampling_logps, T, 0.0) for r in parts]) if all(with_logps) else None,
             weight_step=parts[0].weight_step if len({r.weight_step for r in parts}) == 1 else None,
+            observation_mask=torch.cat([right(r.observation_mask, T, 0) for r in parts]) if all(episodes) else None,
+            turns=[t for r in parts for t in r.turns] if all(episodes) else None,
         )
 
     def to(self, device) -> Rollout:
         """The tensors on `device` (vLLM returns CPU tensors; the trainer may be on a GPU)."""
         move = {k: getattr(self, k).to(device) for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated")}
         logps = self.sampling_logps.to(device) if self.sampling_logps is not None else None
-        return replace(self, **move, sampling_logps=logps)
+        observed = self.observation_mask.to(device) if self.observation_mask is not None else None
+        return replace(self, **move, sampling_logps=logps, observation_mask=observed)
 
 
 @dataclass

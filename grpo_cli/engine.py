@@ -162,6 +162,17 @@ class Engine:
         # cache gather made a micro-batch's forward + backward 2.2x slower (bench/step_phases.py, H100)
         self._shared_prompts = not cfg.gradient_checkpointing and acc.device.type == "cpu"
         self.generator = self._make_generator(cfg)
+        self.episodes = self._episode_runner()  # rollout.environment: multi-turn episodes
+
+    def _episode_runner(self):
+        ro = self.recipe.rollout
+        if ro.environment is None:
+            return None
+        from grpo_cli.rollout.episodes import EpisodeRunner
+
+        config = self.accelerator.unwrap_model(self.model).config
+        limit = ro.max_episode_length or getattr(config, "max_position_embeddings", None) or 2**31
+        return EpisodeRunner(ro, self.recipe.data, self.tokenizer, self.generator, limit)
 
     def _make_generator(self, cfg):
         """The rollout backend (grpo_cli/rollout): the policy itself (hf), a vLLM engine in this process, or
@@ -243,7 +254,7 @@ class Engine:
         if rewards.steps:  # process supervision: + each step reward's per-token advantages, weighted
             step_adv, step_stats = self._step_advantages(rewards, rollout.completion_ids.shape[1])
             local_adv, extra = local_adv[:, None] + step_adv, extra | step_stats
-        mask = rollout.completion_mask.clone()
+        mask = rollout.trained_mask().clone()  # multi-turn: observation tokens are not trained
         if r.algorithm.mask_truncated_completions:
             mask[rollout.truncated] = 0
         sums = self._update(rollout, local_adv.to(mask.device), mask)
@@ -270,6 +281,9 @@ class Engine:
                                accelerator=self.accelerator, epoch=self.stream.state_dict()["epoch"]) | extra
         if rollout.weight_step is not None:  # steps between the weights that sampled and the ones being trained
             metrics["sampling/staleness/mean"] = metrics["sampling/staleness/max"] = float(step - 1 - rollout.weight_step)
+        if self.episodes is not None:  # environment calls that raised or timed out this step, every process's
+            for kind, count in self.episodes.take_counts().items():
+                metrics[f"environment/{kind}"] = gather(self.accelerator, torch.tensor([float(count)])).sum().item()
         metrics["memory/peak_gib"] = peak_memory_gib(self.accelerator.device)  # this process's
         if r.algorithm.sync_ref_model:
             metrics["ref_model/syncs"] = self.ref_syncs
@@ -329,6 +343,7 @@ class Engine:
 
         r, G, rows = self.recipe, self.G, self.rows
         t0 = time.perf_counter()
+        episode_columns: dict[str, list] = {}
         if self.pipeline is not None:  # sampled ahead (rollout.max_staleness); the wait is what shows as generate
             batch, rollout = self.pipeline.next()
             mine = batch.per_row(rows, G)  # this process's rows: each its prompt's columns
@@ -337,11 +352,15 @@ class Engine:
             if wake:
                 self.generator.wake_up()
             mine = batch.per_row(rows, G)
-            rollout = self.generator.generate(mine.input_ids, mine.texts)
+            if self.episodes is not None:  # multi-turn: the episodes' turns and environment rewards become columns
+                with_reward = any(s.name == "environment" for s in r.rewards)
+                rollout, episode_columns = self.episodes.run(mine, with_reward=with_reward)
+            else:
+                rollout = self.generator.generate(mine.input_ids, mine.texts)
             self.generator.sleep()  # colocated vLLM on GPU (sleep_mode): give the trainer (and reward models) its memory
         rollout = rollout.to(self.accelerator.device)
         t_gen = time.perf_counter()
-        columns = mine.columns
+        columns = mine.columns | episode_columns
         users = user_prompts(r.data, columns) if any(is_reward_model(s.name) for s in r.rewards) else None
         rewards = score_rollout(r.rewards, rollout, columns, max_completion_length=r.rollout.max_completion_length,
                                 step=step, user_prompts=users, tokenizer=self.tokenizer)  # users: reward models' chat templates

@@ -333,11 +333,16 @@ def score_cells(r: Record, names: list[str], best: int | None, worst: int | None
 
 
 def with_steps(r: Record) -> str:
-    """The completion, then its step rewards (process supervision) a line per step-level reward:
-    `steps NAME: reward@token ...` (token: the step's last token in the completion)."""
+    """The completion (a multi-turn episode: each turn on its own line, `[assistant] ...` and the observations
+    as `[environment] ...` / `[tool] ...`), then its step rewards (process supervision) a line per step-level
+    reward: `steps NAME: reward@token ...` (token: the step's last token in the completion)."""
     lines = [f"steps {name}: " + (" ".join(f"{num(rw)}@{t}" for t, rw in pairs) or "none")
              for name, pairs in (r.get("steps") or {}).items()]
-    return "\n".join([str(r.get("completion", "")), *lines])
+    if r.get("turns"):
+        body = [f"[{t.get('role', '?')}] {t.get('text', '')}" for t in r["turns"]]
+    else:
+        body = [str(r.get("completion", ""))]
+    return "\n".join([*body, *lines])
 
 
 def views(shown: list[Record], records: list[Record], metrics: dict[int, Record]):

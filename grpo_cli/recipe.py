@@ -269,6 +269,21 @@ class RolloutConfig(Section):
         "synchronous ones (step t's with those after step t-1-k), so `grpo serve-vllm` samples the next batches "
         "while the trainer updates; deterministic and resumable. 0: synchronous. Needs backend vllm, mode server.",
     )
+    environment: str | None = Field(
+        None, description="Multi-turn episodes: `path/to/env.py:Class` (relative to the recipe file) or `module:Class`, "
+        "one instance per rollout: reset(row) -> str | None, step(completion_text) -> (observation, done), optional "
+        "reward() (the built-in reward `environment`). Observations become the next user turn.",
+    )
+    environment_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment class.")
+    environment_timeout_s: float | None = Field(
+        None, gt=0, description="Run each environment in a child process killed when a call takes longer; the "
+        "episode ends there and environment/timeouts counts it. None: in this process, no limit.",
+    )
+    max_turns: int = Field(1, ge=1, description="Assistant turns per episode (1: one completion per prompt).")
+    max_episode_length: int | None = Field(
+        None, ge=2, description="Tokens of a whole episode, prompt and observations included; an episode that reaches "
+        "it is truncated. None: the model's max_position_embeddings. max_completion_length bounds the sampled tokens.",
+    )
 
 
 class TrainConfig(Section):
@@ -408,6 +423,7 @@ class Recipe(Section):
                 "which a refresh cannot move without a second copy of the model; train all weights (model.lora.r = 0) "
                 "to refresh the reference"
             )
+        _check_episodes(self)
         if self.model.load_in_4bit and self.rollout.backend == "vllm":
             raise ValueError("model.load_in_4bit (QLoRA) works with rollout.backend hf only: vLLM cannot take 4-bit "
                              "merged weights from the trainer; use LoRA on a bf16 base with vLLM")
@@ -417,6 +433,27 @@ class Recipe(Section):
             if self.data.generator not in GENERATORS:
                 raise ValueError(f"data.generator {self.data.generator!r} is unknown; valid: {', '.join(GENERATORS.names())}")
         return self
+
+
+def _check_episodes(recipe: Recipe) -> None:
+    """Multi-turn settings that fit together, the environment class checked (naming the field)."""
+    ro = recipe.rollout
+    uses_reward = [i for i, r in enumerate(recipe.rewards) if r.name == "environment"]
+    if ro.environment is None:
+        if ro.max_turns > 1:
+            raise ValueError(f"rollout.max_turns ({ro.max_turns}) needs rollout.environment: after each turn something "
+                             "must answer the model")
+        if uses_reward:
+            raise ValueError(f"rewards.{uses_reward[0]}.name: the reward `environment` needs rollout.environment")
+        return
+    from grpo_cli.environment import check_environment
+
+    check_environment(ro.environment, ro.environment_kwargs, needs_reward=bool(uses_reward))
+    if ro.backend != "hf":
+        raise ValueError("rollout.environment: multi-turn episodes run on rollout.backend hf for now (vLLM: next)")
+    if ro.max_staleness:
+        raise ValueError("rollout.environment does not combine with rollout.max_staleness: asynchronous rollouts "
+                         "sample single completions")
 
 
 def update_label(rewards: list[RewardConfig], i: int) -> int:
@@ -583,6 +620,9 @@ def resolve_paths(raw: dict[str, Any], recipe_dir: Path, overridden: list[str] |
     m = section("model")
     if _local_path(m.get("name_or_path"), base("model.name_or_path")):
         m["name_or_path"] = _absolute(m["name_or_path"], base("model.name_or_path"))
+    ro = section("rollout")
+    if isinstance(ro.get("environment"), str):  # path/to/env.py:Class, like a reward file
+        ro["environment"] = _reward_path(ro["environment"], base("rollout.environment"))
     rewards = raw.get("rewards")
     for i, r in enumerate(rewards if isinstance(rewards, list) else []):
         if isinstance(r, dict) and "name" in r:

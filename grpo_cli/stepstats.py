@@ -110,8 +110,11 @@ def step_metrics(
             c = gather(torch.tensor([float(counts.get(name, 0))])).sum().item()
             if c:
                 m[f"rewards/{name}/{kind}"] = c
-    lengths = gather(rollout.completion_mask.sum(1).float().cpu())
+    lengths = gather(rollout.trained_mask().sum(1).float().cpu())  # sampled tokens: observations do not count
     truncated = gather(rollout.truncated.float().cpu())
+    if rollout.turns is not None:  # multi-turn episodes: assistant turns each
+        turns = gather(torch.tensor([float(sum(t["role"] == "assistant" for t in ts)) for ts in rollout.turns]))
+        m["turns/mean"], m["turns/max"] = turns.mean().item(), turns.max().item()
     terminated = lengths[truncated == 0]
     m["completions/mean_length"] = lengths.mean().item()
     m["completions/min_length"] = lengths.min().item()
@@ -138,19 +141,20 @@ def rollout_records(
     `rows`: this process's rows of the B*G, whose completions `rollout` holds."""
     from accelerate.utils import gather_object
 
-    lengths = rollout.completion_mask.sum(1).tolist()
+    lengths = rollout.trained_mask().sum(1).tolist()
     records = []
     for j, i in enumerate(rows):
         b = group_of(i, G)
         records.append({
             "step": step, "group": b, "sample": i % G, "data_index": batch.indices[b],
-            "prompt": batch.texts[b], "answer": batch.columns.get("answer", [None] * len(batch))[b],
+            "prompt": rollout.prompts[j], "answer": batch.columns.get("answer", [None] * len(batch))[b],
             "completion": rollout.completions[j],
             "rewards": {name: col[j] for name, col in rewards.per_function.items()},
             "reward": total[i].item(), "advantage": advantages[i].item(),
             "length": int(lengths[j]), "truncated": bool(rollout.truncated[j]),
             **({"steps": {name: [list(x) for x in col[j] or []] for name, col in rewards.steps.items()}}
                if rewards.steps else {}),
+            **({"turns": rollout.turns[j]} if rollout.turns is not None else {}),
         })
     if num_processes > 1:
         records = gather_object(records)

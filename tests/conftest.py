@@ -20,3 +20,41 @@ def model_cache(tmp_path_factory, monkeypatch):
     """One builtin-model cache per session (not ~/.cache), and the repo root as working directory."""
     monkeypatch.setenv("GRPO_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "grpo-cache"))
     monkeypatch.chdir(ROOT)
+
+
+@pytest.fixture(scope="session")
+def turn_model(tmp_path_factory) -> str:
+    """The builtin tiny Qwen2 taught (150 Adam steps, under a second) to end its turn: after a chat prompt it
+    samples 0-4 arbitrary tokens, then <|im_end|>. Multi-turn episodes need turns that end."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo_cli.models import _build_tiny
+
+    folder = tmp_path_factory.mktemp("turn-model")
+    _build_tiny("tiny-qwen2", folder / "base")
+    tok = AutoTokenizer.from_pretrained(folder / "base")
+    model = AutoModelForCausalLM.from_pretrained(folder / "base")
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    prompt = tok.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], tokenize=False,
+                                     add_generation_prompt=True)
+    head = tok(prompt, add_special_tokens=False)["input_ids"]
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(150):
+        seqs = [head + torch.randint(20, 200, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist()
+                + [eos] for _ in range(8)]
+        L = max(map(len, seqs))
+        ids = torch.full((8, L), tok.pad_token_id)
+        labels = torch.full((8, L), -100)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s)
+            labels[i, len(head) : len(s)] = torch.tensor(s[len(head) :])
+        logits = model(input_ids=ids).logits[:, :-1]
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.save_pretrained(folder / "model")
+    tok.save_pretrained(folder / "model")
+    return str(folder / "model")

@@ -181,3 +181,12 @@ def arithmetic_steps(completions: list[str], completion_offsets: list[list[int]]
 
 
 arithmetic_steps.reward_level = "step"  # type: ignore[attr-defined]
+
+
+@REWARDS.register("environment")
+def environment(completions: list[str], environment_reward: list[float | None] | None = None, **_: Any) -> list[float | None]:
+    """The episode's environment's own verdict: its `reward()` (rollout.environment), None where it has none or
+    its episode failed."""
+    if environment_reward is None:
+        raise ValueError("reward 'environment' needs rollout.environment: it returns the environment's reward()")
+    return [None if r is None else float(r) for r in environment_reward]

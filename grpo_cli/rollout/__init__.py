@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from grpo_cli.datatypes import Rollout
     from grpo_cli.recipe import RolloutConfig
+    from grpo_cli.rollout.common import Samples
 
 
 class Generator(Protocol):
@@ -26,6 +27,9 @@ class Generator(Protocol):
                  temperature: float | None = None, top_p: float | None = None,
                  max_new_tokens: int | None = None) -> Rollout:
         """B prompts -> B*n completions, each prompt's n samples in contiguous rows."""
+
+    def sample(self, token_ids: list[list[int]], max_new_tokens: list[int]) -> Samples:
+        """Continue each token sequence by at most its own budget (the turns of multi-turn episodes)."""
 
     def sync_weights(self, model: torch.nn.Module) -> float:
         """Sample with `model`'s current weights from now on; -> seconds taken."""

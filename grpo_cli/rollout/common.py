@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from grpo_cli.datatypes import Rollout, completion_lists
+
+
+@dataclass
+class Samples:
+    """What `Generator.sample` returns: each sequence's new tokens (multi-turn episodes continue from them)."""
+
+    tokens: list[list[int]]  # up to and including the EOS, at most the row's budget
+    logps: list[list[float]] | None  # the sampler's log-probs of `tokens`, where it reports them
+    finished: list[bool]  # ended with EOS within its budget
 
 
 def left_pad(seqs: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:

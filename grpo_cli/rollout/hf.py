@@ -7,7 +7,9 @@ import copy
 import torch
 
 from grpo_cli.datatypes import Rollout
-from grpo_cli.rollout.common import build_rollout, completion_mask_from_eos, eos_token_ids, left_pad, pad_id_of
+from grpo_cli.rollout.common import (
+    Samples, build_rollout, completion_mask_from_eos, eos_token_ids, left_pad, pad_id_of,
+)
 from grpo_cli.models import native_bf16, without_autocast
 from grpo_cli.recipe import RolloutConfig
 
@@ -139,9 +141,29 @@ class HFGenerator:
 
         The engine passes rows already repeated G times (n=1) when the rows of a group are split
         over processes; n > 1 repeats here. `greedy` and the other keywords are for evaluation."""
+        rows = [p for p in prompt_ids for _ in range(n)]
+        completion_ids, cmask, truncated, logps = self._run(rows, greedy=greedy, temperature=temperature, top_p=top_p,
+                                                            max_new_tokens=max_new_tokens)
+        return build_rollout(prompt_ids, prompts, n, completion_ids, cmask, truncated, self.tokenizer, self.pad_id,
+                             sampling_logps=logps)
+
+    def sample(self, token_ids: list[list[int]], max_new_tokens: list[int]) -> Samples:
+        """Each sequence continued by at most its own budget: one `generate` to the largest, each row cut to its."""
+        completion_ids, cmask, truncated, logps = self._run(token_ids, max_new_tokens=max(max_new_tokens))
+        tokens, out_logps, finished = [], [] if logps is not None else None, []
+        for r, budget in enumerate(max_new_tokens):
+            n = int(cmask[r].sum())  # up to and including the EOS; all of them when there is none
+            tokens.append(completion_ids[r, : min(n, budget)].tolist())
+            finished.append(not bool(truncated[r]) and n <= budget)
+            if out_logps is not None:
+                out_logps.append(logps[r, : min(n, budget)].tolist())
+        return Samples(tokens, out_logps, finished)
+
+    def _run(self, rows: list[list[int]], *, greedy: bool = False, temperature: float | None = None,
+             top_p: float | None = None, max_new_tokens: int | None = None):
+        """Token rows -> completion ids [n, T] (pad after the EOS), mask [n, T], truncated [n], sampler log-probs."""
         from transformers import GenerationConfig
 
-        rows = [p for p in prompt_ids for _ in range(n)]
         device = next(self.model.parameters()).device
         ids, mask = left_pad(rows, self.pad_id, device)
         c = self.cfg
@@ -171,6 +193,4 @@ class HFGenerator:
         completion_ids = out[:, ids.shape[1] :]
         cmask, truncated = completion_mask_from_eos(completion_ids, self.eos_ids)
         logps = recorder.result(completion_ids).masked_fill(cmask == 0, 0.0) if recorder is not None else None
-        completion_ids = completion_ids.masked_fill(cmask == 0, self.pad_id)
-        return build_rollout(prompt_ids, prompts, n, completion_ids, cmask, truncated, self.tokenizer, self.pad_id,
-                             sampling_logps=logps)
+        return completion_ids.masked_fill(cmask == 0, self.pad_id), cmask, truncated, logps
