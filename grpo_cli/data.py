@@ -165,9 +165,12 @@ def check_columns(cfg: DataConfig, columns: list[str], source: str, needs_answer
 # ---------------------------------------------------------------- prompts
 
 
-def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, extra_user_text: str | None = None) -> str:
+def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, extra_user_text: str | None = None,
+                  tools: list[dict] | None = None) -> str:
     """One row -> prompt text: template or prompt column, system prompt, chat template (with generation prompt).
-    `extra_user_text` (an environment's reset): appended to the last user message, after a blank line."""
+    `extra_user_text` (an environment's reset): appended to the last user message, after a blank line.
+    `tools` (rollout.tools' JSON schemas): given to the chat template; one that ignores them gets tools.system_text
+    as (the end of) the system message instead."""
     if cfg.template:
         try:
             messages = [{"role": "user", "content": cfg.template.format_map(row)}]
@@ -199,9 +202,19 @@ def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, extra_us
         raise DataError("the tokenizer has no chat template; set data.chat_template: false to use plain text prompts")
     # A conversation ending in an assistant turn is a prefix the completion continues (TRL convention).
     prefix = messages[-1]["role"] == "assistant"
-    return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=not prefix, continue_final_message=prefix
-    )
+    render = dict(tokenize=False, add_generation_prompt=not prefix, continue_final_message=prefix)
+    if tools:
+        with_tools = tokenizer.apply_chat_template(messages, tools=tools, **render)
+        if with_tools != tokenizer.apply_chat_template(messages, **render):
+            return with_tools
+        from grpo_cli.tools import system_text
+
+        text = system_text(tools)
+        if messages[0]["role"] == "system":
+            messages = [{"role": "system", "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
+        else:
+            messages = [{"role": "system", "content": text}, *messages]
+    return tokenizer.apply_chat_template(messages, **render)
 
 
 def _as_messages(value: Any, column: str) -> list[dict[str, Any]]:
@@ -249,12 +262,14 @@ class PromptStream:
     next prompt is position `index` of epoch `epoch`, so a restored stream continues identically.
     """
 
-    def __init__(self, dataset: Dataset, cfg: DataConfig, tokenizer: Any, batch_size: int, seed: int) -> None:
+    def __init__(self, dataset: Dataset, cfg: DataConfig, tokenizer: Any, batch_size: int, seed: int,
+                 tools: list[dict] | None = None) -> None:
         if len(dataset) == 0:
             raise DataError("the dataset has no rows")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.dataset, self.cfg, self.tokenizer, self.batch_size = dataset, cfg, tokenizer, batch_size
+        self.tools = tools  # rollout.tools' schemas: every prompt describes them
         self.seed = cfg.seed if cfg.seed is not None else seed
         self.epoch, self.index = 0, 0
         self._order: list[int] | None = None  # permutation of the current epoch
@@ -299,7 +314,7 @@ class PromptStream:
 
         columns = self.dataset[indices]  # column -> list, in the order of `indices`
         rows = [{k: v[i] for k, v in columns.items()} for i in range(len(indices))]
-        texts = [render_prompt(row, self.cfg, self.tokenizer) for row in rows]
+        texts = [render_prompt(row, self.cfg, self.tokenizer, tools=self.tools) for row in rows]
         input_ids = encode_prompts(texts, self.tokenizer, self.cfg.max_prompt_length)
         answer = self.cfg.answer_column
         if answer and answer != "answer":

@@ -28,7 +28,7 @@ from grpo_cli.models import disable_dropout, has_dropout, mix_into
 from grpo_cli.optim import build_optimizer, make_scheduler
 from grpo_cli.recipe import Recipe
 from grpo_cli.runstate import restore_run, save_run
-from grpo_cli.stepstats import MetricSums, peak_memory_gib, rollout_records, settle, start_line, step_metrics
+from grpo_cli.stepstats import MetricSums, episode_metrics, peak_memory_gib, rollout_records, settle, start_line, step_metrics
 
 
 class Engine:
@@ -166,7 +166,7 @@ class Engine:
 
     def _episode_runner(self):
         ro = self.recipe.rollout
-        if ro.environment is None:
+        if ro.environment is None and not ro.tools:
             return None
         from grpo_cli.rollout.episodes import EpisodeRunner
 
@@ -199,7 +199,13 @@ class Engine:
         data_seed = d.seed if d.seed is not None else seed
         with self.accelerator.local_main_process_first():  # one download / cache write per node
             self.dataset = load_rows(d, data_seed)
-        self.stream = PromptStream(self.dataset, d, self.tokenizer, self.recipe.train.prompts_per_step, data_seed)
+        tools = None
+        if self.recipe.rollout.tools:  # every prompt describes them
+            from grpo_cli.tools import schemas
+
+            tools = schemas(self.recipe.rollout.tools)
+        self.stream = PromptStream(self.dataset, d, self.tokenizer, self.recipe.train.prompts_per_step, data_seed,
+                                   tools=tools)
 
     # ----- the loop ---------------------------------------------------------------------------
     def fit(self) -> int:
@@ -281,9 +287,9 @@ class Engine:
                                accelerator=self.accelerator, epoch=self.stream.state_dict()["epoch"]) | extra
         if rollout.weight_step is not None:  # steps between the weights that sampled and the ones being trained
             metrics["sampling/staleness/mean"] = metrics["sampling/staleness/max"] = float(step - 1 - rollout.weight_step)
-        if self.episodes is not None:  # environment calls that raised or timed out this step, every process's
-            for kind, count in self.episodes.take_counts().items():
-                metrics[f"environment/{kind}"] = gather(self.accelerator, torch.tensor([float(count)])).sum().item()
+        if self.episodes is not None:  # environment failures and tool calls this step, every process's
+            metrics |= episode_metrics(self.episodes.take_counts(), self.recipe.rollout,
+                                       lambda x: gather(self.accelerator, torch.tensor([float(x)])).sum().item())
         metrics["memory/peak_gib"] = peak_memory_gib(self.accelerator.device)  # this process's
         if r.algorithm.sync_ref_model:
             metrics["ref_model/syncs"] = self.ref_syncs

@@ -243,11 +243,10 @@ class Observations:
             raise ValueError("the chat template drops assistant messages' text: observations cannot be placed")
         self.after_assistant = self.before[at + len(SENTINEL):]  # e.g. "<|im_end|>\n"
 
-    def text(self, observation: str, last_token: int, role: str = "user") -> str:
+    def text(self, messages: list[dict], last_token: int) -> str:
         """What follows the assistant turn that ended with `last_token`: the rest of its end of turn, then the
-        message and the next assistant header."""
-        full = self.tok.apply_chat_template(self.base + [{"role": role, "content": observation}], tokenize=False,
-                                            add_generation_prompt=True)
+        messages (an environment's user message, or a turn's tool answers) and the next assistant header."""
+        full = self.tok.apply_chat_template(self.base + messages, tokenize=False, add_generation_prompt=True)
         if not full.startswith(self.before):
             raise ValueError("the chat template renders earlier turns differently once a message follows: "
                              "observation tokens cannot be appended")
@@ -256,5 +255,5 @@ class Observations:
         tail = tail[len(end):] if end and tail.startswith(end) else tail  # the sampled EOS is that end of turn
         return tail + full[len(self.before):]
 
-    def ids(self, observation: str, last_token: int, role: str = "user") -> list[int]:
-        return self.tok(self.text(observation, last_token, role), add_special_tokens=False)["input_ids"]
+    def ids(self, messages: list[dict], last_token: int) -> list[int]:
+        return self.tok(self.text(messages, last_token), add_special_tokens=False)["input_ids"]

@@ -133,7 +133,12 @@ def load_problems(recipe: Recipe, cfg: EvalConfig, tokenizer) -> Problems:
     columns = {k: list(v) for k, v in rows.to_dict().items()}
     if data.answer_column and data.answer_column != "answer" and data.answer_column in columns:
         columns["answer"] = columns.pop(data.answer_column)
-    texts = [render_prompt(row, data, tokenizer) for row in rows]
+    tools = None
+    if recipe.rollout.tools:  # the prompts describe them, as in training
+        from grpo_cli.tools import schemas
+
+        tools = schemas(recipe.rollout.tools)
+    texts = [render_prompt(row, data, tokenizer, tools=tools) for row in rows]
     return Problems(texts, encode_prompts(texts, tokenizer, data.max_prompt_length), columns, data)
 
 
@@ -145,10 +150,12 @@ def evaluate_model(model, tokenizer, recipe: Recipe, cfg: EvalConfig, problems: 
     own RNG (seeded with cfg.seed) and leaves the caller's RNG untouched."""
     import torch
 
+    from grpo_cli.datatypes import PromptBatch
     from grpo_cli.rewards import answers_match, extract_answer, reference_text, score_rollout
     from grpo_cli.rollout import build_generator
 
     gen = generator or build_generator(recipe.rollout.model_copy(update={"backend": "hf"}), tokenizer=tokenizer, model=model)
+    episodes = _episodes(recipe, tokenizer, gen, model)  # rollout.environment / tools: multi-turn, as in training
     ext = accuracy_settings(recipe)
     max_len, n = cfg.max_new_tokens or recipe.rollout.max_completion_length, cfg.num_samples
     samples: list[dict[str, Any]] = []
@@ -157,16 +164,23 @@ def evaluate_model(model, tokenizer, recipe: Recipe, cfg: EvalConfig, problems: 
         torch.manual_seed(cfg.seed)
         for rows in batches:
             ids, texts = [problems.input_ids[i] for i in rows], [problems.texts[i] for i in rows]
-            kinds = [("greedy", gen.generate(ids, texts, 1, greedy=True, max_new_tokens=max_len), 1)]
+            kinds = [("greedy", 1, dict(greedy=True))]
             if n > 1:
-                kinds.append(("sample", gen.generate(ids, texts, n, temperature=cfg.temperature, top_p=cfg.top_p,
-                                                     max_new_tokens=max_len), n))
-            for kind, rollout, per in kinds:
+                kinds.append(("sample", n, dict(temperature=cfg.temperature, top_p=cfg.top_p)))
+            for kind, per, sampling in kinds:
+                cols = {k: [v[i] for i in rows for _ in range(per)] for k, v in problems.columns.items()}
+                if episodes is not None:
+                    batch = PromptBatch(texts=[t for t in texts for _ in range(per)], input_ids=[x for x in ids for _ in range(per)],
+                                        columns=cols, indices=[i for i in rows for _ in range(per)])
+                    rollout, extra = episodes.run(batch, with_reward=any(s.name == "environment" for s in recipe.rewards),
+                                                  **sampling)
+                    cols = cols | extra
+                else:
+                    rollout = gen.generate(ids, texts, per, max_new_tokens=max_len, **sampling)
                 rewards = None
                 if kind == "greedy":
-                    cols = {k: [v[i] for i in rows for _ in range(per)] for k, v in problems.columns.items()}
                     rewards = score_rollout(recipe.rewards, rollout, cols, max_completion_length=max_len, tokenizer=tokenizer)
-                lengths = rollout.completion_mask.sum(1).tolist()
+                lengths = rollout.trained_mask().sum(1).tolist()
                 for j, text in enumerate(rollout.completions):
                     i = rows[j // per]
                     ref = reference_text(problems.columns.get("answer", [None] * len(problems))[i])
@@ -177,9 +191,21 @@ def evaluate_model(model, tokenizer, recipe: Recipe, cfg: EvalConfig, problems: 
                         "correct": bool(ref is not None and got is not None and answers_match(ref, got)),
                         "rewards": {k: v[j] for k, v in rewards.per_function.items()} if rewards else None,
                         "length": int(lengths[j]), "truncated": bool(rollout.truncated[j]),
+                        **({"turns": rollout.turns[j]} if rollout.turns is not None else {}),
                     })
             advance(len(rows))
     return summarize(samples, n), samples
+
+
+def _episodes(recipe: Recipe, tokenizer, generator, model):
+    ro = recipe.rollout
+    if ro.environment is None and not ro.tools:
+        return None
+    from grpo_cli.rollout.episodes import EpisodeRunner
+
+    config = getattr(model, "config", None)
+    limit = ro.max_episode_length or getattr(config, "max_position_embeddings", None) or 2**31
+    return EpisodeRunner(ro, recipe.data, tokenizer, generator, limit)
 
 
 def summarize(samples: list[dict[str, Any]], n: int) -> dict[str, float]:

@@ -279,6 +279,12 @@ class RolloutConfig(Section):
         None, gt=0, description="Run each environment in a child process killed when a call takes longer; the "
         "episode ends there and environment/timeouts counts it. None: in this process, no limit.",
     )
+    tools: list[str] = Field(
+        default_factory=list, description="Functions the model may call (`path/to/file.py:fn`, `module:fn`): type hints "
+        "and a docstring describe them to it (the chat template's `tools=`); a `<tool_call>{\"name\": ..., "
+        "\"arguments\": {...}}</tool_call>` in an assistant turn runs it, its answer is the next (tool) turn.",
+    )
+    tool_timeout_s: float = Field(10.0, gt=0, description="Each tool call runs in a child process killed after this many seconds.")
     max_turns: int = Field(1, ge=1, description="Assistant turns per episode (1: one completion per prompt).")
     max_episode_length: int | None = Field(
         None, ge=2, description="Tokens of a whole episode, prompt and observations included; an episode that reaches "
@@ -439,21 +445,27 @@ def _check_episodes(recipe: Recipe) -> None:
     """Multi-turn settings that fit together, the environment class checked (naming the field)."""
     ro = recipe.rollout
     uses_reward = [i for i, r in enumerate(recipe.rewards) if r.name == "environment"]
-    if ro.environment is None:
+    if ro.environment is None and uses_reward:
+        raise ValueError(f"rewards.{uses_reward[0]}.name: the reward `environment` needs rollout.environment")
+    if ro.environment is None and not ro.tools:
         if ro.max_turns > 1:
-            raise ValueError(f"rollout.max_turns ({ro.max_turns}) needs rollout.environment: after each turn something "
-                             "must answer the model")
-        if uses_reward:
-            raise ValueError(f"rewards.{uses_reward[0]}.name: the reward `environment` needs rollout.environment")
+            raise ValueError(f"rollout.max_turns ({ro.max_turns}) needs rollout.environment or rollout.tools: after "
+                             "each turn something must answer the model")
         return
-    from grpo_cli.environment import check_environment
+    if ro.tools:
+        from grpo_cli.tools import check_tools
 
-    check_environment(ro.environment, ro.environment_kwargs, needs_reward=bool(uses_reward))
-    if ro.backend != "hf":
-        raise ValueError("rollout.environment: multi-turn episodes run on rollout.backend hf for now (vLLM: next)")
+        check_tools(ro.tools)
+        if ro.max_turns < 2:
+            raise ValueError("rollout.tools needs rollout.max_turns >= 2: a tool's answer comes in the next turn")
+    if ro.environment is not None:
+        from grpo_cli.environment import check_environment
+
+        check_environment(ro.environment, ro.environment_kwargs, needs_reward=bool(uses_reward))
+    what = "rollout.environment" if ro.environment is not None else "rollout.tools"
     if ro.max_staleness:
-        raise ValueError("rollout.environment does not combine with rollout.max_staleness: asynchronous rollouts "
-                         "sample single completions")
+        raise ValueError(f"{what} does not combine with rollout.max_staleness: asynchronous rollouts sample single "
+                         "completions")
 
 
 def update_label(rewards: list[RewardConfig], i: int) -> int:
@@ -623,6 +635,8 @@ def resolve_paths(raw: dict[str, Any], recipe_dir: Path, overridden: list[str] |
     ro = section("rollout")
     if isinstance(ro.get("environment"), str):  # path/to/env.py:Class, like a reward file
         ro["environment"] = _reward_path(ro["environment"], base("rollout.environment"))
+    if isinstance(ro.get("tools"), list):
+        ro["tools"] = [_reward_path(t, base(f"rollout.tools.{i}")) for i, t in enumerate(ro["tools"])]
     rewards = raw.get("rewards")
     for i, r in enumerate(rewards if isinstance(rewards, list) else []):
         if isinstance(r, dict) and "name" in r:

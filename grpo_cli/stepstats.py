@@ -129,6 +129,20 @@ def step_metrics(
     return m
 
 
+def episode_metrics(counts: dict[str, int], rollout_cfg, total: Callable[[float], float]) -> dict[str, float]:
+    """Multi-turn counters of this process (EpisodeRunner.take_counts) -> the step's metrics; `total` sums a
+    number over processes. tools/call_frequency: tool calls per episode; tools/failure_frequency: the share of
+    calls that failed (malformed, unknown tool, an exception, a timeout)."""
+    m: dict[str, float] = {}
+    if rollout_cfg.environment is not None:
+        m["environment/errors"], m["environment/timeouts"] = total(counts["errors"]), total(counts["timeouts"])
+    if rollout_cfg.tools:
+        calls, episodes = total(counts["tool_calls"]), total(counts["episodes"])
+        m["tools/call_frequency"] = calls / max(episodes, 1.0)
+        m["tools/failure_frequency"] = total(counts["tool_failures"]) / calls if calls else 0.0
+    return m
+
+
 def _finite(means: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in means.items() if not (isinstance(v, float) and math.isnan(v))}
 

@@ -58,7 +58,7 @@ def test_episode_tokens_are_sampled_plus_template_rendered_observations(turn_mod
         for k, turn in enumerate(turns):
             if turn["role"] == "environment":  # tokenized once, as the template renders it after the turn
                 assert turns[k - 1]["tokens"][-1] == eos
-                assert turn["tokens"] == Observations(tok).ids(turn["text"], eos)
+                assert turn["tokens"] == Observations(tok).ids([{"role": "user", "content": turn["text"]}], eos)
         # and the whole episode is what the chat template renders for the conversation
         messages = [{"role": "user", "content": "What is 3 + 4?"}]
         for turn in turns:
@@ -77,9 +77,14 @@ def test_observation_text_follows_the_end_of_turn(turn_model):
 
     tok = AutoTokenizer.from_pretrained(turn_model)
     eos = tok.convert_tokens_to_ids("<|im_end|>")
-    assert Observations(tok).text("hi there", eos) == "\n<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n"
+    user = [{"role": "user", "content": "hi there"}]
+    assert Observations(tok).text(user, eos) == "\n<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n"
+    two = [{"role": "tool", "content": "4"}, {"role": "tool", "content": "9"}]
+    assert Observations(tok).text(two, eos) == "\n<|im_start|>tool\n4<|im_end|>\n<|im_start|>tool\n9<|im_end|>\n" \
+                                               "<|im_start|>assistant\n"
     # a turn that ended on another EOS id than the template's end of turn gets the template's whole end of turn
-    assert Observations(tok).text("x", tok.convert_tokens_to_ids("a")).startswith("<|im_end|>\n<|im_start|>user\nx")
+    other = Observations(tok).text([{"role": "user", "content": "x"}], tok.convert_tokens_to_ids("a"))
+    assert other.startswith("<|im_end|>\n<|im_start|>user\nx")
 
 
 def test_budgets_truncate_and_reset_text_reaches_the_prompt(turn_model, tmp_path):
@@ -104,7 +109,8 @@ def test_failures_and_timeouts_end_the_episode_and_are_counted(turn_model, tmp_p
                              environment_kwargs={"raise_on_second": True}, max_turns=4)
     rollout, _ = runner.run(batch_of(tok, ["What is 3 + 4?"] * 3), with_reward=False)
     second = sum(sum(t["role"] == "assistant" for t in turns) >= 2 for turns in rollout.turns)
-    assert runner.take_counts() == {"errors": second, "timeouts": 0} and second >= 1
+    assert runner.take_counts() == {"episodes": 3, "errors": second, "timeouts": 0, "tool_calls": 0, "tool_failures": 0}
+    assert second >= 1
     assert "the environment broke" in caplog.text and "envs.py" in caplog.text
     assert all(sum(t["role"] == "assistant" for t in turns) <= 2 for turns in rollout.turns)
 
@@ -115,7 +121,8 @@ def test_failures_and_timeouts_end_the_episode_and_are_counted(turn_model, tmp_p
     t0 = time.monotonic()
     rollout, _ = runner.run(batch_of(tok, ["What is 3 + 4?"] * 3), with_reward=False)
     second = sum(sum(t["role"] == "assistant" for t in turns) >= 2 for turns in rollout.turns)
-    assert runner.take_counts() == {"errors": 0, "timeouts": second} and second >= 1
+    assert runner.take_counts() == {"episodes": 3, "errors": 0, "timeouts": second, "tool_calls": 0, "tool_failures": 0}
+    assert second >= 1
     assert time.monotonic() - t0 < 30  # all three hung at once, under one deadline, and were killed
 
 
@@ -129,7 +136,8 @@ def test_validation_refuses_bad_environments():
         ({"environment": f"{ENVS}:not_a_class"}, "is a function, not a class"),
         ({"environment": f"{ENVS}:Echo", "environment_kwargs": {"turnz": 2}}, "rollout.environment_kwargs: Echo"),
         ({"max_turns": 2}, "rollout.max_turns (2) needs rollout.environment"),
-        ({"environment": f"{ENVS}:Echo", "backend": "vllm"}, "rollout.environment: multi-turn episodes run on"),
+        ({"environment": f"{ENVS}:Echo", "backend": "vllm", "vllm": {"mode": "server"}, "max_staleness": 1},
+         "rollout.environment does not combine with rollout.max_staleness"),
     ]
     for rollout, message in cases:
         with pytest.raises(ValueError) as e:
@@ -179,6 +187,13 @@ def test_train_on_episodes_logs_turns_and_resumes_exactly(turn_model, tmp_path, 
     assert shown.returncode == 0, shown.stderr[-2000:]
     env_turn = next(t for r in records if r["step"] == 1 for t in r["turns"] if t["role"] == "environment")
     assert f"[environment] {env_turn['text']}" in shown.stdout and "[assistant] " in shown.stdout
+
+    evaluated = cli("eval", str(straight), "--limit", "4", "-n", "2", "-o", str(tmp_path / "eval"), timeout=300)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    samples = read_jsonl(tmp_path / "eval" / "samples.jsonl")
+    assert len(samples) == 4 * 3 and all(s["turns"][0]["role"] == "assistant" for s in samples)
+    assert any(t["role"] == "environment" for s in samples for t in s["turns"])  # episodes, as in training
+    assert all(s["rewards"]["environment"] in (0.0, 1.0) for s in samples if s["kind"] == "greedy")
 
     resumed = tmp_path / "resumed"
     assert train(turn_model, resumed, "train.max_steps=2").returncode == 0

@@ -162,3 +162,40 @@ def test_server_mode_trains_survives_a_dead_server_and_resumes(tmp_path, monkeyp
     finally:
         server.kill()
         server.wait()
+
+
+EPISODES = ["rollout.environment=tests/envs.py:Echo", "rollout.max_turns=3", "rollout.environment_kwargs={turns: 3}",
+            "rollout.max_completion_length=24", "train.max_steps=2", "train.learning_rate=1e-3",
+            "rewards=[{name: environment}, {name: recipes/rewards/toy.py:digit_fraction}]"]
+
+
+def check_episodes(run: Path) -> None:
+    """Multi-turn on vLLM: the sampler's log-probs of the sampled tokens (observations excluded) are the trainer's."""
+    metrics, records = read_jsonl(run / "metrics.jsonl"), read_jsonl(run / "rollouts.jsonl")
+    for m in metrics:  # (a token off by one, or an observation token counted, would differ by nats)
+        assert m["sampling/sampling_logp_difference/mean"] < 0.02, m
+        assert m["sampling/sampling_logp_difference/max"] < 0.5, m
+        assert m["environment/errors"] == 0 == m["environment/timeouts"]
+    assert max(m["turns/max"] for m in metrics) >= 2
+    observed = [t for r in records for t in r["turns"] if t["role"] == "environment"]
+    assert observed and all(t["text"].startswith("turn ") for t in observed)
+    for r in records:  # lengths count the sampled tokens only
+        assert r["length"] == sum(len(t["tokens"]) for t in r["turns"] if t["role"] == "assistant")
+
+
+def test_episodes_on_vllm_colocate_and_server(tmp_path, turn_model, monkeypatch):
+    cache = tmp_path / "cache"
+    p = train(tmp_path / "colocate", cache, "rollout.vllm.mode=colocate", f"model.name_or_path={turn_model}", *EPISODES)
+    assert p.returncode == 0, p.stderr[-3000:]
+    check_episodes(tmp_path / "colocate")
+
+    port, log = free_port(), tmp_path / "server.log"
+    server = start_server(turn_model, port, cache, log)
+    try:
+        p = train(tmp_path / "server", cache, "rollout.vllm.mode=server", f"model.name_or_path={turn_model}",
+                  f"rollout.vllm.server_url=http://127.0.0.1:{port}", *EPISODES, GRPO_SERVER_TOKEN=TOKEN)
+        assert p.returncode == 0, p.stderr[-3000:]
+        check_episodes(tmp_path / "server")
+    finally:
+        server.kill()
+        server.wait()

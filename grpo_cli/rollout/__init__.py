@@ -28,7 +28,8 @@ class Generator(Protocol):
                  max_new_tokens: int | None = None) -> Rollout:
         """B prompts -> B*n completions, each prompt's n samples in contiguous rows."""
 
-    def sample(self, token_ids: list[list[int]], max_new_tokens: list[int]) -> Samples:
+    def sample(self, token_ids: list[list[int]], max_new_tokens: list[int], *, greedy: bool = False,
+               temperature: float | None = None, top_p: float | None = None) -> Samples:
         """Continue each token sequence by at most its own budget (the turns of multi-turn episodes)."""
 
     def sync_weights(self, model: torch.nn.Module) -> float:

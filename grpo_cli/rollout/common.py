@@ -18,6 +18,22 @@ class Samples:
     finished: list[bool]  # ended with EOS within its budget
 
 
+def samples_from(tokens: list[list[int]], logps: list[list[float]] | None, budgets: list[int],
+                 eos_ids: list[int]) -> Samples:
+    """Sampled token lists (and log-probs) -> Samples: each row up to and including its first EOS, at most its
+    budget; finished where that EOS came within the budget."""
+    eos, out_tokens, out_logps, finished = set(eos_ids), [], [] if logps is not None else None, []
+    for r, (toks, budget) in enumerate(zip(tokens, budgets, strict=True)):
+        end = next((k + 1 for k, t in enumerate(toks) if t in eos), None)
+        keep = min(end if end is not None else len(toks), budget)
+        out_tokens.append(list(toks[:keep]))
+        finished.append(end is not None and end <= budget)
+        if out_logps is not None:
+            row = list(logps[r][:keep]) if logps[r] else []
+            out_logps.append(row + [0.0] * (keep - len(row)))
+    return Samples(out_tokens, out_logps, finished)
+
+
 def left_pad(seqs: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Ragged token lists -> [n, L] ids and 0/1 mask, padded on the left."""
     L = max(len(s) for s in seqs)

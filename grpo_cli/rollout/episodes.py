@@ -1,11 +1,15 @@
-"""Multi-turn episodes (`rollout.environment`, `rollout.max_turns`): the model acts, the environment answers,
-the model acts again; token in, token out.
+"""Multi-turn episodes (`rollout.environment`, `rollout.tools`, `rollout.max_turns`): the model acts, an
+environment or a tool answers, the model acts again; token in, token out.
 
 Each rollout row is one episode with its own environment instance (grpo_cli/environment.py). Every turn, all
 episodes waiting for the model are continued together by the backend (`Generator.sample`), each from its exact
 token sequence so far: the prompt, the tokens the policy sampled, and the observation tokens appended between
 turns (each observation tokenized once, as the chat template renders it after an assistant turn). Nothing is
 decoded and re-encoded, so the trained tokens are the sampled ones.
+
+After an assistant turn that ended with EOS: with tools, its tool calls run (grpo_cli/tools.py) and their answers
+are the next turn (`tool` messages); a turn without a call goes to the environment's `step`, or, with tools and
+no environment, is the final answer and ends the episode.
 
 The episode's completion is everything after the prompt. `observation_mask` marks the observation tokens: they
 are attended to but get no loss, no KL, no entropy and are not counted in lengths. Budgets: at most
@@ -24,6 +28,7 @@ import torch
 
 from grpo_cli.datatypes import PromptBatch, Rollout
 from grpo_cli.environment import EnvFailure, Observations, call_all, open_environments
+from grpo_cli.tools import ToolBox, parse_calls
 from grpo_cli.rollout.common import left_pad
 
 log = logging.getLogger(__name__)
@@ -49,37 +54,47 @@ class EpisodeRunner:
         self.cfg, self.data_cfg, self.tok, self.generator = cfg, data_cfg, tokenizer, generator
         self.context_limit = context_limit
         self.observations = Observations(tokenizer)
-        self.counts = {"errors": 0, "timeouts": 0}
+        self.toolbox = ToolBox(cfg.tools, cfg.tool_timeout_s) if cfg.tools else None
+        self.counts = self._zero()
         self._reported: set[str] = set()
         self._sampler_logps = False  # whether the backend reports log-probs (vLLM, a sampling copy)
 
+    @staticmethod
+    def _zero() -> dict[str, int]:
+        return {"episodes": 0, "errors": 0, "timeouts": 0, "tool_calls": 0, "tool_failures": 0}
+
     def take_counts(self) -> dict[str, int]:
-        """Failures since the last call (environment/errors, environment/timeouts)."""
-        out, self.counts = self.counts, {"errors": 0, "timeouts": 0}
+        """Since the last call: episodes, environment failures (errors, timeouts), tool calls and failed ones."""
+        out, self.counts = self.counts, self._zero()
         return out
 
-    def run(self, batch: PromptBatch, *, with_reward: bool) -> tuple[Rollout, dict[str, list]]:
+    def run(self, batch: PromptBatch, *, with_reward: bool, **sampling: Any) -> tuple[Rollout, dict[str, list]]:
         """One episode per row of `batch` (each row's prompt, columns) -> the Rollout and the reward columns it
-        adds: `turns`, and `environment_reward` (the environments' reward(), where `with_reward`)."""
+        adds: `turns`, and `environment_reward` (the environments' reward(), where `with_reward`). `sampling`:
+        greedy / temperature / top_p for every turn (`grpo eval`)."""
         from grpo_cli.data import encode_prompts, render_prompt
 
         c = self.cfg
         rows = [{k: v[i] for k, v in batch.columns.items()} for i in range(len(batch))]
-        envs = open_environments(c.environment, c.environment_kwargs, len(rows), c.environment_timeout_s)
+        envs = open_environments(c.environment, c.environment_kwargs, len(rows), c.environment_timeout_s) \
+            if c.environment else None
+        self.counts["episodes"] += len(rows)
         try:
             texts, prompt_ids = list(batch.texts), [list(x) for x in batch.input_ids]
             episodes = [Episode(prompt=ids) for ids in prompt_ids]
-            for i, extra in enumerate(call_all(envs, "reset", [(row,) for row in rows], c.environment_timeout_s)):
+            resets = call_all(envs, "reset", [(row,) for row in rows], c.environment_timeout_s) if envs else []
+            for i, extra in enumerate(resets):
                 if isinstance(extra, EnvFailure):
                     self._fail(episodes[i], extra)
                 elif extra:  # text for the first user turn: this row's prompt is rendered again with it
-                    texts[i] = render_prompt(rows[i], self.data_cfg, self.tok, extra_user_text=str(extra))
+                    texts[i] = render_prompt(rows[i], self.data_cfg, self.tok, extra_user_text=str(extra),
+                                             tools=self.toolbox.schemas if self.toolbox else None)
                     episodes[i].prompt = prompt_ids[i] = encode_prompts([texts[i]], self.tok,
                                                                         self.data_cfg.max_prompt_length)[0]
             for turn in range(c.max_turns):
-                self._turn(episodes, envs, last=turn == c.max_turns - 1)
+                self._turn(episodes, envs, last=turn == c.max_turns - 1, sampling=sampling)
             rewards = [None] * len(episodes)
-            if with_reward:
+            if with_reward and envs:
                 alive = [i for i, e in enumerate(episodes) if not e.failed]
                 for i, r in zip(alive, call_all([envs[i] for i in alive], "reward", [()] * len(alive),
                                                 c.environment_timeout_s)):
@@ -88,12 +103,12 @@ class EpisodeRunner:
                     else:
                         rewards[i] = r
         finally:
-            for env in envs:
+            for env in envs or []:
                 env.close()
         rollout = self._rollout(episodes, texts)
         return rollout, {"turns": rollout.turns, "environment_reward": rewards}
 
-    def _turn(self, episodes: list[Episode], envs: list, last: bool) -> None:
+    def _turn(self, episodes: list[Episode], envs: list | None, last: bool, sampling: dict) -> None:
         c = self.cfg
         waiting, budgets = [], []
         for i, e in enumerate(episodes):
@@ -107,9 +122,9 @@ class EpisodeRunner:
             budgets.append(room)
         if not waiting:
             return
-        out = self.generator.sample([episodes[i].prompt + episodes[i].tokens for i in waiting], budgets)
+        out = self.generator.sample([episodes[i].prompt + episodes[i].tokens for i in waiting], budgets, **sampling)
         self._sampler_logps = out.logps is not None
-        stepping = []
+        stepping, calling = [], []
         for k, i in enumerate(waiting):
             e, toks = episodes[i], out.tokens[k]
             e.tokens += toks
@@ -119,10 +134,17 @@ class EpisodeRunner:
             e.turns.append({"role": "assistant", "text": self.tok.decode(toks, skip_special_tokens=True), "tokens": toks})
             if not out.finished[k]:  # no EOS within the budget: the turn is cut, the episode ends
                 e.truncated = e.done = True
-            else:
+                continue
+            calls = parse_calls(e.turns[-1]["text"]) if self.toolbox is not None else []
+            if calls:
+                calling.append((i, calls))
+            elif envs is not None:
                 stepping.append(i)
+            else:  # tools, no environment: a turn without a call is the final answer
+                e.done = True
+        self._answer_calls(episodes, calling, last)
         results = call_all([envs[i] for i in stepping], "step", [(episodes[i].turns[-1]["text"],) for i in stepping],
-                           c.environment_timeout_s)
+                           c.environment_timeout_s) if stepping else []
         for i, result in zip(stepping, results):
             e = episodes[i]
             if isinstance(result, EnvFailure):
@@ -132,14 +154,34 @@ class EpisodeRunner:
             if done or observation is None or last:
                 e.done = True
                 continue
-            ids = self.observations.ids(observation, e.tokens[-1])
-            if len(e.prompt) + len(e.tokens) + len(ids) + 1 > self.context_limit:  # no room left for the model
-                e.truncated = e.done = True
-                continue
-            e.tokens += ids
-            e.observed += [1] * len(ids)
-            e.logps += [0.0] * len(ids)
-            e.turns.append({"role": "environment", "text": observation, "tokens": ids})
+            self._observe(e, [{"role": "user", "content": observation}], "environment", observation)
+
+    def _answer_calls(self, episodes: list[Episode], calling: list[tuple[int, list]], last: bool) -> None:
+        """Run the turn's tool calls (every episode's together) and append their answers as `tool` messages."""
+        if not calling:
+            return
+        if last:  # no turn left to read the answers in
+            for i, _ in calling:
+                episodes[i].done = True
+            return
+        answers = self.toolbox.run([call for _, calls in calling for call in calls])
+        self.counts["tool_calls"] += len(answers)
+        self.counts["tool_failures"] += sum(not ok for _, ok in answers)
+        for i, calls in calling:
+            mine, answers = answers[: len(calls)], answers[len(calls) :]
+            messages = [{"role": "tool", "content": text} for text, _ in mine]
+            self._observe(episodes[i], messages, "tool", "\n".join(text for text, _ in mine))
+
+    def _observe(self, e: Episode, messages: list[dict], role: str, text: str) -> None:
+        """Append an observation's tokens, or end the episode (truncated) if they leave no room for the model."""
+        ids = self.observations.ids(messages, e.tokens[-1])
+        if len(e.prompt) + len(e.tokens) + len(ids) + 1 > self.context_limit:
+            e.truncated = e.done = True
+            return
+        e.tokens += ids
+        e.observed += [1] * len(ids)
+        e.logps += [0.0] * len(ids)
+        e.turns.append({"role": role, "text": text, "tokens": ids})
 
     def _fail(self, e: Episode, failure: EnvFailure) -> None:
         e.done = e.failed = True

@@ -147,9 +147,11 @@ class HFGenerator:
         return build_rollout(prompt_ids, prompts, n, completion_ids, cmask, truncated, self.tokenizer, self.pad_id,
                              sampling_logps=logps)
 
-    def sample(self, token_ids: list[list[int]], max_new_tokens: list[int]) -> Samples:
+    def sample(self, token_ids: list[list[int]], max_new_tokens: list[int], *, greedy: bool = False,
+               temperature: float | None = None, top_p: float | None = None) -> Samples:
         """Each sequence continued by at most its own budget: one `generate` to the largest, each row cut to its."""
-        completion_ids, cmask, truncated, logps = self._run(token_ids, max_new_tokens=max(max_new_tokens))
+        completion_ids, cmask, truncated, logps = self._run(token_ids, max_new_tokens=max(max_new_tokens), greedy=greedy,
+                                                            temperature=temperature, top_p=top_p)
         tokens, out_logps, finished = [], [] if logps is not None else None, []
         for r, budget in enumerate(max_new_tokens):
             n = int(cmask[r].sum())  # up to and including the EOS; all of them when there is none

@@ -27,7 +27,7 @@ import torch
 from grpo_cli.datatypes import Rollout
 from grpo_cli.recipe import RolloutConfig
 from grpo_cli.rollout.common import (
-    GenerationConfigOf, build_rollout, eos_token_ids, pad_completions, pad_id_of, request_seed,
+    GenerationConfigOf, Samples, build_rollout, eos_token_ids, pad_completions, pad_id_of, request_seed, samples_from,
 )
 
 WORKER_EXTENSION = "grpo_cli.rollout.vllm_worker.WeightSyncExtension"
@@ -76,6 +76,20 @@ class VLLMColocateGenerator:
         completion_ids, cmask, logps = self._pad_completions(samples)
         truncated = torch.tensor([s.finish_reason == "length" for s in samples])
         return build_rollout(prompt_ids, prompts, n, completion_ids, cmask, truncated, self.tokenizer, self.pad_id, logps)
+
+    def sample(self, token_ids: list[list[int]], max_new_tokens: list[int], *, greedy: bool = False,
+               temperature: float | None = None, top_p: float | None = None) -> Samples:
+        """Each token sequence continued by at most its own budget (multi-turn episodes), one request each."""
+        from vllm.inputs import TokensPrompt
+
+        params = [self._sampling_params(i, 1, greedy, temperature, top_p, budget) for i, budget in enumerate(max_new_tokens)]
+        self.calls += 1
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in token_ids], params, use_tqdm=False)
+        done = [out.outputs[0] for out in outputs]
+        tokens = [list(s.token_ids) for s in done]
+        logps = [[lp[t].logprob for t, lp in zip(toks, s.logprobs)] if s.logprobs is not None else []
+                 for toks, s in zip(tokens, done)]
+        return samples_from(tokens, logps, max_new_tokens, self.eos_ids)
 
     def _sampling_params(self, i: int, n: int, greedy: bool, temperature, top_p, max_new_tokens):
         """One request's SamplingParams; its seed depends on (seed, call, prompt) only, so reruns repeat.

@@ -34,7 +34,8 @@ import torch
 from grpo_cli.datatypes import Rollout
 from grpo_cli.recipe import RolloutConfig
 from grpo_cli.rollout.common import (
-    GenerationConfigOf, build_rollout, completion_mask_from_eos, eos_token_ids, pad_completions, pad_id_of, request_seed,
+    GenerationConfigOf, Samples, build_rollout, completion_mask_from_eos, eos_token_ids, pad_completions, pad_id_of,
+    request_seed, samples_from,
 )
 from grpo_cli.serve.server import is_loopback
 
@@ -91,6 +92,17 @@ class VLLMServerGenerator:
         completion_ids, cmask, logps = self._pad_completions(samples)
         truncated = completion_mask_from_eos(completion_ids, self.eos_ids)[1]
         return build_rollout(prompt_ids, prompts, n, completion_ids, cmask, truncated, self.tokenizer, self.pad_id, logps)
+
+    def sample(self, token_ids: list[list[int]], max_new_tokens: list[int], *, greedy: bool = False,
+               temperature: float | None = None, top_p: float | None = None) -> Samples:
+        """Each token sequence continued by at most its own budget (multi-turn episodes): one request to the
+        largest budget, each row cut to its own."""
+        body = self._generate_body(token_ids, 1, greedy, temperature, top_p, max(max_new_tokens))
+        self.calls += 1
+        out = self._request("POST", "/generate", doing="generating", payload=body, idempotent=False)
+        samples = [per_prompt[0] for per_prompt in out["outputs"]]
+        return samples_from([s["token_ids"] for s in samples], [s["logprobs"] for s in samples], max_new_tokens,
+                            self.eos_ids)
 
     def sleep(self) -> None:
         """Only the colocated vLLM engine frees memory during the update."""
