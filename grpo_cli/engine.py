@@ -28,7 +28,9 @@ from grpo_cli.models import disable_dropout, has_dropout, mix_into
 from grpo_cli.optim import build_optimizer, make_scheduler
 from grpo_cli.recipe import Recipe
 from grpo_cli.runstate import restore_run, save_run
-from grpo_cli.stepstats import MetricSums, episode_metrics, peak_memory_gib, rollout_records, settle, start_line, step_metrics
+from grpo_cli.stepstats import (
+    MetricSums, episode_metrics, peak_memory_gib, rollout_records, settle, start_line, step_metrics,
+)
 
 
 class Engine:

@@ -135,7 +135,8 @@ class EpisodeRunner:
             if not out.finished[k]:  # no EOS within the budget: the turn is cut, the episode ends
                 e.truncated = e.done = True
                 continue
-            calls = parse_calls(e.turns[-1]["text"]) if self.toolbox is not None else []
+            # the raw text: a template may make the call tags special tokens, which the turn's text leaves out
+            calls = parse_calls(self.tok.decode(toks)) if self.toolbox is not None else []
             if calls:
                 calling.append((i, calls))
             elif envs is not None:
