@@ -157,9 +157,21 @@ def _save_state(folder: Path, stem: str, state: dict, *, tensor_file: bool) -> N
     tensors: dict[str, torch.Tensor] = {}
     meta = {k: _encode(v, k, tensors) for k, v in state.items()}
     if tensor_file or tensors:
-        save_file(tensors, str(folder / f"{stem}.safetensors"))
+        save_file(_unshared(tensors), str(folder / f"{stem}.safetensors"))
     doc = {"format": STATE_FORMAT, "tensor_file": bool(tensor_file or tensors), "state": meta}
     (folder / f"{stem}.json").write_text(json.dumps(doc, indent=1))
+
+
+def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Tensors that share memory with one seen before are copied: safetensors stores each once, by name
+    (bitsandbytes' 8-bit optimizers point every parameter's state at the same quantization maps)."""
+    seen: set[int] = set()
+    out = {}
+    for k, t in tensors.items():
+        ptr = t.untyped_storage().data_ptr() if t.numel() else -id(t)
+        out[k] = t.clone() if ptr in seen else t
+        seen.add(ptr)
+    return out
 
 
 def _require(folder: Path, *names: str) -> None:

@@ -202,7 +202,8 @@ def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, extra_us
         raise DataError("the tokenizer has no chat template; set data.chat_template: false to use plain text prompts")
     # A conversation ending in an assistant turn is a prefix the completion continues (TRL convention).
     prefix = messages[-1]["role"] == "assistant"
-    render = dict(tokenize=False, add_generation_prompt=not prefix, continue_final_message=prefix)
+    render = dict(tokenize=False, add_generation_prompt=not prefix, continue_final_message=prefix,
+                  **cfg.chat_template_kwargs)
     if tools:
         with_tools = tokenizer.apply_chat_template(messages, tools=tools, **render)
         if with_tools != tokenizer.apply_chat_template(messages, **render):

@@ -106,7 +106,15 @@ class Engine:
             return {}
         from grpo_cli.rundir import check_drift
 
-        return check_drift(self.checkpoint_path, self.recipe.model_dump(mode="json"), allow)
+        changes = check_drift(self.checkpoint_path, self.recipe.model_dump(mode="json"), allow)
+        if "train.optimizer" in changes:
+            from grpo_cli.rundir import RunFolderError
+
+            old, new = changes["train.optimizer"]
+            raise RunFolderError(f"train.optimizer cannot change on resume ({old} -> {new}): the checkpoint holds {old}'s "
+                                 f"state. Start a new run from its weights instead: model.name_or_path="
+                                 f"{self.checkpoint_path}")
+        return changes
 
     def _build_reward_model_updates(self) -> list:
         """An updater per reward model with `update` (rewards/rm_update.py), its weights, buffer and period so far
@@ -147,7 +155,7 @@ class Engine:
         a, t = r.algorithm, r.train
         acc = self.accelerator
         fused = not (is_fsdp(acc) or is_deepspeed(acc)) and acc.device.type in ("cpu", "cuda")
-        optimizer = build_optimizer(params, t, fused=fused)
+        optimizer = build_optimizer(params, t, fused=fused and t.optimizer == "adamw", device=acc.device)
         total_updates = t.max_steps * a.num_iterations
         self.scheduler = make_scheduler(optimizer, t.scheduler, t.warmup_steps, total_updates)
         if is_deepspeed(acc):  # no dataloader to infer these from; grpo accumulates itself
@@ -295,11 +303,12 @@ class Engine:
         metrics["memory/peak_gib"] = peak_memory_gib(self.accelerator.device)  # this process's
         if r.algorithm.sync_ref_model:
             metrics["ref_model/syncs"] = self.ref_syncs
-        if r.logging.rollouts:  # every process takes part in the gather; the main one writes
+        if r.logging.rollouts or r.logging.num_completions_to_print:  # every process gathers; the main one writes
             records = rollout_records(step, batch, rollout, rewards, total, advantages, G=G, rows=rows,
                                       num_processes=self.accelerator.num_processes)
-            if self.rollout_log is not None:
+            if self.rollout_log is not None and r.logging.rollouts:
                 self.rollout_log.write_many(records)
+            self.console.completions(step, records[: r.logging.num_completions_to_print])
         return metrics
 
     def _update_reward_models(self, step: int, batch: PromptBatch, rollout: Rollout, rewards: RewardResult) -> dict[str, float]:

@@ -233,11 +233,11 @@ SENTINEL = "grpo-sentinel-2f9c1a"
 class Observations:
     """Token ids of an environment's message after an assistant turn, as the chat template renders it."""
 
-    def __init__(self, tokenizer: Any) -> None:
-        self.tok = tokenizer
+    def __init__(self, tokenizer: Any, template_kwargs: dict | None = None) -> None:
+        self.tok, self.kwargs = tokenizer, dict(template_kwargs or {})  # data.chat_template_kwargs
         base = [{"role": "user", "content": "u"}, {"role": "assistant", "content": SENTINEL}]
         self.base = base
-        self.before = tokenizer.apply_chat_template(base, tokenize=False)
+        self.before = tokenizer.apply_chat_template(base, tokenize=False, **self.kwargs)
         at = self.before.rfind(SENTINEL)
         if at < 0:
             raise ValueError("the chat template drops assistant messages' text: observations cannot be placed")
@@ -246,7 +246,8 @@ class Observations:
     def text(self, messages: list[dict], last_token: int) -> str:
         """What follows the assistant turn that ended with `last_token`: the rest of its end of turn, then the
         messages (an environment's user message, or a turn's tool answers) and the next assistant header."""
-        full = self.tok.apply_chat_template(self.base + messages, tokenize=False, add_generation_prompt=True)
+        full = self.tok.apply_chat_template(self.base + messages, tokenize=False, add_generation_prompt=True,
+                                            **self.kwargs)
         if not full.startswith(self.before):
             raise ValueError("the chat template renders earlier turns differently once a message follows: "
                              "observation tokens cannot be appended")

@@ -107,6 +107,20 @@ class Console:
         if self.enabled:
             self.console.print(text, highlight=False, soft_wrap=True)
 
+    def completions(self, step: int, records: list[dict[str, Any]]) -> None:
+        """A table of a step's first completions (logging.num_completions_to_print, TRL's log_completions)."""
+        if not self.enabled or not records or step % self.every:
+            return
+        from rich.table import Table
+
+        table = Table(title=f"step {step}: {len(records)} completions", show_lines=True)
+        for column in ("prompt", "completion", "reward", "advantage"):
+            table.add_column(column, overflow="fold")
+        for r in records:
+            prompt = r["prompt"] if len(r["prompt"]) <= 200 else "..." + r["prompt"][-197:]
+            table.add_row(prompt, r["completion"], f"{r['reward']:.3f}", f"{r['advantage']:+.3f}")
+        self.console.print(table)
+
     def step(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.enabled:
             return

@@ -251,6 +251,7 @@ def load_model(cfg: ModelConfig, *, device: Any = None) -> Any:
         kwargs["attn_implementation"] = cfg.attn_implementation
     if (revision := _revision(cfg, source)) is not None:
         kwargs["revision"] = revision
+    kwargs |= cfg.init_kwargs  # model.init_kwargs (TRL's model_init_kwargs); validation refused the keys above
     if cfg.load_in_4bit:  # QLoRA: NF4 storage, compute in cfg.dtype; bitsandbytes places the weights itself
         from transformers import BitsAndBytesConfig
 

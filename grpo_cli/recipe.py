@@ -58,11 +58,23 @@ class ModelConfig(Section):
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters (peft); r = 0: full fine-tuning.")
     load_in_4bit: bool = Field(False, description="QLoRA: the frozen base in 4-bit NF4 (bitsandbytes, CUDA); needs lora.r > 0.")
+    init_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="More keyword arguments of `from_pretrained` (TRL's model_init_kwargs), e.g. "
+        "{low_cpu_mem_usage: true} or config overrides such as {rope_theta: 500000}; those with a key of their own "
+        "here (dtype, attn_implementation, revision, trust_remote_code, load_in_4bit) are refused.",
+    )
 
     @model_validator(mode="after")
     def _qlora_needs_lora(self) -> ModelConfig:
         if self.load_in_4bit and self.lora.r == 0:
             raise ValueError("model.load_in_4bit (QLoRA) trains adapters on a frozen 4-bit base: set model.lora.r > 0")
+        own = {"dtype": "dtype", "torch_dtype": "dtype", "attn_implementation": "attn_implementation",
+               "revision": "revision", "trust_remote_code": "trust_remote_code", "quantization_config": "load_in_4bit",
+               "load_in_4bit": "load_in_4bit", "device_map": "(the trainer places the model)", "gguf_file": "gguf_file"}
+        for key in self.init_kwargs:
+            if key in own:
+                raise ValueError(f"model.init_kwargs.{key}: set model.{own[key]} instead" if not own[key].startswith("(")
+                                 else f"model.init_kwargs.{key}: not settable {own[key]}")
         return self
 
 
@@ -83,6 +95,10 @@ class DataConfig(Section):
     template: str | None = Field(None, description="Prompt template with {column} placeholders.")
     system_prompt: str | None = Field(None, description="System message placed before each prompt.")
     chat_template: bool = Field(True, description="Wrap prompts with the tokenizer's chat template.")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Variables for the chat template, e.g. {enable_thinking: false} for Qwen3 "
+        "(TRL's chat_template_kwargs); also used for observation turns.",
+    )
     answer_column: str | None = Field("answer", description="Column with the reference answer (passed to rewards as `answer`).")
     max_prompt_length: int | None = Field(512, ge=1, description="Prompt tokens kept (left truncation).")
     limit: int | None = Field(None, ge=1, description="Use only the first N rows (before shuffling).")
@@ -264,6 +280,15 @@ class RolloutConfig(Section):
     top_k: int | None = Field(None, ge=1, description="None disables top-k.")
     min_p: float | None = Field(None, ge=0, le=1, description="Drop tokens below min_p x the top probability; None disables.")
     repetition_penalty: float = Field(1.0, gt=0, description="> 1 discourages repeated tokens; 1 disables it.")
+    generation_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="More sampling settings: transformers GenerationConfig fields (hf), vLLM "
+        "SamplingParams fields (vllm), e.g. {min_new_tokens: 4} / {min_tokens: 4}. Settings with a key of their own "
+        "here (temperature, top_p, top_k, min_p, repetition_penalty, max tokens, stop ids, seed) are refused.",
+    )
+    cache_implementation: str | None = Field(
+        None, description="hf backend: the key/value cache `generate` uses, e.g. static (fixed-size, for "
+        "torch.compile) or offloaded; None: transformers' dynamic cache.",
+    )
     max_staleness: int = Field(
         0, ge=0, description="k >= 1: asynchronous rollouts, sampled with the weights of k steps before the "
         "synchronous ones (step t's with those after step t-1-k), so `grpo serve-vllm` samples the next batches "
@@ -292,10 +317,39 @@ class RolloutConfig(Section):
     )
 
 
+GENERATION_OWN = {  # generation settings with a rollout key of their own
+    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_completion_length",
+    "max_tokens": "max_completion_length", "max_length": "max_completion_length", "do_sample": "temperature",
+    "eos_token_id": "(the model's EOS ids)", "stop_token_ids": "(the model's EOS ids)", "pad_token_id": "(the tokenizer's)",
+    "seed": "train.seed", "n": "algorithm.num_generations", "num_return_sequences": "algorithm.num_generations",
+    "logprobs": "(grpo asks for them)", "cache_implementation": "cache_implementation",
+}
+
+
+def _check_generation(ro: RolloutConfig) -> None:
+    for key in ro.generation_kwargs:
+        if key in GENERATION_OWN:
+            own = GENERATION_OWN[key]
+            raise ValueError(f"rollout.generation_kwargs.{key}: " + (f"not settable {own}" if own.startswith("(") else
+                             f"set {own if '.' in own else 'rollout.' + own} instead"))
+    if ro.cache_implementation is not None:
+        from transformers.generation.configuration_utils import ALL_CACHE_IMPLEMENTATIONS
+
+        if ro.cache_implementation not in ALL_CACHE_IMPLEMENTATIONS:
+            raise ValueError(f"rollout.cache_implementation: {ro.cache_implementation!r} is not one of transformers' "
+                             f"caches ({', '.join(ALL_CACHE_IMPLEMENTATIONS)})")
+
+
 class TrainConfig(Section):
     max_steps: int = Field(..., ge=1, description="Training steps (one generation batch each).")
     prompts_per_step: int = Field(8, ge=1, description="B: prompts per step; the batch holds B * G completions.")
     micro_batch_size: int = Field(8, ge=1, description="Completions per forward/backward; the rest is gradient accumulation.")
+    optimizer: Literal["adamw", "adafactor", "adamw_8bit", "paged_adamw_8bit"] = Field(
+        "adamw", description="adamw: torch's (fused where it can); adafactor: transformers' (factored second "
+        "moments: far less memory, fixed learning rate here); adamw_8bit / paged_adamw_8bit: bitsandbytes' 8-bit "
+        "moments (1/4 of AdamW's state; paged: CUDA, spills to host memory).",
+    )
     learning_rate: float = Field(1e-6, gt=0, description="AdamW peak learning rate.")
     scheduler: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up: constant, linear or cosine to 0.")
     warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up.")
@@ -331,6 +385,10 @@ class LoggingConfig(Section):
         default_factory=list, description="accelerate trackers to report to."
     )
     rollouts: bool = Field(True, description="Write rollouts.jsonl (every completion with its rewards).")
+    num_completions_to_print: int = Field(
+        0, ge=0, description="Print this many of each logged step's completions (prompt, completion, reward, "
+        "advantage) to the console, as TRL's log_completions; 0: none.",
+    )
 
 
 class EvalConfig(Section):
@@ -430,6 +488,7 @@ class Recipe(Section):
                 "to refresh the reference"
             )
         _check_episodes(self)
+        _check_generation(self.rollout)
         if self.model.load_in_4bit and self.rollout.backend == "vllm":
             raise ValueError("model.load_in_4bit (QLoRA) works with rollout.backend hf only: vLLM cannot take 4-bit "
                              "merged weights from the trainer; use LoRA on a bf16 base with vLLM")

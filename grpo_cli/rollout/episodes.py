@@ -53,7 +53,7 @@ class EpisodeRunner:
     def __init__(self, cfg, data_cfg, tokenizer, generator, context_limit: int) -> None:
         self.cfg, self.data_cfg, self.tok, self.generator = cfg, data_cfg, tokenizer, generator
         self.context_limit = context_limit
-        self.observations = Observations(tokenizer)
+        self.observations = Observations(tokenizer, data_cfg.chat_template_kwargs)
         self.toolbox = ToolBox(cfg.tools, cfg.tool_timeout_s) if cfg.tools else None
         self.counts = self._zero()
         self._reported: set[str] = set()

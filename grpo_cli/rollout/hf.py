@@ -176,6 +176,7 @@ class HFGenerator:
             do_sample=not greedy, **sampling, repetition_penalty=c.repetition_penalty,
             max_new_tokens=max_new_tokens or c.max_completion_length,
             eos_token_id=self.eos_ids, pad_token_id=self.pad_id, use_cache=True,
+            cache_implementation=c.cache_implementation, **c.generation_kwargs,
         )
         # a sampling copy is a different policy: its log-probs go with the rollout (importance sampling)
         recorder = SamplerLogprobs(sampling["temperature"]) if self.copy is not None and not greedy else None
@@ -184,8 +185,9 @@ class HFGenerator:
         sampler = self.copy.fill(self.model) if self.copy is not None else self.model
         try:
             with without_autocast(sampler):  # train.mixed_precision autocasts training forwards, not sampling
-                # sharded weights: every process must run the same forwards, so no process-dependent prefill
-                cache = None if self.synced else shared_prefill(sampler, ids, mask)
+                # sharded weights: every process must run the same forwards, so no process-dependent prefill;
+                # rollout.cache_implementation: generate builds that cache itself
+                cache = None if self.synced or c.cache_implementation else shared_prefill(sampler, ids, mask)
                 out = sampler.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg, past_key_values=cache,
                                        synced_gpus=self.synced, logits_processor=[recorder] if recorder is not None else None)
         finally:

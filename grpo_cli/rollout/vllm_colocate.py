@@ -102,7 +102,7 @@ class VLLMColocateGenerator:
             top_k=0 if greedy else (c.top_k or 0), min_p=0.0 if greedy else (c.min_p or 0.0),  # 0 = off in vLLM
             repetition_penalty=c.repetition_penalty, max_tokens=max_new_tokens or c.max_completion_length,
             stop_token_ids=self.eos_ids, logprobs=0,  # 0: only the sampled token's log-prob
-            seed=request_seed(self.seed, self.calls, i * n), detokenize=False,
+            seed=request_seed(self.seed, self.calls, i * n), detokenize=False, **c.generation_kwargs,
         )
 
     def _pad_completions(self, samples: list[Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -204,6 +204,7 @@ class VLLMServerGenerator:
             "repetition_penalty": c.repetition_penalty, "max_tokens": max_new_tokens or c.max_completion_length,
             "seed": request_seed(self.seed, self.calls),
             "stop_token_ids": self.eos_ids, "expected_version": self.version,
+            **({"sampling_kwargs": c.generation_kwargs} if c.generation_kwargs else {}),
         }
 
     def _pad_completions(self, samples: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -53,6 +53,8 @@ class GenerateRequest(_Strict):
     seed: Optional[int] = Field(None, ge=0, le=MAX_SEED)
     stop_token_ids: Optional[list[int]] = Field(None, max_length=MAX_STOP_TOKENS)
     expected_version: Optional[int] = Field(None, ge=0, le=MAX_VERSION)
+    sampling_kwargs: Optional[dict[str, Any]] = Field(
+        None, max_length=32, description="more vLLM SamplingParams fields (the trainer's rollout.generation_kwargs)")
 
 
 class WeightsFileRequest(_Strict):

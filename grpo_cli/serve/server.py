@@ -187,12 +187,21 @@ def _sampling_params(req: "GenerateRequest", seed_offset: int):  # noqa: F821
     """One prompt's SamplingParams. vLLM seeds the n samples seed, seed+1, ... so rows never share a seed."""
     from vllm import SamplingParams
 
-    return SamplingParams(
+    own = dict(
         n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k or 0,
         min_p=req.min_p or 0.0, repetition_penalty=req.repetition_penalty,
         max_tokens=req.max_tokens, seed=None if req.seed is None else req.seed + seed_offset,
         stop_token_ids=req.stop_token_ids or None, logprobs=0, detokenize=False,
     )
+    extra = req.sampling_kwargs or {}
+    if clash := sorted(set(extra) & set(own)):
+        raise RequestError(422, f"sampling_kwargs may not set {', '.join(clash)}: the request has fields for them",
+                           "sampling_kwargs")
+    try:
+        return SamplingParams(**own, **extra)
+    except (TypeError, ValueError) as e:
+        raise RequestError(422, f"sampling_kwargs: vLLM's SamplingParams refused them ({type(e).__name__}: "
+                           f"{str(e)[:300]})", "sampling_kwargs") from None
 
 
 def _completions(out: Any) -> list[dict]:
