@@ -248,6 +248,10 @@ class VLLMConfig(Section):
     mode: Literal["colocate", "server"] = Field("colocate", description="`colocate`: a vLLM engine inside the trainer; `server`: `grpo serve-vllm`.")
     server_url: str = Field("http://127.0.0.1:8000", description="Where `grpo serve-vllm` listens (server mode).")
     request_timeout_s: float = Field(300.0, gt=0, description="Timeout of every request to the server.")
+    structured_outputs_regex: str | None = Field(
+        None, description="Constrain every completion to match this regular expression (vLLM structured outputs; "
+        "TRL's vllm_structured_outputs_regex, formerly vllm_guided_decoding_regex).",
+    )
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="Share of GPU memory vLLM may take (colocate).")
     max_model_len: int | None = Field(None, ge=1, description="vLLM's context length; default: the model's.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="vLLM weights dtype.")
@@ -328,6 +332,14 @@ GENERATION_OWN = {  # generation settings with a rollout key of their own
 
 
 def _check_generation(ro: RolloutConfig) -> None:
+    if (regex := ro.vllm.structured_outputs_regex) is not None:
+        if ro.backend != "vllm":
+            raise ValueError("rollout.vllm.structured_outputs_regex needs rollout.backend vllm (structured outputs "
+                             "are vLLM's)")
+        try:
+            re.compile(regex)
+        except re.error as e:
+            raise ValueError(f"rollout.vllm.structured_outputs_regex: not a regular expression ({e})") from None
     for key in ro.generation_kwargs:
         if key in GENERATION_OWN:
             own = GENERATION_OWN[key]

@@ -133,3 +133,11 @@ def test_8bit_adamw(tmp_path, model_cache):
     paged = cli("train", "recipes/ci-tiny.yaml", "train.optimizer=paged_adamw_8bit", "train.max_steps=1",
                 f"logging.output_dir={tmp_path / 'paged'}", timeout=300)
     assert paged.returncode != 0 and "paged_adamw_8bit" in paged.stderr and "needs CUDA" in paged.stderr
+
+
+def test_structured_outputs_regex_is_checked():
+    Recipe.model_validate({**BASE, "rollout": {"backend": "vllm", "vllm": {"structured_outputs_regex": "[0-9]+"}}})
+    refused("rollout", {"vllm": {"structured_outputs_regex": "[0-9]+"}},
+            "rollout.vllm.structured_outputs_regex needs rollout.backend vllm")
+    refused("rollout", {"backend": "vllm", "vllm": {"structured_outputs_regex": "[0-9"}},
+            "rollout.vllm.structured_outputs_regex: not a regular expression")

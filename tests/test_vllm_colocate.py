@@ -177,3 +177,23 @@ def test_reproducible_with_same_seed(gen, model_dir, tokenizer, prompts):
     assert not torch.equal(a1.completion_ids, a2.completion_ids)  # the seed moves on with every call
     assert a1.completions[0] != a1.completions[1]  # the n samples of a prompt differ
     assert torch.equal(greedy[0], greedy[1])
+
+
+def test_structured_outputs_regex(gen, prompts):
+    import re
+
+    texts, ids = prompts
+    free = gen.generate(ids, texts, n=4)
+    assert not all(re.fullmatch(r"[0-9]+", t) for t in free.completions)  # unconstrained, the model writes anything
+    cfg = gen.cfg
+    gen.cfg = cfg.model_copy(update={"vllm": cfg.vllm.model_copy(update={"structured_outputs_regex": r"[0-9]{2,4}"})})
+    try:
+        r = gen.generate(ids, texts, n=4)
+    finally:
+        gen.cfg = cfg
+    eos = set(EOS_IDS)
+    for row, text in enumerate(r.completions):
+        tokens = [t for t in r.completion_ids[row][r.completion_mask[row].bool()].tolist() if t not in eos]
+        digits = gen.tokenizer.decode(tokens)
+        assert re.fullmatch(r"[0-9]{0,4}", digits), (text, digits)
+    assert sum(len(t) >= 2 for t in r.completions) >= 4

@@ -192,6 +192,31 @@ def test_stale_version_is_a_409_not_a_silent_rollout(client):
     assert client.generate(PROMPTS, ["a", "b"]).completion_ids.shape[0] == 2
 
 
+def test_structured_outputs_and_sampling_kwargs_reach_the_server(client):
+    import re
+
+    from grpo_cli.rollout.vllm_server import VLLMServerError
+
+    cfg = client.cfg
+    vllm = cfg.vllm.model_copy(update={"structured_outputs_regex": r"[0-9]{2,4}"})
+    client.cfg = cfg.model_copy(update={"vllm": vllm, "generation_kwargs": {"min_tokens": 2}})
+    try:
+        r = client.generate(PROMPTS, ["a", "b"], n=3)
+        for row in range(len(r)):
+            ids = r.completion_ids[row][r.completion_mask[row].bool()].tolist()
+            text = client.tokenizer.decode([t for t in ids if t not in client.eos_ids])
+            assert re.fullmatch(r"[0-9]{2,4}", text), text  # min_tokens 2: never fewer than two digits
+        client.cfg = cfg.model_copy(update={"generation_kwargs": {"n": 2}})
+        with pytest.raises(VLLMServerError, match="HTTP 422: sampling_kwargs: may not set n: the request has fields"):
+            client.generate(PROMPTS, ["a", "b"])
+        client.cfg = cfg.model_copy(update={"generation_kwargs": {"no_such_setting": 1}})
+        with pytest.raises(VLLMServerError, match="HTTP 422: sampling_kwargs: vLLM's SamplingParams refused them"):
+            client.generate(PROMPTS, ["a", "b"])
+    finally:
+        client.cfg = cfg
+    assert client.generate(PROMPTS, ["a", "b"]).completion_ids.shape[0] == 2  # the server took the bad requests
+
+
 def test_hung_then_dead_server_raises_within_the_timeout(client, server):
     from grpo_cli.rollout.vllm_server import VLLMServerError
 

@@ -103,6 +103,7 @@ class VLLMColocateGenerator:
             repetition_penalty=c.repetition_penalty, max_tokens=max_new_tokens or c.max_completion_length,
             stop_token_ids=self.eos_ids, logprobs=0,  # 0: only the sampled token's log-prob
             seed=request_seed(self.seed, self.calls, i * n), detokenize=False, **c.generation_kwargs,
+            **structured_outputs(c.vllm.structured_outputs_regex),
         )
 
     def _pad_completions(self, samples: list[Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -165,6 +166,15 @@ class VLLMColocateGenerator:
         import gc
 
         gc.collect()
+
+
+def structured_outputs(regex: str | None) -> dict:
+    """SamplingParams keywords that constrain completions to `regex` (rollout.vllm.structured_outputs_regex)."""
+    if regex is None:
+        return {}
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return {"structured_outputs": StructuredOutputsParams(regex=regex)}
 
 
 def _unique_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -205,6 +205,7 @@ class VLLMServerGenerator:
             "seed": request_seed(self.seed, self.calls),
             "stop_token_ids": self.eos_ids, "expected_version": self.version,
             **({"sampling_kwargs": c.generation_kwargs} if c.generation_kwargs else {}),
+            **({"structured_outputs_regex": c.vllm.structured_outputs_regex} if c.vllm.structured_outputs_regex else {}),
         }
 
     def _pad_completions(self, samples: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -53,6 +53,7 @@ class GenerateRequest(_Strict):
     seed: Optional[int] = Field(None, ge=0, le=MAX_SEED)
     stop_token_ids: Optional[list[int]] = Field(None, max_length=MAX_STOP_TOKENS)
     expected_version: Optional[int] = Field(None, ge=0, le=MAX_VERSION)
+    structured_outputs_regex: Optional[str] = Field(None, max_length=10_000, description="completions match it")
     sampling_kwargs: Optional[dict[str, Any]] = Field(
         None, max_length=32, description="more vLLM SamplingParams fields (the trainer's rollout.generation_kwargs)")
 

@@ -195,13 +195,16 @@ def _sampling_params(req: "GenerateRequest", seed_offset: int):  # noqa: F821
     )
     extra = req.sampling_kwargs or {}
     if clash := sorted(set(extra) & set(own)):
-        raise RequestError(422, f"sampling_kwargs may not set {', '.join(clash)}: the request has fields for them",
-                           "sampling_kwargs")
+        raise RequestError(422, f"may not set {', '.join(clash)}: the request has fields for them", "sampling_kwargs")
+    if req.structured_outputs_regex is not None:
+        from grpo_cli.rollout.vllm_colocate import structured_outputs
+
+        extra = {**extra, **structured_outputs(req.structured_outputs_regex)}
     try:
         return SamplingParams(**own, **extra)
     except (TypeError, ValueError) as e:
-        raise RequestError(422, f"sampling_kwargs: vLLM's SamplingParams refused them ({type(e).__name__}: "
-                           f"{str(e)[:300]})", "sampling_kwargs") from None
+        raise RequestError(422, f"vLLM's SamplingParams refused them ({type(e).__name__}: {str(e)[:300]})",
+                           "sampling_kwargs") from None
 
 
 def _completions(out: Any) -> list[dict]:
