@@ -261,6 +261,10 @@ app.command("export")(_export)
 from grpo_cli.report import command as _report  # noqa: E402
 
 app.command("report")(_report)
+# convert-trl: a TRL GRPO config -> a recipe (grpo_cli/trl_compat.py)
+from grpo_cli.convert_command import command as _convert_trl  # noqa: E402
+
+app.command("convert-trl")(_convert_trl)
 
 
 def main() -> None:
