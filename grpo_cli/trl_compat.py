@@ -132,7 +132,8 @@ HOMES: dict[str, tuple[str | None, str]] = {
     "repetition_penalty": ("rollout.repetition_penalty", _SAME),
     "generation_kwargs": ("rollout.generation_kwargs", _SAME),
     "cache_implementation": ("rollout.cache_implementation", _SAME),
-    "use_transformers_paged": (None, "transformers' paged continuous batching is not used; vLLM does continuous batching"),
+    "use_transformers_paged": (None, "transformers' continuous batching (generate_batch) took 23-33 s for 2 x 8 tokens of "
+                               "the tiny model on the CI CPU (generate: 0.05 s); vLLM is the continuous-batching backend"),
     "use_transformers_continuous_batching": (None, "as use_transformers_paged"),
     "transformers_continuous_batching_config": (None, "as use_transformers_paged"),
     "max_tool_calling_iterations": ("rollout.max_turns", "iterations + 1 assistant turns (tools: rollout.tools)"),
