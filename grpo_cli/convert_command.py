@@ -33,7 +33,7 @@ def command(
 
     from grpo_cli.recipe import Recipe, _format_validation_error
     from grpo_cli.registry import did_you_mean
-    from grpo_cli.trl_compat import ConversionError, convert, known_fields
+    from grpo_cli.trl_compat import ConversionError, accepted_fields, convert
     from grpo_cli.trl_fields import TRL_VERSION
 
     def fail(message: str) -> None:
@@ -54,7 +54,7 @@ def command(
         fail(f"{config}: {e}")
     if result.unknown:
         lines = [f"  {k}: not a field of TRL {TRL_VERSION}'s GRPOConfig or `trl grpo` arguments"
-                 f"{did_you_mean(k, known_fields())}" for k in result.unknown]
+                 f"{did_you_mean(k, accepted_fields())}" for k in result.unknown]
         fail(f"{config} has fields TRL does not know:\n" + "\n".join(lines))
     from pydantic import ValidationError
 

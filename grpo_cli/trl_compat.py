@@ -258,6 +258,10 @@ TRL_REWARDS = {
     "think_format_reward": ("format", {"pattern": r"^<think>(?!.*<think>).*?</think>.*$"}),
     "reasoning_accuracy_reward": ("accuracy", {}),
 }
+# names older TRL versions used -> TRL 1.16's (max_prompt_length: TRL < 1.0's prompt truncation, data.max_prompt_length)
+LEGACY = {"use_liger_loss": "use_liger_kernel", "wandb_log_unique_prompts": "log_unique_prompts",
+          "vllm_guided_decoding_regex": "vllm_structured_outputs_regex", "torch_dtype": "dtype",
+          "evaluation_strategy": "eval_strategy"}
 OPTIMIZERS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": "adamw", "adafactor": "adafactor",
               "adamw_bnb_8bit": "adamw_8bit", "adamw_8bit": "adamw_8bit", "paged_adamw_8bit": "paged_adamw_8bit"}
 SCHEDULERS = {"constant": "constant", "constant_with_warmup": "constant", "linear": "linear", "cosine": "cosine"}
@@ -265,6 +269,11 @@ SCHEDULERS = {"constant": "constant", "constant_with_warmup": "constant", "linea
 
 def known_fields() -> set[str]:
     return set(GRPO_CONFIG) | set(MODEL_ARGS) | set(SCRIPT_ARGS)
+
+
+def accepted_fields() -> set[str]:
+    """What convert-trl reads: TRL 1.16's fields, the older names in LEGACY, and max_prompt_length."""
+    return known_fields() | set(LEGACY) | {"max_prompt_length"}
 
 
 def trl_table() -> str:
@@ -303,10 +312,12 @@ class ConversionError(ValueError):
 
 def convert(config: dict[str, Any], *, num_processes: int = 1, name: str | None = None) -> Conversion:
     """A `trl grpo --config` YAML (as a dict) -> the recipe, its notes and what could not be mapped."""
-    unknown = sorted(k for k in config if k not in known_fields())
+    unknown = sorted(k for k in config if k not in accepted_fields())
+    renamed = [f"{old} is older TRL's name of {LEGACY[old]}" for old in config if old in LEGACY]
+    config = {LEGACY.get(k, k): v for k, v in config.items()}
     given = {k: v for k, v in config.items() if k in known_fields()}
     cfg = {**GRPO_CONFIG, **given}  # TRL's defaults where the file is silent: a converted run trains TRL's algorithm
-    out = Conversion(recipe={}, unknown=unknown)
+    out = Conversion(recipe={}, unknown=unknown, notes=renamed)
     r = out.recipe
     handled: set[str] = set()
 
@@ -365,6 +376,8 @@ def convert(config: dict[str, Any], *, num_processes: int = 1, name: str | None 
         data["chat_template_kwargs"] = cfg["chat_template_kwargs"]
     if cfg.get("data_seed") is not None:
         data["seed"] = cfg["data_seed"]
+    if config.get("max_prompt_length") is not None:  # TRL < 1.0 truncated prompts to it (from the left)
+        data["max_prompt_length"] = int(config["max_prompt_length"])
     r["data"] = data
     take("dataset_name", "dataset_config", "dataset_train_split", "shuffle_dataset", "train_sampling_strategy",
          "chat_template_kwargs", "data_seed")

@@ -80,6 +80,10 @@ def test_server_and_lora_configs_and_what_cannot_be_mapped():
     assert (out.recipe["train"]["optimizer"], out.recipe["train"]["scheduler"]) == ("adafactor", "cosine")
     assert out.recipe["train"]["warmup_steps"] == 10 and out.recipe["train"]["mixed_precision"] == "no"
     assert [(k, v) for k, v, _ in out.unmapped] == [("push_to_hub", True)]
+    old = convert({**DOC, "use_liger_loss": True, "vllm_guided_decoding_regex": "[0-9]+", "max_prompt_length": 256})
+    assert old.unknown == [] and old.recipe["data"]["max_prompt_length"] == 256
+    assert "use_liger_loss is older TRL's name of use_liger_kernel" in old.notes
+    assert sorted(k for k, _, _ in old.unmapped) == ["use_liger_kernel", "vllm_structured_outputs_regex"]  # no vLLM
     with pytest.raises(ConversionError, match="steps_per_generation .4. != gradient_accumulation_steps .2."):
         convert({**DOC, "steps_per_generation": 4})
     with pytest.raises(ConversionError, match="max_steps is not set"):
