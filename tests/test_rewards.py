@@ -233,7 +233,8 @@ def test_repetition_penalty():
 
 
 def test_registry_holds_the_builtins():
-    assert REWARDS.names() == ["accuracy", "arithmetic_steps", "format", "repetition_penalty", "soft_overlong_punishment", "tag_count"]
+    assert REWARDS.names() == ["accuracy", "arithmetic_steps", "environment", "format", "repetition_penalty",
+                               "soft_overlong_punishment", "tag_count"]
     assert all(REWARDS[n].__doc__ for n in REWARDS)
 
 
@@ -255,7 +256,7 @@ def test_check_reward_name_errors(user_module):
     with pytest.raises(ValueError) as e:
         check_reward_name("acuracy")
     assert "did you mean 'accuracy'" in str(e.value)
-    assert "accuracy, arithmetic_steps, format, repetition_penalty" in str(e.value) and "module:function" in str(e.value)
+    assert "accuracy, arithmetic_steps, environment, format" in str(e.value) and "module:function" in str(e.value)
     assert "file.py:function" in str(e.value)
     with pytest.raises(ValueError, match="cannot import module 'no_such_module_xyz'"):
         check_reward_name("no_such_module_xyz:fn")

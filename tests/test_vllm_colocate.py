@@ -161,24 +161,6 @@ def test_sync_weights_twice_then_back(gen, hf_model, prompts):
     assert mean < 0.01 and mx < 0.05 and gen.weight_version() == 3
 
 
-def test_reproducible_with_same_seed(gen, model_dir, tokenizer, prompts):
-    """Last in the module: vLLM keeps its parallel state in module globals and closing any in-process
-    engine tears it down for every engine, so the shared one is closed before fresh ones start."""
-    texts, ids = prompts
-    gen.close()
-    first = make_generator(model_dir, tokenizer, seed=11)
-    a1, a2 = first.generate(ids, texts, n=2), first.generate(ids, texts, n=2)
-    first.close()
-    second = make_generator(model_dir, tokenizer, seed=11)
-    b1, b2 = second.generate(ids, texts, n=2), second.generate(ids, texts, n=2)
-    greedy = [second.generate(ids, texts, greedy=True).completion_ids for _ in range(2)]
-    second.close()
-    assert torch.equal(a1.completion_ids, b1.completion_ids) and torch.equal(a2.completion_ids, b2.completion_ids)
-    assert not torch.equal(a1.completion_ids, a2.completion_ids)  # the seed moves on with every call
-    assert a1.completions[0] != a1.completions[1]  # the n samples of a prompt differ
-    assert torch.equal(greedy[0], greedy[1])
-
-
 def test_structured_outputs_regex(gen, prompts):
     import re
 
@@ -197,3 +179,22 @@ def test_structured_outputs_regex(gen, prompts):
         digits = gen.tokenizer.decode(tokens)
         assert re.fullmatch(r"[0-9]{0,4}", digits), (text, digits)
     assert sum(len(t) >= 2 for t in r.completions) >= 4
+
+
+def test_reproducible_with_same_seed(gen, model_dir, tokenizer, prompts):
+    """Last in the module: vLLM keeps its parallel state in module globals and closing any in-process
+    engine tears it down for every engine, so the shared one is closed before fresh ones start."""
+    texts, ids = prompts
+    gen.close()
+    first = make_generator(model_dir, tokenizer, seed=11)
+    a1, a2 = first.generate(ids, texts, n=2), first.generate(ids, texts, n=2)
+    first.close()
+    second = make_generator(model_dir, tokenizer, seed=11)
+    b1, b2 = second.generate(ids, texts, n=2), second.generate(ids, texts, n=2)
+    greedy = [second.generate(ids, texts, greedy=True).completion_ids for _ in range(2)]
+    second.close()
+    assert torch.equal(a1.completion_ids, b1.completion_ids) and torch.equal(a2.completion_ids, b2.completion_ids)
+    assert not torch.equal(a1.completion_ids, a2.completion_ids)  # the seed moves on with every call
+    assert a1.completions[0] != a1.completions[1]  # the n samples of a prompt differ
+    assert torch.equal(greedy[0], greedy[1])
+
