@@ -163,6 +163,8 @@ class ChildEnv:
     def __init__(self, name: str, kwargs: dict[str, Any], timeout_s: float) -> None:
         ctx = mp_context()
         self.conn, child = ctx.Pipe(duplex=True)
+        # not a daemon: an environment may start processes of its own. It ends with the episode (close), or when the
+        # trainer is gone (its pipe closes: recv raises EOFError)
         self.proc = ctx.Process(target=_env_main, args=(userobj.portable(name), kwargs, child), name="environment")
         self.proc.start()
         child.close()
@@ -180,7 +182,8 @@ class ChildEnv:
         if self.dead:
             raise EnvFailure("error", f"{self._method}: its process is gone")
         if not self.conn.poll(max(0.0, deadline - time.monotonic())):
-            self.close()
+            self.dead = True  # hung: killed at once, not asked to close
+            kill_tree(self.proc)
             raise EnvFailure("timeout", f"{self._method} did not return within rollout.environment_timeout_s "
                                         f"({self.timeout_s:g} s); its process was killed")
         try:
@@ -202,6 +205,7 @@ class ChildEnv:
         self.dead = True
         if self.proc.is_alive():
             kill_tree(self.proc)
+        self.proc.join()
         self.conn.close()
 
 

@@ -56,8 +56,9 @@ def check_tools(names: list[str]) -> None:
         try:
             schema = tool_schema(fn)
         except Exception as e:  # noqa: BLE001 - transformers' TypeHintParsingException, DocstringParsingException
-            raise ValueError(f"rollout.tools.{i}: {name} cannot be described to the model ({type(e).__name__}: {e}); "
-                             "a tool needs type hints on every argument and a docstring with an Args: section") from None
+            raise ValueError(f"rollout.tools.{i}: {name} cannot be described to the model ({type(e).__name__}: "
+                             f"{e}); a tool needs type hints on every argument and a docstring with an Args: section"
+                             ) from None
         tool = schema["function"]["name"]
         if tool in seen:
             raise ValueError(f"rollout.tools.{i}: a tool named {tool!r} is already rollout.tools.{seen[tool]}; "
@@ -148,7 +149,8 @@ class ToolBox:
                 started.append(("error", f"error: there is no tool {c.name!r}; the tools are: {', '.join(self.names)}"))
             else:
                 reader, writer = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_tool_main, args=(self.names[c.name], c.arguments, writer), name=f"tool-{c.name}")
+                proc = ctx.Process(target=_tool_main, args=(self.names[c.name], c.arguments, writer),
+                                   name=f"tool-{c.name}")  # not a daemon: a tool may start processes of its own
                 proc.start()
                 writer.close()
                 started.append((proc, reader))
