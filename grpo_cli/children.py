@@ -1,5 +1,5 @@
-"""Child processes that can be killed with everything they started: rewards with `timeout_s` and environments
-with `rollout.environment_timeout_s` run in them.
+"""Child processes that can be killed with everything they started: rewards with `timeout_s`, environments
+with `rollout.environment_timeout_s` and tool calls run in them.
 
 Children come from multiprocessing's "forkserver" (a clean server process forks each child, which is safe in a
 process holding CUDA or threads and costs milliseconds after the first); the child calls `os.setpgrp()` and
@@ -13,10 +13,13 @@ import multiprocessing
 import os
 import signal
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
     from multiprocessing.process import BaseProcess
 
 
@@ -84,3 +87,49 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except OSError:
         pass
+
+
+@dataclass
+class Child:
+    """A one-shot child: it sends one message on `reader` (("ok", ...) or ("error", ...)) and exits."""
+
+    proc: BaseProcess
+    reader: Connection
+    deadline: float
+    timeout_s: float
+
+
+def start(target: Callable[..., None], args: tuple, name: str, timeout_s: float) -> Child:
+    """Start `target(*args, writer)` in a child whose answer is due within `timeout_s`; the exception of a start
+    that fails (e.g. arguments that cannot be pickled) propagates."""
+    ctx = mp_context()
+    reader, writer = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=target, args=(*args, writer), name=name)
+    try:
+        proc.start()
+    except BaseException:
+        reader.close()
+        raise
+    finally:
+        writer.close()
+    return Child(proc, reader, time.monotonic() + timeout_s, timeout_s)
+
+
+def collect(child: Child) -> tuple[str, Any]:
+    """Wait for the child's message until its deadline -> the message (("ok", ...) / ("error", ...)), ("timeout",)
+    after killing it, or ("exited", exit code) when it ended without one. The child is gone afterwards."""
+    try:
+        if not child.reader.poll(max(0.0, child.deadline - time.monotonic())):
+            kill_tree(child.proc)
+            return ("timeout",)
+        try:
+            msg = child.reader.recv()
+        except EOFError:
+            child.proc.join(5)
+            return ("exited", child.proc.exitcode)
+        child.proc.join(5)
+        return msg
+    finally:
+        child.reader.close()
+        if child.proc.is_alive():
+            kill_tree(child.proc)

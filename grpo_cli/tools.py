@@ -17,13 +17,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from grpo_cli import userobj
-from grpo_cli.children import become_subreaper, kill_tree, mp_context
+from grpo_cli import children
+from grpo_cli.children import become_subreaper
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -141,40 +141,25 @@ class ToolBox:
 
     def run(self, calls: list[Call]) -> list[tuple[str, bool]]:
         """-> each call's answer text and whether it succeeded."""
-        ctx, started = mp_context(), []
+        started: list[children.Child | str] = []
         for c in calls:
             if c.error is not None:
-                started.append(("error", f"error: {c.error}"))
+                started.append(f"error: {c.error}")
             elif c.name not in self.names:
-                started.append(("error", f"error: there is no tool {c.name!r}; the tools are: {', '.join(self.names)}"))
-            else:
-                reader, writer = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_tool_main, args=(self.names[c.name], c.arguments, writer),
-                                   name=f"tool-{c.name}")  # not a daemon: a tool may start processes of its own
-                proc.start()
-                writer.close()
-                started.append((proc, reader))
-        deadline, out = time.monotonic() + self.timeout_s, []
-        for item in started:
-            if item[0] == "error":
-                out.append((item[1], False))
+                started.append(f"error: there is no tool {c.name!r}; the tools are: {', '.join(self.names)}")
+            else:  # not a daemon: a tool may start processes of its own
+                started.append(children.start(_tool_main, (self.names[c.name], c.arguments), f"tool-{c.name}",
+                                              self.timeout_s))
+        out = []
+        for item in started:  # all started first: one deadline for the turn's calls
+            if isinstance(item, str):
+                out.append((item, False))
                 continue
-            proc, reader = item
-            try:
-                if not reader.poll(max(0.0, deadline - time.monotonic())):
-                    kill_tree(proc)
-                    out.append((f"error: the tool did not answer within {self.timeout_s:g} s", False))
-                    continue
-                try:
-                    status, text = reader.recv()
-                except EOFError:
-                    proc.join(5)
-                    out.append((f"error: the tool's process exited ({proc.exitcode})", False))
-                    continue
-                out.append((text, True) if status == "ok" else (f"error: {text}", False))
-            finally:
-                reader.close()
-                proc.join(5)
-                if proc.is_alive():
-                    kill_tree(proc)
+            msg = children.collect(item)
+            if msg[0] == "timeout":
+                out.append((f"error: the tool did not answer within {self.timeout_s:g} s", False))
+            elif msg[0] == "exited":
+                out.append((f"error: the tool's process exited ({msg[1]})", False))
+            else:
+                out.append((msg[1], True) if msg[0] == "ok" else (f"error: {msg[1]}", False))
         return out

@@ -34,7 +34,6 @@ import math
 import numbers
 import os
 import sys
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,7 +41,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import grpo_cli.rewards.reward_model as rm
 from grpo_cli import userobj
-from grpo_cli.children import become_subreaper, kill_tree, mp_context
+from grpo_cli import children
+from grpo_cli.children import become_subreaper
 from grpo_cli.errors import RewardError
 from grpo_cli.registry import did_you_mean
 from grpo_cli.rewards.builtin import REWARDS
@@ -51,7 +51,6 @@ from grpo_cli.rewards.steps import check_steps, step_mean
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
-    from multiprocessing.process import BaseProcess
 
     from grpo_cli.datatypes import RewardResult
 
@@ -223,52 +222,26 @@ def _child_main(name: str, kwargs: dict[str, Any], conn: Connection) -> None:
         conn.close()
 
 
-@dataclass
-class _Child:
-    proc: BaseProcess
-    reader: Connection
-    deadline: float
-    timeout_s: float
-
-
-def _start_child(name: str, kwargs: dict[str, Any], timeout_s: float, log_name: str) -> _Child:
-    ctx = mp_context()
-    reader, writer = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child_main, args=(_portable_name(name), kwargs, writer), name=f"reward-{log_name}")
+def _start_child(name: str, kwargs: dict[str, Any], timeout_s: float, log_name: str) -> children.Child:
     try:
-        proc.start()
+        return children.start(_child_main, (_portable_name(name), kwargs), f"reward-{log_name}", timeout_s)
     except Exception as e:
-        reader.close()
         raise RewardError(
             f"reward {log_name!r}: could not start its child process ({type(e).__name__}: {e}); with timeout_s "
             "the dataset columns and kwargs must be picklable"
         ) from e
-    finally:
-        writer.close()
-    return _Child(proc, reader, time.monotonic() + timeout_s, timeout_s)
 
 
-def _collect(child: _Child) -> _Outcome:
+def _collect(child: children.Child) -> _Outcome:
     """Wait for the child until its deadline; kill it if it is still running then."""
-    try:
-        if not child.reader.poll(max(0.0, child.deadline - time.monotonic())):
-            kill_tree(child.proc)
-            return _Outcome(timed_out=True)
-        try:
-            msg = child.reader.recv()
-        except EOFError:
-            child.proc.join(5)
-            code = child.proc.exitcode
-            text = f"child process exited with code {code} without a result"
-            return _Outcome(error=ChildFailure("ChildProcessError", text))
-        child.proc.join(5)
-        if msg[0] == "ok":
-            return _Outcome(values=msg[1])
-        return _Outcome(error=ChildFailure(*msg[1:]))
-    finally:
-        child.reader.close()
-        if child.proc.is_alive():
-            kill_tree(child.proc)
+    msg = children.collect(child)
+    if msg[0] == "timeout":
+        return _Outcome(timed_out=True)
+    if msg[0] == "exited":
+        return _Outcome(error=ChildFailure("ChildProcessError", f"child process exited with code {msg[1]} without a result"))
+    if msg[0] == "ok":
+        return _Outcome(values=msg[1])
+    return _Outcome(error=ChildFailure(*msg[1:]))
 
 
 # --------------------------------------------------------------------------- checking and summing
@@ -431,24 +404,24 @@ def score(
               for s, f in zip(specs, fns)]
     counts: dict[str, dict[str, int]] = {"errors": {}, "timeouts": {}, "nonfinite": {}}
     values: dict[int, list[float | None]] = {}
-    children: dict[int, _Child] = {}
+    started: dict[int, children.Child] = {}
     try:
         for i, s in enumerate(specs):
             if s.timeout_s is not None:
-                children[i] = _start_child(s.name, kwargs[i], s.timeout_s, log_names[i])
-        local = [i for i in range(len(specs)) if i not in children]
+                started[i] = _start_child(s.name, kwargs[i], s.timeout_s, log_names[i])
+        local = [i for i in range(len(specs)) if i not in started]
         for i in (i for i in local if not _is_async(fns[i])):
             values[i] = _interpret(specs[i], log_names[i], _run_sync(fns[i], kwargs[i]), n, step, counts, fns[i], lengths)
         async_ids = [i for i in local if _is_async(fns[i])]
         for i, out in zip(async_ids, _run_async([(fns[i], kwargs[i]) for i in async_ids])):
             values[i] = _interpret(specs[i], log_names[i], out, n, step, counts, fns[i], lengths)
-        for i, child in children.items():
+        for i, child in started.items():
             values[i] = _interpret(specs[i], log_names[i], _collect(child), n, step, counts, lengths=lengths)
     finally:  # on an error above, no child outlives this call
-        for child in children.values():
+        for child in started.values():
             child.reader.close()
             if child.proc.is_alive():
-                kill_tree(child.proc)
+                children.kill_tree(child.proc)
     stepwise = [i for i, s in enumerate(specs) if getattr(s, "level", "outcome") == "step"]
     steps = {log_names[i]: values[i] for i in stepwise}
     for i in stepwise:  # logged as each completion's mean step reward; trained through its steps
