@@ -172,17 +172,10 @@ class Engine:
         # cache gather made a micro-batch's forward + backward 2.2x slower (bench/step_phases.py, H100)
         self._shared_prompts = not cfg.gradient_checkpointing and acc.device.type == "cpu"
         self.generator = self._make_generator(cfg)
-        self.episodes = self._episode_runner()  # rollout.environment: multi-turn episodes
+        from grpo_cli.rollout.episodes import episode_runner
 
-    def _episode_runner(self):
-        ro = self.recipe.rollout
-        if ro.environment is None and not ro.tools:
-            return None
-        from grpo_cli.rollout.episodes import EpisodeRunner
-
-        config = self.accelerator.unwrap_model(self.model).config
-        limit = ro.max_episode_length or getattr(config, "max_position_embeddings", None) or 2**31
-        return EpisodeRunner(ro, self.recipe.data, self.tokenizer, self.generator, limit)
+        # rollout.environment / rollout.tools: multi-turn episodes
+        self.episodes = episode_runner(r, self.tokenizer, self.generator, self.accelerator.unwrap_model(self.model))
 
     def _make_generator(self, cfg):
         """The rollout backend (grpo_cli/rollout): the policy itself (hf), a vLLM engine in this process, or

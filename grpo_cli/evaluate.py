@@ -153,9 +153,10 @@ def evaluate_model(model, tokenizer, recipe: Recipe, cfg: EvalConfig, problems: 
     from grpo_cli.datatypes import PromptBatch
     from grpo_cli.rewards import answers_match, extract_answer, reference_text, score_rollout
     from grpo_cli.rollout import build_generator
+    from grpo_cli.rollout.episodes import episode_runner
 
     gen = generator or build_generator(recipe.rollout.model_copy(update={"backend": "hf"}), tokenizer=tokenizer, model=model)
-    episodes = _episodes(recipe, tokenizer, gen, model)  # rollout.environment / tools: multi-turn, as in training
+    episodes = episode_runner(recipe, tokenizer, gen, model)  # rollout.environment / tools: multi-turn, as in training
     ext = accuracy_settings(recipe)
     max_len, n = cfg.max_new_tokens or recipe.rollout.max_completion_length, cfg.num_samples
     samples: list[dict[str, Any]] = []
@@ -195,17 +196,6 @@ def evaluate_model(model, tokenizer, recipe: Recipe, cfg: EvalConfig, problems: 
                     })
             advance(len(rows))
     return summarize(samples, n), samples
-
-
-def _episodes(recipe: Recipe, tokenizer, generator, model):
-    ro = recipe.rollout
-    if ro.environment is None and not ro.tools:
-        return None
-    from grpo_cli.rollout.episodes import EpisodeRunner
-
-    config = getattr(model, "config", None)
-    limit = ro.max_episode_length or getattr(config, "max_position_embeddings", None) or 2**31
-    return EpisodeRunner(ro, recipe.data, tokenizer, generator, limit)
 
 
 def summarize(samples: list[dict[str, Any]], n: int) -> dict[str, float]:

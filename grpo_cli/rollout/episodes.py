@@ -216,6 +216,16 @@ class EpisodeRunner:
         )
 
 
+def episode_runner(recipe, tokenizer, generator, model) -> EpisodeRunner | None:
+    """The runner of a recipe with rollout.environment or rollout.tools (None without): its context limit is
+    rollout.max_episode_length, else the model's max_position_embeddings."""
+    ro = recipe.rollout
+    if ro.environment is None and not ro.tools:
+        return None
+    limit = ro.max_episode_length or getattr(getattr(model, "config", None), "max_position_embeddings", None) or 2**31
+    return EpisodeRunner(ro, recipe.data, tokenizer, generator, limit)
+
+
 def _step_result(result: Any) -> tuple[str | None, bool]:
     """step's (observation, done); a bare string or None is read as (it, False) / (None, True)."""
     if isinstance(result, tuple) and len(result) == 2:
