@@ -11,3 +11,7 @@ class SetupError(RuntimeError):
 
 class RewardError(RuntimeError):
     """A reward function failed, timed out or returned something that is not N rewards."""
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be used; the message is meant for people (the CLI exits 2 with it)."""

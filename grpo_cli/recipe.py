@@ -1,4 +1,5 @@
-"""The recipe: a Pydantic schema (the single home of defaults and docs) and `load_recipe`.
+"""The recipe: a Pydantic schema (the single home of defaults and docs) and `load_recipe`. Reading the file
+(overrides, paths) is recipe_files.py's; checks across sections are recipe_checks.py's.
 
 A recipe is a flat YAML file read with OmegaConf (so `key=value` dotlist overrides and `${...}`
 interpolation work), validated once into a frozen `Recipe`. Every error is turned into a
@@ -8,12 +9,14 @@ Importing this module must not import torch: `grpo validate` stays fast.
 
 from __future__ import annotations
 
-import os
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from grpo_cli.errors import RecipeError
+from grpo_cli.recipe_checks import INIT_OWN, check_episodes, check_generation, refuse_own_keys, update_label
+from grpo_cli.recipe_files import load_raw
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo")
 SCALE_MODES = ("group", "batch", "none")
@@ -21,10 +24,6 @@ SCALE_MODES = ("group", "batch", "none")
 CISPO_CAP = 5.0  # TRL's suggested epsilon_high for cispo; MiniMax-M1 (arXiv:2506.13585) caps the IS weight itself
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
 ScaleMode = Literal["group", "batch", "none"]
-
-
-class RecipeError(ValueError):
-    """A recipe that cannot be used; the message is meant for people (the CLI exits 2 with it)."""
 
 
 def _one_or_list(v: Any) -> Any:
@@ -68,13 +67,7 @@ class ModelConfig(Section):
     def _qlora_needs_lora(self) -> ModelConfig:
         if self.load_in_4bit and self.lora.r == 0:
             raise ValueError("model.load_in_4bit (QLoRA) trains adapters on a frozen 4-bit base: set model.lora.r > 0")
-        own = {"dtype": "dtype", "torch_dtype": "dtype", "attn_implementation": "attn_implementation",
-               "revision": "revision", "trust_remote_code": "trust_remote_code", "quantization_config": "load_in_4bit",
-               "load_in_4bit": "load_in_4bit", "device_map": "(the trainer places the model)", "gguf_file": "gguf_file"}
-        for key in self.init_kwargs:
-            if key in own:
-                raise ValueError(f"model.init_kwargs.{key}: set model.{own[key]} instead" if not own[key].startswith("(")
-                                 else f"model.init_kwargs.{key}: not settable {own[key]}")
+        refuse_own_keys("model.init_kwargs", self.init_kwargs, INIT_OWN)
         return self
 
 
@@ -321,38 +314,6 @@ class RolloutConfig(Section):
     )
 
 
-GENERATION_OWN = {  # generation settings with a rollout key of their own
-    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-    "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_completion_length",
-    "max_tokens": "max_completion_length", "max_length": "max_completion_length", "do_sample": "temperature",
-    "eos_token_id": "(the model's EOS ids)", "stop_token_ids": "(the model's EOS ids)", "pad_token_id": "(the tokenizer's)",
-    "seed": "train.seed", "n": "algorithm.num_generations", "num_return_sequences": "algorithm.num_generations",
-    "logprobs": "(grpo asks for them)", "cache_implementation": "cache_implementation",
-}
-
-
-def _check_generation(ro: RolloutConfig) -> None:
-    if (regex := ro.vllm.structured_outputs_regex) is not None:
-        if ro.backend != "vllm":
-            raise ValueError("rollout.vllm.structured_outputs_regex needs rollout.backend vllm (structured outputs "
-                             "are vLLM's)")
-        try:
-            re.compile(regex)
-        except re.error as e:
-            raise ValueError(f"rollout.vllm.structured_outputs_regex: not a regular expression ({e})") from None
-    for key in ro.generation_kwargs:
-        if key in GENERATION_OWN:
-            own = GENERATION_OWN[key]
-            raise ValueError(f"rollout.generation_kwargs.{key}: " + (f"not settable {own}" if own.startswith("(") else
-                             f"set {own if '.' in own else 'rollout.' + own} instead"))
-    if ro.cache_implementation is not None:
-        from transformers.generation.configuration_utils import ALL_CACHE_IMPLEMENTATIONS
-
-        if ro.cache_implementation not in ALL_CACHE_IMPLEMENTATIONS:
-            raise ValueError(f"rollout.cache_implementation: {ro.cache_implementation!r} is not one of transformers' "
-                             f"caches ({', '.join(ALL_CACHE_IMPLEMENTATIONS)})")
-
-
 class TrainConfig(Section):
     max_steps: int = Field(..., ge=1, description="Training steps (one generation batch each).")
     prompts_per_step: int = Field(8, ge=1, description="B: prompts per step; the batch holds B * G completions.")
@@ -499,8 +460,8 @@ class Recipe(Section):
                 "which a refresh cannot move without a second copy of the model; train all weights (model.lora.r = 0) "
                 "to refresh the reference"
             )
-        _check_episodes(self)
-        _check_generation(self.rollout)
+        check_episodes(self)
+        check_generation(self.rollout)
         if self.model.load_in_4bit and self.rollout.backend == "vllm":
             raise ValueError("model.load_in_4bit (QLoRA) works with rollout.backend hf only: vLLM cannot take 4-bit "
                              "merged weights from the trainer; use LoRA on a bf16 base with vLLM")
@@ -510,63 +471,6 @@ class Recipe(Section):
             if self.data.generator not in GENERATORS:
                 raise ValueError(f"data.generator {self.data.generator!r} is unknown; valid: {', '.join(GENERATORS.names())}")
         return self
-
-
-def _check_episodes(recipe: Recipe) -> None:
-    """Multi-turn settings that fit together, the environment class checked (naming the field)."""
-    ro = recipe.rollout
-    uses_reward = [i for i, r in enumerate(recipe.rewards) if r.name == "environment"]
-    if ro.environment is None and uses_reward:
-        raise ValueError(f"rewards.{uses_reward[0]}.name: the reward `environment` needs rollout.environment")
-    if ro.environment is None and not ro.tools:
-        if ro.max_turns > 1:
-            raise ValueError(f"rollout.max_turns ({ro.max_turns}) needs rollout.environment or rollout.tools: after "
-                             "each turn something must answer the model")
-        return
-    if ro.tools:
-        from grpo_cli.tools import check_tools
-
-        check_tools(ro.tools)
-        if ro.max_turns < 2:
-            raise ValueError("rollout.tools needs rollout.max_turns >= 2: a tool's answer comes in the next turn")
-    if ro.environment is not None:
-        from grpo_cli.environment import check_environment
-
-        check_environment(ro.environment, ro.environment_kwargs, needs_reward=bool(uses_reward))
-    what = "rollout.environment" if ro.environment is not None else "rollout.tools"
-    if ro.max_staleness:
-        raise ValueError(f"{what} does not combine with rollout.max_staleness: asynchronous rollouts sample single "
-                         "completions")
-
-
-def update_label(rewards: list[RewardConfig], i: int) -> int:
-    """The index of the reward that labels reward model `i`'s updates (rewards[i].update.label); ValueError
-    naming the field when `i` is no reward model or the label is missing, ambiguous or not verifiable."""
-    from grpo_cli.rewards.reward_model import is_reward_model
-
-    spec = rewards[i]
-    if not is_reward_model(spec.name):
-        raise ValueError(f"rewards.{i}.update: only a reward model (name: model:PATH) is trained during the run; "
-                         f"{spec.name!r} is a function: remove update")
-    verifiable = [j for j, r in enumerate(rewards) if not is_reward_model(r.name) and r.level == "outcome"]
-    label = spec.update.label
-    if label is None:
-        if len(verifiable) != 1:
-            found = ", ".join(repr(rewards[j].name) for j in verifiable) or "none"
-            raise ValueError(f"rewards.{i}.update.label: name the verifiable reward that labels the reward model's "
-                             f"samples (outcome rewards that are not reward models: {found})")
-        return verifiable[0]
-    from grpo_cli.rewards.scoring import unique_log_names
-
-    logged = unique_log_names([r.name for r in rewards])
-    named = [j for j, r in enumerate(rewards) if r.name == label] or [j for j, x in enumerate(logged) if x == label]
-    if not named:
-        raise ValueError(f"rewards.{i}.update.label: {label!r} is neither the name of a reward in this recipe nor the "
-                         f"name one is logged under ({', '.join(logged)})")
-    if named[0] not in verifiable:
-        raise ValueError(f"rewards.{i}.update.label: {label!r} is a reward model or step-level; the label must be an "
-                         "outcome reward computed by a function (e.g. accuracy)")
-    return named[0]
 
 
 def _format_validation_error(err: ValidationError) -> str:
@@ -585,137 +489,6 @@ def _format_validation_error(err: ValidationError) -> str:
         else:
             lines.append(msg)
     return "invalid recipe:\n  " + "\n  ".join(lines)
-
-
-def _override_value(value: str) -> Any:
-    """An override's value: a YAML scalar or flow collection (0.3, null, [a, b], {k: v}), else the text itself.
-
-    `data.template={prompt} Answer with a number.` is not YAML, `{question}` would be a one-key mapping
-    and `Be brief: one line` a block mapping: all three are taken as plain text."""
-    import yaml
-
-    if not value:
-        return ""
-    try:
-        parsed = yaml.safe_load(value)
-    except yaml.YAMLError:
-        return value
-    if isinstance(parsed, dict) and (not value.lstrip().startswith("{") or (
-            ":" not in value and all(v is None for v in parsed.values()))):
-        return value
-    return parsed
-
-
-def load_raw(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
-    """YAML (safe loader) + dotlist overrides -> plain dict, interpolations resolved, local paths made absolute.
-
-    Relative paths written in the file start at the file's folder; those given as overrides at the
-    working directory (see `resolve_paths`)."""
-    import yaml
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    path = Path(path)
-    if not path.is_file():
-        raise RecipeError(f"recipe file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise RecipeError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise RecipeError(f"{path}: a recipe is a YAML mapping of sections, got {type(data).__name__}")
-    try:
-        cfg = OmegaConf.create(data)
-    except OmegaConfBaseException as e:
-        raise RecipeError(f"{path}: {str(e).splitlines()[0]}") from None
-    overridden = []
-    for o in overrides:
-        key, sep, value = o.partition("=")
-        if not sep or not key:
-            raise RecipeError(f"override {o!r} is not of the form dotted.key=value")
-        key = key.strip()
-        try:
-            OmegaConf.update(cfg, key, _override_value(value), merge=True)
-        except (OmegaConfBaseException, TypeError, ValueError, KeyError, IndexError) as e:
-            raise RecipeError(f"override {o!r} cannot be applied: {str(e).splitlines()[0]}") from None
-        overridden.append(re.sub(r"\[(\d+)\]", r".\1", key))  # rewards[0].name == rewards.0.name
-    try:
-        raw = OmegaConf.to_container(cfg, resolve=True)
-    except OmegaConfBaseException as e:
-        raise RecipeError(f"{path}: {str(e).splitlines()[0]}") from None
-    return resolve_paths(raw, path.resolve().parent, overridden)  # type: ignore[arg-type]
-
-
-def _absolute(value: str, base: Path) -> str:
-    return os.path.normpath(os.path.join(base, os.path.expanduser(value)))
-
-
-def _local_path(value: Any, base: Path) -> bool:
-    """A name that means a local path: ./ ../ / ~, or found under `base` (hub ids like org/name stay)."""
-    if not isinstance(value, str) or not value or "://" in value:
-        return False
-    if value.startswith(("./", "../", "/", "~")) or value in (".", ".."):
-        return True
-    return ":" not in value and os.path.exists(os.path.join(base, value))
-
-
-def _reward_path(name: Any, base: Path) -> Any:
-    """`dir/file.py:fn` and `model:PATH` rewards with their path made absolute; other names unchanged."""
-    from grpo_cli.rewards.reward_model import PREFIX, is_reward_model
-    from grpo_cli.userobj import is_file as _is_file
-
-    if not isinstance(name, str) or ":" not in name:
-        return name
-    if is_reward_model(name):
-        target = name.removeprefix(PREFIX)
-        return f"{PREFIX}{_absolute(target, base)}" if _local_path(target, base) else name
-    target, _, fn = name.rpartition(":")
-    return f"{_absolute(target, base)}:{fn}" if _is_file(target) else name
-
-
-def resolve_paths(raw: dict[str, Any], recipe_dir: Path, overridden: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
-    """Local paths of a raw recipe made absolute, so the recipe works from any directory and the resolved
-    recipe saved with a run names the same files wherever it is read.
-
-    A value set by an override (its dotted key, or a parent's, is in `overridden`) starts at the working
-    directory, any other at `recipe_dir`. Paths: data.files, eval.files (always paths), reward files
-    (`dir/file.py:fn`) and `model:PATH` rewards, model.name_or_path, data.dataset and eval.dataset when they
-    name a local path (./, ../, /, ~, or existing there). logging.output_dir stays relative to the working
-    directory, as in TRL and verl."""
-
-    def base(key: str) -> Path:
-        from_cli = any(key == o or key.startswith(o + ".") for o in overridden)
-        return Path.cwd() if from_cli else recipe_dir
-
-    def section(name: str) -> dict[str, Any]:
-        value = raw.get(name)
-        return value if isinstance(value, dict) else {}
-
-    for sec in ("data", "eval"):
-        d = section(sec)
-        files = d.get("files")
-        if isinstance(files, str):
-            files = [files]
-        if isinstance(files, list):
-            d["files"] = [_absolute(f, base(f"{sec}.files.{i}")) if isinstance(f, str) else f for i, f in enumerate(files)]
-        if _local_path(d.get("dataset"), base(f"{sec}.dataset")):
-            d["dataset"] = _absolute(d["dataset"], base(f"{sec}.dataset"))
-    m = section("model")
-    if _local_path(m.get("name_or_path"), base("model.name_or_path")):
-        m["name_or_path"] = _absolute(m["name_or_path"], base("model.name_or_path"))
-    ro = section("rollout")
-    if isinstance(ro.get("environment"), str):  # path/to/env.py:Class, like a reward file
-        ro["environment"] = _reward_path(ro["environment"], base("rollout.environment"))
-    if isinstance(ro.get("tools"), list):
-        ro["tools"] = [_reward_path(t, base(f"rollout.tools.{i}")) for i, t in enumerate(ro["tools"])]
-    rewards = raw.get("rewards")
-    for i, r in enumerate(rewards if isinstance(rewards, list) else []):
-        if isinstance(r, dict) and "name" in r:
-            r["name"] = _reward_path(r["name"], base(f"rewards.{i}.name"))
-        update = r.get("update") if isinstance(r, dict) else None
-        if isinstance(update, dict) and "label" in update:  # names a reward: resolved as its name was
-            update["label"] = _reward_path(update["label"], base(f"rewards.{i}.update.label"))
-    return raw
 
 
 def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
