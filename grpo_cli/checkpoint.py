@@ -1,4 +1,5 @@
-"""Checkpoints: save / list / verify / resume / retention, atomic and without pickle.
+"""Checkpoints: save / list / verify / resume / retention, atomic and without pickle (the state files inside are
+statefiles.py's).
 
 A checkpoint folder is a Hugging Face model folder: `vllm serve`, `grpo serve-vllm --model`, `grpo eval`
 and `AutoModelForCausalLM.from_pretrained` load it unchanged (vLLM reads every top-level *.safetensors,
@@ -13,7 +14,7 @@ so nothing else may sit there). Layout of `RUN_DIR/checkpoints/step-N/` (format 
     scheduler.json                         lr scheduler state_dict (scheduler.safetensors only if it holds tensors)
     trainer_state.json                     the caller's dict (step, data position, ...) and `rng_per_rank`:
                                            each process's python `random`, numpy legacy, torch CPU and CUDA
-                                           RNG states (`rng_state`), one format for one process or many
+                                           RNG states (statefiles.rng_state), one format for one process or many
     manifest.json                          written last: {"step", "files": {path from step-N/: sha256}, "format"}
 Format 1 (before this layout) kept the trainer's files and the manifest at the top level; such
 checkpoints are still listed, verified and resumed, as are those that kept rank 0's RNGs in
@@ -31,31 +32,26 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from grpo_cli.errors import CheckpointError
+from grpo_cli.statefiles import load_state, require, restore_rng, rng_state, save_optimizer, save_scheduler, save_state
+
 FORMAT = 2
 FORMATS = (1, 2)  # what this version reads
-STATE_FORMAT = 1  # of the JSON state files (optimizer.json, scheduler.json)
 MANIFEST = "manifest.json"
 STATE_DIR = "trainer"  # the trainer's state inside a checkpoint (format 2)
 RECIPE = "recipe.yaml"
 CHECKPOINTS = "checkpoints"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _TMP_PREFIX = ".tmp-"
-_TENSOR, _TUPLE, _INT_KEYS = "__tensor__", "__tuple__", "__int_keys__"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be saved, found or used; the message names the file and what to do."""
 
 
 # ---------------------------------------------------------------------------------------------- fsync helpers
@@ -109,173 +105,6 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
     return h.hexdigest()
-
-
-# ------------------------------------------------------------------------- state dicts <-> JSON + safetensors
-
-
-def _encode(obj: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
-    """A state_dict value -> JSON-able value; tensors go into `tensors[key]` and leave a tag behind."""
-    if isinstance(obj, torch.Tensor):
-        tensors[key] = obj.detach().cpu().contiguous()
-        return {_TENSOR: key}
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return obj
-    if isinstance(obj, tuple):
-        return {_TUPLE: [_encode(v, f"{key}.{i}", tensors) for i, v in enumerate(obj)]}
-    if isinstance(obj, list):
-        return [_encode(v, f"{key}.{i}", tensors) for i, v in enumerate(obj)]
-    if isinstance(obj, dict):
-        if all(isinstance(k, str) for k in obj):
-            return {k: _encode(v, f"{key}.{k}", tensors) for k, v in obj.items()}
-        if all(isinstance(k, int) and not isinstance(k, bool) for k in obj):
-            return {_INT_KEYS: {str(k): _encode(v, f"{key}.{k}", tensors) for k, v in obj.items()}}
-    if isinstance(obj, (np.integer, np.floating, np.bool_)):
-        return obj.item()
-    raise CheckpointError(
-        f"cannot save {key!r} of type {type(obj).__name__} without pickle; "
-        "only tensors, numbers, strings, lists, tuples and dicts with str or int keys are supported"
-    )
-
-
-def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
-    if isinstance(obj, list):
-        return [_decode(v, tensors) for v in obj]
-    if not isinstance(obj, dict):
-        return obj
-    if len(obj) == 1 and _TENSOR in obj:
-        return tensors[obj[_TENSOR]]
-    if len(obj) == 1 and _TUPLE in obj:
-        return tuple(_decode(v, tensors) for v in obj[_TUPLE])
-    if len(obj) == 1 and _INT_KEYS in obj:
-        return {int(k): _decode(v, tensors) for k, v in obj[_INT_KEYS].items()}
-    return {k: _decode(v, tensors) for k, v in obj.items()}
-
-
-def _save_state(folder: Path, stem: str, state: dict, *, tensor_file: bool) -> None:
-    """`state` -> `stem.json` (+ `stem.safetensors` when asked or when it holds tensors)."""
-    tensors: dict[str, torch.Tensor] = {}
-    meta = {k: _encode(v, k, tensors) for k, v in state.items()}
-    if tensor_file or tensors:
-        save_file(_unshared(tensors), str(folder / f"{stem}.safetensors"))
-    doc = {"format": STATE_FORMAT, "tensor_file": bool(tensor_file or tensors), "state": meta}
-    (folder / f"{stem}.json").write_text(json.dumps(doc, indent=1))
-
-
-def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Tensors that share memory with one seen before are copied: safetensors stores each once, by name
-    (bitsandbytes' 8-bit optimizers point every parameter's state at the same quantization maps)."""
-    seen: set[int] = set()
-    out = {}
-    for k, t in tensors.items():
-        ptr = t.untyped_storage().data_ptr() if t.numel() else -id(t)
-        out[k] = t.clone() if ptr in seen else t
-        seen.add(ptr)
-    return out
-
-
-def _require(folder: Path, *names: str) -> None:
-    for name in names:
-        if not (folder / name).is_file():
-            raise CheckpointError(
-                f"{folder}: {name} is missing; the checkpoint is incomplete, pass another one to --resume"
-            )
-
-
-def _load_state(folder: Path, stem: str) -> dict:
-    path = folder / f"{stem}.json"
-    _require(folder, path.name)
-    try:
-        doc = json.loads(path.read_text())
-        if doc["tensor_file"]:
-            _require(folder, f"{stem}.safetensors")
-        tensors = load_file(str(folder / f"{stem}.safetensors")) if doc["tensor_file"] else {}
-        return _decode(doc["state"], tensors)
-    except (ValueError, KeyError, TypeError, SafetensorError) as e:
-        raise CheckpointError(
-            f"{path} (or its .safetensors) cannot be read ({e}); the checkpoint is corrupted"
-        ) from None
-
-
-def save_optimizer(folder: Path, optimizer: Any) -> None:
-    _save_state(folder, "optimizer", optimizer.state_dict(), tensor_file=True)
-
-
-def save_scheduler(folder: Path, scheduler: Any) -> None:
-    _save_state(folder, "scheduler", scheduler.state_dict(), tensor_file=False)
-
-
-# ------------------------------------------------------------------------------------------------ RNG states
-
-
-def seed_process(seed: int) -> None:
-    """Seed every RNG `rng_state` covers (a fresh run; a resumed one restores them instead)."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def rng_state() -> dict:
-    """This process's RNGs, every one a training step draws from, as JSON (torch's byte states in base64, no
-    pickle): python `random`, numpy's legacy global generator, torch CPU and the current CUDA device."""
-    version, mt, gauss_next = random.getstate()
-    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
-    state = {
-        "python": [version, list(mt), gauss_next],
-        "numpy": [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached_gaussian)],
-        "cpu": _b64(torch.get_rng_state()),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = _b64(torch.cuda.get_rng_state())
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    """Inverse of `rng_state`. (Entries of the older per-rank format hold torch's states only.)"""
-    import base64
-
-    dec = lambda s: torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)  # noqa: E731
-    if "python" in state:
-        version, mt, gauss_next = state["python"]
-        random.setstate((version, tuple(mt), gauss_next))
-        name, keys, pos, has_gauss, cached_gaussian = state["numpy"]
-        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
-    torch.set_rng_state(dec(state["cpu"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(dec(state["cuda"]))
-
-
-def _restore_rng(folder: Path, per_rank: list[dict], rank: int, world: int) -> bool:
-    """This process's saved RNG states, if the checkpoint has them for this many processes; -> restored or not.
-    Older checkpoints: rank 0's python/numpy/torch from rng.safetensors + rng.json, then torch's per rank."""
-    legacy = (folder / "rng.json").exists()
-    if legacy:
-        _require(folder, "rng.json", "rng.safetensors")
-        try:
-            meta = json.loads((folder / "rng.json").read_text())
-            tensors = load_file(str(folder / "rng.safetensors"))
-            set_rng_state({"python": meta["python"], "numpy": meta["numpy"], "cpu": _b64(tensors["torch.cpu"])})
-            if meta.get("cuda_devices", 0) and torch.cuda.is_available():
-                for i in range(min(meta["cuda_devices"], torch.cuda.device_count())):
-                    torch.cuda.set_rng_state(tensors[f"torch.cuda.{i}"].to(torch.uint8), device=i)
-        except (ValueError, KeyError, TypeError, SafetensorError) as e:
-            raise CheckpointError(
-                f"{folder}: rng.json / rng.safetensors cannot be read ({e}); the checkpoint is corrupted"
-            ) from None
-    if len(per_rank) != world:
-        return legacy and world == 1
-    try:
-        set_rng_state(per_rank[rank])
-    except (ValueError, KeyError, TypeError, RuntimeError) as e:
-        raise CheckpointError(f"{folder / 'trainer_state.json'}: rng_per_rank[{rank}] cannot be read ({e}); "
-                              "the checkpoint is corrupted") from None
-    return True
-
-
-def _b64(t: torch.Tensor) -> str:
-    import base64
-
-    return base64.b64encode(t.to(torch.uint8).numpy().tobytes()).decode()
 
 
 # ------------------------------------------------------------------------------------------ listing, verifying
@@ -465,7 +294,7 @@ def _write_contents(
     state.mkdir()
     (state / RECIPE).write_text(recipe_yaml)
     if optimizer_state is not None:
-        _save_state(state, "optimizer", optimizer_state, tensor_file=True)
+        save_state(state, "optimizer", optimizer_state, tensor_file=True)
     elif optimizer is not None:
         save_optimizer(state, optimizer)
     if scheduler is not None:
@@ -590,7 +419,7 @@ def load_training_state(path: str | Path, *, optimizer: Any, scheduler: Any, loa
     """
     path = state_dir(path)
     if optimizer is not None:
-        state = _load_state(path, "optimizer")
+        state = load_state(path, "optimizer")
         try:
             (load_optimizer or optimizer.load_state_dict)(state)  # load_optimizer: e.g. FSDP2's by-name loader
         except (ValueError, KeyError, RuntimeError) as e:
@@ -599,20 +428,20 @@ def load_training_state(path: str | Path, *, optimizer: Any, scheduler: Any, loa
                 "settings of the recipe must match those the checkpoint was trained with"
             ) from None
     if scheduler is not None:
-        scheduler.load_state_dict(_load_state(path, "scheduler"))
-    _require(path, "trainer_state.json")
+        scheduler.load_state_dict(load_state(path, "scheduler"))
+    require(path, "trainer_state.json")
     try:
         state = json.loads((path / "trainer_state.json").read_text())
     except ValueError as e:
         raise CheckpointError(
             f"{path / 'trainer_state.json'} is not valid JSON ({e}); the checkpoint is corrupted"
         ) from None
-    state["rng_restored"] = _restore_rng(path, state.pop("rng_per_rank", None) or [], rank, world)
+    state["rng_restored"] = restore_rng(path, state.pop("rng_per_rank", None) or [], rank, world)
     return state
 
 
 def load_trainer_tensors(path: str | Path, name: str) -> dict[str, torch.Tensor]:
     """trainer/<name>.safetensors of a checkpoint (saved with `trainer_tensors`)."""
     folder = state_dir(path)
-    _require(folder, f"{name}.safetensors")
+    require(folder, f"{name}.safetensors")
     return load_file(str(folder / f"{name}.safetensors"))

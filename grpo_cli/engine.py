@@ -22,7 +22,7 @@ from grpo_cli.distributed import gather, is_deepspeed, is_fsdp, process_rows
 from grpo_cli.errors import SetupError
 from grpo_cli.logprobs import logps_no_grad, token_logprobs
 from grpo_cli.losses import POLICY_LOSSES, compute_loss, entropy_mask, sampler_correction
-from grpo_cli.checkpoint import seed_process
+from grpo_cli.statefiles import seed_process
 from grpo_cli.metrics import open_run_logs
 from grpo_cli.models import disable_dropout, has_dropout, mix_into
 from grpo_cli.optim import build_optimizer, make_scheduler

@@ -15,3 +15,7 @@ class RewardError(RuntimeError):
 
 class RecipeError(ValueError):
     """A recipe that cannot be used; the message is meant for people (the CLI exits 2 with it)."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be saved, found or used; the message names the file and what to do."""

@@ -19,7 +19,8 @@ def save_run(run_dir: Path, step: int, accelerator, model, optimizer, scheduler,
     `reward_models`: the updaters of rewards[].update (their buffers; their weights once trained)."""
     from accelerate.utils import gather_object
 
-    from grpo_cli.checkpoint import rng_state, save_checkpoint
+    from grpo_cli.checkpoint import save_checkpoint
+    from grpo_cli.statefiles import rng_state
     from grpo_cli.lora import BASE_MODEL, base_identity, is_peft_model
     from grpo_cli.recipe import recipe_to_yaml
 

@@ -22,11 +22,11 @@ from grpo_cli.checkpoint import (  # noqa: E402
     list_checkpoints,
     load_training_state,
     resolve_resume,
-    rng_state,
-    set_rng_state,
     save_checkpoint,
     verify_checkpoint,
 )
+from grpo_cli import statefiles  # noqa: E402
+from grpo_cli.statefiles import rng_state, set_rng_state  # noqa: E402
 
 RECIPE = "name: tiny\ntrain:\n  max_steps: 3\n"
 
@@ -339,18 +339,18 @@ def test_state_files_keep_dtype_and_shape(tmp_path):
                   3: {"count": torch.tensor([1, 2], dtype=torch.int64), "mask": torch.tensor([3], dtype=torch.uint8)}},
         "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "params": [0, 3], "foreach": None, "name": "all"}],
     }
-    ck._save_state(tmp_path, "opt", state, tensor_file=True)
-    assert_same(ck._load_state(tmp_path, "opt"), state)
+    statefiles.save_state(tmp_path, "opt", state, tensor_file=True)
+    assert_same(statefiles.load_state(tmp_path, "opt"), state)
     assert (tmp_path / "opt.safetensors").is_file()
 
 
 def test_unsupported_state_is_refused(tmp_path, model):
     with pytest.raises(CheckpointError, match="without pickle"):
-        ck._encode({"f": object()}, "param_groups", {})
+        statefiles._encode({"f": object()}, "param_groups", {})
     tensors: dict = {}
-    enc = ck._encode({"state": {0: {"step": torch.tensor(3.0)}}, "betas": (0.9, 0.99)}, "x", tensors)
+    enc = statefiles._encode({"state": {0: {"step": torch.tensor(3.0)}}, "betas": (0.9, 0.99)}, "x", tensors)
     assert json.loads(json.dumps(enc)) == enc and list(tensors) == ["x.state.0.step"]
-    assert_same(ck._decode(enc, tensors), {"state": {0: {"step": torch.tensor(3.0)}}, "betas": (0.9, 0.99)})
+    assert_same(statefiles._decode(enc, tensors), {"state": {0: {"step": torch.tensor(3.0)}}, "betas": (0.9, 0.99)})
 
 
 def test_peft_model_saves_its_adapter(tmp_path):
