@@ -16,7 +16,7 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from grpo_cli.logprobs import logps_from_logits
+from grpo_cli.algo.logprobs import logps_from_logits
 
 
 class PeakLiveBytes(TorchDispatchMode):

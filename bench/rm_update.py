@@ -32,7 +32,7 @@ def build_reward_model(folder: Path) -> None:
     import torch
     from transformers import AutoModelForSequenceClassification, Qwen2Config
 
-    from grpo_cli.models import _build_tiny_tokenizer
+    from grpo_cli.models.loading import _build_tiny_tokenizer
 
     tok = _build_tiny_tokenizer()
     config = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -73,7 +73,7 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM
 
-    from grpo_cli.logprobs import token_logprobs
+    from grpo_cli.algo.logprobs import token_logprobs
     from grpo_cli.rollout.hf import shared_prefill
 
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)

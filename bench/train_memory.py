@@ -38,8 +38,8 @@ def build_model(shape: str, folder: Path) -> float:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
-    from grpo_cli.models import resolve_model_source
-    from grpo_cli.recipe import ModelConfig
+    from grpo_cli.models.loading import resolve_model_source
+    from grpo_cli.recipe.schema import ModelConfig
 
     tok = AutoTokenizer.from_pretrained(resolve_model_source(ModelConfig(name_or_path="builtin:tiny-qwen2")))
     config = Qwen2Config(**SHAPES[shape], eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,

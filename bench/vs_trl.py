@@ -98,7 +98,7 @@ def model_folder(kind: str, tmp: Path) -> Path:
         folder = tmp / f"{kind}-model"
         build_model(kind, folder)
         return folder
-    code = ("from grpo_cli.models import resolve_model_source; from grpo_cli.recipe import ModelConfig; "
+    code = ("from grpo_cli.models.loading import resolve_model_source; from grpo_cli.recipe.schema import ModelConfig; "
             f"print(resolve_model_source(ModelConfig(**{SMOLLM2!r})))")  # a subprocess: dequantizing takes ~2 GB
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=ROOT)
     return Path(out.stdout.strip().splitlines()[-1])
@@ -106,7 +106,7 @@ def model_folder(kind: str, tmp: Path) -> Path:
 
 def write_prompts(path: Path, n: int, seed: int) -> None:
     """n arithmetic problems from grpo's generator (the quickstart's kind) as chat messages + answer, JSONL."""
-    from grpo_cli.problems import arithmetic
+    from grpo_cli.data.generators import arithmetic
 
     rows = arithmetic(n=n, seed=seed, ops=["+"], min_value=1, max_value=20)
     with open(path, "w") as f:
@@ -151,9 +151,9 @@ def dedupe(ids: list[list[int]]) -> list[list[int]]:
 
 def grpo_prompt_ids(recipe_path: Path, steps: int) -> dict:
     """The token ids `grpo train` generates from, by grpo's own code: every prompt, and each step's."""
-    from grpo_cli.data import PromptStream, encode_prompts, load_rows, render_prompt
-    from grpo_cli.models import load_tokenizer
-    from grpo_cli.recipe import load_recipe
+    from grpo_cli.data.prompts import PromptStream, encode_prompts, load_rows, render_prompt
+    from grpo_cli.models.loading import load_tokenizer
+    from grpo_cli.recipe.schema import load_recipe
 
     recipe = load_recipe(recipe_path)
     tok = load_tokenizer(recipe.model)
@@ -308,7 +308,7 @@ def machine(device: str) -> str:
 
 
 def parse_args() -> argparse.Namespace:
-    from grpo_cli.recipe import TrainConfig
+    from grpo_cli.recipe.schema import TrainConfig
 
     defaults = TrainConfig.model_fields
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

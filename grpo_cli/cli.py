@@ -38,7 +38,7 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _load(recipe: Path, overrides: Optional[list[str]], check_data: bool = False):
-    from grpo_cli.recipe import RecipeError, load_recipe
+    from grpo_cli.recipe.schema import RecipeError, load_recipe
 
     try:
         r = load_recipe(recipe, overrides or [])
@@ -51,8 +51,8 @@ def _load(recipe: Path, overrides: Optional[list[str]], check_data: bool = False
 
 def _check_data(r) -> list[str]:
     """The early data checks (files, columns; no model): exit 2 naming the field, as for a bad recipe."""
-    from grpo_cli.data import DataError
-    from grpo_cli.datacheck import check_data
+    from grpo_cli.data.prompts import DataError
+    from grpo_cli.data.checks import check_data
 
     try:
         return check_data(r)
@@ -99,7 +99,7 @@ def print_recipe(recipe: Path = RECIPE, overrides: Optional[list[str]] = OVERRID
 
     Example: grpo print-recipe recipes/quickstart.yaml algorithm.loss_type=grpo
     """
-    from grpo_cli.recipe import recipe_to_yaml
+    from grpo_cli.recipe.schema import recipe_to_yaml
 
     typer.echo(recipe_to_yaml(_load(recipe, overrides)), nl=False)
 
@@ -133,12 +133,12 @@ def train(
     """
     r = _load(recipe, overrides, check_data=True)
     run_dir = output_dir or Path(r.output_dir)
-    if verbose:  # read by grpo_cli.models in this process, the relaunched workers and vLLM's engine processes
-        from grpo_cli.models import VERBOSE_ENV
+    if verbose:  # read by grpo_cli.models.loading in this process, the relaunched workers and vLLM's engine processes
+        from grpo_cli.models.loading import VERBOSE_ENV
 
         os.environ[VERBOSE_ENV] = "1"
-    from grpo_cli import runlock
-    from grpo_cli.launch import LaunchError, launched_by_torchrun, relaunch
+    from grpo_cli.run import lock as runlock
+    from grpo_cli.train.launch import LaunchError, launched_by_torchrun, relaunch
 
     launching = (accelerate_config or (num_processes or 1) > 1) and not launched_by_torchrun()
     if launching or (os.environ.get("RANK", "0") == "0" and not runlock.inherited(run_dir)):
@@ -162,14 +162,14 @@ def train(
     # our own modules speak at INFO (e.g. the one-time GGUF conversion); libraries stay at WARNING
     logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[RichHandler(show_path=False)])
     logging.getLogger("grpo_cli").setLevel(logging.INFO)
-    from grpo_cli.checkpoint import CheckpointError, latest_checkpoint
-    from grpo_cli.data import DataError
-    from grpo_cli.engine import Engine
+    from grpo_cli.run.checkpoints import CheckpointError, latest_checkpoint
+    from grpo_cli.data.prompts import DataError
+    from grpo_cli.train.engine import Engine
     from grpo_cli.errors import SetupError
-    from grpo_cli.models import ModelLoadError
+    from grpo_cli.models.loading import ModelLoadError
     from grpo_cli.rewards import RewardError
     from grpo_cli.rollout.vllm_server import VLLMServerError
-    from grpo_cli.rundir import RunFolderError
+    from grpo_cli.run.folder import RunFolderError
 
     try:
         engine = Engine(r, run_dir, resume=resume, start_over=start_over, allow_recipe_change=allow_recipe_change)
@@ -228,10 +228,10 @@ def eval_(
     # an empty value (not None) replaces the recipe's other eval source
     held_out = ({"dataset": dataset, "files": []} if dataset else
                 {"files": [str(f.resolve()) for f in files], "dataset": ""} if files else {})
-    from grpo_cli.checkpoint import CheckpointError
-    from grpo_cli.data import DataError
-    from grpo_cli.evaluate import run_eval
-    from grpo_cli.models import ModelLoadError
+    from grpo_cli.run.checkpoints import CheckpointError
+    from grpo_cli.data.prompts import DataError
+    from grpo_cli.eval.evaluate import run_eval
+    from grpo_cli.models.loading import ModelLoadError
     from grpo_cli.rewards import RewardError
 
     out = output or Path("eval") / time.strftime("%Y%m%d-%H%M%S")
@@ -246,23 +246,23 @@ def eval_(
 
 # ----- commands that live in their own modules (each module imports only light things at the top) -----
 # inspect-rollouts: registered below
-from grpo_cli.inspect_command import command as _inspect_rollouts  # noqa: E402
+from grpo_cli.commands.inspect_rollouts import command as _inspect_rollouts  # noqa: E402
 
 app.command("inspect-rollouts")(_inspect_rollouts)
-# serve-vllm: the HTTP server around vLLM (grpo_cli/serve/server.py)
-from grpo_cli.serve.server import command as _serve_vllm  # noqa: E402
+# serve-vllm: the HTTP server around vLLM (grpo_cli/serve/app.py)
+from grpo_cli.serve.app import command as _serve_vllm  # noqa: E402
 
 app.command("serve-vllm")(_serve_vllm)
-# export: checkpoint -> plain HF model, LoRA merged (grpo_cli/export.py)
-from grpo_cli.export import command as _export  # noqa: E402
+# export: checkpoint -> plain HF model, LoRA merged (grpo_cli/models/export.py)
+from grpo_cli.models.export import command as _export  # noqa: E402
 
 app.command("export")(_export)
 # report: registered below
-from grpo_cli.report import command as _report  # noqa: E402
+from grpo_cli.views.report import command as _report  # noqa: E402
 
 app.command("report")(_report)
-# convert-trl: a TRL GRPO config -> a recipe (grpo_cli/trl_compat.py)
-from grpo_cli.convert_command import command as _convert_trl  # noqa: E402
+# convert-trl: a TRL GRPO config -> a recipe (grpo_cli/recipe/trl.py)
+from grpo_cli.commands.convert_trl import command as _convert_trl  # noqa: E402
 
 app.command("convert-trl")(_convert_trl)
 

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from grpo_cli.advantages import compute_advantages, group_std
+from grpo_cli.algo.advantages import compute_advantages, group_std
 
 NAN = float("nan")
 

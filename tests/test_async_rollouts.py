@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from grpo_cli.datatypes import PromptBatch
-from grpo_cli.recipe import RecipeError, load_recipe
+from grpo_cli.recipe.schema import RecipeError, load_recipe
 from grpo_cli.rollout.common import build_rollout
 from grpo_cli.rollout.pipeline import RolloutPipeline
 
@@ -131,9 +131,9 @@ def test_async_training_on_a_real_server_is_deterministic_and_resumes_exactly(tm
     pytest.importorskip("vllm")
     from test_vllm_train import TOKEN, env, start_server
 
-    from grpo_cli.launch import free_port
-    from grpo_cli.models import resolve_model_source
-    from grpo_cli.recipe import ModelConfig
+    from grpo_cli.train.launch import free_port
+    from grpo_cli.models.loading import resolve_model_source
+    from grpo_cli.recipe.schema import ModelConfig
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("GRPO_CACHE_DIR", str(cache))

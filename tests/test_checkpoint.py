@@ -14,8 +14,8 @@ torch.set_num_threads(1)
 
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config  # noqa: E402
 
-from grpo_cli import checkpoint as ck  # noqa: E402
-from grpo_cli.checkpoint import (  # noqa: E402
+from grpo_cli.run import checkpoints as ck  # noqa: E402
+from grpo_cli.run.checkpoints import (  # noqa: E402
     CheckpointError,
     atomic_write_text,
     latest_checkpoint,
@@ -25,8 +25,8 @@ from grpo_cli.checkpoint import (  # noqa: E402
     save_checkpoint,
     verify_checkpoint,
 )
-from grpo_cli import statefiles  # noqa: E402
-from grpo_cli.statefiles import rng_state, set_rng_state  # noqa: E402
+from grpo_cli.run import statefiles  # noqa: E402
+from grpo_cli.run.statefiles import rng_state, set_rng_state  # noqa: E402
 
 RECIPE = "name: tiny\ntrain:\n  max_steps: 3\n"
 
@@ -272,8 +272,7 @@ def test_corruption_is_named_and_refused(tmp_path, model):
 
 
 def test_retention_keeps_newest_complete(tmp_path, model):
-    from grpo_cli import runlock
-
+    from grpo_cli.run import lock as runlock
     root = tmp_path / "checkpoints"
     root.mkdir()
     (root / ".tmp-step-9-123").mkdir()

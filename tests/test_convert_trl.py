@@ -15,8 +15,8 @@ import urllib.request
 import pytest
 import yaml
 
-from grpo_cli.trl_compat import HOMES, ConversionError, convert, known_fields, trl_table
-from grpo_cli.trl_fields import GRPO_CONFIG, MODEL_ARGS, SCRIPT_ARGS
+from grpo_cli.recipe.trl import HOMES, ConversionError, convert, known_fields, trl_table
+from grpo_cli.recipe.trl_fields import GRPO_CONFIG, MODEL_ARGS, SCRIPT_ARGS
 from helpers import ROOT, cli, read_jsonl
 
 # TRL's documentation example (docs: GRPO Trainer, "trl grpo --config"), with the model and data made local below
@@ -38,7 +38,7 @@ def test_every_field_has_a_home_and_the_readme_table_is_current():
     readme = (ROOT / "README.md").read_text()
     start, end = readme.index("<!-- trl-table:start -->"), readme.index("<!-- trl-table:end -->")
     assert readme[start:end].strip().removeprefix("<!-- trl-table:start -->").strip() == trl_table()
-    from grpo_cli.recipe import schema_keys
+    from grpo_cli.recipe.schema import schema_keys
 
     keys = {k for k, _ in schema_keys()} | {"rewards", "name"}
     assert {key for key, _ in HOMES.values() if key} <= keys  # every key the table names exists
@@ -130,7 +130,7 @@ def test_converted_recipes_train_the_tiny_model(config, tmp_path, local_data, tu
 
 def test_converted_server_config_trains_against_grpo_serve_vllm(tmp_path, local_data, turn_model, model_cache):
     pytest.importorskip("vllm")
-    from grpo_cli.launch import free_port
+    from grpo_cli.train.launch import free_port
 
     port = free_port()
     small = {**SERVER, "model_name_or_path": turn_model, "dataset_name": local_data, "max_completion_length": 8,

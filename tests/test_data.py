@@ -1,4 +1,4 @@
-"""grpo_cli.data: generators, loading rows from files/datasets, prompt rendering, truncation, PromptStream."""
+"""grpo_cli.data.prompts: generators, loading rows from files/datasets, prompt rendering, truncation, PromptStream."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from grpo_cli.data import DataError, PromptStream, encode_prompts, load_rows, render_prompt  # noqa: E402
-from grpo_cli.problems import GENERATORS  # noqa: E402
-from grpo_cli.recipe import DataConfig, ModelConfig  # noqa: E402
+from grpo_cli.data.prompts import DataError, PromptStream, encode_prompts, load_rows, render_prompt  # noqa: E402
+from grpo_cli.data.generators import GENERATORS  # noqa: E402
+from grpo_cli.recipe.schema import DataConfig, ModelConfig  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -24,7 +24,7 @@ ROWS = [{"question": f"What is {i} + 1?", "answer": str(i + 1), "level": i % 3} 
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
-    from grpo_cli.models import load_tokenizer
+    from grpo_cli.models.loading import load_tokenizer
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GRPO_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
@@ -36,7 +36,8 @@ def gen_cfg(**kw) -> DataConfig:
 
 
 def test_import_is_light():
-    code = "import sys, grpo_cli.data; print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'datasets'}))"
+    code = ("import sys, grpo_cli.data.prompts; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'datasets'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

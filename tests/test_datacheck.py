@@ -1,4 +1,4 @@
-"""grpo_cli.datacheck: what `grpo validate` and `grpo train` check before loading a model (exit 2)."""
+"""grpo_cli.data.checks: what `grpo validate` and `grpo train` check before loading a model (exit 2)."""
 
 import json
 import subprocess
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_cli.data import DataError
-from grpo_cli.datacheck import check_data, file_columns
-from grpo_cli.recipe import load_recipe
+from grpo_cli.data.prompts import DataError
+from grpo_cli.data.checks import check_data, file_columns
+from grpo_cli.recipe.schema import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "recipes/ci-tiny.yaml"
@@ -64,7 +64,7 @@ def test_bad_data_is_named_before_any_model(folder, overrides, message):
     (folder / "other.jsonl").write_text('{"x": 1}\n')
     (folder / "broken.jsonl").write_text('{"question": "a", "solution": "1"}\n{"question": "b", solution: 2}\n')
     (folder / "rows.txt").write_text("hi")
-    from grpo_cli.recipe import RecipeError
+    from grpo_cli.recipe.schema import RecipeError
 
     with pytest.raises((DataError, RecipeError), match=message):
         check_data(_recipe(*overrides))

@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpo_cli.advantages import compute_advantages
-from grpo_cli.launch import LaunchError, free_port, gpu_count, launch_argv
+from grpo_cli.algo.advantages import compute_advantages
+from grpo_cli.train.launch import LaunchError, free_port, gpu_count, launch_argv
 
 from helpers import read_jsonl, stable
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from grpo_cli.datatypes import PromptBatch, RewardResult, Rollout
-from grpo_cli.dynamic_sampling import Round, assemble, groups_with_signal, pick_groups
-from grpo_cli.engine import Engine
-from grpo_cli.recipe import load_recipe
+from grpo_cli.algo.dynamic_sampling import Round, assemble, groups_with_signal, pick_groups
+from grpo_cli.train.engine import Engine
+from grpo_cli.recipe.schema import load_recipe
 
 from helpers import read_jsonl, stable
 

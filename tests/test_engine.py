@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_cli.engine import Engine
+from grpo_cli.train.engine import Engine
 from grpo_cli.errors import SetupError
-from grpo_cli.recipe import load_recipe
+from grpo_cli.recipe.schema import load_recipe
 
 from helpers import cli, read_jsonl, stable
 
@@ -40,7 +40,7 @@ def test_ci_tiny_through_the_cli(tmp_path):
     r = rollouts[0]
     assert set(r) >= {"step", "group", "prompt", "completion", "answer", "rewards", "reward", "advantage", "length", "truncated"}
     # the logged advantages are the group-normalised logged rewards
-    from grpo_cli.advantages import compute_advantages
+    from grpo_cli.algo.advantages import compute_advantages
 
     step1 = [x for x in rollouts if x["step"] == 1]
     adv = compute_advantages(torch.tensor([x["reward"] for x in step1]), 4, "group")
@@ -107,7 +107,7 @@ class ForwardCount(Engine):
 
 
 def test_mu_2_takes_the_old_policy_from_iteration_0_without_a_forward_of_its_own(tmp_path, monkeypatch):
-    import grpo_cli.engine as engine_module
+    import grpo_cli.train.engine as engine_module
 
     r = load_recipe(TINY, ["train.max_steps=2", "checkpoint.every_steps=0", "logging.rollouts=false",
                            "algorithm.num_iterations=3", "train.micro_batch_size=4", "train.learning_rate=3e-3"])

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from grpo_cli.datatypes import PromptBatch
-from grpo_cli.environment import Observations
-from grpo_cli.recipe import Recipe, RolloutConfig
-from grpo_cli.rollout.episodes import EpisodeRunner
+from grpo_cli.agents.environments import Observations
+from grpo_cli.recipe.schema import Recipe, RolloutConfig
+from grpo_cli.agents.episodes import EpisodeRunner
 from grpo_cli.rollout.hf import HFGenerator
 from helpers import ROOT, cli, read_jsonl, stable
 
@@ -22,7 +22,7 @@ ENVS = str(ROOT / "tests/envs.py")
 def runner_for(turn_model, tmp_path, **rollout):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpo_cli.recipe import DataConfig
+    from grpo_cli.recipe.schema import DataConfig
 
     tok = AutoTokenizer.from_pretrained(turn_model)
     model = AutoModelForCausalLM.from_pretrained(turn_model)

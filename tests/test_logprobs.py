@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from grpo_cli.logprobs import token_logprobs
+from grpo_cli.algo.logprobs import token_logprobs
 
 torch.set_num_threads(1)
 

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_cli.engine import Engine
-from grpo_cli.recipe import RecipeError, load_recipe
+from grpo_cli.train.engine import Engine
+from grpo_cli.recipe.schema import RecipeError, load_recipe
 from helpers import cli, read_jsonl, stable
 
 torch.set_num_threads(1)
@@ -26,7 +26,7 @@ def seq_logps(model, ids: torch.Tensor) -> torch.Tensor:
 
 
 def test_lora_trains_only_adapters_and_the_reference_is_the_base(tmp_path):
-    from grpo_cli.models import load_model
+    from grpo_cli.models.loading import load_model
 
     r = load_recipe(TINY, [*LORA, "algorithm.beta=0.1", "train.max_steps=3", "train.learning_rate=0.02",
                            "checkpoint.every_steps=0", "logging.rollouts=false"])
@@ -52,9 +52,9 @@ def test_lora_trains_only_adapters_and_the_reference_is_the_base(tmp_path):
 def test_merged_state_dict_equals_peft_merge_and_unload():
     import peft
 
-    from grpo_cli.lora import merged_state_dict
-    from grpo_cli.models import load_model
-    from grpo_cli.recipe import ModelConfig
+    from grpo_cli.models.lora import merged_state_dict
+    from grpo_cli.models.loading import load_model
+    from grpo_cli.recipe.schema import ModelConfig
 
     cfg = ModelConfig(name_or_path="builtin:tiny-qwen2")
     model = peft.get_peft_model(load_model(cfg), peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
@@ -92,7 +92,7 @@ def test_lora_resume_eval_and_export(tmp_path):
     assert not (out / "adapter_config.json").exists() and json.loads((out / "export.json").read_text())["lora_merged"]
     from transformers import AutoModelForCausalLM
 
-    from grpo_cli.lora import load_adapter_model
+    from grpo_cli.models.lora import load_adapter_model
 
     merged = AutoModelForCausalLM.from_pretrained(out)
     adapter = load_adapter_model(run / "checkpoints/step-4", load_recipe(run / "recipe.yaml").model, trainable=False)
@@ -156,8 +156,8 @@ def test_lora_reference_adds_no_model_copy_to_peak_rss(tmp_path):
     """Peak RSS of one step: beta > 0 costs a full-size copy without LoRA, and nothing measurable with it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
-    from grpo_cli.models import resolve_model_source
-    from grpo_cli.recipe import ModelConfig
+    from grpo_cli.models.loading import resolve_model_source
+    from grpo_cli.recipe.schema import ModelConfig
 
     tiny = resolve_model_source(ModelConfig(name_or_path="builtin:tiny-qwen2"))
     tok = AutoTokenizer.from_pretrained(tiny)

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from grpo_cli.losses import POLICY_LOSSES, compute_loss
-from grpo_cli.recipe import LOSS_TYPES
+from grpo_cli.algo.losses import POLICY_LOSSES, compute_loss
+from grpo_cli.recipe.schema import LOSS_TYPES
 
 # Two completions, two positions; old_logps = 0 so the ratio w equals exp(logps).
 W = torch.tensor([[1.5, 0.5], [1.0, 1.1]])
@@ -143,7 +143,7 @@ def test_unknown_loss_type_lists_valid_names():
 
 
 def test_sampler_correction_modes_hand_computed():
-    from grpo_cli.losses import sampler_correction
+    from grpo_cli.algo.losses import sampler_correction
 
     # trainer - sampler log-probs: row 0: log 2, log 0.5 (rho 2, 0.5); row 1: log 4 (rho 4), then padding
     old = torch.log(torch.tensor([[2.0, 0.5], [4.0, 1.0]]))

@@ -1,6 +1,6 @@
 import json
 
-from grpo_cli.metrics import JsonlLog, format_step_line
+from grpo_cli.run.logs import JsonlLog, format_step_line
 
 
 def test_resume_keeps_records_through_step_and_drops_a_cut_line(tmp_path):

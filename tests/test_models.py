@@ -1,4 +1,4 @@
-"""grpo_cli.models: builtin tiny models, model sources, GGUF conversion cache, load errors."""
+"""grpo_cli.models.loading: builtin tiny models, model sources, GGUF conversion cache, load errors."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpo_cli import models
-from grpo_cli.models import ModelLoadError, cache_dir, load_model, load_tokenizer, resolve_model_source
-from grpo_cli.recipe import ModelConfig
+from grpo_cli.models import loading as models
+from grpo_cli.models.loading import ModelLoadError, cache_dir, load_model, load_tokenizer, resolve_model_source
+from grpo_cli.recipe.schema import ModelConfig
 
 torch.set_num_threads(1)
 
@@ -233,7 +233,7 @@ def test_gguf_is_converted_once_into_a_cached_hf_folder(tmp_path, monkeypatch, c
     conversions = []
     convert = models._dequantize_gguf
     monkeypatch.setattr(models, "_dequantize_gguf", lambda *a: conversions.append(a) or convert(*a))
-    with caplog.at_level("INFO", logger="grpo_cli.models"):
+    with caplog.at_level("INFO", logger="grpo_cli.models.loading"):
         out = Path(resolve_model_source(cfg))
     assert "converting tiny.Q.gguf to a cached HF model" in caplog.text
     assert out.parent == cache_dir() / "models" and out.name.startswith("tiny.Q-")
@@ -288,7 +288,7 @@ def test_cached_folder_refuses_a_build_without_config(tmp_path):
 
 
 def test_mixed_precision_auto_is_bf16_autocast_for_float32_weights_on_native_bf16_hardware(monkeypatch):
-    from grpo_cli.models import native_bf16, resolve_mixed_precision
+    from grpo_cli.models.loading import native_bf16, resolve_mixed_precision
 
     monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
     native = native_bf16(torch.device("cpu"))  # this machine's CPU: AVX512-BF16

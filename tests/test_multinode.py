@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_cli.advantages import compute_advantages
-from grpo_cli.launch import free_port
+from grpo_cli.algo.advantages import compute_advantages
+from grpo_cli.train.launch import free_port
 
 from helpers import read_jsonl, stable
 

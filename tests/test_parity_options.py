@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from grpo_cli.advantages import normalize_then_sum
-from grpo_cli.engine import Engine
-from grpo_cli.losses import compute_loss, off_policy_sequence_mask
-from grpo_cli.recipe import RecipeError, load_recipe
+from grpo_cli.algo.advantages import normalize_then_sum
+from grpo_cli.train.engine import Engine
+from grpo_cli.algo.losses import compute_loss, off_policy_sequence_mask
+from grpo_cli.recipe.schema import RecipeError, load_recipe
 
 from helpers import read_jsonl
 

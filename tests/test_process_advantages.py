@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from grpo_cli.advantages import EPS, process_advantages, step_signal
-from grpo_cli.losses import compute_loss
+from grpo_cli.algo.advantages import EPS, process_advantages, step_signal
+from grpo_cli.algo.losses import compute_loss
 
 torch.set_num_threads(1)
 

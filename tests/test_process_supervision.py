@@ -4,9 +4,9 @@ advantages (DeepSeekMath sec. 4.1.3), logged per step, resumed exactly."""
 import pytest
 import torch
 
-from grpo_cli.engine import Engine
+from grpo_cli.train.engine import Engine
 from grpo_cli.errors import RewardError
-from grpo_cli.recipe import RecipeError, load_recipe
+from grpo_cli.recipe.schema import RecipeError, load_recipe
 from grpo_cli.rewards import REWARDS
 from grpo_cli.rewards.steps import check_steps, step_mean, token_at, token_end_offsets
 
@@ -68,7 +68,7 @@ def _recipe(*extra):
 
 @pytest.mark.usefixtures("model_cache")
 def test_training_with_step_rewards_logs_them_and_resumes_exactly(tmp_path, monkeypatch):
-    import grpo_cli.engine as engine_module
+    import grpo_cli.train.engine as engine_module
 
     seen = []
     real = engine_module.process_advantages

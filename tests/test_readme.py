@@ -3,10 +3,10 @@
 import re
 from pathlib import Path
 
-from grpo_cli.recipe import key_table, schema_keys
+from grpo_cli.recipe.schema import key_table, schema_keys
 
 ROOT = Path(__file__).resolve().parents[1]
-REGENERATE = 'python -c "from grpo_cli.recipe import key_table; print(key_table())"'
+REGENERATE = 'python -c "from grpo_cli.recipe.schema import key_table; print(key_table())"'
 
 
 def readme_table() -> str:

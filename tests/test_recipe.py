@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_cli.recipe import Recipe, RecipeError, load_recipe, recipe_to_yaml
+from grpo_cli.recipe.schema import Recipe, RecipeError, load_recipe, recipe_to_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
@@ -192,7 +192,7 @@ def test_overrides_that_are_not_yaml_are_plain_text(override, field, expected, m
 
 
 def test_resolve_paths_rules(tmp_path, monkeypatch):
-    from grpo_cli.recipe_files import resolve_paths
+    from grpo_cli.recipe.files import resolve_paths
 
     recipe_dir, cwd = tmp_path / "recipe", tmp_path / "cwd"
     (recipe_dir / "rm").mkdir(parents=True)

@@ -4,9 +4,9 @@ the mixing rule, the KL right after a reset, checkpointed reference weights and 
 import pytest
 import torch
 
-from grpo_cli.engine import Engine
-from grpo_cli.models import mix_into
-from grpo_cli.recipe import RecipeError, load_recipe
+from grpo_cli.train.engine import Engine
+from grpo_cli.models.loading import mix_into
+from grpo_cli.recipe.schema import RecipeError, load_recipe
 
 from helpers import read_jsonl, stable
 

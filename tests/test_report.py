@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_cli.report import (
+from grpo_cli.views.report import (
     ReportError,
     Run,
     candidate_panels,
@@ -230,7 +230,7 @@ def test_bad_run_folders_exit_2_with_a_message(tmp_path, case, message):
 
 
 def test_report_module_imports_neither_torch_nor_matplotlib():
-    code = "import sys, grpo_cli.report; print(sorted(m for m in ('torch', 'matplotlib') if m in sys.modules))"
+    code = "import sys, grpo_cli.views.report; print(sorted(m for m in ('torch', 'matplotlib') if m in sys.modules))"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert p.stdout.strip() == "[]", p.stderr
 

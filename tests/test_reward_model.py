@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from grpo_cli.recipe import Recipe, RewardConfig
+from grpo_cli.recipe.schema import Recipe, RewardConfig
 from grpo_cli.rewards import resolve_reward, reward_log_name, score
 from grpo_cli.rewards import reward_model as rm
 from helpers import cli, read_jsonl
@@ -20,7 +20,7 @@ CHAT = "<|im_start|>user\n{u}<|im_end|>\n<|im_start|>assistant\n{c}<|im_end|>\n"
 def _build(folder, *, num_labels: int = 1, chat_template: bool = True, causal: bool = False) -> str:
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, Qwen2Config
 
-    from grpo_cli.models import _build_tiny_tokenizer
+    from grpo_cli.models.loading import _build_tiny_tokenizer
 
     tok = _build_tiny_tokenizer()
     if not chat_template:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from grpo_cli.recipe import RewardConfig
+from grpo_cli.recipe.schema import RewardConfig
 from grpo_cli.rewards import (
     REWARDS,
     RewardError,

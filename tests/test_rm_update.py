@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from grpo_cli.recipe import Recipe, RewardConfig
+from grpo_cli.recipe.schema import Recipe, RewardConfig
 from grpo_cli.rewards import reward_model as rm
 from grpo_cli.rewards import score
 from grpo_cli.rewards.rm_update import (

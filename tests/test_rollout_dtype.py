@@ -5,8 +5,8 @@ import pytest
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, Qwen2Config, Qwen2ForCausalLM
 
-from grpo_cli.logprobs import token_logprobs
-from grpo_cli.recipe import RolloutConfig
+from grpo_cli.algo.logprobs import token_logprobs
+from grpo_cli.recipe.schema import RolloutConfig
 from grpo_cli.rollout.common import left_pad
 from grpo_cli.rollout.hf import HFGenerator, SamplerLogprobs, SamplingCopy, native_bf16, sampler_dtype
 

@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_cli import runlock
-from grpo_cli.checkpoint import CheckpointError, list_checkpoints, load_training_state, save_checkpoint, verify_checkpoint
-from grpo_cli.recipe import load_recipe, recipe_to_yaml
-from grpo_cli.rundir import (
+from grpo_cli.run import lock as runlock
+from grpo_cli.run.checkpoints import (
+    CheckpointError, list_checkpoints, load_training_state, save_checkpoint, verify_checkpoint,
+)
+from grpo_cli.recipe.schema import load_recipe, recipe_to_yaml
+from grpo_cli.run.folder import (
     RECIPE_CHANGES, RunFolderError, apply_optimizer_changes, check_drift, recipe_changes, resumable, start_point,
 )
 
@@ -135,7 +137,7 @@ def test_drift_is_refused_unless_allowed(tmp_path, model):
 
 
 def test_changed_optimizer_settings_reach_the_restored_optimizer(tmp_path):
-    from grpo_cli.optim import make_scheduler
+    from grpo_cli.train.optim import make_scheduler
 
     model = tiny_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
@@ -162,7 +164,7 @@ def test_changed_optimizer_settings_reach_the_restored_optimizer(tmp_path):
 
 def test_lock_is_exclusive_across_processes_and_released_on_kill(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from grpo_cli import runlock; runlock.acquire(sys.argv[1]); print('held', flush=True); "
+        "import sys, time; from grpo_cli.run import lock as runlock; runlock.acquire(sys.argv[1]); print('held', flush=True); "
         "time.sleep(60)"), str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         assert holder.stdout.readline().strip() == "held"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_cli.checkpoint import verify_checkpoint
+from grpo_cli.run.checkpoints import verify_checkpoint
 
 from helpers import ROOT, cli, read_jsonl
 
@@ -133,8 +133,8 @@ def test_recipe_drift_on_resume_is_refused_or_applied_and_recorded(base_run, tmp
     assert record["from_step"] == 5 and record["checkpoint"].endswith("checkpoints/step-4")
     assert record["changes"] == {"train.learning_rate": {"old": 1e-3, "new": 0.01, "resumable": False},
                                  "train.max_steps": {"old": 4, "new": 6, "resumable": True}}
-    from grpo_cli.recipe import load_recipe
-    from grpo_cli.rundir import check_drift
+    from grpo_cli.recipe.schema import load_recipe
+    from grpo_cli.run.folder import check_drift
 
     now = load_recipe(TINY, ["train.max_steps=6", "train.learning_rate=0.01"]).model_dump(mode="json")
     assert check_drift(run / "checkpoints/step-6", now, allow=False) == {}  # step-6 holds the new recipe
@@ -195,9 +195,9 @@ def test_full_disk_is_a_message_and_the_last_checkpoint_stays_intact(base_run, t
 
 
 def test_eval_and_export_verify_the_manifest(base_run, tmp_path):
-    from grpo_cli.checkpoint import CheckpointError
-    from grpo_cli.evaluate import resolve_target
-    from grpo_cli.export import export_checkpoint
+    from grpo_cli.run.checkpoints import CheckpointError
+    from grpo_cli.eval.evaluate import resolve_target
+    from grpo_cli.models.export import export_checkpoint
 
     run = copy_run(base_run, tmp_path / "run")
     weights = run / "checkpoints/step-4/model.safetensors"

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import grpo_cli.rollout.hf as hf
-from grpo_cli.recipe import RolloutConfig
+from grpo_cli.recipe.schema import RolloutConfig
 
 from test_rollout_dtype import Tok, tiny
 

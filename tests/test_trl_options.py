@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_cli.recipe import DataConfig, ModelConfig, Recipe, RolloutConfig
+from grpo_cli.recipe.schema import DataConfig, ModelConfig, Recipe, RolloutConfig
 from helpers import cli, read_jsonl, stable
 
 torch.set_num_threads(1)
@@ -21,7 +21,7 @@ def refused(section: str, fields: dict, message: str) -> None:
 
 
 def test_model_init_kwargs_reach_from_pretrained(model_cache):
-    from grpo_cli.models import load_model
+    from grpo_cli.models.loading import load_model
 
     assert load_model(ModelConfig(name_or_path="builtin:tiny-qwen2")).config.use_cache is True
     model = load_model(ModelConfig(name_or_path="builtin:tiny-qwen2", init_kwargs={"use_cache": False}))
@@ -33,9 +33,9 @@ def test_model_init_kwargs_reach_from_pretrained(model_cache):
 def test_chat_template_kwargs_reach_the_template(model_cache):
     from transformers import AutoTokenizer
 
-    from grpo_cli.data import render_prompt
-    from grpo_cli.environment import Observations
-    from grpo_cli.models import resolve_model_source
+    from grpo_cli.data.prompts import render_prompt
+    from grpo_cli.agents.environments import Observations
+    from grpo_cli.models.loading import resolve_model_source
 
     tok = AutoTokenizer.from_pretrained(resolve_model_source(ModelConfig(name_or_path="builtin:tiny-qwen2")))
     tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_cli.launch import free_port
+from grpo_cli.train.launch import free_port
 
 from helpers import ROOT, cli
 from test_vllm_server import _wait_healthy
@@ -56,8 +56,8 @@ def _logps(model_dir: Path | str, completion: list[int]) -> torch.Tensor:
 
 
 def _check_weights(ckpt: Path, completion: list[int], served_logps: list[float]) -> None:
-    from grpo_cli.models import resolve_model_source
-    from grpo_cli.recipe import ModelConfig
+    from grpo_cli.models.loading import resolve_model_source
+    from grpo_cli.recipe.schema import ModelConfig
 
     served = torch.tensor(served_logps)
     to_ckpt = (_logps(ckpt, completion) - served).abs().max().item()

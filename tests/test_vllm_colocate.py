@@ -19,9 +19,9 @@ pytest.importorskip("vllm")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-from grpo_cli.logprobs import token_logprobs  # noqa: E402
-from grpo_cli.models import resolve_model_source  # noqa: E402
-from grpo_cli.recipe import ModelConfig, RolloutConfig  # noqa: E402
+from grpo_cli.algo.logprobs import token_logprobs  # noqa: E402
+from grpo_cli.models.loading import resolve_model_source  # noqa: E402
+from grpo_cli.recipe.schema import ModelConfig, RolloutConfig  # noqa: E402
 from grpo_cli.rollout.vllm_colocate import VLLMColocateGenerator  # noqa: E402
 
 TEMPERATURE = 0.7

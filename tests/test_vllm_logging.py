@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_cli.models import VERBOSE_ENV, OncePerMessage, quiet_vllm
+from grpo_cli.models.loading import VERBOSE_ENV, OncePerMessage, quiet_vllm
 
 VLLM_ENV = ("VLLM_LOGGING_LEVEL", "VLLM_LOGGING_CONFIG_PATH", "VLLM_CONFIGURE_LOGGING", VERBOSE_ENV)
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_cli.launch import free_port
-from grpo_cli.recipe import ModelConfig, RolloutConfig
+from grpo_cli.train.launch import free_port
+from grpo_cli.recipe.schema import ModelConfig, RolloutConfig
 
 TOKEN = "test-token-7f3a"
 PROMPTS = [[5, 6, 7, 8], [9, 10]]  # B=2 ragged prompts
@@ -26,7 +26,7 @@ PROMPTS = [[5, 6, 7, 8], [9, 10]]  # B=2 ragged prompts
 
 def _make_model(dst: Path) -> Path:
     """builtin:tiny-qwen2 (head size 32, which vLLM's CPU attention needs), built offline into the cache."""
-    from grpo_cli.models import resolve_model_source
+    from grpo_cli.models.loading import resolve_model_source
 
     return Path(resolve_model_source(ModelConfig(name_or_path="builtin:tiny-qwen2")))
 
@@ -57,7 +57,7 @@ def server(tmp_path_factory):
     model_dir = _make_model(tmp_path_factory.mktemp("tiny-qwen2-h32"))
     port = free_port()
     log = open(tmp_path_factory.mktemp("log") / "server.log", "w+")
-    cmd = [sys.executable, "-m", "grpo_cli.serve.server", "--model", str(model_dir), "--port", str(port),
+    cmd = [sys.executable, "-m", "grpo_cli.serve.app", "--model", str(model_dir), "--port", str(port),
            "--dtype", "bfloat16", "--enforce-eager"]
     proc = subprocess.Popen(cmd, env=_server_env(GRPO_SERVER_TOKEN=TOKEN), stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -105,7 +105,7 @@ def _post(url: str, headers: dict) -> int:
 
 
 def _trainer_logps(model, r, temperature: float) -> torch.Tensor:
-    from grpo_cli.logprobs import token_logprobs
+    from grpo_cli.algo.logprobs import token_logprobs
 
     with torch.no_grad():
         logps, _ = token_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask,
@@ -244,7 +244,7 @@ def test_hung_then_dead_server_raises_within_the_timeout(client, server):
 def test_public_bind_without_token_refuses_before_loading_anything():
     env = _server_env()
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "grpo_cli.serve.server", "--model", "/does/not/exist", "--host", "0.0.0.0"],
+    out = subprocess.run([sys.executable, "-m", "grpo_cli.serve.app", "--model", "/does/not/exist", "--host", "0.0.0.0"],
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "refusing to listen on 0.0.0.0 without authentication" in out.stderr and "GRPO_SERVER_TOKEN" in out.stderr

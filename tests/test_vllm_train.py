@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_cli.launch import free_port
+from grpo_cli.train.launch import free_port
 from helpers import read_jsonl
 
 pytest.importorskip("vllm")
@@ -127,8 +127,8 @@ def start_server(model_dir: str, port: int, cache: Path, log: Path) -> subproces
 def test_server_mode_trains_survives_a_dead_server_and_resumes(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("GRPO_CACHE_DIR", str(cache))
-    from grpo_cli.models import resolve_model_source
-    from grpo_cli.recipe import ModelConfig
+    from grpo_cli.models.loading import resolve_model_source
+    from grpo_cli.recipe.schema import ModelConfig
 
     model_dir = resolve_model_source(ModelConfig(name_or_path="builtin:tiny-qwen2"))
     port, log, run = free_port(), tmp_path / "server.log", tmp_path / "run"

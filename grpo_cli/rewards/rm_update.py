@@ -231,7 +231,7 @@ class RewardModelUpdater:
 
 def build_updaters(recipe, log_names: list[str]) -> list[RewardModelUpdater]:
     """One updater per reward with `update` (recipe validation has checked its label)."""
-    from grpo_cli.recipe_checks import update_label
+    from grpo_cli.recipe.checks import update_label
 
     return [RewardModelUpdater(i, spec, update_label(recipe.rewards, i), log_names[i], recipe.train.seed)
             for i, spec in enumerate(recipe.rewards) if spec.update is not None]

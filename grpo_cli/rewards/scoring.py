@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import grpo_cli.rewards.reward_model as rm
-from grpo_cli import userobj
-from grpo_cli import children
-from grpo_cli.children import become_subreaper
+from grpo_cli.usercode import objects as userobj
+from grpo_cli.usercode import children
+from grpo_cli.usercode.children import become_subreaper
 from grpo_cli.errors import RewardError
 from grpo_cli.registry import did_you_mean
 from grpo_cli.rewards.builtin import REWARDS

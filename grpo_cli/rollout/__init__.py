@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import torch
 
     from grpo_cli.datatypes import Rollout
-    from grpo_cli.recipe import RolloutConfig
+    from grpo_cli.recipe.schema import RolloutConfig
     from grpo_cli.rollout.common import Samples
 
 

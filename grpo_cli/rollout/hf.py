@@ -10,8 +10,8 @@ from grpo_cli.datatypes import Rollout
 from grpo_cli.rollout.common import (
     Samples, build_rollout, completion_mask_from_eos, eos_token_ids, left_pad, pad_id_of,
 )
-from grpo_cli.models import native_bf16, without_autocast
-from grpo_cli.recipe import RolloutConfig
+from grpo_cli.models.loading import native_bf16, without_autocast
+from grpo_cli.recipe.schema import RolloutConfig
 
 
 def sampler_dtype(setting: str, model, *, full_model: bool) -> torch.dtype | None:
@@ -35,7 +35,7 @@ def shared_prefill(model, ids: torch.Tensor, mask: torch.Tensor):
 
     -> a cache over all but the last prompt position (generate runs that one and samples), or None when no two
     rows share a prompt. Same sampled tokens as without it, to float rounding."""
-    from grpo_cli.logprobs import distinct_rows, position_ids_from_mask
+    from grpo_cli.algo.logprobs import distinct_rows, position_ids_from_mask
 
     shared = distinct_rows(ids, mask) if ids.shape[1] >= 2 else None
     if shared is None:
@@ -102,7 +102,7 @@ class HFGenerator:
     (rollout.dtype) filled from the policy before every call, so nothing needs syncing after an update."""
 
     def __init__(self, model, tokenizer, cfg: RolloutConfig, synced: bool = False) -> None:
-        from grpo_cli.lora import is_peft_model
+        from grpo_cli.models.lora import is_peft_model
 
         # synced: the weights are sharded over processes (FSDP, ZeRO-3); a process whose sequences are done
         # keeps running forwards until every process is done, or the others would wait forever

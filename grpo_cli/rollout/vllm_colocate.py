@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from grpo_cli.datatypes import Rollout
-from grpo_cli.recipe import RolloutConfig
+from grpo_cli.recipe.schema import RolloutConfig
 from grpo_cli.rollout.common import (
     GenerationConfigOf, Samples, build_rollout, eos_token_ids, pad_completions, pad_id_of, request_seed, samples_from,
 )
@@ -118,7 +118,7 @@ class VLLMColocateGenerator:
         """Push the trainer's weights (the unwrapped HF model) into vLLM in place; -> seconds taken."""
         t0 = time.perf_counter()
         self.version += 1
-        from grpo_cli.lora import export_state_dict
+        from grpo_cli.models.lora import export_state_dict
 
         # HF checkpoint names, what reload_weights(is_checkpoint_format=True) reads; LoRA adapters merged
         state = export_state_dict(model)
@@ -209,7 +209,7 @@ def _build_llm(model_dir: str, cfg: RolloutConfig, seed: int):
             "rollout.vllm.mode=colocate supports a single training process for now; "
             "with several processes run `grpo serve-vllm` and set rollout.vllm.mode=server"
         )
-    from grpo_cli.models import quiet_vllm
+    from grpo_cli.models.loading import quiet_vllm
 
     try:
         quiet_vllm()  # warnings only, each once: vLLM repeats its lines at every weight sync (--verbose: all)

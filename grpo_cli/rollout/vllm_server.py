@@ -32,12 +32,12 @@ from urllib.parse import urlparse
 import torch
 
 from grpo_cli.datatypes import Rollout
-from grpo_cli.recipe import RolloutConfig
+from grpo_cli.recipe.schema import RolloutConfig
 from grpo_cli.rollout.common import (
     GenerationConfigOf, Samples, build_rollout, completion_mask_from_eos, eos_token_ids, pad_completions, pad_id_of,
     request_seed, samples_from,
 )
-from grpo_cli.serve.server import is_loopback
+from grpo_cli.serve.app import is_loopback
 
 TOKEN_ENV = "GRPO_SERVER_TOKEN"
 HEALTH_TIMEOUT_S = 5.0
@@ -293,7 +293,7 @@ class VLLMServerGenerator:
 def _unshared_cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """state_dict on the CPU, tied tensors (embed_tokens / lm_head) copied: safetensors refuses shared storage."""
     out, seen = {}, set()
-    from grpo_cli.lora import export_state_dict
+    from grpo_cli.models.lora import export_state_dict
 
     for k, v in export_state_dict(model).items():  # LoRA adapters merged
         t = v.detach().cpu().contiguous()

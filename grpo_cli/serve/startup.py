@@ -228,7 +228,7 @@ def _set_pdeathsig() -> None:
 def log_path_for(port: int) -> Path:
     """vLLM's output of the server on `port`, kept after the server exits: under grpo's cache folder (the
     user's own), not a predictable name in the shared /tmp that another user could plant a symlink at."""
-    from grpo_cli.models import cache_dir
+    from grpo_cli.models.loading import cache_dir
 
     folder = cache_dir() / "logs"
     folder.mkdir(parents=True, exist_ok=True)

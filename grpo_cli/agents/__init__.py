@@ -1,0 +1,1 @@
+"""Multi-turn episodes: environments and tools."""

@@ -1,0 +1,236 @@
+"""Multi-turn episodes (`rollout.environment`, `rollout.tools`, `rollout.max_turns`): the model acts, an
+environment or a tool answers, the model acts again; token in, token out.
+
+Each rollout row is one episode with its own environment instance (grpo_cli/agents/environments.py). Every turn, all
+episodes waiting for the model are continued together by the backend (`Generator.sample`), each from its exact
+token sequence so far: the prompt, the tokens the policy sampled, and the observation tokens appended between
+turns (each observation tokenized once, as the chat template renders it after an assistant turn). Nothing is
+decoded and re-encoded, so the trained tokens are the sampled ones.
+
+After an assistant turn that ended with EOS: with tools, its tool calls run (grpo_cli/agents/tools.py) and their answers
+are the next turn (`tool` messages); a turn without a call goes to the environment's `step`, or, with tools and
+no environment, is the final answer and ends the episode.
+
+The episode's completion is everything after the prompt. `observation_mask` marks the observation tokens: they
+are attended to but get no loss, no KL, no entropy and are not counted in lengths. Budgets: at most
+`max_completion_length` sampled tokens per episode and `max_episode_length` tokens in all (prompt + turns); an
+episode that hits either, or whose turn ends without EOS, is truncated. After `max_turns` assistant turns the
+episode ends (the environment still sees the last turn).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from grpo_cli.datatypes import PromptBatch, Rollout
+from grpo_cli.agents.environments import EnvFailure, Observations, call_all, open_environments
+from grpo_cli.agents.tools import ToolBox, parse_calls
+from grpo_cli.rollout.common import left_pad
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Episode:
+    prompt: list[int]
+    tokens: list[int] = field(default_factory=list)  # after the prompt: sampled and observation tokens
+    observed: list[int] = field(default_factory=list)  # 1 where tokens[i] is an observation token
+    logps: list[float] = field(default_factory=list)  # the sampler's log-probs (0 at observations)
+    turns: list[dict] = field(default_factory=list)  # {role, text, tokens}
+    sampled: int = 0  # tokens the policy sampled
+    done: bool = False
+    truncated: bool = False
+    failed: bool = False  # an environment call raised or timed out
+
+
+class EpisodeRunner:
+    """Runs a generation batch's episodes against a generator; counts environment failures."""
+
+    def __init__(self, cfg, data_cfg, tokenizer, generator, context_limit: int) -> None:
+        self.cfg, self.data_cfg, self.tok, self.generator = cfg, data_cfg, tokenizer, generator
+        self.context_limit = context_limit
+        self.observations = Observations(tokenizer, data_cfg.chat_template_kwargs)
+        self.toolbox = ToolBox(cfg.tools, cfg.tool_timeout_s) if cfg.tools else None
+        self.counts = self._zero()
+        self._reported: set[str] = set()
+        self._sampler_logps = False  # whether the backend reports log-probs (vLLM, a sampling copy)
+
+    @staticmethod
+    def _zero() -> dict[str, int]:
+        return {"episodes": 0, "errors": 0, "timeouts": 0, "tool_calls": 0, "tool_failures": 0}
+
+    def take_counts(self) -> dict[str, int]:
+        """Since the last call: episodes, environment failures (errors, timeouts), tool calls and failed ones."""
+        out, self.counts = self.counts, self._zero()
+        return out
+
+    def run(self, batch: PromptBatch, *, with_reward: bool, **sampling: Any) -> tuple[Rollout, dict[str, list]]:
+        """One episode per row of `batch` (each row's prompt, columns) -> the Rollout and the reward columns it
+        adds: `turns`, and `environment_reward` (the environments' reward(), where `with_reward`). `sampling`:
+        greedy / temperature / top_p for every turn (`grpo eval`)."""
+        from grpo_cli.data.prompts import encode_prompts, render_prompt
+
+        c = self.cfg
+        rows = [{k: v[i] for k, v in batch.columns.items()} for i in range(len(batch))]
+        envs = open_environments(c.environment, c.environment_kwargs, len(rows), c.environment_timeout_s) \
+            if c.environment else None
+        self.counts["episodes"] += len(rows)
+        try:
+            texts, prompt_ids = list(batch.texts), [list(x) for x in batch.input_ids]
+            episodes = [Episode(prompt=ids) for ids in prompt_ids]
+            resets = call_all(envs, "reset", [(row,) for row in rows], c.environment_timeout_s) if envs else []
+            for i, extra in enumerate(resets):
+                if isinstance(extra, EnvFailure):
+                    self._fail(episodes[i], extra)
+                elif extra:  # text for the first user turn: this row's prompt is rendered again with it
+                    texts[i] = render_prompt(rows[i], self.data_cfg, self.tok, extra_user_text=str(extra),
+                                             tools=self.toolbox.schemas if self.toolbox else None)
+                    episodes[i].prompt = prompt_ids[i] = encode_prompts([texts[i]], self.tok,
+                                                                        self.data_cfg.max_prompt_length)[0]
+            for turn in range(c.max_turns):
+                self._turn(episodes, envs, last=turn == c.max_turns - 1, sampling=sampling)
+            rewards = [None] * len(episodes)
+            if with_reward and envs:
+                alive = [i for i, e in enumerate(episodes) if not e.failed]
+                for i, r in zip(alive, call_all([envs[i] for i in alive], "reward", [()] * len(alive),
+                                                c.environment_timeout_s)):
+                    if isinstance(r, EnvFailure):
+                        self._fail(episodes[i], r)
+                    else:
+                        rewards[i] = r
+        finally:
+            for env in envs or []:
+                env.close()
+        rollout = self._rollout(episodes, texts)
+        return rollout, {"turns": rollout.turns, "environment_reward": rewards}
+
+    def _turn(self, episodes: list[Episode], envs: list | None, last: bool, sampling: dict) -> None:
+        c = self.cfg
+        waiting, budgets = [], []
+        for i, e in enumerate(episodes):
+            if e.done:
+                continue
+            room = min(c.max_completion_length - e.sampled, self.context_limit - len(e.prompt) - len(e.tokens))
+            if room <= 0:
+                e.truncated = e.done = True
+                continue
+            waiting.append(i)
+            budgets.append(room)
+        if not waiting:
+            return
+        out = self.generator.sample([episodes[i].prompt + episodes[i].tokens for i in waiting], budgets, **sampling)
+        self._sampler_logps = out.logps is not None
+        stepping, calling = [], []
+        for k, i in enumerate(waiting):
+            e, toks = episodes[i], out.tokens[k]
+            e.tokens += toks
+            e.observed += [0] * len(toks)
+            e.logps += out.logps[k] if out.logps is not None else [0.0] * len(toks)
+            e.sampled += len(toks)
+            e.turns.append({"role": "assistant", "text": self.tok.decode(toks, skip_special_tokens=True), "tokens": toks})
+            if not out.finished[k]:  # no EOS within the budget: the turn is cut, the episode ends
+                e.truncated = e.done = True
+                continue
+            # the raw text: a template may make the call tags special tokens, which the turn's text leaves out
+            calls = parse_calls(self.tok.decode(toks)) if self.toolbox is not None else []
+            if calls:
+                calling.append((i, calls))
+            elif envs is not None:
+                stepping.append(i)
+            else:  # tools, no environment: a turn without a call is the final answer
+                e.done = True
+        self._answer_calls(episodes, calling, last)
+        results = call_all([envs[i] for i in stepping], "step", [(episodes[i].turns[-1]["text"],) for i in stepping],
+                           c.environment_timeout_s) if stepping else []
+        for i, result in zip(stepping, results):
+            e = episodes[i]
+            if isinstance(result, EnvFailure):
+                self._fail(e, result)
+                continue
+            observation, done = _step_result(result)
+            if done or observation is None or last:
+                e.done = True
+                continue
+            self._observe(e, [{"role": "user", "content": observation}], "environment", observation)
+
+    def _answer_calls(self, episodes: list[Episode], calling: list[tuple[int, list]], last: bool) -> None:
+        """Run the turn's tool calls (every episode's together) and append their answers as `tool` messages."""
+        if not calling:
+            return
+        if last:  # no turn left to read the answers in
+            for i, _ in calling:
+                episodes[i].done = True
+            return
+        answers = self.toolbox.run([call for _, calls in calling for call in calls])
+        self.counts["tool_calls"] += len(answers)
+        self.counts["tool_failures"] += sum(not ok for _, ok in answers)
+        for i, calls in calling:
+            mine, answers = answers[: len(calls)], answers[len(calls) :]
+            messages = [{"role": "tool", "content": text} for text, _ in mine]
+            self._observe(episodes[i], messages, "tool", "\n".join(text for text, _ in mine))
+
+    def _observe(self, e: Episode, messages: list[dict], role: str, text: str) -> None:
+        """Append an observation's tokens, or end the episode (truncated) if they leave no room for the model."""
+        ids = self.observations.ids(messages, e.tokens[-1])
+        if len(e.prompt) + len(e.tokens) + len(ids) + 1 > self.context_limit:
+            e.truncated = e.done = True
+            return
+        e.tokens += ids
+        e.observed += [1] * len(ids)
+        e.logps += [0.0] * len(ids)
+        e.turns.append({"role": role, "text": text, "tokens": ids})
+
+    def _fail(self, e: Episode, failure: EnvFailure) -> None:
+        e.done = e.failed = True
+        self.counts["timeouts" if failure.kind == "timeout" else "errors"] += 1
+        if failure.kind not in self._reported:
+            self._reported.add(failure.kind)
+            log.warning("environment %s: %s (the episode ends there; later ones are only counted in "
+                        "environment/%s)", self.cfg.environment, failure.text,
+                        "timeouts" if failure.kind == "timeout" else "errors")
+
+    def _rollout(self, episodes: list[Episode], texts: list[str]) -> Rollout:
+        pad = self.generator.pad_id
+        prompt_ids, prompt_mask = left_pad([e.prompt for e in episodes], pad)
+        T = max(1, max(len(e.tokens) for e in episodes))
+        ids = torch.full((len(episodes), T), pad, dtype=torch.long)
+        mask = torch.zeros((len(episodes), T), dtype=torch.long)
+        observed = torch.zeros((len(episodes), T), dtype=torch.long)
+        logps = torch.zeros((len(episodes), T), dtype=torch.float32)
+        for r, e in enumerate(episodes):
+            n = len(e.tokens)
+            ids[r, :n] = torch.tensor(e.tokens, dtype=torch.long)
+            mask[r, :n] = 1
+            observed[r, :n] = torch.tensor(e.observed, dtype=torch.long)
+            logps[r, :n] = torch.tensor(e.logps, dtype=torch.float32)
+        return Rollout(
+            prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=ids, completion_mask=mask,
+            truncated=torch.tensor([e.truncated for e in episodes]), prompts=texts,
+            completions=[self.tok.decode(e.tokens, skip_special_tokens=True) for e in episodes],
+            sampling_logps=logps if self._sampler_logps else None, observation_mask=observed,
+            turns=[e.turns for e in episodes],
+        )
+
+
+def episode_runner(recipe, tokenizer, generator, model) -> EpisodeRunner | None:
+    """The runner of a recipe with rollout.environment or rollout.tools (None without): its context limit is
+    rollout.max_episode_length, else the model's max_position_embeddings."""
+    ro = recipe.rollout
+    if ro.environment is None and not ro.tools:
+        return None
+    limit = ro.max_episode_length or getattr(getattr(model, "config", None), "max_position_embeddings", None) or 2**31
+    return EpisodeRunner(ro, recipe.data, tokenizer, generator, limit)
+
+
+def _step_result(result: Any) -> tuple[str | None, bool]:
+    """step's (observation, done); a bare string or None is read as (it, False) / (None, True)."""
+    if isinstance(result, tuple) and len(result) == 2:
+        observation, done = result
+        return (None if observation is None else str(observation)), bool(done)
+    if result is None:
+        return None, True
+    return str(result), False

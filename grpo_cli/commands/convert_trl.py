@@ -1,0 +1,76 @@
+"""`grpo convert-trl CONFIG.yaml [-o recipe.yaml]`: a `trl grpo --config` YAML -> a grpo recipe (trl_compat.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def command(
+    config: Path = typer.Argument(..., help="The YAML `trl grpo --config` reads (GRPOConfig fields, model and dataset "
+                                  "arguments, reward_funcs).", show_default=False),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the recipe here (default: print it)."),
+    num_processes: int = typer.Option(1, "--num-processes", min=1, help="Processes the TRL run used (accelerate "
+                                      "launch): TRL's batch sizes are per device."),
+    name: Optional[str] = typer.Option(None, "--name", help="The recipe's name (default: run_name or the model's)."),
+) -> None:
+    """Convert a TRL GRPO config into a complete grpo recipe.
+
+    Every mapped field is written out, TRL's defaults included where they change what is learned (beta,
+    loss_type, use_bias_correction_kl, learning rate, Adam's beta2, max_grad_norm, lengths), so the converted
+    run trains the algorithm TRL would. The batch arithmetic is printed; fields that have no home are listed
+    with the reason. A field TRL does not have at all exits 2.
+
+    Examples:
+
+      grpo convert-trl grpo.yaml -o recipes/from-trl.yaml
+
+      grpo convert-trl grpo.yaml --num-processes 8
+    """
+    import yaml
+
+    from grpo_cli.recipe.schema import Recipe, _format_validation_error
+    from grpo_cli.registry import did_you_mean
+    from grpo_cli.recipe.trl import ConversionError, accepted_fields, convert
+    from grpo_cli.recipe.trl_fields import TRL_VERSION
+
+    def fail(message: str) -> None:
+        typer.echo(f"error: {message}", err=True)
+        raise typer.Exit(2)
+
+    try:
+        data = yaml.safe_load(config.read_text())
+    except OSError as e:
+        fail(f"cannot read {config}: {e}")
+    except yaml.YAMLError as e:
+        fail(f"{config}: not valid YAML: {e}")
+    if not isinstance(data, dict):
+        fail(f"{config}: a TRL config is a YAML mapping of fields")
+    try:
+        result = convert(data, num_processes=num_processes, name=name)
+    except ConversionError as e:
+        fail(f"{config}: {e}")
+    if result.unknown:
+        lines = [f"  {k}: not a field of TRL {TRL_VERSION}'s GRPOConfig or `trl grpo` arguments"
+                 f"{did_you_mean(k, accepted_fields())}" for k in result.unknown]
+        fail(f"{config} has fields TRL does not know:\n" + "\n".join(lines))
+    from pydantic import ValidationError
+
+    try:
+        Recipe.model_validate(result.recipe)
+    except ValidationError as e:
+        fail(f"the converted recipe does not validate:\n{_format_validation_error(e)}")
+    text = yaml.safe_dump(result.recipe, sort_keys=False, allow_unicode=True)
+    header = f"# converted from {config} (TRL {TRL_VERSION}) by `grpo convert-trl`\n"
+    for note in result.notes:
+        typer.echo(f"note: {note}", err=True)
+    for key, value, why in result.unmapped:
+        typer.echo(f"not mapped: {key} = {value!r}: {why}", err=True)
+    if output is None:
+        typer.echo(header + text.rstrip("\n"))
+    else:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(header + text)
+        typer.echo(f"wrote {output}", err=True)

@@ -1,0 +1,1 @@
+"""Prompts: from files, datasets and generators to rendered, tokenized batches; early data checks."""

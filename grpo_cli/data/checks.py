@@ -1,0 +1,161 @@
+"""Early data checks for `grpo validate` and `grpo train`: what can be known without loading a model.
+
+Reads only the first rows of data files (JSON Lines / JSON / CSV headers / parquet schema), a few
+generated problems, or the feature list of a `save_to_disk` folder, and checks that the prompt column,
+the template's placeholders and the answer column exist. Hub datasets are not reachable offline: they
+are skipped with a note. Every failure is a `DataError` naming the field, the columns there are and a
+close match; the CLI exits 2 with it, in `validate` and `train` alike.
+
+Importing this module must not import torch, transformers or datasets (`grpo validate` stays fast).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from grpo_cli.data.prompts import FILE_BUILDERS, DataError, check_columns
+from grpo_cli.data.generators import GENERATORS
+
+if TYPE_CHECKING:
+    from grpo_cli.recipe.schema import DataConfig, Recipe
+
+PREVIEW_ROWS = 20
+
+
+def _json_columns(path: Path, n: int) -> list[str]:
+    """Columns of the first n rows of a JSON Lines file, or of a JSON array of objects / object of columns."""
+    columns: dict[str, None] = {}
+    with open(path, encoding="utf-8") as f:
+        lines = [line for line in (f.readline() for _ in range(n)) if line.strip()]
+    error = None
+    for i, line in enumerate(lines, start=1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            error = f"line {i}: {e.msg} at column {e.colno}"
+            break
+        if not isinstance(row, dict):
+            error = f"line {i} is a JSON {type(row).__name__}, not an object of columns"
+            break
+        columns.update(dict.fromkeys(row))
+    if error is None:
+        return list(columns)
+    try:  # not JSON Lines: one JSON document
+        whole = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        raise DataError(f"{path}: not JSON Lines (one object per line) nor one JSON document: {error}") from None
+    if isinstance(whole, list) and whole and all(isinstance(r, dict) for r in whole[:n]):
+        for row in whole[:n]:
+            columns.update(dict.fromkeys(row))
+        return list(columns)
+    if isinstance(whole, dict) and whole and all(isinstance(v, list) for v in whole.values()):
+        return list(whole)
+    raise DataError(f"{path}: expected JSON Lines, a JSON array of objects or an object of column lists")
+
+
+def file_columns(path: Path, n: int = PREVIEW_ROWS) -> list[str]:
+    """The columns of one data file, from its first rows (DataError if it is missing or unreadable)."""
+    suffix = path.suffix.lower()
+    if suffix not in FILE_BUILDERS:
+        raise DataError(f"{path} has an unsupported extension; use one of {', '.join(FILE_BUILDERS)}")
+    if not path.is_file():
+        raise DataError(f"{path} does not exist")
+    if path.stat().st_size == 0:
+        raise DataError(f"{path} is empty")
+    try:
+        if suffix in (".json", ".jsonl"):
+            return _json_columns(path, n)
+        if suffix == ".csv":
+            with open(path, newline="", encoding="utf-8") as f:
+                return next(csv.reader(f), [])
+        import pyarrow.parquet as pq
+
+        return list(pq.read_schema(path).names)
+    except DataError:
+        raise
+    except Exception as e:  # noqa: BLE001 - unreadable file: say which and why
+        raise DataError(f"{path} cannot be read: {type(e).__name__}: {e}") from None
+
+
+def files_columns(files: list[str], field: str) -> list[str]:
+    """Columns of every file in `field` (data.files / eval.files); they must agree."""
+    first: list[str] | None = None
+    for f in files:
+        try:
+            cols = file_columns(Path(f))
+        except DataError as e:
+            raise DataError(f"{field}: {e}") from None
+        if first is not None and set(cols) != set(first):
+            raise DataError(f"{field}: {f} has columns {sorted(cols)} but {files[0]} has {sorted(first)}; "
+                            "files of one set must have the same columns")
+        first = first if first is not None else cols
+    return first or []
+
+
+def _folder_columns(folder: Path, split: str, field: str) -> list[str] | None:
+    """Columns of a `Dataset.save_to_disk` folder (its dataset_info.json), None for other folders."""
+    if (folder / "dataset_dict.json").is_file():
+        splits = json.loads((folder / "dataset_dict.json").read_text()).get("splits", [])
+        if split not in splits:
+            raise DataError(f"{field} {str(folder)!r} has no split {split!r}; splits: {', '.join(splits)}")
+        folder = folder / split
+    info = folder / "dataset_info.json"
+    if not (folder / "state.json").is_file() or not info.is_file():
+        return None
+    return list(json.loads(info.read_text()).get("features") or {})
+
+
+def _generated_columns(cfg: DataConfig, seed: int) -> list[str]:
+    kwargs = {k: v for k, v in cfg.generator_kwargs.items() if k not in ("size", "seed")}
+    try:
+        rows = GENERATORS[cfg.generator](n=2, seed=seed, **kwargs)
+    except DataError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise DataError(f"data.generator {cfg.generator!r}: bad data.generator_kwargs {cfg.generator_kwargs}: {e}") from None
+    return list(rows[0]) if rows else []
+
+
+def source_columns(cfg: DataConfig, seed: int, section: str = "data") -> tuple[list[str] | None, str]:
+    """(columns or None if they cannot be known offline, a description of the source)."""
+    if cfg.files:
+        return files_columns(cfg.files, f"{section}.files"), f"{section}.files"
+    if cfg.generator:
+        return _generated_columns(cfg, seed), f"data.generator {cfg.generator!r}"
+    folder = Path(cfg.dataset).expanduser()
+    field = f"{section}.dataset"
+    if folder.is_dir():
+        return _folder_columns(folder, cfg.split, field), f"{field} {cfg.dataset!r}"
+    if cfg.dataset.startswith(("/", "./", "../", "~")):
+        raise DataError(f"{field}: folder {cfg.dataset} does not exist")
+    return None, f"{field} {cfg.dataset!r}"
+
+
+def needs_answer(recipe: Recipe) -> bool:
+    """Whether a missing answer column is an error: named explicitly, or the accuracy reward needs it."""
+    cfg = recipe.data
+    return bool(cfg.answer_column) and (cfg.answer_column != "answer" or any(r.name == "accuracy" for r in recipe.rewards))
+
+
+def check_data(recipe: Recipe) -> list[str]:
+    """Check the recipe's training (and held-out eval) data without a model; DataError if it cannot work.
+
+    Returns notes on what could not be checked (hub datasets offline)."""
+    from grpo_cli.eval.evaluate import eval_data_config
+
+    notes = []
+    seed = recipe.data.seed if recipe.data.seed is not None else recipe.train.seed
+    sets = [("data", recipe.data)]
+    if recipe.eval is not None and (recipe.eval.files or recipe.eval.dataset):
+        sets.append(("eval", eval_data_config(recipe, recipe.eval)))
+    for section, cfg in sets:
+        columns, source = source_columns(cfg, seed, section)
+        if columns is None:
+            notes.append(f"{source}: columns not checked (not a local file or save_to_disk folder); "
+                         "they are checked when the data is loaded")
+            continue
+        check_columns(cfg, columns, source, needs_answer(recipe))
+    return notes

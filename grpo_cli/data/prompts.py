@@ -1,0 +1,331 @@
+"""Datasets -> prompts: load rows, render templates (+ chat template), tokenize, stream seeded batches.
+
+Rows come from a hub or local dataset, local .json/.jsonl/.parquet/.csv files, or an offline problem
+generator (`grpo_cli/data/generators.py`). A prompt is `data.template` formatted with the row's columns, or the row's
+`data.prompt_column` (a string, or a TRL-style conversation: a list of {"role", "content"} dicts).
+`PromptStream` hands out endless, seeded, resumable batches of `PromptBatch`.
+
+Importing this module must not import torch, transformers or datasets (`grpo validate` checks data
+through it); heavy imports live inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from grpo_cli.errors import DataError
+from grpo_cli.data.generators import GENERATORS
+from grpo_cli.registry import did_you_mean
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+    from grpo_cli.datatypes import PromptBatch
+    from grpo_cli.recipe.schema import DataConfig
+
+FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_rows(cfg: DataConfig, seed: int) -> Dataset:
+    """The rows to train on, from data.dataset, data.files or data.generator, cut to data.limit."""
+    if cfg.generator:
+        ds = _generated_rows(cfg, seed)
+        source = f"data.generator {cfg.generator!r}"
+    elif cfg.files:
+        ds = _file_rows(cfg.files)
+        source = f"data.files {cfg.files}"
+    else:
+        ds = _dataset_rows(cfg)
+        source = f"data.dataset {cfg.dataset!r}"
+    if cfg.limit is not None:
+        ds = ds.select(range(min(cfg.limit, len(ds))))
+    if len(ds) == 0:
+        raise DataError(f"{source} has no rows; check the split, files or data.limit")
+    check_columns(cfg, ds.column_names, source)
+    return ds
+
+
+def _generated_rows(cfg: DataConfig, seed: int) -> Dataset:
+    from datasets import Dataset
+
+    kwargs = dict(cfg.generator_kwargs)
+    size = kwargs.pop("size", 1000)
+    seed = kwargs.pop("seed", seed)
+    try:
+        fn = GENERATORS[cfg.generator]
+    except KeyError as e:
+        raise DataError(str(e.args[0])) from None
+    try:
+        rows = fn(n=size, seed=seed, **kwargs)
+    except DataError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise DataError(f"data.generator {cfg.generator!r}: bad data.generator_kwargs {cfg.generator_kwargs}: {e}") from e
+    if not rows:
+        raise DataError(f"data.generator {cfg.generator!r} made no rows; set data.generator_kwargs.size > 0")
+    return Dataset.from_list(rows)
+
+
+def _file_rows(files: list[str]) -> Dataset:
+    from datasets import load_dataset
+
+    paths = [Path(f).expanduser() for f in files]
+    builders = set()
+    for p in paths:
+        if p.suffix.lower() not in FILE_BUILDERS:
+            raise DataError(f"data.files: {p} has an unsupported extension; use one of {', '.join(FILE_BUILDERS)}")
+        if not p.is_file():
+            raise DataError(f"data.files: {p} does not exist; fix the path (relative paths in a recipe start at "
+                            "its folder, in an override at the working directory)")
+        if p.stat().st_size == 0:
+            raise DataError(f"data.files: {p} is empty; remove it from data.files or fill it")
+        builders.add(FILE_BUILDERS[p.suffix.lower()])
+    if len(builders) > 1:
+        raise DataError(f"data.files mixes formats ({', '.join(sorted(builders))}); convert them to one format")
+    try:
+        return load_dataset(builders.pop(), data_files=[str(p) for p in paths], split="train")
+    except Exception as e:
+        raise DataError(f"data.files: could not read {files}: {type(e).__name__}: {e}") from e
+
+
+def _dataset_rows(cfg: DataConfig) -> Dataset:
+    from datasets import DatasetDict, load_dataset, load_from_disk
+
+    folder = Path(cfg.dataset).expanduser()
+    try:
+        if (folder / "state.json").is_file() or (folder / "dataset_dict.json").is_file():  # Dataset.save_to_disk
+            ds = load_from_disk(str(folder))
+            if isinstance(ds, DatasetDict):
+                if cfg.split not in ds:
+                    raise DataError(f"data.split {cfg.split!r} not in {cfg.dataset}; splits: {', '.join(ds)}")
+                ds = ds[cfg.split]
+            return ds
+        return load_dataset(cfg.dataset, cfg.config, split=cfg.split)
+    except DataError:
+        raise
+    except Exception as e:
+        raise DataError(
+            f"data.dataset {cfg.dataset!r} (config {cfg.config!r}, split {cfg.split!r}) could not be loaded: "
+            f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}; check the name, "
+            "data.config and data.split, that it is in the hub cache when offline, or use data.files / data.generator"
+        ) from e
+
+
+def _template_columns(template: str) -> list[str]:
+    """Column names used by a str.format template ({a}, {a.b} and {a[0]} all use column a)."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as e:
+        raise DataError(f"data.template is not a valid format string: {e}") from None
+    names = []
+    for f in fields:
+        name = f.split(".")[0].split("[")[0]
+        if not name or name.isdigit():
+            raise DataError("data.template uses positional placeholders ({} or {0}); name a column, e.g. {question}")
+        names.append(name)
+    return names
+
+
+def _did_you_mean(name: str, columns: list[str]) -> str:
+    return did_you_mean(name, columns, cutoff=0.75)  # column names are short: a stricter match
+
+
+def check_columns(cfg: DataConfig, columns: list[str], source: str, needs_answer: bool | None = None) -> None:
+    """DataError unless the prompt column or the template's placeholders, and the answer column, are in `columns`.
+
+    A missing answer column is an error when `needs_answer` (default: when data.answer_column names
+    another column than the default `answer`, which a dataset without answers may lack)."""
+    listing = ", ".join(columns) or "none"
+    if cfg.template:
+        missing = [c for c in _template_columns(cfg.template) if c not in columns]
+        if missing:
+            raise DataError(
+                f"data.template uses column(s) {missing}{_did_you_mean(missing[0], columns)} that {source} does not "
+                f"have; columns: {listing}; fix data.template"
+            )
+    elif cfg.prompt_column not in columns:
+        raise DataError(
+            f"data.prompt_column {cfg.prompt_column!r}{_did_you_mean(cfg.prompt_column, columns)} is not a column "
+            f"of {source}; columns: {listing}; set data.prompt_column or data.template"
+        )
+    if needs_answer is None:
+        needs_answer = bool(cfg.answer_column) and cfg.answer_column != "answer"
+    if needs_answer and cfg.answer_column not in columns:
+        raise DataError(
+            f"data.answer_column {cfg.answer_column!r}{_did_you_mean(cfg.answer_column, columns)} is not a column "
+            f"of {source}; columns: {listing}; set data.answer_column to the column with the reference answers"
+        )
+
+
+# ---------------------------------------------------------------- prompts
+
+
+def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, extra_user_text: str | None = None,
+                  tools: list[dict] | None = None) -> str:
+    """One row -> prompt text: template or prompt column, system prompt, chat template (with generation prompt).
+    `extra_user_text` (an environment's reset): appended to the last user message, after a blank line.
+    `tools` (rollout.tools' JSON schemas): given to the chat template; one that ignores them gets tools.system_text
+    as (the end of) the system message instead."""
+    if cfg.template:
+        try:
+            messages = [{"role": "user", "content": cfg.template.format_map(row)}]
+        except KeyError as e:
+            raise DataError(f"data.template uses column {e.args[0]!r}, missing from the row; columns: {', '.join(row)}") from None
+        except (IndexError, ValueError) as e:
+            _template_columns(cfg.template)  # raises the specific message for positional placeholders
+            raise DataError(f"data.template cannot be formatted: {e}") from None
+    else:
+        if cfg.prompt_column not in row:
+            raise DataError(
+                f"data.prompt_column {cfg.prompt_column!r} is not a column; columns: {', '.join(row)}; "
+                "set data.prompt_column or data.template"
+            )
+        messages = _as_messages(row[cfg.prompt_column], cfg.prompt_column)
+    if extra_user_text:
+        users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+        if users:
+            m = messages[users[-1]]
+            messages[users[-1]] = {**m, "content": f"{m['content']}\n\n{extra_user_text}"}
+        else:
+            messages.append({"role": "user", "content": extra_user_text})
+    if cfg.system_prompt is not None:
+        # the recipe's system prompt applies to every row: it replaces one the conversation brings
+        messages = [{"role": "system", "content": cfg.system_prompt}] + [m for m in messages if m["role"] != "system"]
+    if not cfg.chat_template:
+        return "\n\n".join(str(m["content"]) for m in messages)
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError("the tokenizer has no chat template; set data.chat_template: false to use plain text prompts")
+    # A conversation ending in an assistant turn is a prefix the completion continues (TRL convention).
+    prefix = messages[-1]["role"] == "assistant"
+    render = dict(tokenize=False, add_generation_prompt=not prefix, continue_final_message=prefix,
+                  **cfg.chat_template_kwargs)
+    if tools:
+        with_tools = tokenizer.apply_chat_template(messages, tools=tools, **render)
+        if with_tools != tokenizer.apply_chat_template(messages, **render):
+            return with_tools
+        from grpo_cli.agents.tools import system_text
+
+        text = system_text(tools)
+        if messages[0]["role"] == "system":
+            messages = [{"role": "system", "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
+        else:
+            messages = [{"role": "system", "content": text}, *messages]
+    return tokenizer.apply_chat_template(messages, **render)
+
+
+def _as_messages(value: Any, column: str) -> list[dict[str, Any]]:
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m and "content" in m for m in value):
+        return [{"role": m["role"], "content": m["content"]} for m in value]
+    raise DataError(
+        f"column {column!r} holds {type(value).__name__} {str(value)[:80]!r}; a prompt is a string or a list of "
+        '{"role": ..., "content": ...} messages; set data.template to build it from other columns'
+    )
+
+
+def user_prompts(cfg: DataConfig, columns: dict[str, list]) -> list[str] | None:
+    """[N] each row's prompt before the policy's chat template and system prompt (the user message a reward
+    model's own chat template needs), or None when the rows cannot be rendered so."""
+    plain = cfg.model_copy(update={"chat_template": False, "system_prompt": None})
+    n = len(next(iter(columns.values()), []))
+    try:
+        return [render_prompt({k: v[i] for k, v in columns.items()}, plain, None) for i in range(n)]
+    except DataError:  # e.g. a template naming the answer column, which rewards get as `answer`
+        return None
+
+
+def encode_prompts(texts: list[str], tokenizer: Any, max_prompt_length: int | None) -> list[list[int]]:
+    """Token ids, no special tokens added (the chat template has them), left-truncated to the last N tokens.
+
+    Keeping the end keeps the question and the assistant turn marker the completion follows.
+    """
+    ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    if max_prompt_length is None:
+        return [list(x) for x in ids]
+    return [list(x[-max_prompt_length:]) for x in ids]
+
+
+# ---------------------------------------------------------------- stream
+
+
+class PromptStream:
+    """Endless, seeded, resumable batches of prompts.
+
+    Epoch e visits every row once, in the order of a permutation drawn from numpy's Generator seeded
+    with (seed, e) (or in dataset order without data.shuffle); a batch may run into the next epoch.
+    The shuffle seed is data.seed when set, else `seed`. `state_dict()` is {"epoch", "index"}: the
+    next prompt is position `index` of epoch `epoch`, so a restored stream continues identically.
+    """
+
+    def __init__(self, dataset: Dataset, cfg: DataConfig, tokenizer: Any, batch_size: int, seed: int,
+                 tools: list[dict] | None = None) -> None:
+        if len(dataset) == 0:
+            raise DataError("the dataset has no rows")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.dataset, self.cfg, self.tokenizer, self.batch_size = dataset, cfg, tokenizer, batch_size
+        self.tools = tools  # rollout.tools' schemas: every prompt describes them
+        self.seed = cfg.seed if cfg.seed is not None else seed
+        self.epoch, self.index = 0, 0
+        self._order: list[int] | None = None  # permutation of the current epoch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        epoch, index = int(state["epoch"]), int(state["index"])
+        if epoch < 0 or not 0 <= index <= len(self.dataset):
+            raise ValueError(f"prompt stream state {state} does not fit a dataset of {len(self.dataset)} rows")
+        self.epoch, self.index, self._order = epoch, index, None
+
+    def epoch_order(self, epoch: int) -> list[int]:
+        """Row indices in the order epoch `epoch` visits them."""
+        import numpy as np
+
+        n = len(self.dataset)
+        if not self.cfg.shuffle:
+            return list(range(n))
+        rng = np.random.default_rng([self.seed % 2**63, epoch])  # SeedSequence needs non-negative entries
+        return rng.permutation(n).tolist()
+
+    def _next_indices(self) -> list[int]:
+        picked = []
+        while len(picked) < self.batch_size:
+            if self.index >= len(self.dataset):
+                self.epoch, self.index, self._order = self.epoch + 1, 0, None
+            if self._order is None:
+                self._order = self.epoch_order(self.epoch)
+            take = min(self.batch_size - len(picked), len(self._order) - self.index)
+            picked += self._order[self.index : self.index + take]
+            self.index += take
+        return picked
+
+    def next_batch(self) -> PromptBatch:
+        return self.batch_of(self._next_indices())
+
+    def batch_of(self, indices: list[int]) -> PromptBatch:
+        """The prompts of dataset rows `indices`, rendered and tokenized (the stream does not move)."""
+        from grpo_cli.datatypes import PromptBatch
+
+        columns = self.dataset[indices]  # column -> list, in the order of `indices`
+        rows = [{k: v[i] for k, v in columns.items()} for i in range(len(indices))]
+        texts = [render_prompt(row, self.cfg, self.tokenizer, tools=self.tools) for row in rows]
+        input_ids = encode_prompts(texts, self.tokenizer, self.cfg.max_prompt_length)
+        answer = self.cfg.answer_column
+        if answer and answer != "answer":
+            columns.pop("answer", None)  # the reference answer is always under "answer"
+            if answer in columns:
+                columns["answer"] = columns.pop(answer)
+        return PromptBatch(texts=texts, input_ids=input_ids, columns=dict(columns), indices=indices)
+
+    def __iter__(self) -> PromptStream:
+        return self
+
+    def __next__(self) -> PromptBatch:
+        return self.next_batch()

@@ -1,0 +1,1 @@
+"""Evaluation: pass@k / maj@k and evaluating models on held-out problems."""

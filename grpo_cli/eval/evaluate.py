@@ -1,0 +1,401 @@
+"""`grpo eval`: task metrics of one or more models on the same held-out problems.
+
+accuracy   greedy decoding, the final answer extracted as the recipe's `accuracy` reward does
+           (its `mode`/`tag` kwargs) and compared with math-verify: pass@1 of the greedy policy.
+pass@k     unbiased estimator over n samples (Chen et al. 2021, arXiv:2107.03374): 1 - C(n-c, k) / C(n, k).
+maj@k      majority vote over the extracted answers of the first k samples (self-consistency), answers
+           grouped by mathematical equivalence ("3/4" and "0.75" are one vote), integers kept exact.
+Plus the mean of each reward function, format compliance (share of greedy completions with an
+extractable answer), mean completion length and truncation rate, all on greedy completions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo_cli.recipe.schema import DataConfig, EvalConfig, ModelConfig, Recipe
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Probability that at least one of k samples drawn without replacement from n (c correct) is correct."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    # 1 - C(n-c, k) / C(n, k) as a product, stable for large n
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def normalize_answer(answer: str) -> str:
+    """Canonical text for voting: numbers exactly as numbers (1,000 == 1000.0 == 1000; no float, so
+    2**53 + 1 stays itself), dashes/dollars/digit groups cleaned as for accuracy, other text stripped."""
+    from decimal import Decimal, InvalidOperation
+
+    from grpo_cli.rewards.answers import clean_answer
+
+    text = clean_answer(answer).strip().rstrip(".").strip()
+    try:
+        value = Decimal(text.replace(",", ""))
+    except InvalidOperation:
+        return text
+    if not value.is_finite() or abs(value.adjusted()) > 100:  # "1e400" is not worth 400 digits
+        return text
+    return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
+
+
+def majority_answer(answers: list[str | None], match: Callable[[str, str], bool] | None = None) -> str | None:
+    """Most common extracted answer, votes grouped by mathematical equivalence (`answers_match`:
+    "3/4", "0.75" and "\\frac{3}{4}" are one vote); ties: the group seen first; None if nothing was
+    extracted. Returns the group's first normalised text. Equal normalised texts are one vote without
+    asking math-verify, so u distinct texts cost at most u*(u-1)/2 `match` calls (pass a cached one)."""
+    if match is None:
+        from grpo_cli.rewards import answers_match as match
+    groups: list[list[Any]] = []  # [first text, votes], in order of first appearance
+    for text, votes in Counter(normalize_answer(a) for a in answers if a is not None).items():
+        group = next((g for g in groups if g[0] == text or match(g[0], text)), None)
+        if group is None:
+            groups.append([text, votes])
+        else:
+            group[1] += votes
+    return max(groups, key=lambda g: g[1])[0] if groups else None  # max keeps the first of equals
+
+
+def k_values(n: int) -> list[int]:
+    """1, 2, 4, ... up to n, and n itself."""
+    ks = [k for k in (2**i for i in range(int(math.log2(n)) + 1)) if k <= n]
+    return ks if ks[-1] == n else ks + [n]
+
+
+def accuracy_settings(recipe: Recipe) -> dict[str, str]:
+    """Extraction mode and tag of the recipe's `accuracy` reward (the same rule in training and eval)."""
+    for spec in recipe.rewards:
+        if spec.name == "accuracy":
+            return {"mode": spec.kwargs.get("mode", "auto"), "tag": spec.kwargs.get("tag", "answer")}
+    return {"mode": "auto", "tag": "answer"}
+
+
+@dataclass
+class Problems:
+    texts: list[str]  # [P] rendered prompts
+    input_ids: list[list[int]]  # [P]
+    columns: dict[str, list[Any]]  # dataset columns, each [P]
+    data: DataConfig  # what was loaded (for the report)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def eval_data_config(recipe: Recipe, cfg: EvalConfig) -> DataConfig:
+    """The held-out data: eval.files, eval.dataset (+ eval.config, eval.split), the eval split of
+    data.dataset, or else the training data itself (files) or the generator under another seed."""
+    d = recipe.data
+    update: dict[str, Any] = {"limit": cfg.limit, "shuffle": False, "seed": cfg.seed}
+    if cfg.files:
+        update.update(files=cfg.files, dataset=None, generator=None)
+    elif cfg.dataset:
+        same = cfg.dataset == d.dataset
+        update.update(dataset=cfg.dataset, config=cfg.config or (d.config if same else None), split=cfg.split,
+                      files=None, generator=None)
+    elif d.dataset:
+        update.update(split=cfg.split, config=cfg.config or d.config)
+    elif d.generator:
+        kwargs = {k: v for k, v in d.generator_kwargs.items() if k != "seed"}
+        update["generator_kwargs"] = {**kwargs, "size": cfg.limit}
+    return d.model_copy(update=update)
+
+
+def eval_source(recipe: Recipe, cfg: EvalConfig) -> dict[str, Any]:
+    """Where the eval problems come from and whether they are held out from training (eval.json's `eval_data`)."""
+    d, e = recipe.data, eval_data_config(recipe, cfg)
+    if e.files:
+        held_out = cfg.files is not None and sorted(e.files) != sorted(d.files or [])
+        source, note = ", ".join(e.files), None if held_out else "the training files: set eval.files to a held-out file"
+    elif e.dataset:
+        held_out = (e.dataset, e.config, e.split) != (d.dataset, d.config, d.split)
+        source = f"{e.dataset}:{e.config or ''}:{e.split}"
+        note = None if held_out else "the training split: set eval.split or eval.dataset to held-out data"
+    else:
+        held_out, source = False, f"generator {e.generator} (seed {cfg.seed})"
+        note = "the training generator under another seed (problems may repeat): set eval.files or eval.dataset"
+    return {"source": source, "held_out": held_out, **({"note": note} if note else {})}
+
+
+def load_problems(recipe: Recipe, cfg: EvalConfig, tokenizer) -> Problems:
+    from grpo_cli.data.prompts import encode_prompts, load_rows, render_prompt
+
+    data = eval_data_config(recipe, cfg)
+    rows = load_rows(data, cfg.seed)
+    columns = {k: list(v) for k, v in rows.to_dict().items()}
+    if data.answer_column and data.answer_column != "answer" and data.answer_column in columns:
+        columns["answer"] = columns.pop(data.answer_column)
+    tools = None
+    if recipe.rollout.tools:  # the prompts describe them, as in training
+        from grpo_cli.agents.tools import schemas
+
+        tools = schemas(recipe.rollout.tools)
+    texts = [render_prompt(row, data, tokenizer, tools=tools) for row in rows]
+    return Problems(texts, encode_prompts(texts, tokenizer, data.max_prompt_length), columns, data)
+
+
+def evaluate_model(model, tokenizer, recipe: Recipe, cfg: EvalConfig, problems: Problems, *, progress: bool = False,
+                   generator=None) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Greedy (and n sampled) completions for every problem -> metrics and one record per completion.
+
+    `generator` is any rollout backend (default: transformers generate on `model`). Runs under its
+    own RNG (seeded with cfg.seed) and leaves the caller's RNG untouched."""
+    import torch
+
+    from grpo_cli.datatypes import PromptBatch
+    from grpo_cli.rewards import answers_match, extract_answer, reference_text, score_rollout
+    from grpo_cli.rollout import build_generator
+    from grpo_cli.agents.episodes import episode_runner
+
+    gen = generator or build_generator(recipe.rollout.model_copy(update={"backend": "hf"}), tokenizer=tokenizer, model=model)
+    episodes = episode_runner(recipe, tokenizer, gen, model)  # rollout.environment / tools: multi-turn, as in training
+    ext = accuracy_settings(recipe)
+    max_len, n = cfg.max_new_tokens or recipe.rollout.max_completion_length, cfg.num_samples
+    samples: list[dict[str, Any]] = []
+    batches = [list(range(s, min(s + cfg.batch_size, len(problems)))) for s in range(0, len(problems), cfg.batch_size)]
+    with torch.random.fork_rng(devices=[]), _progress(progress, len(problems)) as advance:
+        torch.manual_seed(cfg.seed)
+        for rows in batches:
+            ids, texts = [problems.input_ids[i] for i in rows], [problems.texts[i] for i in rows]
+            kinds = [("greedy", 1, dict(greedy=True))]
+            if n > 1:
+                kinds.append(("sample", n, dict(temperature=cfg.temperature, top_p=cfg.top_p)))
+            for kind, per, sampling in kinds:
+                cols = {k: [v[i] for i in rows for _ in range(per)] for k, v in problems.columns.items()}
+                if episodes is not None:
+                    batch = PromptBatch(texts=[t for t in texts for _ in range(per)], input_ids=[x for x in ids for _ in range(per)],
+                                        columns=cols, indices=[i for i in rows for _ in range(per)])
+                    rollout, extra = episodes.run(batch, with_reward=any(s.name == "environment" for s in recipe.rewards),
+                                                  **sampling)
+                    cols = cols | extra
+                else:
+                    rollout = gen.generate(ids, texts, per, max_new_tokens=max_len, **sampling)
+                rewards = None
+                if kind == "greedy":
+                    rewards = score_rollout(recipe.rewards, rollout, cols, max_completion_length=max_len, tokenizer=tokenizer)
+                lengths = rollout.trained_mask().sum(1).tolist()
+                for j, text in enumerate(rollout.completions):
+                    i = rows[j // per]
+                    ref = reference_text(problems.columns.get("answer", [None] * len(problems))[i])
+                    got = extract_answer(text, mode=ext["mode"], tag=ext["tag"])
+                    samples.append({
+                        "index": i, "kind": kind, "sample": j % per, "prompt": problems.texts[i],
+                        "answer": ref, "completion": text, "extracted": got,
+                        "correct": bool(ref is not None and got is not None and answers_match(ref, got)),
+                        "rewards": {k: v[j] for k, v in rewards.per_function.items()} if rewards else None,
+                        "length": int(lengths[j]), "truncated": bool(rollout.truncated[j]),
+                        **({"turns": rollout.turns[j]} if rollout.turns is not None else {}),
+                    })
+            advance(len(rows))
+    return summarize(samples, n), samples
+
+
+def summarize(samples: list[dict[str, Any]], n: int) -> dict[str, float]:
+    """Metrics from the per-completion records of evaluate_model."""
+    greedy = [s for s in samples if s["kind"] == "greedy"]
+    m: dict[str, float] = {"num_problems": float(len(greedy))}
+    m["accuracy"] = sum(s["correct"] for s in greedy) / max(len(greedy), 1)
+    for name in greedy[0]["rewards"] if greedy else []:
+        vals = [s["rewards"][name] for s in greedy if s["rewards"][name] is not None]
+        m[f"rewards/{name}/mean"] = sum(vals) / len(vals) if vals else float("nan")
+    m["format_compliance"] = sum(s["extracted"] is not None for s in greedy) / max(len(greedy), 1)
+    m["completions/mean_length"] = sum(s["length"] for s in greedy) / max(len(greedy), 1)
+    m["completions/clipped_ratio"] = sum(s["truncated"] for s in greedy) / max(len(greedy), 1)
+    if n > 1:
+        by_problem: dict[int, list[dict[str, Any]]] = {}
+        for s in samples:
+            if s["kind"] == "sample":
+                by_problem.setdefault(s["index"], []).append(s)
+        matchers = {i: _cached_match() for i in by_problem}  # one cache per problem, shared by its k's
+        for k in k_values(n):
+            m[f"pass@{k}"] = sum(pass_at_k(n, sum(x["correct"] for x in xs), k) for xs in by_problem.values()) / len(by_problem)
+            votes = [_majority_correct(xs[:k], matchers[i]) for i, xs in by_problem.items()]
+            m[f"maj@{k}"] = sum(votes) / len(by_problem)
+    return m
+
+
+def _cached_match() -> Callable[[str, str], bool]:
+    from functools import cache
+
+    from grpo_cli.rewards import answers_match
+
+    return cache(answers_match)
+
+
+def _majority_correct(xs: list[dict[str, Any]], match: Callable[[str, str], bool] | None = None) -> bool:
+    """The majority answer of xs (grouped by equivalence) matches the reference."""
+    match = match or _cached_match()
+    winner = majority_answer([x["extracted"] for x in xs], match)
+    return bool(winner is not None and xs[0]["answer"] is not None and match(xs[0]["answer"], winner))
+
+
+class _progress:
+    """A rich progress bar with ETA over problems (or nothing)."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.enabled, self.total = enabled, total
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda k: None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.bar = Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TextColumn("eta"),
+                            TimeRemainingColumn(), transient=True)
+        task = self.bar.add_task("eval", total=self.total)
+        self.bar.start()
+        return lambda k: self.bar.advance(task, k)
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self.bar.stop()
+
+
+# ----- targets and the command ----------------------------------------------------------------
+@dataclass
+class Target:
+    spec: str  # what the user typed
+    model: ModelConfig
+    recipe: Recipe | None  # the one saved with a checkpoint, if any
+    adapter: Path | None = None  # a LoRA checkpoint: `model` is then its base
+
+
+def resolve_target(spec: str, recipe: Recipe | None) -> Target:
+    """`base` (the recipe's own model), a run folder (its newest checkpoint), a checkpoint, a model folder or hub id."""
+    from grpo_cli.run.checkpoints import is_checkpoint, newest_if_run_folder, recipe_path, verify_checkpoint
+    from grpo_cli.models.lora import is_adapter_checkpoint
+    from grpo_cli.recipe.schema import load_recipe
+
+    if spec == "base":
+        if recipe is None:
+            raise ValueError("target `base` means the recipe's model: give --recipe or a checkpoint target too")
+        return Target(spec, recipe.model, recipe)
+    path = newest_if_run_folder(spec)
+    if is_checkpoint(path):
+        verify_checkpoint(path)  # as --resume and export do: a corrupted checkpoint is never evaluated
+        saved = load_recipe(recipe_path(path))
+        if is_adapter_checkpoint(path):  # LoRA: base + adapter
+            return Target(spec, saved.model, saved, adapter=path)
+        model = saved.model.model_copy(update={"name_or_path": str(path), "gguf_file": None, "revision": None})
+        return Target(spec, model, saved)
+    base = recipe.model if recipe is not None else ModelConfig(name_or_path=spec)
+    return Target(spec, base.model_copy(update={"name_or_path": spec, "gguf_file": None, "revision": None}), None)
+
+
+def eval_settings(recipe: Recipe, cfg: EvalConfig, problems: Problems) -> dict[str, Any]:
+    data = eval_source(recipe, cfg)
+    return {
+        "problems": len(problems), "source": data["source"], "eval_data": data, "seed": cfg.seed, "extraction": accuracy_settings(recipe),
+        "accuracy_decoding": "greedy", "num_samples": cfg.num_samples, "temperature": cfg.temperature,
+        "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens or recipe.rollout.max_completion_length,
+    }
+
+
+def run_eval(specs: list[str], recipe: Recipe | None, cfg_overrides: dict[str, Any], output: Path,
+             backend: str = "hf") -> dict[str, Any]:
+    """Evaluate every target on the same problems; print a table, write eval.json and samples.jsonl."""
+    import json
+
+    from grpo_cli.models.loading import load_tokenizer, quiet_transformers
+
+    quiet_transformers()
+    resolved = {s: resolve_target(s, recipe) for s in specs if s != "base"}  # `base` needs the recipe first
+    recipe = recipe or next((t.recipe for t in resolved.values() if t.recipe is not None), None)
+    if recipe is None:
+        raise ValueError("no recipe: give --recipe, or a checkpoint written by `grpo train` as a target")
+    targets = [resolved.get(s) or resolve_target(s, recipe) for s in specs]
+    cfg = (recipe.eval or EvalConfig()).model_copy(update={k: v for k, v in cfg_overrides.items() if v is not None})
+    results, settings = [], None
+    output.mkdir(parents=True, exist_ok=True)
+    with open(output / "samples.jsonl", "w", encoding="utf-8") as f:
+        for t in targets:
+            tokenizer = load_tokenizer(t.model)
+            model, generator = _backend(backend, t, tokenizer, recipe, cfg.seed)
+            problems = load_problems(recipe, cfg, tokenizer)
+            settings = settings or {**eval_settings(recipe, cfg, problems), "backend": backend}
+            metrics, samples = evaluate_model(model, tokenizer, recipe, cfg, problems, progress=True, generator=generator)
+            if generator is not None:
+                generator.close()
+            f.writelines(json.dumps({"target": t.spec, **s}, ensure_ascii=False) + "\n" for s in samples)
+            results.append({"target": t.spec, "model": str(t.adapter or t.model.name_or_path), "gguf_file": t.model.gguf_file,
+                            "metrics": metrics})
+            del model
+    report = {"settings": settings, "targets": results}
+    (output / "eval.json").write_text(json.dumps(report, indent=2, default=str))
+    print_table(report)
+    return report
+
+
+def _backend(backend: str, t: Target, tokenizer, recipe: Recipe, seed: int):
+    """(HF model or None, generator or None): vLLM loads the weights itself, HF generates with the model.
+
+    A LoRA target is its base plus the adapter: merged for speed (kept apart on a 4-bit base, as trained);
+    vLLM loads the base and receives the merged weights."""
+    import torch
+
+    from grpo_cli.models.lora import load_adapter_model
+    from grpo_cli.models.loading import load_model, resolve_model_source
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    policy = load_adapter_model(t.adapter, t.model, trainable=False, device=device) if t.adapter else None
+    if backend == "hf":
+        if policy is None:
+            return load_model(t.model, device=device), None
+        return (policy if t.model.load_in_4bit else policy.merge_and_unload().to(device)), None
+    from grpo_cli.rollout import build_generator
+
+    cfg = recipe.rollout.model_copy(update={"backend": "vllm", "vllm": recipe.rollout.vllm.model_copy(update={"mode": "colocate"})})
+    generator = build_generator(cfg, tokenizer=tokenizer, model_dir=resolve_model_source(t.model), seed=seed)
+    if policy is not None:
+        generator.sync_weights(policy)
+    return None, generator
+
+
+def evaluate_during_training(accelerator, model, tokenizer, recipe: Recipe, generator, cache: dict, sharded: bool,
+                             say) -> dict[str, float]:
+    """The recipe's eval during training: on the main process (every process when the weights are sharded; the
+    main one reports) -> eval/* metrics and time/eval. `cache` keeps the problems between calls; `say` prints
+    once that the eval set is not held out when it is not."""
+    import time
+
+    out: dict[str, float] = {}
+    if accelerator.is_main_process or sharded:
+        if "problems" not in cache:
+            cache["problems"] = load_problems(recipe, recipe.eval, tokenizer)
+            source = eval_source(recipe, recipe.eval)
+            if not source["held_out"]:  # once per run: eval/* then measures fit to the training problems
+                say(f"eval: not held out: {source['source']} is {source['note']}")
+        t0 = time.perf_counter()
+        metrics, _ = evaluate_model(model, tokenizer, recipe, recipe.eval, cache["problems"], generator=generator)
+        if accelerator.is_main_process:
+            out = {f"eval/{k}": v for k, v in metrics.items()} | {"time/eval": time.perf_counter() - t0}
+    accelerator.wait_for_everyone()
+    return out
+
+
+def print_table(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    s, results = report["settings"], report["targets"]
+    console = Console()
+    data = s.get("eval_data", {})
+    if data and not data["held_out"]:
+        console.print(f"[bold yellow]not held out:[/] evaluating on {data['note']}", soft_wrap=True)
+    console.print(
+        f"{s['problems']} problems from {s['source']} (seed {s['seed']}); answers extracted with mode "
+        f"{s['extraction']['mode']!r}; accuracy = greedy pass@1; pass@k/maj@k from n={s['num_samples']} samples "
+        f"at temperature {s['temperature']}, top_p {s['top_p']}; max_new_tokens {s['max_new_tokens']}", soft_wrap=True,
+    )
+    table = Table("metric", *[r["target"] for r in results])
+    for key in results[0]["metrics"]:
+        table.add_row(key, *[f"{r['metrics'].get(key, float('nan')):.4g}" for r in results])
+    console.print(table)

@@ -1,0 +1,1 @@
+"""Loading models and tokenizers (hub, local folders, GGUF, builtin tiny models), LoRA, export."""

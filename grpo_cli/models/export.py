@@ -1,0 +1,87 @@
+"""`grpo export CKPT --merge OUT`: a checkpoint (LoRA adapter or full weights) -> a plain Hugging Face model folder.
+
+The output loads with `AutoModelForCausalLM.from_pretrained(OUT)` (and vLLM) with no grpo and no peft:
+LoRA adapters are merged into the base (W + scale * B @ A; a QLoRA base is loaded unquantized for this),
+optimizer and RNG state are left behind, the tokenizer and the recipe come along.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def export_checkpoint(checkpoint: Path, out: Path, dtype: str | None = None) -> dict:
+    """Write the merged model to `out` (must not exist or be empty); returns what export.json records."""
+    import shutil
+
+    import torch
+
+    from grpo_cli.run.checkpoints import (
+        is_checkpoint, make_readable, newest_if_run_folder, recipe_path, verify_checkpoint,
+    )
+    from grpo_cli.models.lora import is_adapter_checkpoint, load_adapter_model
+    from grpo_cli.models.loading import load_model, load_tokenizer, quiet_transformers
+    from grpo_cli.recipe.schema import load_recipe
+
+    quiet_transformers()
+    checkpoint = newest_if_run_folder(checkpoint)
+    if not is_checkpoint(checkpoint):
+        raise ValueError(f"{checkpoint} is not a checkpoint written by `grpo train` (no trainer/ state folder)")
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"{out} exists and is not empty; choose a new folder")
+    verify_checkpoint(checkpoint)
+    recipe = load_recipe(recipe_path(checkpoint))
+    base = recipe.model.model_copy(update={"load_in_4bit": False, "gradient_checkpointing": False,
+                                           **({"dtype": dtype} if dtype else {})})
+    adapter = is_adapter_checkpoint(checkpoint)
+    if adapter:
+        model = load_adapter_model(checkpoint, base, trainable=False).merge_and_unload()
+    else:
+        cfg = base.model_copy(update={"name_or_path": str(checkpoint.resolve()), "gguf_file": None, "revision": None})
+        model = load_model(cfg)
+    if dtype:
+        model.to(getattr(torch, dtype))
+    tokenizer = load_tokenizer(recipe.model.model_copy(update={"name_or_path": str(checkpoint.resolve()),
+                                                               "gguf_file": None, "revision": None}))
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    shutil.copy(recipe_path(checkpoint), out / "recipe.yaml")
+    record = {"checkpoint": str(checkpoint.resolve()), "lora_merged": adapter,
+              "base_model": recipe.model.name_or_path, "dtype": str(model.dtype).removeprefix("torch.")}
+    (out / "export.json").write_text(json.dumps(record, indent=1))
+    make_readable(out)
+    return record
+
+
+def command(
+    checkpoint: Path = typer.Argument(..., help="A checkpoint folder (RUN/checkpoints/step-N) or a run folder (its newest).", show_default=False),
+    merge: Path = typer.Option(..., "--merge", help="Output folder for the merged Hugging Face model.", show_default=False),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="Save in this dtype: float32, bfloat16 or float16 (default: the recipe's model.dtype)."),
+) -> None:
+    """Write a checkpoint as a plain Hugging Face model, LoRA adapters merged into the base.
+
+    Examples:
+
+      grpo export runs/gsm8k/checkpoints/step-200 --merge models/gsm8k-merged
+
+      grpo export runs/gsm8k --merge models/gsm8k-merged --dtype bfloat16
+    """
+    if dtype not in (None, "float32", "bfloat16", "float16"):
+        typer.echo(f"error: --dtype {dtype!r} is not one of float32, bfloat16, float16", err=True)
+        raise typer.Exit(2)
+    from grpo_cli.run.checkpoints import CheckpointError
+    from grpo_cli.models.lora import AdapterError
+    from grpo_cli.models.loading import ModelLoadError
+
+    try:
+        record = export_checkpoint(checkpoint, merge, dtype)
+    except (ValueError, CheckpointError, AdapterError, ModelLoadError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2 if isinstance(e, ValueError) else 1)
+    what = "LoRA adapters merged into " + record["base_model"] if record["lora_merged"] else "full weights"
+    typer.echo(f"wrote {merge} ({what}, {record['dtype']}); load it with AutoModelForCausalLM.from_pretrained")

@@ -1,0 +1,110 @@
+"""Checks of a recipe that span several fields or sections (run by `Recipe`'s validator): multi-turn episodes,
+generation settings, the label of a reward model's updates, keys that have a home of their own. Each raises a
+ValueError whose message starts with the field it is about. This module must not import grpo_cli.recipe.schema.
+"""
+
+from __future__ import annotations
+
+import re
+
+GENERATION_OWN = {  # rollout.generation_kwargs with a key of their own
+    "temperature": "rollout.temperature", "top_p": "rollout.top_p", "top_k": "rollout.top_k", "min_p": "rollout.min_p",
+    "repetition_penalty": "rollout.repetition_penalty", "max_new_tokens": "rollout.max_completion_length",
+    "max_tokens": "rollout.max_completion_length", "max_length": "rollout.max_completion_length",
+    "do_sample": "rollout.temperature", "eos_token_id": "(the model's EOS ids)", "stop_token_ids": "(the model's EOS ids)",
+    "pad_token_id": "(the tokenizer's)", "seed": "train.seed", "n": "algorithm.num_generations",
+    "num_return_sequences": "algorithm.num_generations", "logprobs": "(grpo asks for them)",
+    "cache_implementation": "rollout.cache_implementation",
+}
+INIT_OWN = {  # model.init_kwargs with a key of their own
+    "dtype": "model.dtype", "torch_dtype": "model.dtype", "attn_implementation": "model.attn_implementation",
+    "revision": "model.revision", "trust_remote_code": "model.trust_remote_code",
+    "quantization_config": "model.load_in_4bit", "load_in_4bit": "model.load_in_4bit",
+    "device_map": "(the trainer places the model)", "gguf_file": "model.gguf_file",
+}
+
+
+def refuse_own_keys(field: str, given: dict, own: dict[str, str]) -> None:
+    """ValueError naming `field.KEY` for a key of `given` that has a recipe key of its own (`own`: key -> that
+    recipe key, or a parenthesised reason it cannot be set at all)."""
+    for key in given:
+        if key in own:
+            home = own[key]
+            raise ValueError(f"{field}.{key}: " + (f"not settable {home}" if home.startswith("(") else
+                                                   f"set {home} instead"))
+
+
+def check_generation(ro) -> None:
+    """rollout.generation_kwargs, cache_implementation and vllm.structured_outputs_regex (naming the field)."""
+    if (regex := ro.vllm.structured_outputs_regex) is not None:
+        if ro.backend != "vllm":
+            raise ValueError("rollout.vllm.structured_outputs_regex needs rollout.backend vllm (structured outputs "
+                             "are vLLM's)")
+        try:
+            re.compile(regex)
+        except re.error as e:
+            raise ValueError(f"rollout.vllm.structured_outputs_regex: not a regular expression ({e})") from None
+    refuse_own_keys("rollout.generation_kwargs", ro.generation_kwargs, GENERATION_OWN)
+    if ro.cache_implementation is not None:
+        from transformers.generation.configuration_utils import ALL_CACHE_IMPLEMENTATIONS
+
+        if ro.cache_implementation not in ALL_CACHE_IMPLEMENTATIONS:
+            raise ValueError(f"rollout.cache_implementation: {ro.cache_implementation!r} is not one of transformers' "
+                             f"caches ({', '.join(ALL_CACHE_IMPLEMENTATIONS)})")
+
+
+def check_episodes(recipe) -> None:
+    """Multi-turn settings that fit together, the environment class checked (naming the field)."""
+    ro = recipe.rollout
+    uses_reward = [i for i, r in enumerate(recipe.rewards) if r.name == "environment"]
+    if ro.environment is None and uses_reward:
+        raise ValueError(f"rewards.{uses_reward[0]}.name: the reward `environment` needs rollout.environment")
+    if ro.environment is None and not ro.tools:
+        if ro.max_turns > 1:
+            raise ValueError(f"rollout.max_turns ({ro.max_turns}) needs rollout.environment or rollout.tools: after "
+                             "each turn something must answer the model")
+        return
+    if ro.tools:
+        from grpo_cli.agents.tools import check_tools
+
+        check_tools(ro.tools)
+        if ro.max_turns < 2:
+            raise ValueError("rollout.tools needs rollout.max_turns >= 2: a tool's answer comes in the next turn")
+    if ro.environment is not None:
+        from grpo_cli.agents.environments import check_environment
+
+        check_environment(ro.environment, ro.environment_kwargs, needs_reward=bool(uses_reward))
+    what = "rollout.environment" if ro.environment is not None else "rollout.tools"
+    if ro.max_staleness:
+        raise ValueError(f"{what} does not combine with rollout.max_staleness: asynchronous rollouts sample single "
+                         "completions")
+
+
+def update_label(rewards: list, i: int) -> int:
+    """The index of the reward that labels reward model `i`'s updates (rewards[i].update.label); ValueError
+    naming the field when `i` is no reward model or the label is missing, ambiguous or not verifiable."""
+    from grpo_cli.rewards.reward_model import is_reward_model
+
+    spec = rewards[i]
+    if not is_reward_model(spec.name):
+        raise ValueError(f"rewards.{i}.update: only a reward model (name: model:PATH) is trained during the run; "
+                         f"{spec.name!r} is a function: remove update")
+    verifiable = [j for j, r in enumerate(rewards) if not is_reward_model(r.name) and r.level == "outcome"]
+    label = spec.update.label
+    if label is None:
+        if len(verifiable) != 1:
+            found = ", ".join(repr(rewards[j].name) for j in verifiable) or "none"
+            raise ValueError(f"rewards.{i}.update.label: name the verifiable reward that labels the reward model's "
+                             f"samples (outcome rewards that are not reward models: {found})")
+        return verifiable[0]
+    from grpo_cli.rewards.scoring import unique_log_names
+
+    logged = unique_log_names([r.name for r in rewards])
+    named = [j for j, r in enumerate(rewards) if r.name == label] or [j for j, x in enumerate(logged) if x == label]
+    if not named:
+        raise ValueError(f"rewards.{i}.update.label: {label!r} is neither the name of a reward in this recipe nor the "
+                         f"name one is logged under ({', '.join(logged)})")
+    if named[0] not in verifiable:
+        raise ValueError(f"rewards.{i}.update.label: {label!r} is a reward model or step-level; the label must be an "
+                         "outcome reward computed by a function (e.g. accuracy)")
+    return named[0]

@@ -1,0 +1,144 @@
+"""Reading a recipe file: YAML (safe loader) + dotted command-line overrides -> a plain dict with interpolations
+resolved and local paths made absolute (the recipe file's folder for what it says, the working directory for
+overrides). Validation is grpo_cli.recipe.schema's. This module must not import grpo_cli.recipe.schema.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from grpo_cli.errors import RecipeError
+
+
+def _override_value(value: str) -> Any:
+    """An override's value: a YAML scalar or flow collection (0.3, null, [a, b], {k: v}), else the text itself.
+
+    `data.template={prompt} Answer with a number.` is not YAML, `{question}` would be a one-key mapping
+    and `Be brief: one line` a block mapping: all three are taken as plain text."""
+    import yaml
+
+    if not value:
+        return ""
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+    if isinstance(parsed, dict) and (not value.lstrip().startswith("{") or (
+            ":" not in value and all(v is None for v in parsed.values()))):
+        return value
+    return parsed
+
+
+def load_raw(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """YAML (safe loader) + dotlist overrides -> plain dict, interpolations resolved, local paths made absolute.
+
+    Relative paths written in the file start at the file's folder; those given as overrides at the
+    working directory (see `resolve_paths`)."""
+    import yaml
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"recipe file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise RecipeError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: a recipe is a YAML mapping of sections, got {type(data).__name__}")
+    try:
+        cfg = OmegaConf.create(data)
+    except OmegaConfBaseException as e:
+        raise RecipeError(f"{path}: {str(e).splitlines()[0]}") from None
+    overridden = []
+    for o in overrides:
+        key, sep, value = o.partition("=")
+        if not sep or not key:
+            raise RecipeError(f"override {o!r} is not of the form dotted.key=value")
+        key = key.strip()
+        try:
+            OmegaConf.update(cfg, key, _override_value(value), merge=True)
+        except (OmegaConfBaseException, TypeError, ValueError, KeyError, IndexError) as e:
+            raise RecipeError(f"override {o!r} cannot be applied: {str(e).splitlines()[0]}") from None
+        overridden.append(re.sub(r"\[(\d+)\]", r".\1", key))  # rewards[0].name == rewards.0.name
+    try:
+        raw = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as e:
+        raise RecipeError(f"{path}: {str(e).splitlines()[0]}") from None
+    return resolve_paths(raw, path.resolve().parent, overridden)  # type: ignore[arg-type]
+
+
+def _absolute(value: str, base: Path) -> str:
+    return os.path.normpath(os.path.join(base, os.path.expanduser(value)))
+
+
+def _local_path(value: Any, base: Path) -> bool:
+    """A name that means a local path: ./ ../ / ~, or found under `base` (hub ids like org/name stay)."""
+    if not isinstance(value, str) or not value or "://" in value:
+        return False
+    if value.startswith(("./", "../", "/", "~")) or value in (".", ".."):
+        return True
+    return ":" not in value and os.path.exists(os.path.join(base, value))
+
+
+def _reward_path(name: Any, base: Path) -> Any:
+    """`dir/file.py:fn` and `model:PATH` rewards with their path made absolute; other names unchanged."""
+    from grpo_cli.rewards.reward_model import PREFIX, is_reward_model
+    from grpo_cli.usercode.objects import is_file as _is_file
+
+    if not isinstance(name, str) or ":" not in name:
+        return name
+    if is_reward_model(name):
+        target = name.removeprefix(PREFIX)
+        return f"{PREFIX}{_absolute(target, base)}" if _local_path(target, base) else name
+    target, _, fn = name.rpartition(":")
+    return f"{_absolute(target, base)}:{fn}" if _is_file(target) else name
+
+
+def resolve_paths(raw: dict[str, Any], recipe_dir: Path, overridden: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """Local paths of a raw recipe made absolute, so the recipe works from any directory and the resolved
+    recipe saved with a run names the same files wherever it is read.
+
+    A value set by an override (its dotted key, or a parent's, is in `overridden`) starts at the working
+    directory, any other at `recipe_dir`. Paths: data.files, eval.files (always paths), reward files
+    (`dir/file.py:fn`) and `model:PATH` rewards, model.name_or_path, data.dataset and eval.dataset when they
+    name a local path (./, ../, /, ~, or existing there). logging.output_dir stays relative to the working
+    directory, as in TRL and verl."""
+
+    def base(key: str) -> Path:
+        from_cli = any(key == o or key.startswith(o + ".") for o in overridden)
+        return Path.cwd() if from_cli else recipe_dir
+
+    def section(name: str) -> dict[str, Any]:
+        value = raw.get(name)
+        return value if isinstance(value, dict) else {}
+
+    for sec in ("data", "eval"):
+        d = section(sec)
+        files = d.get("files")
+        if isinstance(files, str):
+            files = [files]
+        if isinstance(files, list):
+            d["files"] = [_absolute(f, base(f"{sec}.files.{i}")) if isinstance(f, str) else f for i, f in enumerate(files)]
+        if _local_path(d.get("dataset"), base(f"{sec}.dataset")):
+            d["dataset"] = _absolute(d["dataset"], base(f"{sec}.dataset"))
+    m = section("model")
+    if _local_path(m.get("name_or_path"), base("model.name_or_path")):
+        m["name_or_path"] = _absolute(m["name_or_path"], base("model.name_or_path"))
+    ro = section("rollout")
+    if isinstance(ro.get("environment"), str):  # path/to/env.py:Class, like a reward file
+        ro["environment"] = _reward_path(ro["environment"], base("rollout.environment"))
+    if isinstance(ro.get("tools"), list):
+        ro["tools"] = [_reward_path(t, base(f"rollout.tools.{i}")) for i, t in enumerate(ro["tools"])]
+    rewards = raw.get("rewards")
+    for i, r in enumerate(rewards if isinstance(rewards, list) else []):
+        if isinstance(r, dict) and "name" in r:
+            r["name"] = _reward_path(r["name"], base(f"rewards.{i}.name"))
+        update = r.get("update") if isinstance(r, dict) else None
+        if isinstance(update, dict) and "label" in update:  # names a reward: resolved as its name was
+            update["label"] = _reward_path(update["label"], base(f"rewards.{i}.update.label"))
+    return raw

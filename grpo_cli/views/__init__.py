@@ -1,0 +1,1 @@
+"""What a person sees of a run: inspect-rollouts, report."""
