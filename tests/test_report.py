@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from grpo_cli.errors import ReportError
 from grpo_cli.views.report import (
-    ReportError,
     Run,
     candidate_panels,
     load_metrics,

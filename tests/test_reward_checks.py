@@ -164,7 +164,7 @@ def test_skip_turns_nan_and_inf_into_missing_and_counts_them(user_file, caplog):
 
 
 def test_raise_mode_keeps_the_exception_text(user_file):
-    from grpo_cli.rewards import RewardError
+    from grpo_cli.errors import RewardError
 
     with pytest.raises(RewardError, match=r"failed at step 3: ZeroDivisionError: boom in user code\n"
                                           r"fix the function, or set on_error: skip"):

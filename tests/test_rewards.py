@@ -10,10 +10,10 @@ import time
 
 import pytest
 
+from grpo_cli.errors import RewardError
 from grpo_cli.recipe.schema import RewardConfig
 from grpo_cli.rewards import (
     REWARDS,
-    RewardError,
     check_reward_name,
     extract_answer,
     resolve_reward,

@@ -33,7 +33,7 @@ def server(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in ("GRPO_SERVER_TOKEN", "VLLM_CPU_KVCACHE_SPACE")}
     env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", GRPO_SERVER_TOKEN=TOKEN)  # in-process engine: starts in seconds
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "grpo_cli.serve.app", "--model", str(model_dir), "--port", str(port)],
+        proc = subprocess.Popen([sys.executable, "-m", "grpo_cli", "serve-vllm", "--model", str(model_dir), "--port", str(port)],
                                 env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

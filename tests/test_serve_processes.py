@@ -34,7 +34,7 @@ def _start(tmp_path, *args: str, **env) -> tuple[subprocess.Popen, str]:
     pytest.importorskip("vllm")
     model_dir, port = _make_model(tmp_path), free_port()
     log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_cli.serve.app", "--model", str(model_dir), "--port", str(port), *args],
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_cli", "serve-vllm", "--model", str(model_dir), "--port", str(port), *args],
                             env=_env(**env), stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -136,7 +136,7 @@ def test_a_failed_start_is_one_paragraph_with_the_log_file(tmp_path):
     pytest.importorskip("vllm")
     model_dir = _make_model(tmp_path)
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "grpo_cli.serve.app", "--model", str(model_dir), "--max-model-len", "100000",
+    out = subprocess.run([sys.executable, "-m", "grpo_cli", "serve-vllm", "--model", str(model_dir), "--max-model-len", "100000",
                           "--port", str(free_port())], env=_env(VLLM_ENABLE_V1_MULTIPROCESSING="0"),
                          capture_output=True, text=True, timeout=180)
     err = out.stderr.strip()
@@ -151,7 +151,7 @@ def test_a_failed_start_is_one_paragraph_with_the_log_file(tmp_path):
 def test_tp_beyond_the_cpu_cores_is_refused_before_vllm_starts(tmp_path):
     cores = len(os.sched_getaffinity(0))
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "grpo_cli.serve.app", "--model", "builtin:tiny-qwen2", "--tp", str(cores + 1)],
+    out = subprocess.run([sys.executable, "-m", "grpo_cli", "serve-vllm", "--model", "builtin:tiny-qwen2", "--tp", str(cores + 1)],
                          env=_env(GRPO_CACHE_DIR=str(tmp_path)), capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert f"--tp {cores + 1}" in out.stderr and f"{cores} CPU cores" in out.stderr

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from grpo_cli.serve import startup
-from grpo_cli.serve.startup import ModelShape, StartError, check_tp, plan_kv_cache
+from grpo_cli.errors import StartError
+from grpo_cli.serve.startup import ModelShape, check_tp, plan_kv_cache
 
 GiB, MiB = 2**30, 2**20
 QWEN_05B = ModelShape(layers=24, heads=14, kv_heads=2, head_dim=64, context=32768)  # Qwen2.5-0.5B's config

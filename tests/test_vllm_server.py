@@ -57,7 +57,7 @@ def server(tmp_path_factory):
     model_dir = _make_model(tmp_path_factory.mktemp("tiny-qwen2-h32"))
     port = free_port()
     log = open(tmp_path_factory.mktemp("log") / "server.log", "w+")
-    cmd = [sys.executable, "-m", "grpo_cli.serve.app", "--model", str(model_dir), "--port", str(port),
+    cmd = [sys.executable, "-m", "grpo_cli", "serve-vllm", "--model", str(model_dir), "--port", str(port),
            "--dtype", "bfloat16", "--enforce-eager"]
     proc = subprocess.Popen(cmd, env=_server_env(GRPO_SERVER_TOKEN=TOKEN), stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -162,7 +162,7 @@ def test_sync_weights_changes_what_the_server_samples(client, hf_model, server):
     # Re-sending the loaded version is a no-op (idempotent retries); an older one is refused.
     out = client._request("POST", "/update_weights", doing="test", payload={"path": "/nonexistent", "version": client.version})
     assert out == {"weight_version": client.version, "updated": False, "seconds": 0.0}
-    from grpo_cli.rollout.vllm_server import VLLMServerError
+    from grpo_cli.errors import VLLMServerError
 
     with pytest.raises(VLLMServerError, match=r"HTTP 409: weight version 0 is older than the loaded version 1"):
         client._request("POST", "/update_weights", doing="test", payload={"path": "/nonexistent", "version": 0})
@@ -181,7 +181,7 @@ def test_remote_style_upload_of_the_weights_bytes(client, hf_model):
 
 
 def test_stale_version_is_a_409_not_a_silent_rollout(client):
-    from grpo_cli.rollout.vllm_server import VLLMServerError
+    from grpo_cli.errors import VLLMServerError
 
     client.version -= 1
     try:
@@ -195,7 +195,7 @@ def test_stale_version_is_a_409_not_a_silent_rollout(client):
 def test_structured_outputs_and_sampling_kwargs_reach_the_server(client):
     import re
 
-    from grpo_cli.rollout.vllm_server import VLLMServerError
+    from grpo_cli.errors import VLLMServerError
 
     cfg = client.cfg
     vllm = cfg.vllm.model_copy(update={"structured_outputs_regex": r"[0-9]{2,4}"})
@@ -218,7 +218,7 @@ def test_structured_outputs_and_sampling_kwargs_reach_the_server(client):
 
 
 def test_hung_then_dead_server_raises_within_the_timeout(client, server):
-    from grpo_cli.rollout.vllm_server import VLLMServerError
+    from grpo_cli.errors import VLLMServerError
 
     client.timeout = 2.0
     proc = server["proc"]
@@ -244,7 +244,7 @@ def test_hung_then_dead_server_raises_within_the_timeout(client, server):
 def test_public_bind_without_token_refuses_before_loading_anything():
     env = _server_env()
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "grpo_cli.serve.app", "--model", "/does/not/exist", "--host", "0.0.0.0"],
+    out = subprocess.run([sys.executable, "-m", "grpo_cli", "serve-vllm", "--model", "/does/not/exist", "--host", "0.0.0.0"],
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "refusing to listen on 0.0.0.0 without authentication" in out.stderr and "GRPO_SERVER_TOKEN" in out.stderr

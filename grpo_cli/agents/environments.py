@@ -28,7 +28,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from grpo_cli.usercode import objects as userobj
+from grpo_cli.usercode import objects
 from grpo_cli.usercode.children import become_subreaper, kill_tree, mp_context
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ METHODS = ("reset", "step", "reward")
 
 
 def resolve_environment(name: str) -> type:
-    cls = userobj.resolve(name, kind="environment", what="class")
+    cls = objects.resolve(name, kind="environment", what="class")
     if not inspect.isclass(cls):
         raise ValueError(f"environment {name!r} is a {type(cls).__name__}, not a class: name the class whose "
                          "instances run one episode each (reset, step, reward)")
@@ -165,7 +165,7 @@ class ChildEnv:
         self.conn, child = ctx.Pipe(duplex=True)
         # not a daemon: an environment may start processes of its own. It ends with the episode (close), or when the
         # trainer is gone (its pipe closes: recv raises EOFError)
-        self.proc = ctx.Process(target=_env_main, args=(userobj.portable(name), kwargs, child), name="environment")
+        self.proc = ctx.Process(target=_env_main, args=(objects.portable(name), kwargs, child), name="environment")
         self.proc.start()
         child.close()
         self.timeout_s, self.dead, self._method = timeout_s, False, ""

@@ -21,7 +21,7 @@ import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from grpo_cli.usercode import objects as userobj
+from grpo_cli.usercode import objects
 from grpo_cli.usercode import children
 from grpo_cli.usercode.children import become_subreaper
 
@@ -35,7 +35,7 @@ CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 
 def resolve_tool(name: str) -> Callable[..., Any]:
-    return userobj.resolve(name, kind="tool", what="function")
+    return objects.resolve(name, kind="tool", what="function")
 
 
 def tool_schema(fn: Callable[..., Any]) -> dict:
@@ -136,7 +136,7 @@ class ToolBox:
 
     def __init__(self, names: list[str], timeout_s: float) -> None:
         self.schemas = schemas(names)
-        self.names = {s["function"]["name"]: userobj.portable(n) for s, n in zip(self.schemas, names)}
+        self.names = {s["function"]["name"]: objects.portable(n) for s, n in zip(self.schemas, names)}
         self.timeout_s = timeout_s
 
     def run(self, calls: list[Call]) -> list[tuple[str, bool]]:
@@ -155,7 +155,7 @@ class ToolBox:
             if isinstance(item, str):
                 out.append((item, False))
                 continue
-            msg = children.collect(item)
+            msg = children.answer(item)
             if msg[0] == "timeout":
                 out.append((f"error: the tool did not answer within {self.timeout_s:g} s", False))
             elif msg[0] == "exited":

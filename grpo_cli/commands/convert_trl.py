@@ -1,4 +1,4 @@
-"""`grpo convert-trl CONFIG.yaml [-o recipe.yaml]`: a `trl grpo --config` YAML -> a grpo recipe (trl_compat.py)."""
+"""`grpo convert-trl CONFIG.yaml [-o recipe.yaml]`: a `trl grpo --config` YAML -> a grpo recipe (grpo_cli/recipe/trl.py)."""
 
 from __future__ import annotations
 
@@ -30,38 +30,34 @@ def command(
       grpo convert-trl grpo.yaml --num-processes 8
     """
     import yaml
+    from pydantic import ValidationError
 
+    from grpo_cli.errors import ConversionError
     from grpo_cli.recipe.schema import Recipe, _format_validation_error
-    from grpo_cli.registry import did_you_mean
-    from grpo_cli.recipe.trl import ConversionError, accepted_fields, convert
+    from grpo_cli.recipe.trl import accepted_fields, convert
     from grpo_cli.recipe.trl_fields import TRL_VERSION
-
-    def fail(message: str) -> None:
-        typer.echo(f"error: {message}", err=True)
-        raise typer.Exit(2)
+    from grpo_cli.registry import did_you_mean
 
     try:
         data = yaml.safe_load(config.read_text())
     except OSError as e:
-        fail(f"cannot read {config}: {e}")
+        raise ConversionError(f"cannot read {config}: {e}") from None
     except yaml.YAMLError as e:
-        fail(f"{config}: not valid YAML: {e}")
+        raise ConversionError(f"{config}: not valid YAML: {e}") from None
     if not isinstance(data, dict):
-        fail(f"{config}: a TRL config is a YAML mapping of fields")
+        raise ConversionError(f"{config}: a TRL config is a YAML mapping of fields")
     try:
         result = convert(data, num_processes=num_processes, name=name)
     except ConversionError as e:
-        fail(f"{config}: {e}")
+        raise ConversionError(f"{config}: {e}") from None
     if result.unknown:
         lines = [f"  {k}: not a field of TRL {TRL_VERSION}'s GRPOConfig or `trl grpo` arguments"
                  f"{did_you_mean(k, accepted_fields())}" for k in result.unknown]
-        fail(f"{config} has fields TRL does not know:\n" + "\n".join(lines))
-    from pydantic import ValidationError
-
+        raise ConversionError(f"{config} has fields TRL does not know:\n" + "\n".join(lines))
     try:
         Recipe.model_validate(result.recipe)
     except ValidationError as e:
-        fail(f"the converted recipe does not validate:\n{_format_validation_error(e)}")
+        raise ConversionError(f"the converted recipe does not validate:\n{_format_validation_error(e)}") from None
     text = yaml.safe_dump(result.recipe, sort_keys=False, allow_unicode=True)
     header = f"# converted from {config} (TRL {TRL_VERSION}) by `grpo convert-trl`\n"
     for note in result.notes:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo_cli.errors import UsageError
 from grpo_cli.recipe.schema import DataConfig, EvalConfig, ModelConfig, Recipe
 
 
@@ -276,7 +277,7 @@ def resolve_target(spec: str, recipe: Recipe | None) -> Target:
 
     if spec == "base":
         if recipe is None:
-            raise ValueError("target `base` means the recipe's model: give --recipe or a checkpoint target too")
+            raise UsageError("target `base` means the recipe's model: give --recipe or a checkpoint target too")
         return Target(spec, recipe.model, recipe)
     path = newest_if_run_folder(spec)
     if is_checkpoint(path):
@@ -310,7 +311,7 @@ def run_eval(specs: list[str], recipe: Recipe | None, cfg_overrides: dict[str, A
     resolved = {s: resolve_target(s, recipe) for s in specs if s != "base"}  # `base` needs the recipe first
     recipe = recipe or next((t.recipe for t in resolved.values() if t.recipe is not None), None)
     if recipe is None:
-        raise ValueError("no recipe: give --recipe, or a checkpoint written by `grpo train` as a target")
+        raise UsageError("no recipe: give --recipe, or a checkpoint written by `grpo train` as a target")
     targets = [resolved.get(s) or resolve_target(s, recipe) for s in specs]
     cfg = (recipe.eval or EvalConfig()).model_copy(update={k: v for k, v in cfg_overrides.items() if v is not None})
     results, settings = [], None

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
-
-import typer
 
 
 def export_checkpoint(checkpoint: Path, out: Path, dtype: str | None = None) -> dict:
@@ -27,12 +24,14 @@ def export_checkpoint(checkpoint: Path, out: Path, dtype: str | None = None) -> 
     from grpo_cli.models.loading import load_model, load_tokenizer, quiet_transformers
     from grpo_cli.recipe.schema import load_recipe
 
+    from grpo_cli.errors import UsageError
+
     quiet_transformers()
     checkpoint = newest_if_run_folder(checkpoint)
     if not is_checkpoint(checkpoint):
-        raise ValueError(f"{checkpoint} is not a checkpoint written by `grpo train` (no trainer/ state folder)")
+        raise UsageError(f"{checkpoint} is not a checkpoint written by `grpo train` (no trainer/ state folder)")
     if out.exists() and any(out.iterdir()):
-        raise ValueError(f"{out} exists and is not empty; choose a new folder")
+        raise UsageError(f"{out} exists and is not empty; choose a new folder")
     verify_checkpoint(checkpoint)
     recipe = load_recipe(recipe_path(checkpoint))
     base = recipe.model.model_copy(update={"load_in_4bit": False, "gradient_checkpointing": False,
@@ -56,32 +55,3 @@ def export_checkpoint(checkpoint: Path, out: Path, dtype: str | None = None) -> 
     (out / "export.json").write_text(json.dumps(record, indent=1))
     make_readable(out)
     return record
-
-
-def command(
-    checkpoint: Path = typer.Argument(..., help="A checkpoint folder (RUN/checkpoints/step-N) or a run folder (its newest).", show_default=False),
-    merge: Path = typer.Option(..., "--merge", help="Output folder for the merged Hugging Face model.", show_default=False),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="Save in this dtype: float32, bfloat16 or float16 (default: the recipe's model.dtype)."),
-) -> None:
-    """Write a checkpoint as a plain Hugging Face model, LoRA adapters merged into the base.
-
-    Examples:
-
-      grpo export runs/gsm8k/checkpoints/step-200 --merge models/gsm8k-merged
-
-      grpo export runs/gsm8k --merge models/gsm8k-merged --dtype bfloat16
-    """
-    if dtype not in (None, "float32", "bfloat16", "float16"):
-        typer.echo(f"error: --dtype {dtype!r} is not one of float32, bfloat16, float16", err=True)
-        raise typer.Exit(2)
-    from grpo_cli.run.checkpoints import CheckpointError
-    from grpo_cli.models.lora import AdapterError
-    from grpo_cli.models.loading import ModelLoadError
-
-    try:
-        record = export_checkpoint(checkpoint, merge, dtype)
-    except (ValueError, CheckpointError, AdapterError, ModelLoadError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2 if isinstance(e, ValueError) else 1)
-    what = "LoRA adapters merged into " + record["base_model"] if record["lora_merged"] else "full weights"
-    typer.echo(f"wrote {merge} ({what}, {record['dtype']}); load it with AutoModelForCausalLM.from_pretrained")

@@ -25,6 +25,7 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
+from grpo_cli.errors import ModelLoadError
 
 if TYPE_CHECKING:
     from grpo_cli.recipe.schema import ModelConfig
@@ -41,10 +42,6 @@ CHATML_TEMPLATE = (
 # Bump the suffix whenever the builtin recipe changes, so stale caches are never reused.
 # v2: 2 attention heads of size 32 (vLLM's CPU attention needs head sizes >= 32); weights as in v1
 BUILTIN_MODELS = {"tiny-qwen2": "tiny-qwen2-v2", "tiny-llama": "tiny-llama-v2"}
-
-
-class ModelLoadError(RuntimeError):
-    """A model or tokenizer that cannot be found or loaded; the message says what to change."""
 
 
 VERBOSE_ENV = "GRPO_VERBOSE"  # "1": `--verbose`; an environment variable so vLLM's engine processes see it too

@@ -15,16 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from grpo_cli.errors import AdapterError
 
 if TYPE_CHECKING:
     from grpo_cli.recipe.schema import ModelConfig
 
 BASE_MODEL = "base_model.json"
 ADAPTER_CONFIG = "adapter_config.json"
-
-
-class AdapterError(RuntimeError):
-    """An adapter checkpoint that does not fit its base model; the message says what differs."""
 
 
 def is_peft_model(model: Any) -> bool:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_cli.recipe.trl_fields import GRPO_CONFIG, MODEL_ARGS, SCRIPT_ARGS, TRL_VERSION
+from grpo_cli.errors import ConversionError
 
 # ---------------------------------------------------------------- where each field lives
 
@@ -304,10 +305,6 @@ def _set(recipe: dict, key: str, value: Any) -> None:
     for p in parts[:-1]:
         node = node.setdefault(p, {})
     node[parts[-1]] = value
-
-
-class ConversionError(ValueError):
-    """A config that cannot become a recipe (a required field missing, contradicting batch settings)."""
 
 
 def convert(config: dict[str, Any], *, num_processes: int = 1, name: str | None = None) -> Conversion:

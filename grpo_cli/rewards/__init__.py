@@ -6,7 +6,6 @@ Importing this package must not import torch: the recipe validator checks reward
 
 from grpo_cli.rewards.builtin import EXTRACT_MODES, REWARDS, answers_match, extract_answer, reference_text
 from grpo_cli.rewards.scoring import (
-    RewardError,
     check_reward,
     check_reward_name,
     resolve_reward,
@@ -20,7 +19,6 @@ from grpo_cli.rewards.scoring import (
 __all__ = [
     "EXTRACT_MODES",
     "REWARDS",
-    "RewardError",
     "answers_match",
     "check_reward",
     "check_reward_name",

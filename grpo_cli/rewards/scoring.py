@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import grpo_cli.rewards.reward_model as rm
-from grpo_cli.usercode import objects as userobj
+from grpo_cli.usercode import objects
 from grpo_cli.usercode import children
 from grpo_cli.usercode.children import become_subreaper
 from grpo_cli.errors import RewardError
@@ -79,7 +79,7 @@ log = logging.getLogger(__name__)
 _REPORTED: set[tuple[str, str]] = set()  # (log name, kind) whose first failure this process has logged
 
 
-_FORMS = userobj.forms()
+_FORMS = objects.forms()
 
 
 # --------------------------------------------------------------------------- name resolution
@@ -97,7 +97,7 @@ def resolve_reward(name: str) -> Callable[..., Any]:
             f"unknown reward {name!r}{hint}; built-in rewards: {', '.join(REWARDS.names())}; "
             f"or name your own function as {_FORMS}, or a reward model as `model:PATH_OR_HUB_ID`"
         )
-    return userobj.resolve(name)
+    return objects.resolve(name)
 
 
 def check_reward_name(name: str) -> None:
@@ -151,7 +151,7 @@ def _portable_name(name: str) -> str:
     """The name with a file path made absolute, for a child process to resolve."""
     if name in REWARDS or ":" not in name or rm.is_reward_model(name):
         return name
-    return userobj.portable(name)
+    return objects.portable(name)
 
 
 # --------------------------------------------------------------------------- running one call
@@ -232,9 +232,9 @@ def _start_child(name: str, kwargs: dict[str, Any], timeout_s: float, log_name: 
         ) from e
 
 
-def _collect(child: children.Child) -> _Outcome:
+def _outcome_of(child: children.Child) -> _Outcome:
     """Wait for the child until its deadline; kill it if it is still running then."""
-    msg = children.collect(child)
+    msg = children.answer(child)
     if msg[0] == "timeout":
         return _Outcome(timed_out=True)
     if msg[0] == "exited":
@@ -416,7 +416,7 @@ def score(
         for i, out in zip(async_ids, _run_async([(fns[i], kwargs[i]) for i in async_ids])):
             values[i] = _interpret(specs[i], log_names[i], out, n, step, counts, fns[i], lengths)
         for i, child in started.items():
-            values[i] = _interpret(specs[i], log_names[i], _collect(child), n, step, counts, lengths=lengths)
+            values[i] = _interpret(specs[i], log_names[i], _outcome_of(child), n, step, counts, lengths=lengths)
     finally:  # on an error above, no child outlives this call
         for child in started.values():
             child.reader.close()

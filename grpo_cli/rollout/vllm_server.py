@@ -38,19 +38,11 @@ from grpo_cli.rollout.common import (
     request_seed, samples_from,
 )
 from grpo_cli.serve.app import is_loopback
+from grpo_cli.errors import VLLMServerError
 
 TOKEN_ENV = "GRPO_SERVER_TOKEN"
 HEALTH_TIMEOUT_S = 5.0
 MAX_RETRIES = 4
-
-
-class VLLMServerError(RuntimeError):
-    """The server could not be reached or refused a request; the message says where and what to do.
-    `status`: the HTTP status of a refusal, None when the server was not reached."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class _NotSent(Exception):

@@ -41,7 +41,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from grpo_cli.errors import CheckpointError
+from grpo_cli.errors import CheckpointError, UsageError
 from grpo_cli.run.statefiles import (
     load_state, require, restore_rng, rng_state, save_optimizer, save_scheduler, save_state,
 )
@@ -168,7 +168,7 @@ def newest_if_run_folder(path: str | Path) -> Path:
         newest = latest_checkpoint(path)
         if newest is None:
             skipped = ", ".join(p.name for p in incomplete_checkpoints(path))
-            raise ValueError(f"{path} holds no complete checkpoint" + (f" ({skipped}: no manifest, the save was "
+            raise UsageError(f"{path} holds no complete checkpoint" + (f" ({skipped}: no manifest, the save was "
                                                                           "interrupted)" if skipped else ""))
         return newest
     return path
@@ -328,11 +328,11 @@ def apply_retention(run_dir: str | Path, keep_last: int | None, *, protect: Path
     `step-N` folders are left alone (they are not ours to judge). Other processes' `.tmp-*` folders are
     deleted only by the holder of the run folder's lock (they are then a dead run's). Returns the deleted paths.
     """
-    from grpo_cli.run import lock as runlock
+    from grpo_cli.run import lock
     if keep_last is not None and keep_last < 1:
         raise CheckpointError(f"checkpoint.keep_last must be >= 1 or None (got {keep_last})")
     root = Path(run_dir) / CHECKPOINTS
-    ours = runlock.holds(run_dir)
+    ours = lock.holds(run_dir)
     removed = [p for p in root.glob(f"{_TMP_PREFIX}*")
                if p.is_dir() and (ours or p.name.endswith(f"-{os.getpid()}"))] if root.is_dir() else []
     if keep_last is not None:

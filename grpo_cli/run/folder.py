@@ -29,6 +29,7 @@ from grpo_cli.run.checkpoints import (
     CHECKPOINTS, incomplete_checkpoints, list_checkpoints, recipe_path, resolve_resume, step_of, verify_checkpoint,
 )
 from grpo_cli.recipe.schema import flatten
+from grpo_cli.errors import RunFolderError
 
 LOGS = ("metrics.jsonl", "rollouts.jsonl")
 RECIPE_CHANGES = "recipe_changes.jsonl"
@@ -38,10 +39,6 @@ OUTPUTS = (*LOGS, CHECKPOINTS, "recipe.yaml", RECIPE_CHANGES)  # what --start-ov
 RESUMABLE = ("train.max_steps", "train.threads", "checkpoint.", "logging.", "eval.", "rollout.vllm.server_url",
              "rollout.vllm.request_timeout_s")  # a trailing dot: the section and every field in it
 UNSET = "<unset>"
-
-
-class RunFolderError(ValueError):
-    """The run folder cannot be used as asked; the message says what it holds and what to pass (exit 2)."""
 
 
 @dataclass

@@ -18,15 +18,12 @@ import socket
 import sys
 import time
 from pathlib import Path
+from grpo_cli.errors import RunLockedError
 
 LOCK_FILE = ".grpo-lock"
 HOLDER_ENV = "GRPO_RUN_LOCK_HOLDER"  # "<pid>:<run folder, resolved>" set by the launcher for its workers
 
 _held: dict[str, list] = {}  # resolved run folder -> [fd, reference count]
-
-
-class RunLockedError(RuntimeError):
-    """Another process trains in this run folder; the message names it (the CLI exits 2)."""
 
 
 def _key(run_dir: str | Path) -> str:

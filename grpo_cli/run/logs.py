@@ -1,12 +1,59 @@
-"""Where step metrics and rollouts go: metrics.jsonl, rollouts.jsonl, a rich console, accelerate trackers."""
+"""The run folder's logs: metrics.jsonl (one record per step) and rollouts.jsonl (one per completion), written
+append-only a line at a time, and their one reader, which every tool that looks at a run goes through; the
+training console (a progress bar and a line every few steps).
+
+A crash can cut the last line of a file in the middle; a resumed run drops the lines of steps after its
+checkpoint (JsonlLog). Lines are split on "\n" only: str.splitlines() would also cut at U+2028 or U+0085,
+which completions may hold.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+METRICS, ROLLOUTS = "metrics.jsonl", "rollouts.jsonl"
+
+
+@dataclass
+class Records:
+    """What a JSONL log holds: its records, and the lines that are not records."""
+
+    records: list[dict[str, Any]]  # JSON objects with the integer keys asked for, in file order
+    bad: list[int]  # line numbers (1-based, from where reading began) of the other non-blank lines
+    last: int  # the number of the last non-blank line: a crash cuts only that one
+    end: int  # byte offset after the last line read: where to continue reading a growing file
+
+
+def read_records(path: str | Path, required: tuple[str, ...] = ("step",), *, offset: int = 0,
+                 complete_only: bool = False) -> Records:
+    """The records of a run's JSONL file from byte `offset` on. `complete_only`: leave a last line without its
+    newline (still being written) for the next call. A missing file holds nothing."""
+    path = Path(path)
+    if not path.exists():
+        return Records([], [], 0, offset)
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read()
+    end = data.rfind(b"\n") + 1 if complete_only else len(data)
+    records, bad, last = [], [], 0
+    for number, line in enumerate(data[:end].decode("utf-8", errors="replace").split("\n"), 1):
+        if not line.strip():
+            continue
+        last = number
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            r = None
+        if isinstance(r, dict) and all(type(r.get(k)) is int for k in required):
+            records.append(r)
+        else:
+            bad.append(number)
+    return Records(records, bad, last, offset + end)
 
 
 def _clean(v: Any) -> Any:
@@ -29,28 +76,13 @@ class JsonlLog:
     def __init__(self, path: Path, keep_through_step: int) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        lines = self._complete_lines()
-        kept = [line for line in lines if json.loads(line).get("step", 0) <= keep_through_step]
-        self.dropped = len(lines) - len(kept)  # the caller says so: a resume never rewinds the logs silently
+        records = read_records(path).records  # a line cut by a crash is left out
+        kept = [r for r in records if r["step"] <= keep_through_step]
+        self.dropped = len(records) - len(kept)  # the caller says so: a resume never rewinds the logs silently
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept), encoding="utf-8")
         os.replace(tmp, path)
         self._f = open(path, "a", encoding="utf-8")
-
-    def _complete_lines(self) -> list[str]:
-        if not self.path.exists():
-            return []
-        lines = []
-        # split on "\n" only: str.splitlines() also splits on U+2028 / U+0085, which completions may hold
-        for line in self.path.read_text(encoding="utf-8").split("\n"):
-            if not line:
-                continue
-            try:
-                json.loads(line)
-                lines.append(line)
-            except json.JSONDecodeError:  # a line cut by a crash
-                continue
-        return lines
 
     def write(self, record: dict[str, Any]) -> None:
         self.write_many([record])
@@ -146,9 +178,9 @@ def open_run_logs(run_dir: Path, recipe, start_step: int, checkpoint_path: Path 
         (run_dir / "recipe.yaml").write_text(recipe_to_yaml(recipe))
         if changes:
             report_changes(run_dir, checkpoint_path, start_step + 1, changes)
-        metrics_log = JsonlLog(run_dir / "metrics.jsonl", start_step)
+        metrics_log = JsonlLog(run_dir / METRICS, start_step)
         if recipe.logging.rollouts:
-            rollout_log = JsonlLog(run_dir / "rollouts.jsonl", start_step)
+            rollout_log = JsonlLog(run_dir / ROLLOUTS, start_step)
         for log in (metrics_log, rollout_log):
             if log is not None and log.dropped:  # written after the checkpoint by the run that was interrupted
                 print(f"{log.path.name}: dropped {log.dropped} lines of steps after {start_step}, "

@@ -29,18 +29,12 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpo_cli.errors import StartError
+
 KV_SEQUENCES = 8  # full-context sequences the automatic CPU KV cache holds
 KV_MAX_SHARE_OF_FREE_RAM = 0.25
 PARENT_PID_ENV = "GRPO_SERVE_PARENT_PID"
 _PR_SET_PDEATHSIG = 1
-
-
-class StartError(Exception):
-    """The server cannot start: a message for people and the exit code (2: options, 1: vLLM failed)."""
-
-    def __init__(self, message: str, code: int = 2) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 # ---------------------------------------------------------------- what the model needs

@@ -108,7 +108,7 @@ class Engine:
 
         changes = check_drift(self.checkpoint_path, self.recipe.model_dump(mode="json"), allow)
         if "train.optimizer" in changes:
-            from grpo_cli.run.folder import RunFolderError
+            from grpo_cli.errors import RunFolderError
 
             old, new = changes["train.optimizer"]
             raise RunFolderError(f"train.optimizer cannot change on resume ({old} -> {new}): the checkpoint holds {old}'s "

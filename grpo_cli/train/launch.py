@@ -18,12 +18,9 @@ import socket
 import sys
 from pathlib import Path
 from typing import Any
+from grpo_cli.errors import LaunchError
 
 GPU_ONLY = {"FSDP": "FSDP", "DEEPSPEED": "DeepSpeed"}
-
-
-class LaunchError(ValueError):
-    """A launch that cannot work as asked; the message says what to change (the CLI exits 2)."""
 
 
 def launched_by_torchrun() -> bool:

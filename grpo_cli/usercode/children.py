@@ -115,7 +115,7 @@ def start(target: Callable[..., None], args: tuple, name: str, timeout_s: float)
     return Child(proc, reader, time.monotonic() + timeout_s, timeout_s)
 
 
-def collect(child: Child) -> tuple[str, Any]:
+def answer(child: Child) -> tuple[str, Any]:
     """Wait for the child's message until its deadline -> the message (("ok", ...) / ("error", ...)), ("timeout",)
     after killing it, or ("exited", exit code) when it ended without one. The child is gone afterwards."""
     try:

@@ -13,21 +13,17 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import typer
+from grpo_cli.errors import ReportError
+from grpo_cli.run.logs import METRICS, read_records
 
 TIME_KEYS = ("time/generate", "time/score", "time/train")
 _LINESTYLES = ("-", "--", ":", "-.")
-
-
-class ReportError(Exception):
-    """A run folder that cannot be reported on; the message says which one and why."""
 
 
 @dataclass(frozen=True)
@@ -45,23 +41,16 @@ def _is_number(v: Any) -> bool:
 
 
 def load_metrics(path: Path) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl in file order; records without a numeric "step" are ignored.
+    """The records of a metrics.jsonl in file order (grpo_cli/run/logs.py reads them).
 
     A cut last line (a run killed mid-write) is skipped; a bad line anywhere else is an error,
     because then the file is not what `grpo train` writes."""
-    lines = [(n, s) for n, s in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
-             if s.strip()]
-    records = []
-    for i, (lineno, line) in enumerate(lines):
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            if i == len(lines) - 1:
-                break
-            raise ReportError(f"{path}, line {lineno}: not JSON ({e.msg}); fix or delete that line") from None
-        if isinstance(rec, dict) and _is_number(rec.get("step")):
-            records.append(rec)
-    return records
+    lines = read_records(path)
+    bad = [n for n in lines.bad if n != lines.last]
+    if bad:
+        raise ReportError(f"{path}, line {bad[0]}: not a metrics record (a JSON object with an integer step); "
+                          "fix or delete that line")
+    return lines.records
 
 
 def series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
@@ -327,9 +316,9 @@ def run_labels(paths: list[Path], recipe_names: list[Optional[str]]) -> list[str
 def load_run_records(run_dir: Path) -> list[dict[str, Any]]:
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir}: no such run folder")
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / METRICS
     if not path.is_file():
-        raise ReportError(f"{run_dir} has no metrics.jsonl: pass a run folder written by `grpo train`")
+        raise ReportError(f"{run_dir} has no {METRICS}: pass a run folder written by `grpo train`")
     records = load_metrics(path)
     if not records:
         raise ReportError(f"{path} holds no step records yet: has the run finished its first step?")
@@ -367,7 +356,7 @@ def summary_row(label: str, s: dict[str, Any]) -> list[str]:
             fmt_seconds(s["total_time_s"]), fmt_seconds(s["mean_step_time_s"])]
 
 
-def _skipped_text(skipped: list[Panel]) -> str:
+def skipped_text(skipped: list[Panel]) -> str:
     return "; ".join(f"{p.title} ({', '.join(k for a in p.axes for k in a.keys)})" for p in skipped)
 
 
@@ -387,7 +376,7 @@ def render_html(rows: list[list[str]], images: list[tuple[Panel, bytes]], skippe
              "<p class='note'>" + "<br>".join(e(str(p / "metrics.jsonl")) for p in sources) + "</p>",
              f"<h2>Summary</h2><table><tr>{head}</tr>{body}</table>"]
     if skipped:
-        parts.append(f"<p class='note'>Not plotted, no run logged them: {e(_skipped_text(skipped))}</p>")
+        parts.append(f"<p class='note'>Not plotted, no run logged them: {e(skipped_text(skipped))}</p>")
     for panel, png in images:
         data = base64.b64encode(png).decode("ascii")
         parts.append(f"<figure id='{e(panel.name)}'><img alt='{e(panel.title)}' src=\"data:image/png;base64,{data}\">"
@@ -418,40 +407,3 @@ def write_report(runs: list[Run], out: Path) -> tuple[list[Path], list[Panel], l
     files.append(out / "report.html")
     files[-1].write_text(render_html(rows, images, skipped, [r.path for r in runs]), encoding="utf-8")
     return files, skipped, rows
-
-
-# -------------------------------------------------------------------------------------- command
-
-
-def command(
-    run_dirs: list[Path] = typer.Argument(..., help="Run folders written by `grpo train` (each holds metrics.jsonl).",
-                                          show_default=False),
-    out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default: RUN_DIR/report for one run, "
-                                       "./report for several)."),
-) -> None:
-    """Plot a run's metrics (or overlay several runs) into PNGs and one self-contained report.html.
-
-    Panels: reward and accuracy (train, eval), each reward function, KL, entropy, clip ratios,
-    completion length, grad norm, learning rate, step-time breakdown; and a summary table per run.
-
-    Examples:
-
-      grpo report runs/quickstart
-
-      grpo report runs/quickstart runs/dapo-try --out /tmp/compare
-    """
-    try:
-        runs = load_runs(run_dirs)
-    except ReportError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
-    target = out or (run_dirs[0] / "report" if len(run_dirs) == 1 else Path("report"))
-    try:
-        files, skipped, rows = write_report(runs, target)
-    except OSError as e:
-        typer.echo(f"error: cannot write the report to {target}: {e}", err=True)
-        raise typer.Exit(1)
-    typer.echo(text_table(rows))
-    if skipped:
-        typer.echo(f"not plotted, no run logged them: {_skipped_text(skipped)}")
-    typer.echo(f"wrote {len(files) - 1} plots and {files[-1]}")

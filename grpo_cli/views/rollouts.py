@@ -1,6 +1,6 @@
 """`grpo inspect-rollouts`: read a run's rollouts.jsonl and show what the policy actually wrote.
 
-One record per completion (written by `grpo train`, see stepstats.rollout_records): step, group (the
+One record per completion (written by `grpo train`, see grpo_cli/train/reporting.py): step, group (the
 prompt's index within the step), sample (0..G-1), prompt, answer, completion, rewards (one score per
 reward function, null when it failed), reward (the weighted total), advantage, length, truncated.
 
@@ -9,12 +9,11 @@ standard deviation (n - 1, statistics.stdev, like torch.std), the same estimator
 frac_reward_zero_std; a group is zero-std when it has >= 2 rewards and their std is below 1e-6.
 Group statistics always use the whole group, even when --where hides some of its completions.
 
-Only the standard library is imported: the command (inspect_command.py) never imports torch.
+Only the standard library is imported: `grpo inspect-rollouts` never imports torch.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import operator
 import re
@@ -24,8 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
+from grpo_cli.errors import InspectError
+from grpo_cli.run.logs import METRICS, ROLLOUTS, read_records
 
-ROLLOUTS, METRICS = "rollouts.jsonl", "metrics.jsonl"
+REQUIRED = ("step", "group")  # what makes a line of rollouts.jsonl a record
 FIELDS = ("reward", "advantage", "length", "step", "group", "sample", "truncated", "data_index")
 OPERATORS: dict[str, Callable[[float, float], bool]] = {
     "<=": operator.le, ">=": operator.ge, "==": lambda a, b: math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12),
@@ -43,54 +44,24 @@ USER_TURNS = (
 Record = dict[str, Any]
 
 
-class InspectError(Exception):
-    """A problem the user can fix: printed as `error: ...`, exit code 2, no traceback."""
-
-
 # ----- reading ------------------------------------------------------------------------------------
-def parse_lines(lines: Iterable[str], required: tuple[str, ...] = ("step", "group")) -> tuple[list[Record], int]:
-    """JSON lines -> (records, number of skipped lines). A line cut by a crash, or any line that is not
-    a JSON object with integer `required` keys, is skipped and counted; blank lines are ignored."""
-    records, skipped = [], 0
-    for line in lines:
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            r = None
-        if isinstance(r, dict) and all(type(r.get(k)) is int for k in required):
-            records.append(r)
-        else:
-            skipped += 1
-    return records, skipped
-
-
 def load_records(path: Path | str) -> tuple[list[Record], int]:
-    """Every complete record of a rollouts.jsonl file, and how many lines were skipped."""
-    # split on "\n" only: str.splitlines() would also cut at U+2028 or U+0085 inside a completion
-    return parse_lines(Path(path).read_text(encoding="utf-8", errors="replace").split("\n"))
+    """Every complete record of a rollouts.jsonl file, and how many lines were skipped (a line cut by a crash,
+    or any line that is not a JSON object with integer `step` and `group`)."""
+    lines = read_records(path, REQUIRED)
+    return lines.records, len(lines.bad)
 
 
 def read_from(path: Path, offset: int) -> tuple[list[Record], int, int]:
     """Records of the complete lines after byte `offset` -> (records, skipped, new offset).
     A last line without its newline (still being written) is left for the next call."""
-    if not path.exists():
-        return [], 0, offset
-    with open(path, "rb") as f:
-        f.seek(offset)
-        data = f.read()
-    end = data.rfind(b"\n") + 1
-    records, skipped = parse_lines(data[:end].decode("utf-8", errors="replace").split("\n"))
-    return records, skipped, offset + end
+    lines = read_records(path, REQUIRED, offset=offset, complete_only=True)
+    return lines.records, len(lines.bad), lines.end
 
 
-def load_metrics(path: Path) -> dict[int, Record]:
+def metrics_by_step(path: Path) -> dict[int, Record]:
     """metrics.jsonl -> {step: metrics}; {} when the file is missing."""
-    if not path.exists():
-        return {}
-    records, _ = parse_lines(path.read_text(encoding="utf-8", errors="replace").split("\n"), required=("step",))
-    return {r["step"]: r for r in records}
+    return {r["step"]: r for r in read_records(path).records}
 
 
 def rollouts_path(run_dir: Path) -> Path:
@@ -432,7 +403,7 @@ def follow(path: Path, emit: Callable[[int, list[Record]], None], records: list[
         records.extend(new)
         if skipped:
             note(skipped_note(skipped))
-        for s in sorted(complete_steps(records, load_metrics(metrics_path)) - printed):
+        for s in sorted(complete_steps(records, metrics_by_step(metrics_path)) - printed):
             printed.add(s)
             emit(s, [r for r in records if r["step"] == s])
 

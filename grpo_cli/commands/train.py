@@ -1,0 +1,94 @@
+"""`grpo train RECIPE [overrides]`: check the recipe and data, take the run folder, then train (or relaunch
+on several processes through accelerate)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from grpo_cli.commands import OVERRIDES, RECIPE
+
+
+def command(
+    recipe: Path = RECIPE,
+    overrides: Optional[list[str]] = OVERRIDES,
+    output_dir: Optional[Path] = typer.Option(None, "--output-dir", "-o", help="Run folder (default: logging.output_dir or runs/<name>)."),
+    resume: Optional[str] = typer.Option(None, "--resume", help="`auto`: newest complete checkpoint of the run folder; or a checkpoint path."),
+    num_processes: Optional[int] = typer.Option(None, "--num-processes", min=1, help="Train on N processes (one per GPU; gloo DDP on CPU) through accelerate launch."),
+    accelerate_config: Optional[Path] = typer.Option(None, "--accelerate-config", help="accelerate config file, e.g. recipes/accelerate/fsdp2.yaml (DDP, FSDP2, DeepSpeed)."),
+    start_over: bool = typer.Option(False, "--start-over", help="Delete the run folder's logs and checkpoints and train from step 1."),
+    allow_recipe_change: bool = typer.Option(False, "--allow-recipe-change", help="On resume, accept changes to fields that change what the run learns (model, data, algorithm, optimizer, ...); train.max_steps, train.threads, checkpoint.*, logging.*, eval.* and the vLLM server address may change without it. Recorded in recipe_changes.jsonl."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show every log line of vLLM and transformers (default: vLLM's warnings only, each distinct one once; transformers' errors)."),
+) -> None:
+    """Train with GRPO. Writes metrics.jsonl, rollouts.jsonl and checkpoints/step-N/ under the run folder.
+
+    One trainer per run folder (a second one exits 2 naming the first). A folder that holds an earlier
+    run is continued with --resume auto or replaced with --start-over, never overwritten silently.
+
+    Examples:
+
+      grpo train recipes/ci-tiny.yaml train.max_steps=5 -o runs/try
+
+      grpo train recipes/ci-tiny.yaml -o runs/try --resume auto train.max_steps=10
+
+      grpo train recipes/ci-tiny.yaml -o runs/try --resume auto --allow-recipe-change train.learning_rate=3e-4
+
+      grpo train recipes/gsm8k.yaml --num-processes 8 --accelerate-config recipes/accelerate/fsdp2.yaml
+    """
+    from grpo_cli.data.checks import check_data
+    from grpo_cli.recipe.schema import load_recipe
+    from grpo_cli.run import lock
+    from grpo_cli.train.launch import launched_by_torchrun, relaunch
+
+    r = load_recipe(recipe, overrides or [])
+    check_data(r)  # a missing file or column exits 2 before any model is loaded, not at step 1
+    run_dir = output_dir or Path(r.output_dir)
+    if verbose:  # read by grpo_cli.models.loading in this process, the relaunched workers and vLLM's engine processes
+        from grpo_cli.models.loading import VERBOSE_ENV
+
+        os.environ[VERBOSE_ENV] = "1"
+    launching = (accelerate_config or (num_processes or 1) > 1) and not launched_by_torchrun()
+    if launching or (os.environ.get("RANK", "0") == "0" and not lock.inherited(run_dir)):
+        lock.acquire(run_dir)  # before torch is imported or anything written: a second trainer is turned away in a second
+    if launching:
+        flags = [f for f, on in (("--start-over", start_over), ("--allow-recipe-change", allow_recipe_change)) if on]
+        args = ["train", str(recipe), *(overrides or []), "--output-dir", str(run_dir), *flags]
+        os.environ[lock.HOLDER_ENV] = f"{os.getpid()}:{run_dir.resolve()}"  # the workers' lock is ours
+        raise typer.Exit(relaunch(num_processes, accelerate_config, args + (["--resume", resume] if resume else [])))
+    _train(r, run_dir, resume, start_over, allow_recipe_change)
+
+
+def _train(r, run_dir: Path, resume: Optional[str], start_over: bool, allow_recipe_change: bool) -> None:
+    """Train in this process: logging set up, the engine built and run; interrupts and signals become exit codes."""
+    import logging
+
+    from rich.logging import RichHandler
+
+    # our own modules speak at INFO (e.g. the one-time GGUF conversion); libraries stay at WARNING
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[RichHandler(show_path=False)])
+    logging.getLogger("grpo_cli").setLevel(logging.INFO)
+    from grpo_cli.errors import UserError
+    from grpo_cli.run.checkpoints import latest_checkpoint
+    from grpo_cli.train.engine import Engine
+
+    try:
+        engine = Engine(r, run_dir, resume=resume, start_over=start_over, allow_recipe_change=allow_recipe_change)
+        step = engine.fit()
+    except OSError as e:  # e.g. a full disk while logging: say what, not where in the code
+        raise UserError(f"{e}; the last checkpoint is intact (resume with --resume auto)") from None
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        newest = latest_checkpoint(run_dir)
+        typer.echo(f"interrupted; {newest} is intact (resume with --resume auto)" if newest else
+                   "interrupted before the first checkpoint: nothing to resume (start again with --start-over)", err=True)
+        raise typer.Exit(130)
+    finally:  # the run is over and its checkpoint written: a late Ctrl-C must not turn the exit code into a crash
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if engine.stop_requested:  # stopped by a signal after a checkpoint: 128 + its number, as the shell reports it
+        raise typer.Exit(128 + (engine.stop_signal or signal.SIGTERM))
+    if engine.accelerator.is_main_process:
+        typer.echo(f"done: {step} steps in {run_dir}")

@@ -1,0 +1,29 @@
+"""`grpo validate RECIPE [overrides]`: every check that needs no model, exit 0 or 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from grpo_cli.commands import OVERRIDES, RECIPE
+
+
+def command(recipe: Path = RECIPE, overrides: Optional[list[str]] = OVERRIDES) -> None:
+    """Validate a recipe (and overrides) and exit: 0 if valid, 2 with the bad fields otherwise.
+
+    Checks without loading a model: every field, reward names and files, the data files (they exist and
+    parse; their first rows hold the prompt column or the template's placeholders and the answer column),
+    a generator's kwargs, local dataset folders. Hub datasets are checked when `train` loads them.
+
+    Example: grpo validate recipes/gsm8k.yaml algorithm.num_generations=16
+    """
+    from grpo_cli.data.checks import check_data
+    from grpo_cli.recipe.schema import load_recipe
+
+    r = load_recipe(recipe, overrides or [])
+    for note in check_data(r):
+        typer.echo(f"note: {note}")
+    typer.echo(f"{recipe}: ok ({r.name}: {r.algorithm.loss_type}, G={r.algorithm.num_generations}, "
+               f"{r.train.max_steps} steps of {r.train.prompts_per_step} prompts)")

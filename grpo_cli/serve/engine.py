@@ -1,0 +1,232 @@
+"""The vLLM engine behind `grpo serve-vllm`: started with the checks that need no vLLM first, then driven
+one request at a time (a lock), holding the version of the weights it serves.
+
+Log-probs are vLLM's `processed_logprobs`: after temperature (and top-k/top-p), i.e. log pi(. | T), what
+the trainer's `token_logprobs(..., temperature=T)` computes. A request vLLM refuses up front is the
+client's (400); any other failure may have left the engine half-done, so it counts as dead (503).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from grpo_cli.errors import StartError
+from grpo_cli.serve.errors import RequestError
+
+if TYPE_CHECKING:
+    from grpo_cli.serve.requests import GenerateRequest
+
+log = logging.getLogger("grpo.serve")
+
+WORKER_EXTENSION = "grpo_cli.rollout.vllm_worker.WeightSyncExtension"
+
+
+def say(message: str) -> None:
+    print(f"grpo serve-vllm: {message}", file=sys.stderr, flush=True)
+
+
+class ServedEngine:
+    """A vLLM `LLM` with a lock, the version of the weights it holds (0 = the model folder's) and what
+    it accepts. `spec` is None when the model's tensor names could not be read: updates are refused."""
+
+    def __init__(self, llm: Any, model: str, limits: Any, spec: Any, weights_dir: Path,
+                 upload_dir: Path, kv_cache_bytes: int | None = None, spec_problem: str = "") -> None:
+        self.llm, self.model, self.limits, self.spec = llm, model, limits, spec
+        self.weights_dir, self.upload_dir, self.kv_cache_bytes = weights_dir, upload_dir, kv_cache_bytes
+        self.spec_problem = spec_problem
+        self.version = 0
+        self.lock = threading.Lock()
+        self.dead: str | None = None  # why the engine is unusable
+
+    def info(self) -> dict:
+        lim = self.limits
+        return {"model": self.model, "weight_version": self.version, "weights_dir": str(self.weights_dir),
+                "max_model_len": lim.max_model_len, "vocab_size": lim.vocab_size, "kv_cache_bytes": self.kv_cache_bytes,
+                "max_sequences": lim.max_sequences, "max_body_bytes": lim.max_body_bytes,
+                "max_upload_bytes": lim.max_upload_bytes, "tensors": len(self.spec.shapes) if self.spec else None}
+
+    def dead_reason(self) -> str | None:
+        if self.dead is None:
+            self.dead = _engine_dead(self.llm)
+        return self.dead
+
+    def generate(self, req: GenerateRequest) -> dict:
+        from grpo_cli.serve.requests import check_generate
+
+        check_generate(req, self.limits)
+        with self.lock:
+            self._alive()
+            self._check_version(req.expected_version)
+            prompts = [{"prompt_token_ids": ids} for ids in req.prompt_token_ids]
+            params = [_sampling_params(req, seed_offset=i * req.n) for i in range(len(prompts))]
+            outs = self._call("generating", self.llm.generate, prompts, params, use_tqdm=False)
+            return {"weight_version": self.version, "outputs": [_completions(o) for o in outs]}
+
+    def update_weights(self, path: str, version: int, partial: bool = False, uploaded: bool = False) -> dict:
+        """Load a safetensors file as weight version `version` once it passed every check (weights.py)."""
+        from grpo_cli.serve.weights import authorize_path, check_weights_file
+
+        with self.lock:
+            self._alive()
+            if version == self.version:
+                return {"weight_version": self.version, "updated": False, "seconds": 0.0}
+            if version < self.version:
+                raise RequestError(409, f"weight version {version} is older than the loaded version {self.version}")
+            real = Path(path) if uploaded else authorize_path(path, self.weights_dir)
+            if self.spec is None:
+                raise RequestError(422, f"weight updates are off: {self.spec_problem}", "weights")
+            count = check_weights_file(real, self.spec, partial)
+            t0 = time.perf_counter()
+            self._call("loading weights", self.llm.collective_rpc, "grpo_load_weights_from_file",
+                       args=(str(real), version))
+            self._call("resetting the prefix cache", self.llm.reset_prefix_cache)  # KV computed with the old weights
+            self.version = version
+            return {"weight_version": version, "updated": True, "seconds": time.perf_counter() - t0, "tensors": count}
+
+    def reset_prefix_cache(self) -> dict:
+        with self.lock:
+            self._alive()
+            return {"reset": bool(self._call("resetting the prefix cache", self.llm.reset_prefix_cache))}
+
+    def _alive(self) -> None:
+        if self.dead_reason():
+            raise RequestError(503, f"{self.dead}; the server is exiting so that it can be restarted")
+
+    def _check_version(self, expected: int | None) -> None:
+        if expected is not None and expected != self.version:
+            raise RequestError(
+                409,
+                f"stale weights: the request expects weight version {expected} but the server holds "
+                f"version {self.version}; sync the weights (POST /update_weights) before generating",
+            )
+
+    def _call(self, doing: str, fn, *args, **kwargs):
+        """Call vLLM. A request it refuses up front is the client's (400); anything else may have left
+        the engine with a half-done request or a dead process, so the engine counts as dead."""
+        from vllm.exceptions import VLLMValidationError
+
+        try:
+            return fn(*args, **kwargs)
+        except VLLMValidationError as e:
+            raise RequestError(400, f"vLLM refused the request: {e}") from e
+        except Exception as e:
+            log.exception("vLLM failed while %s", doing)
+            self.dead = _engine_dead(self.llm) or f"vLLM failed while {doing} ({type(e).__name__}: {str(e)[:300]})"
+            raise RequestError(503, f"{self.dead}; the server is exiting so that it can be restarted") from e
+
+
+def _engine_dead(llm: Any) -> str | None:
+    """Whether vLLM itself knows its engine is gone: the engine-core process (multiprocess engine)
+    or a worker process (tensor parallel) died."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if getattr(getattr(core, "resources", None), "engine_dead", False):
+        return "vLLM's engine-core process died"
+    executor = getattr(getattr(core, "engine_core", None), "model_executor", None)
+    if getattr(executor, "is_failed", False):
+        return "a vLLM worker process died"
+    return None
+
+
+def _sampling_params(req: GenerateRequest, seed_offset: int):
+    """One prompt's SamplingParams. vLLM seeds the n samples seed, seed+1, ... so rows never share a seed."""
+    from vllm import SamplingParams
+
+    own = dict(
+        n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k or 0,
+        min_p=req.min_p or 0.0, repetition_penalty=req.repetition_penalty,
+        max_tokens=req.max_tokens, seed=None if req.seed is None else req.seed + seed_offset,
+        stop_token_ids=req.stop_token_ids or None, logprobs=0, detokenize=False,
+    )
+    extra = req.sampling_kwargs or {}
+    if clash := sorted(set(extra) & set(own)):
+        raise RequestError(422, f"may not set {', '.join(clash)}: the request has fields for them", "sampling_kwargs")
+    if req.structured_outputs_regex is not None:
+        from grpo_cli.rollout.vllm_colocate import structured_outputs
+
+        extra = {**extra, **structured_outputs(req.structured_outputs_regex)}
+    try:
+        return SamplingParams(**own, **extra)
+    except (TypeError, ValueError) as e:
+        raise RequestError(422, f"vLLM's SamplingParams refused them ({type(e).__name__}: {str(e)[:300]})",
+                           "sampling_kwargs") from None
+
+
+def _completions(out: Any) -> list[dict]:
+    """vLLM RequestOutput -> n dicts of token ids, the sampled tokens' log-probs, finish reason."""
+    rows = []
+    for c in sorted(out.outputs, key=lambda c: c.index):
+        ids = list(c.token_ids)
+        logps = [float(step[t].logprob) for step, t in zip(c.logprobs or [], ids)]
+        rows.append({"token_ids": ids, "logprobs": logps, "finish_reason": c.finish_reason})
+    return rows
+
+
+def start_engine(model: str, tp: int, gpu_memory_utilization: float, max_model_len: int | None, dtype: str,
+                 enforce_eager: bool | None, seed: int, kv_cache_gib: float | None, workdir: Path,
+                 weights_dir: Path, log_path: Path) -> ServedEngine:
+    """Checks that need no vLLM (exit 2), then vLLM with its output in `log_path` (failure: exit 1)."""
+    import psutil
+    import torch
+
+    from grpo_cli.models.loading import quiet_vllm
+    from grpo_cli.rollout.vllm_colocate import eager_default
+    from grpo_cli.serve import startup
+
+    quiet_vllm(level=None)  # vLLM's INFO lines stay (in its log file), each distinct one once (--verbose: all)
+
+    on_gpu = torch.cuda.is_available()
+    shape = startup.model_shape(model, max_model_len)
+    os.environ.update(startup.check_tp(tp, shape, on_gpu, torch.cuda.device_count() if on_gpu else 0))
+    if kv_cache_gib is not None:
+        os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # vLLM's CPU platform would override the flag with it
+    kv = startup.plan_kv_cache(shape, dtype, tp, kv_cache_gib, on_gpu, psutil.virtual_memory().available)
+    say(kv.message)
+    if "VLLM_CPU_OMP_THREADS_BIND" in os.environ and tp > 1 and not on_gpu:
+        say(f"--tp {tp} on CPU: worker cores {os.environ['VLLM_CPU_OMP_THREADS_BIND']} (VLLM_CPU_OMP_THREADS_BIND)")
+    warning = startup.die_with_this_process(workdir)
+    if warning:
+        say(f"warning: {warning}")
+    say(f"starting vLLM (its output: {log_path}) ...")
+    t0 = time.perf_counter()
+    try:
+        with startup.output_to(log_path):
+            engine = _load(model, tp, gpu_memory_utilization, max_model_len, dtype, eager_default(enforce_eager),
+                           seed, kv.bytes, workdir, weights_dir)
+    except Exception as e:
+        raise StartError(startup.start_failure(model, e, log_path), exit_code=1) from None
+    engine.kv_cache_bytes = kv.size
+    say(f"vLLM ready in {time.perf_counter() - t0:.1f} s")
+    return engine
+
+
+def _load(model, tp, gpu_memory_utilization, max_model_len, dtype, enforce_eager, seed, kv_bytes,
+          workdir: Path, weights_dir: Path) -> ServedEngine:
+    from vllm import LLM, SamplingParams
+
+    from grpo_cli.serve.requests import ServerLimits
+    from grpo_cli.serve.weights import weight_spec
+
+    llm = LLM(
+        model=model, tensor_parallel_size=tp, gpu_memory_utilization=gpu_memory_utilization,
+        max_model_len=max_model_len, dtype=dtype, enforce_eager=enforce_eager, seed=seed,
+        worker_extension_cls=WORKER_EXTENSION, logprobs_mode="processed_logprobs", kv_cache_memory_bytes=kv_bytes,
+    )
+    # the first request pays for lazy initialisation (seconds on CPU): not the trainer's first, with its timeout
+    llm.generate([{"prompt_token_ids": [0]}], SamplingParams(max_tokens=1), use_tqdm=False)
+    config = llm.llm_engine.model_config
+    spec, problem = None, ""
+    try:
+        spec = weight_spec(model, llm.collective_rpc("grpo_packed_modules")[0])
+    except Exception as e:  # an architecture transformers cannot build: serving still works
+        problem = f"the server could not list the model's tensors at start ({type(e).__name__}: {e})"
+    limits = ServerLimits(vocab_size=config.get_vocab_size(), max_model_len=config.max_model_len,
+                          max_upload_bytes=(spec.numel * 4 if spec else 0) + 16 * 2**20)
+    upload_dir = workdir / "uploads"
+    upload_dir.mkdir(mode=0o700)
+    return ServedEngine(llm, model, limits, spec, weights_dir, upload_dir, spec_problem=problem)
