@@ -5,7 +5,7 @@ PIP         := $(PY) -m pip
 CONSTRAINTS := $(VENV)/constraints.txt
 STAMP       := $(VENV)/.installed
 
-.PHONY: setup demo test test-all clean
+.PHONY: setup demo test test-fast clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# The tests that take seconds: none marked slow, vllm or multiprocess.
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow and not vllm and not multiprocess"
 
 clean:
 	rm -rf $(VENV) runs

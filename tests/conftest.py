@@ -1,4 +1,11 @@
+"""Shared fixtures. The tests mirror the package (tests/<folder>/test_<module>.py); the modules beside this file
+(helpers.py, servers.py, the reward, environment and tool files recipes name) are importable from every test.
+
+Markers: `slow` (a test of 3 s or more on the 2-core CI machine), `vllm` (a real vLLM), `multiprocess` (several
+trainer processes). `make test-fast` runs the tests with none of them; `make test` runs everything."""
+
 import os
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -13,6 +20,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))  # helpers.py, servers.py (import mode: importlib)
 
 
 @pytest.fixture

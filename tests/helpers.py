@@ -23,3 +23,74 @@ def cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     """`python -m grpo_cli ARGS` from the repo root, output captured."""
     return subprocess.run([sys.executable, "-m", "grpo_cli", *args], capture_output=True, text=True, cwd=ROOT,
                           timeout=timeout, **{"env": os.environ, **kw})
+
+
+# ----- small models and optimizers for the checkpoint tests (tests/run/)
+RECIPE = "name: tiny\ntrain:\n  max_steps: 3\n"
+
+
+def tiny_model(seed: int = 0):
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
+    )
+    return AutoModelForCausalLM.from_config(cfg)
+
+
+def warmup(step: int) -> float:  # a plain function: LambdaLR stores None for it
+    return min(1.0, (step + 1) / 4)
+
+
+def make_opt(model):
+    import torch
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup)
+
+
+def train_step(model, opt, sched, ids) -> None:
+    opt.zero_grad()
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    sched.step()
+
+
+def batch(seed: int):
+    import torch
+
+    return torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(seed))
+
+
+def tiny_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(["one two three", "2 + 2 = 4", "the answer is 4"], trainers.BpeTrainer(vocab_size=300))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+
+
+# ----- a tiny reward model (tests/rewards/)
+def build_reward_model(folder, *, num_labels: int = 1, chat_template: bool = True, causal: bool = False) -> str:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, Qwen2Config
+
+    from grpo_cli.models.loading import _build_tiny_tokenizer
+
+    tok = _build_tiny_tokenizer()
+    if not chat_template:
+        tok.chat_template = None
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=1, num_key_value_heads=1, num_labels=num_labels,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    auto = AutoModelForCausalLM if causal else AutoModelForSequenceClassification
+    auto.from_config(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)

@@ -1,0 +1,104 @@
+"""grpo_cli.data.checks: what `grpo validate` and `grpo train` check before loading a model (exit 2)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpo_cli.data.prompts import DataError
+from grpo_cli.data.checks import check_data, file_columns
+from grpo_cli.recipe.schema import load_recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "recipes/ci-tiny.yaml"
+ROWS = [{"question": f"What is {i} + 1?", "solution": str(i + 1)} for i in range(4)]
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # overrides name files relative to the working directory
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return tmp_path
+
+
+def _recipe(*overrides):
+    base = ["data.files=rows.jsonl", "data.generator=null", "data.template={question}", "data.answer_column=solution"]
+    return load_recipe(TINY, [*base, *overrides])
+
+
+def test_columns_of_every_format_from_the_first_rows(tmp_path):
+    import pandas as pd
+
+    (tmp_path / "a.jsonl").write_text('{"q": 1, "a": 2}\n{"q": 3, "b": 4}\n')
+    (tmp_path / "a.json").write_text(json.dumps([{"q": 1, "a": 2}]))
+    (tmp_path / "c.json").write_text(json.dumps({"q": [1], "a": [2]}))
+    (tmp_path / "a.csv").write_text("q,a\n1,2\n")
+    pd.DataFrame({"q": [1], "a": [2]}).to_parquet(tmp_path / "a.parquet")
+    assert file_columns(tmp_path / "a.jsonl") == ["q", "a", "b"]  # rows may differ: the union, as datasets reads it
+    for name in ("a.json", "c.json", "a.csv", "a.parquet"):
+        assert file_columns(tmp_path / name) == ["q", "a"], name
+
+
+BAD = [
+    # (overrides, the message)
+    (["data.files=missing.jsonl"], r"data.files: .*missing.jsonl does not exist"),
+    (["data.files=rows.txt"], r"rows.txt has an unsupported extension"),
+    (["data.answer_column=solutoin"], r"data.answer_column 'solutoin' \(did you mean 'solution'\?\) is not a column of "
+                                      r"data.files; columns: question, solution"),
+    (["data.template={questoin} Answer."], r"data.template uses column\(s\) \['questoin'\] \(did you mean 'question'\?\)"),
+    (["data.template=null", "data.prompt_column=prompt"], r"data.prompt_column 'prompt' is not a column of data.files"),
+    (["data.template=Q: {}"], "positional placeholders"),
+    (["data.answer_column=answer"], r"data.answer_column 'answer' is not a column"),  # the accuracy reward needs it
+    (["eval={files: nope.jsonl}"], r"eval.files: .*nope.jsonl does not exist"),
+    (["eval={files: other.jsonl}"], r"data.template uses column\(s\) \['question'\] that eval.files does not have"),
+    (["data.files=[rows.jsonl, other.jsonl]"], r"other.jsonl has columns \['x'\] but .*rows.jsonl has \['question', 'solution'\]"),
+    (["data.files=broken.jsonl"], r"broken.jsonl: not JSON Lines .* line 2"),
+    (["data.files=d", "data.dataset=./d"], r"set exactly one of"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD, ids=[str(b[0]) for b in BAD])
+def test_bad_data_is_named_before_any_model(folder, overrides, message):
+    (folder / "other.jsonl").write_text('{"x": 1}\n')
+    (folder / "broken.jsonl").write_text('{"question": "a", "solution": "1"}\n{"question": "b", solution: 2}\n')
+    (folder / "rows.txt").write_text("hi")
+    from grpo_cli.recipe.schema import RecipeError
+
+    with pytest.raises((DataError, RecipeError), match=message):
+        check_data(_recipe(*overrides))
+
+
+def test_good_data_and_what_cannot_be_checked_offline(folder):
+    assert check_data(_recipe()) == []
+    # the default answer column may be absent when no reward needs it (prompt-only data)
+    r = _recipe("data.answer_column=answer", "rewards=[{name: format}]")
+    assert check_data(r) == []
+    # generators run for two rows: bad kwargs are caught here
+    with pytest.raises(DataError, match="bad data.generator_kwargs"):
+        check_data(load_recipe(TINY, ["data.generator_kwargs={min_value: 5, max_value: 1}"]))
+    notes = check_data(load_recipe(ROOT / "recipes/gsm8k.yaml"))
+    assert len(notes) == 1 and "data.dataset 'openai/gsm8k': columns not checked" in notes[0]
+
+
+def test_local_dataset_folder_columns_and_split(folder):
+    from datasets import Dataset, DatasetDict
+
+    DatasetDict({"train": Dataset.from_list(ROWS)}).save_to_disk(str(folder / "ds"))
+    base = ["data.generator=null", "data.template={question}", "data.answer_column=solution"]
+    assert check_data(load_recipe(TINY, [*base, "data.dataset=./ds"])) == []
+    with pytest.raises(DataError, match=r"has no split 'test'; splits: train"):
+        check_data(load_recipe(TINY, [*base, "data.dataset=./ds", "data.split=test"]))
+    with pytest.raises(DataError, match=r"data.answer_column 'sol' is not a column"):
+        check_data(load_recipe(TINY, [*base, "data.dataset=./ds", "data.answer_column=sol"]))
+
+
+def test_validate_and_train_exit_2_on_a_missing_file(tmp_path):
+    for extra in ([], ["-o", str(tmp_path / "run")]):
+        command = "train" if extra else "validate"
+        p = subprocess.run([sys.executable, "-m", "grpo_cli", command, str(TINY), "data.generator=null",
+                            "data.files=missing.jsonl", *extra], capture_output=True, text=True, cwd=tmp_path)
+        assert p.returncode == 2, (command, p.stdout, p.stderr)
+        assert f"data.files: {tmp_path / 'missing.jsonl'} does not exist" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "run").exists()

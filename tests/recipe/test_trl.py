@@ -1,0 +1,171 @@
+"""`grpo convert-trl` and the TRL GRPOConfig table (issue 15): three TRL configs (TRL's documentation example,
+vLLM server mode, LoRA) convert to recipes that validate and train 2 steps of the tiny model; the batch arithmetic;
+TRL's defaults written out; unmapped fields listed; unknown fields exit 2; the README table covers every field."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import yaml
+
+from grpo_cli.recipe.trl import HOMES, ConversionError, convert, known_fields, trl_table
+from grpo_cli.recipe.trl_fields import GRPO_CONFIG, MODEL_ARGS, SCRIPT_ARGS
+from helpers import ROOT, cli, read_jsonl
+
+# TRL's documentation example (docs: GRPO Trainer, "trl grpo --config"), with the model and data made local below
+DOC = {"model_name_or_path": "Qwen/Qwen2-0.5B-Instruct", "dataset_name": "trl-lib/DeepMath-103K",
+       "reward_funcs": ["accuracy_reward"], "output_dir": "Qwen2-0.5B-GRPO", "learning_rate": 1.0e-5,
+       "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2, "max_steps": 100, "logging_steps": 10}
+SERVER = {**DOC, "use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": "http://127.0.0.1:8000",
+          "vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_cap": 2.0, "beta": 0.04,
+          "loss_type": "grpo", "scale_rewards": False, "num_generations": 4, "per_device_train_batch_size": 4,
+          "gradient_accumulation_steps": 1}
+LORA = {**DOC, "use_peft": True, "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.05,
+        "lora_target_modules": ["q_proj", "v_proj"], "dtype": "float32", "bf16": False, "push_to_hub": True,
+        "optim": "adafactor", "lr_scheduler_type": "cosine", "warmup_steps": 0.1}
+
+
+def test_every_field_has_a_home_and_the_readme_table_is_current():
+    assert known_fields() == set(HOMES)
+    assert len(GRPO_CONFIG) == 189 and len(MODEL_ARGS) == 19 and len(SCRIPT_ARGS) == 8
+    readme = (ROOT / "README.md").read_text()
+    start, end = readme.index("<!-- trl-table:start -->"), readme.index("<!-- trl-table:end -->")
+    assert readme[start:end].strip().removeprefix("<!-- trl-table:start -->").strip() == trl_table()
+    from grpo_cli.recipe.schema import schema_keys
+
+    keys = {k for k, _ in schema_keys()} | {"rewards", "name"}
+    assert {key for key, _ in HOMES.values() if key} <= keys  # every key the table names exists
+
+
+def test_the_frozen_fields_are_trls():
+    trl = pytest.importorskip("trl")  # in bench/.venv-trl, never in grpo's dependencies
+    from trl import GRPOConfig, ModelConfig
+
+    assert trl.__version__.startswith("1.16")
+    assert {f.name for f in dataclasses.fields(GRPOConfig) if not f.name.startswith("_")} == set(GRPO_CONFIG)
+    assert {f.name for f in dataclasses.fields(ModelConfig)} == set(MODEL_ARGS)
+
+
+def test_the_documentation_example_converts_with_trls_defaults_and_the_batch_arithmetic():
+    out = convert(DOC)
+    r = out.recipe
+    assert (r["train"]["prompts_per_step"], r["train"]["micro_batch_size"], r["algorithm"]["num_generations"]) == (2, 8, 8)
+    assert "8 x 2 x 1 = 16 completions = 2 prompts x G=8" in out.notes[0]
+    assert convert(DOC, num_processes=4).recipe["train"]["prompts_per_step"] == 8  # 8 x 2 x 4 / 8
+    # TRL's defaults that change what is learned are written out
+    assert (r["algorithm"]["beta"], r["algorithm"]["loss_type"], r["algorithm"]["use_bias_correction_kl"]) == (0.0, "dapo", True)
+    assert (r["train"]["adam_beta2"], r["train"]["scheduler"], r["rollout"]["max_completion_length"]) == (0.999, "linear", 512)
+    assert r["model"]["gradient_checkpointing"] is True and r["model"]["dtype"] == "bfloat16"  # bf16 off the CPU
+    assert r["rewards"] == [{"name": "accuracy"}] and r["logging"]["output_dir"] == "Qwen2-0.5B-GRPO"
+    assert out.unmapped == [] and out.unknown == []
+
+
+def test_server_and_lora_configs_and_what_cannot_be_mapped():
+    s = convert(SERVER).recipe
+    assert s["rollout"]["backend"] == "vllm" and s["rollout"]["vllm"]["mode"] == "server"
+    assert s["rollout"]["vllm"]["server_url"] == "http://127.0.0.1:8000"
+    assert (s["rollout"]["importance_sampling"], s["rollout"]["importance_sampling_cap"]) == ("token_truncate", 2.0)
+    assert (s["algorithm"]["beta"], s["algorithm"]["loss_type"], s["algorithm"]["scale_rewards"]) == (0.04, "grpo", "none")
+    assert s["train"]["prompts_per_step"] == 1  # 4 x 1 x 1 / 4
+    out = convert(LORA)
+    lora = out.recipe["model"]["lora"]
+    assert lora == {"r": 8, "alpha": 16.0, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"], "use_rslora": False}
+    assert (out.recipe["train"]["optimizer"], out.recipe["train"]["scheduler"]) == ("adafactor", "cosine")
+    assert out.recipe["train"]["warmup_steps"] == 10 and out.recipe["train"]["mixed_precision"] == "no"
+    assert [(k, v) for k, v, _ in out.unmapped] == [("push_to_hub", True)]
+    old = convert({**DOC, "use_liger_loss": True, "vllm_guided_decoding_regex": "[0-9]+", "max_prompt_length": 256})
+    assert old.unknown == [] and old.recipe["data"]["max_prompt_length"] == 256
+    assert "use_liger_loss is older TRL's name of use_liger_kernel" in old.notes
+    assert sorted(k for k, _, _ in old.unmapped) == ["use_liger_kernel", "vllm_structured_outputs_regex"]  # no vLLM
+    with pytest.raises(ConversionError, match="steps_per_generation .4. != gradient_accumulation_steps .2."):
+        convert({**DOC, "steps_per_generation": 4})
+    with pytest.raises(ConversionError, match="max_steps is not set"):
+        convert({k: v for k, v in DOC.items() if k != "max_steps"})
+
+
+@pytest.fixture(scope="module")
+def local_data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("trl-data")
+    rows = [{"prompt": [{"role": "user", "content": f"What is {a} + {b}?"}], "answer": str(a + b)}
+            for a in range(1, 9) for b in range(1, 9)]
+    (folder / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return str(folder)
+
+
+def convert_cli(tmp_path, config: dict, *args: str):
+    path = tmp_path / "trl.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return cli("convert-trl", str(path), "-o", str(tmp_path / "recipe.yaml"), *args, timeout=120)
+
+
+def train_two_steps(tmp_path, *overrides: str, env=None):
+    return subprocess.run([sys.executable, "-m", "grpo_cli", "train", str(tmp_path / "recipe.yaml"), "train.max_steps=2",
+                           "train.threads=1", f"logging.output_dir={tmp_path / 'run'}", *overrides], capture_output=True,
+                          text=True, cwd=ROOT, env=env or os.environ, timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", [DOC, LORA], ids=["documentation", "lora"])
+def test_converted_recipes_train_the_tiny_model(config, tmp_path, local_data, turn_model, model_cache):
+    small = {**config, "model_name_or_path": turn_model, "dataset_name": local_data, "max_completion_length": 8,
+             "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "num_generations": 4,
+             "bf16": False, "gradient_checkpointing": False}
+    out = convert_cli(tmp_path, small)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "note: batch: TRL's optimizer step" in out.stderr
+    if config is LORA:
+        assert "not mapped: push_to_hub = True: no hub upload" in out.stderr
+    assert cli("validate", str(tmp_path / "recipe.yaml"), timeout=120).returncode == 0
+    p = train_two_steps(tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2] and len(read_jsonl(tmp_path / "run" / "rollouts.jsonl")) == 2 * 8
+
+
+@pytest.mark.vllm
+def test_converted_server_config_trains_against_grpo_serve_vllm(tmp_path, local_data, turn_model, model_cache):
+    pytest.importorskip("vllm")
+    from grpo_cli.train.launch import free_port
+
+    port = free_port()
+    small = {**SERVER, "model_name_or_path": turn_model, "dataset_name": local_data, "max_completion_length": 8,
+             "vllm_server_base_url": f"http://127.0.0.1:{port}", "bf16": False, "gradient_checkpointing": False,
+             "dtype": "float32"}
+    out = convert_cli(tmp_path, small)
+    assert out.returncode == 0, out.stderr[-3000:]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_LOGGING_")}
+    env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0", GRPO_SERVER_TOKEN="convert-test")
+    server = subprocess.Popen([sys.executable, "-m", "grpo_cli", "serve-vllm", "--model", turn_model, "--port", str(port)],
+                              env=env, stdout=open(tmp_path / "server.log", "a"), stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()[-3000:]
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
+                break
+            except OSError:
+                time.sleep(0.2)
+        p = train_two_steps(tmp_path, env=env)
+        assert p.returncode == 0, p.stderr[-3000:]
+        metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+        assert [m["step"] for m in metrics] == [1, 2] and all("sampling/importance_sampling_ratio/mean" in m for m in metrics)
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_unknown_fields_exit_2_naming_them(tmp_path):
+    out = convert_cli(tmp_path, {**DOC, "learnig_rate": 1e-5, "per_device_batch_size": 4})
+    assert out.returncode == 2
+    assert "learnig_rate: not a field of TRL 1.16.0's GRPOConfig" in out.stderr and "did you mean 'learning_rate'" in out.stderr
+    assert "per_device_batch_size" in out.stderr and not (tmp_path / "recipe.yaml").exists()
+    out = convert_cli(tmp_path, {k: v for k, v in DOC.items() if k != "reward_funcs"})
+    assert out.returncode == 2 and "reward_funcs (or reward_model_name_or_path) is missing" in out.stderr

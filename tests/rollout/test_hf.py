@@ -1,0 +1,190 @@
+"""`rollout.dtype`: the hf backend samples with a lower-precision copy of the policy, filled before every
+generate and freed after, and records the sampler's log-probs for importance sampling.
+
+The shared prefill too: each distinct prompt runs through the model once per generate."""
+
+import pytest
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, Qwen2Config, Qwen2ForCausalLM
+
+from grpo_cli.algo.logprobs import token_logprobs
+from grpo_cli.recipe.schema import RolloutConfig
+from grpo_cli.rollout.common import left_pad
+from grpo_cli.rollout.hf import HFGenerator, SamplerLogprobs, SamplingCopy, native_bf16, sampler_dtype
+import grpo_cli.rollout.hf as hf
+
+from helpers import read_jsonl, cli
+
+
+torch.set_num_threads(1)
+
+
+class Tok:
+    pad_token_id, eos_token_id = 0, 1
+
+    def batch_decode(self, lists, skip_special_tokens=True):
+        return [" ".join(map(str, x)) for x in lists]
+
+
+def tiny(dtype=torch.float32) -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(cfg).to(dtype)
+    model.generation_config = GenerationConfig(eos_token_id=1, pad_token_id=0)
+    return model
+
+
+PROMPTS = [[5, 6, 7, 8], [9, 10]]
+
+
+def test_the_copy_holds_memory_only_while_sampling_and_follows_the_policy():
+    model = tiny()
+    copy = SamplingCopy(model, torch.bfloat16)
+    assert {p.device.type for p in copy.module.parameters()} == {"meta"}
+    for _ in range(2):  # the second fill sees the policy's new weights
+        sampler = copy.fill(model)
+        policy = dict(model.named_parameters(remove_duplicate=False))
+        for name, p in sampler.named_parameters(remove_duplicate=False):  # tied LM head included
+            assert p.dtype == torch.bfloat16 and torch.equal(p, policy[name].to(torch.bfloat16)), name
+        for (name, b), (_, ref) in zip(sampler.named_buffers(), model.named_buffers()):
+            assert b.dtype == ref.dtype and torch.equal(b, ref), name  # RoPE frequencies stay float32
+        copy.free()
+        assert {p.device.type for p in copy.module.parameters()} == {"meta"}
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01)
+    assert all(p.dtype == torch.float32 and p.device.type == "cpu" for p in model.parameters())  # untouched
+
+
+def test_recorded_logprobs_are_the_samplers_at_the_sampling_temperature_before_top_p():
+    model = tiny().eval()
+    ids, mask = left_pad([p for p in PROMPTS for _ in range(3)], 0)
+    recorder = SamplerLogprobs(0.7)
+    torch.manual_seed(1)
+    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=0.7, top_p=0.8, top_k=0,
+                         max_new_tokens=6, eos_token_id=63, logits_processor=LogitsProcessorList([recorder]))
+    completion = out[:, ids.shape[1]:]
+    recorded = recorder.result(completion)
+    with torch.no_grad():
+        expected, _ = token_logprobs(model, ids, mask, completion, torch.ones_like(completion), temperature=0.7,
+                                     shared_prompts=False)
+    assert recorded.shape == completion.shape and completion.shape[1] > 3
+    assert (recorded - expected).abs().max() < 1e-4
+
+
+def test_the_generator_samples_with_the_copy_and_returns_its_logprobs():
+    model = tiny()
+    gen = HFGenerator(model, Tok(), RolloutConfig(max_completion_length=8, dtype="bfloat16"))
+    torch.manual_seed(0)
+    r = gen.generate(PROMPTS, ["a", "b"], n=4)
+    assert r.sampling_logps is not None and r.sampling_logps.shape == r.completion_ids.shape
+    assert (r.sampling_logps[r.completion_mask == 0] == 0).all() and (r.sampling_logps[r.completion_mask == 1] < 0).all()
+    with torch.no_grad():
+        policy, _ = token_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
+        sampler, _ = token_logprobs(gen.copy.fill(model), r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
+    gen.copy.free()
+    m = r.completion_mask.bool()
+    # the recorded numbers are the bf16 copy's (to bf16 rounding), not the float32 policy's
+    assert (r.sampling_logps - sampler)[m].abs().max() < 2e-2
+    assert (policy - sampler)[m].abs().max() > 1e-4
+    greedy = gen.generate(PROMPTS, ["a", "b"], greedy=True)
+    assert greedy.sampling_logps is None
+    assert HFGenerator(model, Tok(), RolloutConfig(dtype="policy")).copy is None
+
+
+def test_auto_picks_bf16_only_for_a_full_float32_policy_on_native_bf16_hardware():
+    model = tiny()
+    native = native_bf16(torch.device("cpu"))
+    assert sampler_dtype("auto", model, full_model=True) == (torch.bfloat16 if native else None)
+    assert sampler_dtype("auto", model, full_model=False) is None  # LoRA, FSDP, ZeRO-3: the policy samples
+    assert sampler_dtype("auto", tiny(torch.bfloat16), full_model=True) is None
+    assert sampler_dtype("bfloat16", tiny(torch.bfloat16), full_model=True) is None  # already bf16
+    assert sampler_dtype("policy", model, full_model=True) is None
+    with pytest.raises(ValueError, match="rollout.dtype: bfloat16 needs a full model"):
+        sampler_dtype("bfloat16", model, full_model=False)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("model_cache")
+def test_training_with_a_bf16_sampler_logs_the_mismatch_and_corrects_it(tmp_path):
+    p = cli("train", "recipes/ci-tiny.yaml", "-o", str(tmp_path / "bf16"), "train.max_steps=2", "rollout.dtype=bfloat16")
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = read_jsonl(tmp_path / "bf16/metrics.jsonl")[-1]
+    assert 0 < m["sampling/sampling_logp_difference/mean"] < 0.1
+    assert m["sampling/importance_sampling_ratio/mean"] == pytest.approx(1.0, abs=0.1)
+    p = cli("train", "recipes/ci-tiny.yaml", "-o", str(tmp_path / "fp32"), "train.max_steps=2", "rollout.dtype=policy")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "sampling/sampling_logp_difference/mean" not in read_jsonl(tmp_path / "fp32/metrics.jsonl")[-1]
+
+
+def test_sampling_runs_outside_the_training_autocast():
+    """train.mixed_precision wraps the model's forward in autocast (accelerate); sampling uses the forward it had
+    before, so it draws the same tokens as the unwrapped policy, and training forwards keep their autocast."""
+    from accelerate import Accelerator
+
+    reference = tiny()
+    torch.manual_seed(2)
+    expected = HFGenerator(reference, Tok(), RolloutConfig(max_completion_length=6)).generate(PROMPTS, ["a", "b"], n=3)
+
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # an earlier test's Accelerator may have had no autocast
+    try:
+        accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+        model = accelerator.prepare(tiny())
+        seen = []
+        model.model.layers[0].mlp.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+        torch.manual_seed(2)
+        got = HFGenerator(accelerator.unwrap_model(model), Tok(), RolloutConfig(max_completion_length=6)).generate(
+            PROMPTS, ["a", "b"], n=3)
+        assert seen and set(seen) == {torch.float32}  # no decode step ran under autocast
+        assert torch.equal(got.completion_ids, expected.completion_ids)
+        seen.clear()
+        model(input_ids=torch.tensor(PROMPTS[:1]))
+        assert seen == [torch.bfloat16]  # the training forward is still autocast
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)  # the next Accelerator in this process may differ
+
+
+torch.set_num_threads(1)
+SHARED_PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15]]
+
+
+def _generate(model, prompts, n, share: bool, monkeypatch, dtype="policy"):
+    monkeypatch.setattr(hf, "shared_prefill", hf.shared_prefill if share else (lambda *a, **k: None))
+    batches = []
+    hook = model.register_forward_pre_hook(lambda m, args, kw: batches.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    torch.manual_seed(3)
+    try:
+        out = hf.HFGenerator(model, Tok(), RolloutConfig(max_completion_length=8, dtype=dtype)).generate(
+            prompts, [str(i) for i in range(len(prompts))], n=n)
+    finally:
+        hook.remove()
+    return out, batches
+
+
+@pytest.mark.parametrize("n", [1, 4])
+def test_each_distinct_prompt_runs_once_and_the_samples_are_the_same(n, monkeypatch):
+    model = tiny()
+    prompts = SHARED_PROMPTS if n > 1 else [p for p in SHARED_PROMPTS for _ in range(4)]  # the engine's pre-repeated rows
+    shared, batches = _generate(model, prompts, n, True, monkeypatch)
+    plain, plain_batches = _generate(model, prompts, n, False, monkeypatch)
+    # the prefill: 3 distinct prompts, all but the last of 5 (left-padded) positions; then one position per row
+    assert batches[:2] == [(3, 4), (12, 1)] and plain_batches[0] == (12, 5)
+    assert torch.equal(shared.completion_ids, plain.completion_ids)
+    assert torch.equal(shared.completion_mask, plain.completion_mask)
+
+
+def test_sampler_logprobs_of_a_bf16_copy_are_the_same_with_the_shared_prefill(monkeypatch):
+    model = tiny()
+    shared, _ = _generate(model, SHARED_PROMPTS, 4, True, monkeypatch, dtype="bfloat16")
+    plain, _ = _generate(model, SHARED_PROMPTS, 4, False, monkeypatch, dtype="bfloat16")
+    assert torch.equal(shared.completion_ids, plain.completion_ids)
+    assert torch.allclose(shared.sampling_logps, plain.sampling_logps, atol=1e-2)
+
+
+def test_nothing_is_shared_when_every_prompt_differs(monkeypatch):
+    model = tiny()
+    _, batches = _generate(model, SHARED_PROMPTS, 1, True, monkeypatch)
+    assert batches[0] == (3, 5)  # generate's own prefill of every row

