@@ -32,9 +32,9 @@ def build_reward_model(folder: Path) -> None:
     import torch
     from transformers import AutoModelForSequenceClassification, Qwen2Config
 
-    from grpo_cli.models.loading import _build_tiny_tokenizer
+    from grpo_cli.models.builtin import build_tiny_tokenizer
 
-    tok = _build_tiny_tokenizer()
+    tok = build_tiny_tokenizer()
     config = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=1, num_key_value_heads=1, num_labels=1,
                          pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)

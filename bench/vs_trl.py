@@ -153,7 +153,7 @@ def grpo_prompt_ids(recipe_path: Path, steps: int) -> dict:
     """The token ids `grpo train` generates from, by grpo's own code: every prompt, and each step's."""
     from grpo_cli.data.prompts import PromptStream, encode_prompts, load_rows, render_prompt
     from grpo_cli.models.loading import load_tokenizer
-    from grpo_cli.recipe.schema import load_recipe
+    from grpo_cli.recipe.files import load_recipe
 
     recipe = load_recipe(recipe_path)
     tok = load_tokenizer(recipe.model)

@@ -1,9 +1,10 @@
-"""Dataclasses that cross module boundaries. Shapes in comments: N = B*G rows, T = completion length."""
+"""What crosses module boundaries: prompts, rollouts, rewards, a step's batch, and the processes' collectives.
+Shapes in comments: B prompts, G completions each, N = B*G rows (n of them this process's), T = completion length."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -164,3 +165,44 @@ class RewardResult:
                             per_function={k: [x for r in parts for x in r.per_function[k]] for k in parts[0].per_function},
                             errors=counts("errors"), timeouts=counts("timeouts"), nonfinite=counts("nonfinite"),
                             steps={k: [x for r in parts for x in r.steps[k]] for k in parts[0].steps})
+
+
+@dataclass
+class StepBatch:
+    """One step's generation batch, sampled and scored: what Algorithm 1's update consumes.
+
+    `rollout` and `rewards` are this process's rows of the N = B*G completions; the reward tensors and the
+    step rewards are every process's rows (a group is normalised over all its G completions)."""
+
+    prompts: PromptBatch  # [B] the step's prompts (every process's)
+    rollout: Rollout  # [n] this process's rows, on the trainer's device
+    rewards: RewardResult  # [n] this process's rows
+    rows: range  # which of the N rows they are
+    total: torch.Tensor  # [N] float32 weighted rewards (NaN: no reward function returned a value)
+    per_function: torch.Tensor  # [N, K] float32 each reward function's column (NaN: none)
+    weights: list[float]  # [K] each reward function's weight
+    steps: dict[str, list[list[tuple[int, float | None]]]]  # name -> [N] step rewards (process supervision)
+    metrics: dict[str, float] = field(default_factory=dict)  # what sampling measured (rounds, staleness, episodes)
+
+
+class Processes(Protocol):
+    """The trainer's processes as the parts of a step see them (grpo_cli/train/distributed.py's `Collectives`)."""
+
+    count: int  # how many
+    index: int  # this one's
+    is_main: bool
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """Every process's `x`, concatenated in process order, on the CPU."""
+
+    def gather_rows(self, rows: list[Any]) -> list[Any]:
+        """Every process's list, concatenated in process order (picklable objects)."""
+
+    def total(self, x: float) -> float:
+        """The sum of `x` over processes."""
+
+    def any(self, flag: bool) -> bool:
+        """Whether `flag` is set on any process."""
+
+    def reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """The element-wise sum of `x` over processes, on the CPU."""

@@ -36,10 +36,10 @@ def turn_model(tmp_path_factory) -> str:
     samples 0-4 arbitrary tokens, then <|im_end|>. Multi-turn episodes need turns that end."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpo_cli.models.loading import _build_tiny
+    from grpo_cli.models.builtin import build_tiny
 
     folder = tmp_path_factory.mktemp("turn-model")
-    _build_tiny("tiny-qwen2", folder / "base")
+    build_tiny("tiny-qwen2", folder / "base")
     tok = AutoTokenizer.from_pretrained(folder / "base")
     model = AutoModelForCausalLM.from_pretrained(folder / "base")
     eos = tok.convert_tokens_to_ids("<|im_end|>")

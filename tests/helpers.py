@@ -25,6 +25,14 @@ def cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
                           timeout=timeout, **{"env": os.environ, **kw})
 
 
+def loss_of(loss_type: str, logps, old_logps, advantages, mask, **kw):
+    """compute_loss with the loss's settings by keyword, as a recipe's algorithm section gives them."""
+    from grpo_cli.algo.losses import LossConfig, compute_loss
+
+    settings = {k: kw.pop(k) for k in list(kw) if k in LossConfig.__dataclass_fields__}
+    return compute_loss(LossConfig(loss_type, **settings), logps, old_logps, advantages, mask, **kw)
+
+
 # ----- small models and optimizers for the checkpoint tests (tests/run/)
 RECIPE = "name: tiny\ntrain:\n  max_steps: 3\n"
 
@@ -81,9 +89,9 @@ def build_reward_model(folder, *, num_labels: int = 1, chat_template: bool = Tru
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, Qwen2Config
 
-    from grpo_cli.models.loading import _build_tiny_tokenizer
+    from grpo_cli.models.builtin import build_tiny_tokenizer
 
-    tok = _build_tiny_tokenizer()
+    tok = build_tiny_tokenizer()
     if not chat_template:
         tok.chat_template = None
     config = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,

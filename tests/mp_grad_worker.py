@@ -18,7 +18,7 @@ from safetensors.torch import save_file  # noqa: E402
 from grpo_cli.algo.advantages import compute_advantages  # noqa: E402
 from grpo_cli.datatypes import Rollout  # noqa: E402
 from grpo_cli.train.engine import Engine  # noqa: E402
-from grpo_cli.recipe.schema import load_recipe  # noqa: E402
+from grpo_cli.recipe.files import load_recipe  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 B, G, P, T = 3, 4, 7, 9  # 12 rows: with 2 processes group 1 (rows 4-7) spans both
@@ -44,10 +44,16 @@ def rows_of(rollout: Rollout, rows: range) -> Rollout:
     return replace(rollout, **tensors, prompts=rollout.prompts[sl], completions=rollout.completions[sl])
 
 
-class GradCapture(Engine):
-    def _optimizer_step(self) -> float:
-        self.grads.append({n: p.grad.detach().clone() for n, p in self.accelerator.unwrap_model(self.model).named_parameters()})
-        return super()._optimizer_step()
+def capture_grads(e: Engine) -> list[dict[str, torch.Tensor]]:
+    """Every accumulation window's gradient, before it is clipped (accelerate's clipping, wrapped on this engine)."""
+    grads, clip = [], e.accelerator.clip_grad_norm_
+
+    def capture(parameters, max_norm):
+        grads.append({n: p.grad.detach().clone() for n, p in e.accelerator.unwrap_model(e.policy).named_parameters()})
+        return clip(parameters, max_norm)
+
+    e.accelerator.clip_grad_norm_ = capture
+    return grads
 
 
 def main(out: Path, micro_batch_size: int, loss_types: list[str]) -> None:
@@ -58,14 +64,14 @@ def main(out: Path, micro_batch_size: int, loss_types: list[str]) -> None:
             f"train.micro_batch_size={micro_batch_size}", "algorithm.num_iterations=2", "algorithm.beta=0.1",
             "train.learning_rate=0.05", "logging.rollouts=false", *extra,
         ])
-        e = GradCapture(r, out / f"run-{loss_type}")
-        e.grads = []
-        rollout, rewards = fixed_rollout(e.accelerator.unwrap_model(e.model).config.vocab_size)
+        e = Engine(r, out / f"run-{loss_type}")
+        grads = capture_grads(e)
+        rollout, rewards = fixed_rollout(e.accelerator.unwrap_model(e.policy).config.vocab_size)
         adv = compute_advantages(rewards, G, "group")[e.rows.start : e.rows.stop]
         local = rows_of(rollout, e.rows)
-        e._update(local, adv, local.completion_mask.clone())
+        e.update(local, adv, local.completion_mask.clone())
         if e.accelerator.is_main_process:
-            save_file({f"{i}.{n}": g for i, grads in enumerate(e.grads) for n, g in grads.items()},
+            save_file({f"{i}.{n}": g for i, window in enumerate(grads) for n, g in window.items()},
                       str(out / f"{loss_type}.safetensors"))
         e.close()
     e.accelerator.end_training()  # destroys the process group before interpreter exit

@@ -1,10 +1,21 @@
-"""The package's import graph has no circles: every `grpo_cli` import counts (module level, inside
-functions, and under TYPE_CHECKING), read from the source with `ast`, nothing imported."""
+"""The shape of the package, read from its source with `ast` (nothing imported): folders by concern, the layer
+rules between them, no import circles, the loop as one screen, and no file past the size a reader can hold.
+Every `grpo_cli` import counts: module level, inside functions, and under TYPE_CHECKING."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "grpo_cli"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "grpo_cli"
+TOP_LEVEL = {"__init__", "__main__", "cli", "errors", "registry", "datatypes"}
+FOLDERS = {"algo", "recipe", "data", "rewards", "usercode", "rollout", "agents", "run", "models", "train", "eval",
+           "views", "serve", "commands"}
+MAX_LINES = 450  # a file (STYLE.md's red line); the engine 300, train_step 30
+BACKEND_NAMES = {"hf", "vllm", "colocate", "server", "vllm-colocate", "vllm-server"}
 
 
 def module_name(path: Path) -> str:
@@ -52,6 +63,15 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def folder(module: str) -> str:
+    """`grpo_cli.algo.losses` -> `algo`; a top-level module -> its own name."""
+    return module.split(".")[1] if "." in module else module
+
+
+def imports_of(prefix: str, graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    return {m: edges for m, edges in graph.items() if m == prefix or m.startswith(prefix + ".")}
+
+
 def test_the_cycle_finder_finds_cycles():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
@@ -62,3 +82,115 @@ def test_no_import_circles_in_grpo_cli():
     assert len(graph) > 40 and graph["grpo_cli.train.engine"]  # the graph was read
     cycle = find_cycle(graph)
     assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_folders_by_concern_one_level_deep():
+    top = {p.stem for p in PACKAGE.glob("*.py")}
+    assert top == TOP_LEVEL, f"the top level keeps only {sorted(TOP_LEVEL)}; found {sorted(top - TOP_LEVEL)}"
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == FOLDERS
+    for name in folders:
+        assert (PACKAGE / name / "__init__.py").is_file(), name
+        nested = [p for p in (PACKAGE / name).iterdir() if p.is_dir() and p.name != "__pycache__"]
+        assert not nested, f"{name}/ holds folders: {nested}"
+
+
+def test_the_math_imports_only_the_registry_the_datatypes_and_itself():
+    graph = import_graph()
+    for module, edges in imports_of("grpo_cli.algo", graph).items():
+        outside = {e for e in edges if folder(e) not in ("algo", "registry", "datatypes")}
+        assert not outside, f"{module} imports {sorted(outside)}"
+
+
+def test_the_run_folder_does_not_import_rollout_agents_or_training():
+    graph = import_graph()
+    for module, edges in imports_of("grpo_cli.run", graph).items():
+        outside = {e for e in edges if folder(e) in ("rollout", "agents", "train")}
+        assert not outside, f"{module} imports {sorted(outside)}"
+
+
+def test_nothing_but_the_cli_imports_the_commands():
+    graph = import_graph()
+    importers = {m for m, edges in graph.items() if any(folder(e) == "commands" for e in edges)}
+    assert importers - {m for m in graph if folder(m) == "commands"} == {"grpo_cli.cli"}
+
+
+def test_the_recipe_never_imports_torch():
+    """Not at module level, and not while validating the shipped recipes (those with rollout.tools aside:
+    transformers' get_json_schema, which describes a tool to the model exactly as the chat template will, imports
+    torch to map tensor arguments)."""
+    for path in (PACKAGE / "recipe").glob("*.py"):  # at module level (an option's own check may import lazily)
+        for node in ast.parse(path.read_text()).body:
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not any(n.split(".")[0] in ("torch", "transformers", "vllm") for n in names), (path, names)
+    code = ("import sys, pathlib, yaml\nfrom grpo_cli.recipe.files import load_recipe\n"
+            "for p in sorted(pathlib.Path('recipes').glob('*.yaml')):\n"
+            "    if not (yaml.safe_load(p.read_text()).get('rollout') or {}).get('tools'):\n        load_recipe(p)\n"
+            "from grpo_cli.recipe import checks, files, trl, trl_fields\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'vllm'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_no_backend_name_is_compared_outside_rollout():
+    """Backend capabilities live on the BACKENDS entries: no `== "vllm"` (or `!=`, `in`) anywhere else."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.parent.name == "rollout":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                values = [node.left, *node.comparators]
+                names = {v.value for v in values if isinstance(v, ast.Constant)}
+                names |= {e.value for v in values if isinstance(v, (ast.Tuple, ast.List, ast.Set))
+                          for e in v.elts if isinstance(e, ast.Constant)}
+                if names & BACKEND_NAMES:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, found
+
+
+def test_one_name_one_meaning():
+    """No two public functions or classes of the package share a name (each command module's `command` aside)."""
+    where: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+                where.setdefault(node.name, []).append(module_name(path))
+    twice = {name: mods for name, mods in where.items() if len(mods) > 1 and name != "command"}
+    assert not twice, twice
+
+
+def test_no_file_over_the_red_line():
+    long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, long
+
+
+def _function(path: Path, cls: str | None, name: str) -> ast.AST:
+    tree = ast.parse(path.read_text())
+    scope = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls) if cls else tree
+    return next(n for n in scope.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == name)
+
+
+def test_the_engine_is_the_loop():
+    engine = PACKAGE / "train" / "engine.py"
+    cls = _function(engine, None, "Engine")
+    step = _function(engine, "Engine", "train_step")
+    assert cls.end_lineno - cls.lineno + 1 <= 300
+    assert step.end_lineno - step.lineno + 1 <= 30
+    # Algorithm 1 in order, each line a name: sample, advantages, the mu updates, the reference, the reward models,
+    # the weights for the next rollouts, the report
+    nodes = sorted((n for n in ast.walk(step) if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset))
+    calls = [n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "") for n in nodes]
+    order = ["next", "step_advantages", "update", "after_update", "observe", "after_update", "report"]
+    remaining = iter(calls)
+    assert all(any(c == want for c in remaining) for want in order), calls
+    # no branch on a recipe option inside the loop
+    assert not [n for n in ast.walk(step) if isinstance(n, (ast.If, ast.IfExp))]
+
+
+@pytest.mark.parametrize("name", sorted(FOLDERS))
+def test_every_folder_says_what_it_holds(name):
+    doc = ast.get_docstring(ast.parse((PACKAGE / name / "__init__.py").read_text()))
+    assert doc and len(doc) > 20, name

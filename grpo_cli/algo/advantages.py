@@ -16,10 +16,12 @@ returned None): it is left out of the group statistics and its advantage is 0.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+from grpo_cli.datatypes import StepBatch
 from grpo_cli.registry import Registry
 
 EPS = 1e-4
@@ -122,3 +124,50 @@ def step_signal(steps: list[list[tuple[int, float | None]]], group_size: int) ->
         rewards = torch.tensor([r for row in steps[g : g + group_size] for _, r in row if r is not None])
         out.append(bool(rewards.numel() >= 2 and _nan_std(rewards) > 1e-6))
     return out
+
+
+# algorithm.multi_objective_aggregation -> fn(total [N], per_function [N, K], weights [K], group_size, scale) -> [N]
+ADVANTAGE_ESTIMATORS: Registry[Callable[..., torch.Tensor]] = Registry("multi_objective_aggregation")
+
+
+@ADVANTAGE_ESTIMATORS.register("sum_then_normalize")
+def sum_then_normalize(total: torch.Tensor, per_function: torch.Tensor, weights: list[float], group_size: int,
+                       scale: str) -> torch.Tensor:
+    """The weighted sum of the rewards, normalised within its group (`scale`): DeepSeekMath's outcome supervision."""
+    return compute_advantages(total, group_size, scale)
+
+
+@ADVANTAGE_ESTIMATORS.register("normalize_then_sum")
+def _normalize_then_sum(total: torch.Tensor, per_function: torch.Tensor, weights: list[float], group_size: int,
+                        scale: str) -> torch.Tensor:
+    return normalize_then_sum(per_function, weights, group_size)
+
+
+@dataclass
+class Advantages:
+    """A step's advantages: what the update trains with and what is logged."""
+
+    local: torch.Tensor  # [n] per completion, or [n, T] with step rewards: this process's rows
+    outcome: torch.Tensor  # [N] every row's outcome advantage (the logged `advantage`)
+    stats: dict[str, float]  # per step reward: steps_per_completion, frac_zero_std
+
+
+def step_advantages(s: StepBatch, group_size: int, scale: str, aggregation: str) -> Advantages:
+    """The outcome advantages of the step's rewards (`aggregation` names the estimator) plus, with step-level
+    rewards, each one's sec. 4.1.3 per-token advantages times its weight, for this process's rows (a group's
+    steps come from every process: they are normalised together)."""
+    outcome = ADVANTAGE_ESTIMATORS.get(aggregation)(s.total, s.per_function, s.weights, group_size, scale)  # [N]
+    local = outcome[s.rows.start : s.rows.stop]
+    stats: dict[str, float] = {}
+    if s.steps:
+        weight = dict(zip(s.rewards.per_function, s.weights))
+        length = s.rollout.completion_ids.shape[1]
+        per_token = torch.zeros(len(s.rows), length)
+        for name, steps in s.steps.items():
+            every = [x or [] for x in steps]
+            per_token += weight[name] * process_advantages(every, group_size, length)[s.rows.start : s.rows.stop]
+            signal = step_signal(every, group_size)
+            stats[f"rewards/{name}/steps_per_completion"] = sum(map(len, every)) / len(every)
+            stats[f"rewards/{name}/frac_zero_std"] = 1 - sum(signal) / len(signal)
+        local = local[:, None] + per_token
+    return Advantages(local, outcome, stats)

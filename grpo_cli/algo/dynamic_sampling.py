@@ -4,14 +4,13 @@ B groups with signal are collected, or `max_rounds` batches were sampled; then t
 dropped groups, earliest first (zero advantages: no policy gradient), and `frac_reward_zero_std` says how many.
 
 Every process sees every round's rewards, so the choice of groups is the same everywhere; the chosen rows
-are then split over processes as any generation batch is. Each round takes B prompts from the data
+are then split over processes as any generation batch is (the rounds are sampled by grpo_cli/rollout/source.py). Each round takes B prompts from the data
 stream, so the stream's position counts every prompt consumed and a resume continues exactly.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import torch
 
@@ -58,40 +57,15 @@ def assemble(rounds: list[Round], picks: list[tuple[int, int]], group_size: int,
     return Round(batch=batch, rollout=rollout, rewards=rewards, total=total)
 
 
-def collect(first: tuple, sample: Callable[[], tuple], *, max_rounds: int, batch_size: int, group_size: int, rows: range,
-            pad_id: int, accelerator) -> tuple[PromptBatch, Rollout, RewardResult, torch.Tensor, dict[str, float]]:
-    """Rounds of (batch, this process's rollout rows, their rewards, every row's total) — `first`, then more from
-    `sample()` — until `batch_size` groups have signal or `max_rounds` were sampled. -> the chosen batch in the
-    same form (this process's `rows` of it, on the first rollout's device) and the dynamic_sampling/* metrics."""
-    B, G = batch_size, group_size
-    device = first[1].completion_ids.device
-    rounds = [whole_round(*first, pad_id=pad_id, accelerator=accelerator)]
-    signal = [groups_with_signal(rounds[0].total, G)]
-    while sum(map(sum, signal)) < B and len(rounds) < max_rounds:
-        rounds.append(whole_round(*sample(), pad_id=pad_id, accelerator=accelerator))
-        signal.append(groups_with_signal(rounds[-1].total, G))
-    picks = pick_groups(signal, B)
-    chosen = assemble(rounds, picks, G, pad_id)
+def dynamic_sampling_metrics(rounds: list[Round], signal: list[list[bool]], picks: list[tuple[int, int]],
+                             batch_size: int) -> dict[str, float]:
+    """dynamic_sampling/*: rounds sampled, groups dropped for want of signal, groups with signal beyond the B kept,
+    and the mean reward of everything generated."""
+    B = batch_size
     with_signal, picked_with_signal = sum(map(sum, signal)), sum(signal[r][g] for r, g in picks)
-    metrics = {
+    return {
         "dynamic_sampling/rounds": len(rounds),
         "dynamic_sampling/filtered_groups": len(rounds) * B - with_signal - (B - picked_with_signal),
         "dynamic_sampling/surplus_groups": with_signal - picked_with_signal,
         "dynamic_sampling/generated_reward_mean": torch.cat([rd.total for rd in rounds]).nanmean().item(),
     }
-    local = list(rows)
-    return chosen.batch, chosen.rollout.select(local).to(device), chosen.rewards.select(local), chosen.total, metrics
-
-
-def whole_round(batch: PromptBatch, rollout: Rollout, rewards: RewardResult, total: torch.Tensor, *, pad_id: int,
-                accelerator) -> Round:
-    """A round with every process's rows (each process scored only its own; its error counts stay its own)."""
-    rollout = rollout.to("cpu")
-    if accelerator.num_processes > 1:
-        from accelerate.utils import gather_object
-
-        parts = gather_object([(rollout, rewards)])  # in process order: the rows' order
-        rollout = Rollout.cat([p[0] for p in parts], pad_id)
-        rewards = replace(RewardResult.cat([p[1] for p in parts]), errors=rewards.errors, timeouts=rewards.timeouts,
-                          nonfinite=rewards.nonfinite)
-    return Round(batch=batch, rollout=rollout, rewards=rewards, total=total.cpu())

@@ -30,6 +30,7 @@ from typing import Callable
 
 import torch
 
+from grpo_cli.datatypes import Rollout
 from grpo_cli.registry import Registry
 
 
@@ -125,62 +126,75 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
+@dataclass(frozen=True)
+class LossConfig:
+    """Everything that picks and shapes the policy loss (the recipe's algorithm section, read once)."""
+
+    loss_type: str  # a POLICY_LOSSES name
+    epsilon_low: float
+    epsilon_high: float
+    delta: float | None = None  # two-sided clipping bound on the ratio (INTELLECT-2)
+    importance_sampling_level: str = "token"  # `sequence`: GSPO
+    beta: float = 0.0  # KL coefficient; > 0 needs the reference's log-probs
+    max_completion_length: int | None = None  # dr_grpo's constant denominator
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    use_bias_correction_kl: bool = False
+    off_policy_mask_threshold: float | None = None
+
+    @property
+    def global_token_mean(self) -> bool:
+        """Whether every token of the whole generation batch weighs the same (dapo, cispo): the update then counts
+        the batch's active tokens over all processes first."""
+        return POLICY_LOSSES.get(self.loss_type).aggregation == "global_token_mean"
+
+
 def compute_loss(
-    loss_type: str,
+    cfg: LossConfig,
     logps: torch.Tensor,
     old_logps: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    epsilon_low: float,
-    epsilon_high: float,
-    delta: float | None = None,
-    importance_sampling_level: str = "token",
-    beta: float = 0.0,
     ref_logps: torch.Tensor | None = None,
-    max_completion_length: int | None = None,
     num_active_tokens: int | float | torch.Tensor | None = None,
-    sapo_temperature_pos: float = 1.0,
-    sapo_temperature_neg: float = 1.05,
     token_weights: torch.Tensor | None = None,
-    use_bias_correction_kl: bool = False,
-    off_policy_mask_threshold: float | None = None,
     sampling_logps: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Scalar loss (to minimise) and detached metrics; see the module docstring for the formulas.
 
     `token_weights` [N, T] (constants) multiply the policy term per token: the importance-sampling
-    correction for rollouts sampled by another engine (see `sampler_correction`). The off-policy mask
+    correction for rollouts sampled by another engine (see `SAMPLER_CORRECTIONS`). The off-policy mask
     measures drift from `sampling_logps` (the sampler's log-probs), or from `old_logps` when there are none."""
-    spec = POLICY_LOSSES.get(loss_type)
+    spec = POLICY_LOSSES.get(cfg.loss_type)
     mask = mask.to(logps.dtype)
-    w = importance_weights(logps, old_logps.detach(), mask, importance_sampling_level)  # [N, T]
+    w = importance_weights(logps, old_logps.detach(), mask, cfg.importance_sampling_level)  # [N, T]
     # [N] per completion (outcome supervision) -> [N, 1]; [N, T] per token (process supervision) as it is
     adv = advantages.to(logps.dtype).unsqueeze(-1) if advantages.dim() == 1 else advantages.to(logps.dtype)
     per_token = OBJECTIVES.get(spec.objective)(
-        w, adv, logps, epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta,
-        sapo_temperature_pos=sapo_temperature_pos, sapo_temperature_neg=sapo_temperature_neg,
+        w, adv, logps, epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high, delta=cfg.delta,
+        sapo_temperature_pos=cfg.sapo_temperature_pos, sapo_temperature_neg=cfg.sapo_temperature_neg,
     )
     metrics: dict[str, torch.Tensor] = {}
-    if off_policy_mask_threshold is not None:
+    if cfg.off_policy_mask_threshold is not None:
         drift_from = sampling_logps if sampling_logps is not None else old_logps
-        keep = off_policy_sequence_mask(adv, logps, drift_from.to(logps.dtype), mask, off_policy_mask_threshold)
+        keep = off_policy_sequence_mask(adv, logps, drift_from.to(logps.dtype), mask, cfg.off_policy_mask_threshold)
         per_token = per_token * keep
         metrics["off_policy_mask/masked_token_fraction"] = _masked_mean((1 - keep).expand_as(mask), mask).detach()
     if token_weights is not None:
         per_token = per_token * token_weights.detach().to(per_token.dtype)
-    if beta > 0:
+    if cfg.beta > 0:
         if ref_logps is None:
             raise ValueError("beta > 0 needs ref_logps")
         kl = k3_kl(logps, ref_logps.detach())
-        if use_bias_correction_kl:  # samples come from pi_old: w makes k3 an unbiased estimate of KL(pi || ref)
+        if cfg.use_bias_correction_kl:  # samples come from pi_old: w makes k3 an unbiased estimate of KL(pi || ref)
             kl = kl * w  # not detached: the ratio's gradient is part of the estimator's
-        per_token = per_token + beta * kl
+        per_token = per_token + cfg.beta * kl
         metrics["kl"] = _masked_mean(kl, mask).detach()
     loss = AGGREGATIONS.get(spec.aggregation)(
-        per_token, mask, max_completion_length=max_completion_length, num_active_tokens=num_active_tokens
+        per_token, mask, max_completion_length=cfg.max_completion_length, num_active_tokens=num_active_tokens
     )
-    metrics.update(clip_metrics(w.detach(), adv, mask, spec.objective, epsilon_low, epsilon_high))
+    metrics.update(clip_metrics(w.detach(), adv, mask, spec.objective, cfg.epsilon_low, cfg.epsilon_high))
     return loss, metrics
 
 
@@ -201,24 +215,56 @@ def clip_metrics(w, adv, mask, objective: str, epsilon_low: float, epsilon_high:
     }
 
 
+# rollout.importance_sampling -> fn(log_rho [N, T] masked, mask, cap) -> (weights [N, T] or None, rho [N, T])
+SAMPLER_CORRECTIONS: Registry[Callable[..., tuple[torch.Tensor | None, torch.Tensor]]] = Registry("importance_sampling")
+
+
+def _level(log_rho: torch.Tensor, level: str) -> torch.Tensor:
+    """Per token as it is; per sequence the product over its tokens (the sum of log-ratios), broadcast."""
+    return log_rho.sum(-1, keepdim=True).expand_as(log_rho) if level == "sequence" else log_rho
+
+
+def _register_correction(level: str, action: str) -> None:
+    def correction(log_rho: torch.Tensor, mask: torch.Tensor, cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+        rho = torch.exp(_level(log_rho, level))
+        weights = torch.clamp(rho, max=cap) if action == "truncate" else torch.where(rho <= cap, rho, torch.zeros_like(rho))
+        return weights.detach(), rho.detach()
+
+    SAMPLER_CORRECTIONS.register(f"{level}_{action}")(correction)
+
+
+for _level_name in ("token", "sequence"):
+    for _action in ("truncate", "mask"):
+        _register_correction(_level_name, _action)
+
+
+@SAMPLER_CORRECTIONS.register("none")
+def _no_correction(log_rho: torch.Tensor, mask: torch.Tensor, cap: float) -> tuple[None, torch.Tensor]:
+    """No weights; the per-token ratio is still measured (the sampling/* metrics)."""
+    return None, torch.exp(log_rho).detach()
+
+
 def sampler_correction(
     old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor, mode: str, cap: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Importance weights for rollouts whose sampler (vLLM) differs numerically from the trainer.
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Importance weights for rollouts whose sampler (vLLM, a bf16 copy) differs numerically from the trainer.
 
     rho = pi_train_old / pi_sampler per token, or per sequence (product over its tokens, i.e. the
     exp of the summed log-ratio). `*_truncate` caps rho at `cap` (truncated IS, as TRL's
-    vllm_importance_sampling_cap); `*_mask` zeroes the tokens / sequences whose rho exceeds it.
-    -> weights [N, T] to pass as compute_loss(token_weights=...), and rho [N, T] for metrics."""
-    log_rho = (old_logps - sampling_logps) * mask
-    level, _, action = mode.partition("_")
-    if level == "sequence":
-        log_rho = log_rho.sum(-1, keepdim=True).expand_as(old_logps)
-    elif level != "token" or action not in ("truncate", "mask"):
-        raise ValueError(f"importance sampling mode must be token|sequence _ truncate|mask, got {mode!r}")
-    rho = torch.exp(log_rho)
-    weights = torch.clamp(rho, max=cap) if action == "truncate" else torch.where(rho <= cap, rho, torch.zeros_like(rho))
-    return weights.detach(), rho.detach()
+    vllm_importance_sampling_cap); `*_mask` zeroes the tokens / sequences whose rho exceeds it; `none` weighs
+    nothing. -> weights [N, T] to pass as compute_loss(token_weights=...) (None for `none`), and rho [N, T]."""
+    if mode not in SAMPLER_CORRECTIONS:
+        raise ValueError(f"importance sampling mode must be token|sequence _ truncate|mask, or none; got {mode!r}")
+    return SAMPLER_CORRECTIONS.get(mode)((old_logps - sampling_logps) * mask, mask, cap)
+
+
+def trained_mask(rollout: Rollout, mask_truncated_completions: bool) -> torch.Tensor:
+    """[N, T] the tokens the loss trains on: those the policy sampled (not observations), without the completions
+    that hit the length limit when `mask_truncated_completions` (DAPO's overlong filtering)."""
+    mask = rollout.trained_mask().clone()
+    if mask_truncated_completions:
+        mask[rollout.truncated] = 0
+    return mask
 
 
 def entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:

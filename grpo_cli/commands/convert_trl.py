@@ -33,9 +33,11 @@ def command(
     from pydantic import ValidationError
 
     from grpo_cli.errors import ConversionError
-    from grpo_cli.recipe.schema import Recipe, _format_validation_error
-    from grpo_cli.recipe.trl import accepted_fields, convert
+    from grpo_cli.recipe.schema import Recipe
+    from grpo_cli.recipe.files import format_validation_error
+    from grpo_cli.recipe.trl import convert
     from grpo_cli.recipe.trl_fields import TRL_VERSION
+    from grpo_cli.recipe.trl_homes import accepted_fields
     from grpo_cli.registry import did_you_mean
 
     try:
@@ -57,7 +59,7 @@ def command(
     try:
         Recipe.model_validate(result.recipe)
     except ValidationError as e:
-        raise ConversionError(f"the converted recipe does not validate:\n{_format_validation_error(e)}") from None
+        raise ConversionError(f"the converted recipe does not validate:\n{format_validation_error(e)}") from None
     text = yaml.safe_dump(result.recipe, sort_keys=False, allow_unicode=True)
     header = f"# converted from {config} (TRL {TRL_VERSION}) by `grpo convert-trl`\n"
     for note in result.notes:

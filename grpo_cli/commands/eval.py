@@ -37,13 +37,14 @@ def command(
     import time
 
     from grpo_cli.errors import UsageError
+    from grpo_cli.rollout.backends import EVAL_BACKENDS
 
-    if backend not in ("hf", "vllm"):
-        raise UsageError(f"--backend {backend!r} is not available; valid: hf, vllm")
+    if backend not in EVAL_BACKENDS:
+        raise UsageError(f"--backend {backend!r} is not available; valid: {', '.join(EVAL_BACKENDS)}")
     if dataset and files:
         raise UsageError("give --dataset or --file, not both")
     from grpo_cli.eval.evaluate import run_eval
-    from grpo_cli.recipe.schema import load_recipe
+    from grpo_cli.recipe.files import load_recipe
 
     r = load_recipe(recipe) if recipe else None
     # an empty value (not None) replaces the recipe's other eval source

@@ -15,6 +15,6 @@ def command(recipe: Path = RECIPE, overrides: Optional[list[str]] = OVERRIDES) -
 
     Example: grpo print-recipe recipes/quickstart.yaml algorithm.loss_type=grpo
     """
-    from grpo_cli.recipe.schema import load_recipe, recipe_to_yaml
+    from grpo_cli.recipe.files import load_recipe, recipe_to_yaml
 
     typer.echo(recipe_to_yaml(load_recipe(recipe, overrides or [])), nl=False)

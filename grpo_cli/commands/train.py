@@ -40,7 +40,7 @@ def command(
       grpo train recipes/gsm8k.yaml --num-processes 8 --accelerate-config recipes/accelerate/fsdp2.yaml
     """
     from grpo_cli.data.checks import check_data
-    from grpo_cli.recipe.schema import load_recipe
+    from grpo_cli.recipe.files import load_recipe
     from grpo_cli.run import lock
     from grpo_cli.train.launch import launched_by_torchrun, relaunch
 

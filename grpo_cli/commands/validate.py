@@ -20,7 +20,7 @@ def command(recipe: Path = RECIPE, overrides: Optional[list[str]] = OVERRIDES) -
     Example: grpo validate recipes/gsm8k.yaml algorithm.num_generations=16
     """
     from grpo_cli.data.checks import check_data
-    from grpo_cli.recipe.schema import load_recipe
+    from grpo_cli.recipe.files import load_recipe
 
     r = load_recipe(recipe, overrides or [])
     for note in check_data(r):

@@ -153,10 +153,11 @@ def evaluate_model(model, tokenizer, recipe: Recipe, cfg: EvalConfig, problems: 
 
     from grpo_cli.datatypes import PromptBatch
     from grpo_cli.rewards import answers_match, extract_answer, reference_text, score_rollout
-    from grpo_cli.rollout import build_generator
     from grpo_cli.agents.episodes import episode_runner
+    from grpo_cli.rollout.backends import for_eval
+    from grpo_cli.rollout.source import build_generator
 
-    gen = generator or build_generator(recipe.rollout.model_copy(update={"backend": "hf"}), tokenizer=tokenizer, model=model)
+    gen = generator or build_generator(for_eval(recipe.rollout, "hf"), tokenizer=tokenizer, model=model)
     episodes = episode_runner(recipe, tokenizer, gen, model)  # rollout.environment / tools: multi-turn, as in training
     ext = accuracy_settings(recipe)
     max_len, n = cfg.max_new_tokens or recipe.rollout.max_completion_length, cfg.num_samples
@@ -273,7 +274,7 @@ def resolve_target(spec: str, recipe: Recipe | None) -> Target:
     """`base` (the recipe's own model), a run folder (its newest checkpoint), a checkpoint, a model folder or hub id."""
     from grpo_cli.run.checkpoints import is_checkpoint, newest_if_run_folder, recipe_path, verify_checkpoint
     from grpo_cli.models.lora import is_adapter_checkpoint
-    from grpo_cli.recipe.schema import load_recipe
+    from grpo_cli.recipe.files import load_recipe
 
     if spec == "base":
         if recipe is None:
@@ -331,12 +332,13 @@ def run_eval(specs: list[str], recipe: Recipe | None, cfg_overrides: dict[str, A
             del model
     report = {"settings": settings, "targets": results}
     (output / "eval.json").write_text(json.dumps(report, indent=2, default=str))
-    print_table(report)
+    print_results(report)
     return report
 
 
 def _backend(backend: str, t: Target, tokenizer, recipe: Recipe, seed: int):
-    """(HF model or None, generator or None): vLLM loads the weights itself, HF generates with the model.
+    """(HF model or None, generator or None): a backend with weights of its own (vLLM) loads them itself, HF
+    generates with the model.
 
     A LoRA target is its base plus the adapter: merged for speed (kept apart on a 4-bit base, as trained);
     vLLM loads the base and receives the merged weights."""
@@ -344,16 +346,16 @@ def _backend(backend: str, t: Target, tokenizer, recipe: Recipe, seed: int):
 
     from grpo_cli.models.lora import load_adapter_model
     from grpo_cli.models.loading import load_model, resolve_model_source
+    from grpo_cli.rollout.backends import backend_of, for_eval
+    from grpo_cli.rollout.source import build_generator
 
+    cfg = for_eval(recipe.rollout, backend)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     policy = load_adapter_model(t.adapter, t.model, trainable=False, device=device) if t.adapter else None
-    if backend == "hf":
+    if not backend_of(cfg).own_weights:
         if policy is None:
             return load_model(t.model, device=device), None
         return (policy if t.model.load_in_4bit else policy.merge_and_unload().to(device)), None
-    from grpo_cli.rollout import build_generator
-
-    cfg = recipe.rollout.model_copy(update={"backend": "vllm", "vllm": recipe.rollout.vllm.model_copy(update={"mode": "colocate"})})
     generator = build_generator(cfg, tokenizer=tokenizer, model_dir=resolve_model_source(t.model), seed=seed)
     if policy is not None:
         generator.sync_weights(policy)
@@ -382,7 +384,7 @@ def evaluate_during_training(accelerator, model, tokenizer, recipe: Recipe, gene
     return out
 
 
-def print_table(report: dict[str, Any]) -> None:
+def print_results(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 

@@ -22,7 +22,7 @@ def export_checkpoint(checkpoint: Path, out: Path, dtype: str | None = None) -> 
     )
     from grpo_cli.models.lora import is_adapter_checkpoint, load_adapter_model
     from grpo_cli.models.loading import load_model, load_tokenizer, quiet_transformers
-    from grpo_cli.recipe.schema import load_recipe
+    from grpo_cli.recipe.files import load_recipe
 
     from grpo_cli.errors import UsageError
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+from grpo_cli.rollout.backends import backend_of
+
 GENERATION_OWN = {  # rollout.generation_kwargs with a key of their own
     "temperature": "rollout.temperature", "top_p": "rollout.top_p", "top_k": "rollout.top_k", "min_p": "rollout.min_p",
     "repetition_penalty": "rollout.repetition_penalty", "max_new_tokens": "rollout.max_completion_length",
@@ -37,7 +39,7 @@ def refuse_own_keys(field: str, given: dict, own: dict[str, str]) -> None:
 def check_generation(ro) -> None:
     """rollout.generation_kwargs, cache_implementation and vllm.structured_outputs_regex (naming the field)."""
     if (regex := ro.vllm.structured_outputs_regex) is not None:
-        if ro.backend != "vllm":
+        if not backend_of(ro).structured_outputs:
             raise ValueError("rollout.vllm.structured_outputs_regex needs rollout.backend vllm (structured outputs "
                              "are vLLM's)")
         try:
@@ -108,3 +110,61 @@ def update_label(rewards: list, i: int) -> int:
         raise ValueError(f"rewards.{i}.update.label: {label!r} is a reward model or step-level; the label must be an "
                          "outcome reward computed by a function (e.g. accuracy)")
     return named[0]
+
+
+def check_rewards(recipe) -> None:
+    """Every reward's name resolves, its kwargs fit the function, a reward model's updates have one label."""
+    from grpo_cli.rewards import check_reward
+
+    for i, r in enumerate(recipe.rewards):
+        try:
+            check_reward(r.name, r.kwargs, r.timeout_s, r.level)
+        except ValueError as e:
+            raise ValueError(f"rewards.{i}.{e}") from None
+        if r.update is not None:
+            update_label(recipe.rewards, i)
+
+
+def check_across_sections(recipe) -> None:
+    """Settings of different sections that do not fit together (the batch, asynchronous rollouts, dynamic sampling,
+    step rewards, the reference refresh, episodes, generation, QLoRA, the data generator)."""
+    n = recipe.generation_batch_size
+    if n % recipe.train.micro_batch_size:
+        raise ValueError(
+            f"train.micro_batch_size ({recipe.train.micro_batch_size}) must divide prompts_per_step * "
+            f"num_generations ({recipe.train.prompts_per_step} * {recipe.algorithm.num_generations} = {n})"
+        )
+    k = recipe.rollout.max_staleness
+    if k and backend_of(recipe.rollout).in_process:
+        raise ValueError(
+            f"rollout.max_staleness ({k}) needs rollout.backend vllm with rollout.vllm.mode server: asynchronous "
+            "rollouts sample in another process (grpo serve-vllm) while this one trains; the hf backend and a "
+            "colocated vLLM share the trainer's process and devices, so there is nothing to overlap"
+        )
+    if k and recipe.algorithm.dynamic_sampling.enabled:
+        raise ValueError(
+            "algorithm.dynamic_sampling does not combine with rollout.max_staleness yet: its extra rounds would be "
+            "sampled outside the fixed staleness schedule; use one or the other"
+        )
+    if recipe.algorithm.dynamic_sampling.enabled and any(r.level == "step" for r in recipe.rewards):
+        raise ValueError("algorithm.dynamic_sampling decides by the outcome rewards' spread, and step-level rewards "
+                         "(rewards[].level: step) have their own: use one or the other")
+    if recipe.algorithm.multi_objective_aggregation == "normalize_then_sum" and any(r.level == "step" for r in recipe.rewards):
+        raise ValueError("algorithm.multi_objective_aggregation normalize_then_sum combines outcome rewards; "
+                         "step-level rewards are normalised per step already: use sum_then_normalize")
+    if recipe.algorithm.sync_ref_model and recipe.model.lora.r:
+        raise ValueError(
+            "algorithm.sync_ref_model with LoRA: the reference is the frozen base with the adapters disabled, "
+            "which a refresh cannot move without a second copy of the model; train all weights (model.lora.r = 0) "
+            "to refresh the reference"
+        )
+    check_episodes(recipe)
+    check_generation(recipe.rollout)
+    if recipe.model.load_in_4bit and backend_of(recipe.rollout).own_weights:
+        raise ValueError("model.load_in_4bit (QLoRA) works with rollout.backend hf only: vLLM cannot take 4-bit "
+                         "merged weights from the trainer; use LoRA on a bf16 base with vLLM")
+    if recipe.data.generator:
+        from grpo_cli.data.generators import GENERATORS
+
+        if recipe.data.generator not in GENERATORS:
+            raise ValueError(f"data.generator {recipe.data.generator!r} is unknown; valid: {', '.join(GENERATORS.names())}")

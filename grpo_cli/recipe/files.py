@@ -1,6 +1,7 @@
 """Reading a recipe file: YAML (safe loader) + dotted command-line overrides -> a plain dict with interpolations
 resolved and local paths made absolute (the recipe file's folder for what it says, the working directory for
-overrides). Validation is grpo_cli.recipe.schema's. This module must not import grpo_cli.recipe.schema.
+overrides), validated into a `Recipe` (grpo_cli/recipe/schema.py) with errors for people; and back to YAML or
+to flat dotted keys (a resume's drift check, trackers' hyper-parameters).
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from grpo_cli.errors import RecipeError
+from grpo_cli.recipe.schema import Recipe
 
 
 def _override_value(value: str) -> Any:
@@ -142,3 +146,56 @@ def resolve_paths(raw: dict[str, Any], recipe_dir: Path, overridden: list[str] |
         if isinstance(update, dict) and "label" in update:  # names a reward: resolved as its name was
             update["label"] = _reward_path(update["label"], base(f"rewards.{i}.update.label"))
     return raw
+
+
+def format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{loc}: unknown field (value {e['input']!r}); check the spelling")
+        elif e["type"] == "missing":
+            lines.append(f"{loc}: required field is missing")
+        elif loc and msg.startswith(f"{loc}."):  # a section's validator that names the field itself
+            lines.append(msg)
+        elif loc:
+            lines.append(f"{loc}: {msg} (got {e['input']!r})" if not isinstance(e["input"], dict) else f"{loc}: {msg}")
+        else:
+            lines.append(msg)
+    return "invalid recipe:\n  " + "\n  ".join(lines)
+
+
+def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
+    """Read, override and validate a recipe. Raises RecipeError with a message for people."""
+    raw = load_raw(path, overrides)
+    try:
+        return Recipe.model_validate(raw)
+    except ValidationError as e:
+        raise RecipeError(format_validation_error(e)) from None
+
+
+def recipe_to_yaml(recipe: Recipe) -> str:
+    """The fully resolved recipe (every default spelled out), as saved with runs and checkpoints."""
+    import yaml
+
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested recipe dict -> {"algorithm.beta": 0.0, "rewards.0.name": ..., ...}; lists of scalars stay whole."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            out.update(flatten({str(i): x for i, x in enumerate(v)}, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def flat_config(d: dict[str, Any]) -> dict[str, Any]:
+    """`flatten` with scalar values only (what trackers' hparams accept): None and lists become text."""
+    return {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in flatten(d).items()}

@@ -1,5 +1,5 @@
-"""The recipe: a Pydantic schema (the single home of defaults and docs) and `load_recipe`. Reading the file
-(overrides, paths) is recipe_files.py's; checks across sections are recipe_checks.py's.
+"""The recipe's schema: Pydantic models, the single home of every default and its doc. Reading a file (overrides,
+paths) and `load_recipe` are files.py's; checks across sections are checks.py's.
 
 A recipe is a flat YAML file read with OmegaConf (so `key=value` dotlist overrides and `${...}`
 interpolation work), validated once into a frozen `Recipe`. Every error is turned into a
@@ -9,14 +9,11 @@ Importing this module must not import torch: `grpo validate` stays fast.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from grpo_cli.errors import RecipeError
-from grpo_cli.recipe.checks import INIT_OWN, check_episodes, check_generation, refuse_own_keys, update_label
-from grpo_cli.recipe.files import load_raw
+from grpo_cli.recipe.checks import INIT_OWN, check_across_sections, check_rewards, refuse_own_keys
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo")
 SCALE_MODES = ("group", "batch", "none")
@@ -414,116 +411,11 @@ class Recipe(Section):
         return self.logging.output_dir or f"runs/{self.name}"
 
     @model_validator(mode="after")
-    def _rewards_known(self) -> Recipe:
-        from grpo_cli.rewards import check_reward
-
-        # names resolve, kwargs fit the function, reward models have one label; a model validator so the
-        # message starts with the dotted field (rewards.0.kwargs.mode), not with `rewards`
-        for i, r in enumerate(self.rewards):
-            try:
-                check_reward(r.name, r.kwargs, r.timeout_s, r.level)
-            except ValueError as e:
-                raise ValueError(f"rewards.{i}.{e}") from None
-            if r.update is not None:
-                update_label(self.rewards, i)
+    def _across_sections(self) -> Recipe:
+        # a model validator, so the messages start with the dotted field (rewards.0.kwargs.mode), not with `rewards`
+        check_rewards(self)
+        check_across_sections(self)
         return self
-
-    @model_validator(mode="after")
-    def _batch_shapes(self) -> Recipe:
-        n = self.generation_batch_size
-        if n % self.train.micro_batch_size:
-            raise ValueError(
-                f"train.micro_batch_size ({self.train.micro_batch_size}) must divide prompts_per_step * "
-                f"num_generations ({self.train.prompts_per_step} * {self.algorithm.num_generations} = {n})"
-            )
-        k = self.rollout.max_staleness
-        if k and (self.rollout.backend != "vllm" or self.rollout.vllm.mode != "server"):
-            raise ValueError(
-                f"rollout.max_staleness ({k}) needs rollout.backend vllm with rollout.vllm.mode server: asynchronous "
-                "rollouts sample in another process (grpo serve-vllm) while this one trains; the hf backend and a "
-                "colocated vLLM share the trainer's process and devices, so there is nothing to overlap"
-            )
-        if k and self.algorithm.dynamic_sampling.enabled:
-            raise ValueError(
-                "algorithm.dynamic_sampling does not combine with rollout.max_staleness yet: its extra rounds would be "
-                "sampled outside the fixed staleness schedule; use one or the other"
-            )
-        if self.algorithm.dynamic_sampling.enabled and any(r.level == "step" for r in self.rewards):
-            raise ValueError("algorithm.dynamic_sampling decides by the outcome rewards' spread, and step-level rewards "
-                             "(rewards[].level: step) have their own: use one or the other")
-        if self.algorithm.multi_objective_aggregation == "normalize_then_sum" and any(r.level == "step" for r in self.rewards):
-            raise ValueError("algorithm.multi_objective_aggregation normalize_then_sum combines outcome rewards; "
-                             "step-level rewards are normalised per step already: use sum_then_normalize")
-        if self.algorithm.sync_ref_model and self.model.lora.r:
-            raise ValueError(
-                "algorithm.sync_ref_model with LoRA: the reference is the frozen base with the adapters disabled, "
-                "which a refresh cannot move without a second copy of the model; train all weights (model.lora.r = 0) "
-                "to refresh the reference"
-            )
-        check_episodes(self)
-        check_generation(self.rollout)
-        if self.model.load_in_4bit and self.rollout.backend == "vllm":
-            raise ValueError("model.load_in_4bit (QLoRA) works with rollout.backend hf only: vLLM cannot take 4-bit "
-                             "merged weights from the trainer; use LoRA on a bf16 base with vLLM")
-        if self.data.generator:
-            from grpo_cli.data.generators import GENERATORS
-
-            if self.data.generator not in GENERATORS:
-                raise ValueError(f"data.generator {self.data.generator!r} is unknown; valid: {', '.join(GENERATORS.names())}")
-        return self
-
-
-def _format_validation_error(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            lines.append(f"{loc}: unknown field (value {e['input']!r}); check the spelling")
-        elif e["type"] == "missing":
-            lines.append(f"{loc}: required field is missing")
-        elif loc and msg.startswith(f"{loc}."):  # a section's validator that names the field itself
-            lines.append(msg)
-        elif loc:
-            lines.append(f"{loc}: {msg} (got {e['input']!r})" if not isinstance(e["input"], dict) else f"{loc}: {msg}")
-        else:
-            lines.append(msg)
-    return "invalid recipe:\n  " + "\n  ".join(lines)
-
-
-def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
-    """Read, override and validate a recipe. Raises RecipeError with a message for people."""
-    raw = load_raw(path, overrides)
-    try:
-        return Recipe.model_validate(raw)
-    except ValidationError as e:
-        raise RecipeError(_format_validation_error(e)) from None
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested recipe dict -> {"algorithm.beta": 0.0, "rewards.0.name": ..., ...}; lists of scalars stay whole."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, key + "."))
-        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
-            out.update(flatten({str(i): x for i, x in enumerate(v)}, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def flat_config(d: dict[str, Any]) -> dict[str, Any]:
-    """`flatten` with scalar values only (what trackers' hparams accept): None and lists become text."""
-    return {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in flatten(d).items()}
-
-
-def recipe_to_yaml(recipe: Recipe) -> str:
-    """The fully resolved recipe (every default spelled out), as saved with runs and checkpoints."""
-    import yaml
-
-    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
 
 
 def schema_keys(model: type[BaseModel] = Recipe, prefix: str = "") -> list[tuple[str, Any]]:

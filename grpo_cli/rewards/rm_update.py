@@ -20,8 +20,9 @@ label_i > label_j (groups whose labels are all equal give no pair); accuracy: th
 correctly. A step of `batch_size` completions (pairwise: whole groups until batch_size completions).
 
 The model stays in eval mode (no dropout) so every process, given the same gathered samples in the same order,
-ends with the same weights; checkpoints hold the weights (trainer/reward_model_<i>.safetensors), the buffer and
-the period's pending groups (trainer_state.json), so a resumed run continues exactly.
+ends with the same weights; checkpoints hold the buffer, the period's pending groups (trainer_state.json's
+`reward_models`) and the weights once trained (trainer/reward_model_<i>.safetensors), so a resumed run continues
+exactly.
 """
 
 from __future__ import annotations
@@ -243,3 +244,54 @@ def step_groups(prompts: list[str], users: list[str] | None, completions: list[s
     rows = [{"prompt": p, "user": users[i] if users is not None else None, "completion": c, "label": y}
             for i, (p, c, y) in enumerate(zip(prompts, completions, labels, strict=True))]
     return [rows[s : s + group_size] for s in range(0, len(rows), group_size)]
+
+
+class RewardModelUpdates:
+    """Every reward model with `update` in one run: each step's labelled groups (every process's rows) go to each
+    updater, which trains when its period ends. Falsy when the recipe updates none."""
+
+    def __init__(self, recipe, procs) -> None:
+        from grpo_cli.rewards import unique_log_names
+
+        self.recipe, self.procs = recipe, procs
+        self.updaters = build_updaters(recipe, unique_log_names([s.name for s in recipe.rewards]))
+
+    def __bool__(self) -> bool:
+        return bool(self.updaters)
+
+    def observe(self, step: int, s) -> dict[str, float]:
+        """Algorithm 1's last line for step `step`'s batch `s` (a StepBatch) -> reward_model/* metrics and
+        time/reward_model ({} without updaters)."""
+        if not self.updaters:
+            return {}
+        import time
+
+        from grpo_cli.data.prompts import user_prompts
+
+        t0 = time.perf_counter()
+        G = self.recipe.algorithm.num_generations
+        users = user_prompts(self.recipe.data, s.prompts.per_row(s.rows, G).columns)
+        values, out = list(s.rewards.per_function.values()), {}
+        rollout = s.rollout
+        for u in self.updaters:
+            rows = self.procs.gather_rows(list(zip(rollout.prompts, users or [None] * len(rollout), rollout.completions,
+                                                   values[u.label_index], strict=True)))
+            prompts, us, completions, labels = (list(x) for x in zip(*rows))
+            u.record(step_groups(prompts, None if None in us else us, completions, labels, G))
+            if u.due(step):
+                out |= u.update(step)
+            out[f"reward_model/{u.log_name}/updates"] = float(u.updates)
+        return out | {"time/reward_model": time.perf_counter() - t0}
+
+    def state_dict(self) -> dict:
+        """Each updater's buffer and period so far, and its weights once it trained (reward_model_<i>.safetensors)."""
+        from grpo_cli.run.statefiles import TensorFile
+
+        return {u.key: {**u.state_dict(), **({"weights": TensorFile(u.key, u.tensors())} if u.updates else {})}
+                for u in self.updaters}
+
+    def load_state_dict(self, state: dict) -> None:
+        for u in self.updaters:
+            if u.key in state:
+                saved = dict(state[u.key])
+                u.load_state_dict(saved, saved.pop("weights", None))

@@ -127,11 +127,12 @@ class VLLMColocateGenerator:
             named = ((k, v.detach().to(self.dtype)) for k, v in state.items())
             self.llm.collective_rpc("grpo_load_weights", args=(named, self.version))
         else:
-            self._sync_through_file(state)
+            self.sync_weights_through_file(state)
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         return time.perf_counter() - t0
 
-    def _sync_through_file(self, state: dict[str, torch.Tensor]) -> None:
+    def sync_weights_through_file(self, state: dict[str, torch.Tensor]) -> None:
+        """Load `state` (HF names) through a temporary safetensors file: the way a multiprocess engine gets them."""
         from safetensors.torch import save_file
 
         with tempfile.TemporaryDirectory(prefix="grpo-weights-") as tmp:

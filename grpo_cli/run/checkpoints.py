@@ -12,9 +12,11 @@ so nothing else may sit there). Layout of `RUN_DIR/checkpoints/step-N/` (format 
     optimizer.safetensors + optimizer.json torch optimizer state_dict: tensors under flat keys
                                            (`state.0.exp_avg`), the rest as JSON with tags for tensors/tuples
     scheduler.json                         lr scheduler state_dict (scheduler.safetensors only if it holds tensors)
-    trainer_state.json                     the caller's dict (step, data position, ...) and `rng_per_rank`:
-                                           each process's python `random`, numpy legacy, torch CPU and CUDA
-                                           RNG states (statefiles.rng_state), one format for one process or many
+    trainer_state.json                     the run's state by part (step, data position, the rollouts in flight,
+                                           ...) and `rng_per_rank`: each process's python `random`, numpy legacy,
+                                           torch CPU and CUDA RNG states (statefiles.rng_state)
+    <name>.safetensors                     tensors a part keeps apart (statefiles.TensorFile): ref_model (a
+                                           refreshed reference), reward_model_<i> (a reward model being trained)
     manifest.json                          written last: {"step", "files": {path from step-N/: sha256}, "format"}
 Format 1 (before this layout) kept the trainer's files and the manifest at the top level; such
 checkpoints are still listed, verified and resumed, as are those that kept rank 0's RNGs in
@@ -43,7 +45,7 @@ from safetensors.torch import load_file, save_file
 
 from grpo_cli.errors import CheckpointError, UsageError
 from grpo_cli.run.statefiles import (
-    load_state, require, restore_rng, rng_state, save_optimizer, save_scheduler, save_state,
+    decode_parts, encode_parts, load_state, require, restore_rng, rng_state, save_optimizer, save_scheduler, save_state,
 )
 
 FORMAT = 2
@@ -276,15 +278,10 @@ def _write_manifest(folder: Path, step: int) -> None:
 def _write_contents(
     folder: Path, *, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any, recipe_yaml: str, trainer_state: dict,
     extra_json: dict[str, dict] | None = None, state_dict: dict | None = None, optimizer_state: dict | None = None,
-    trainer_tensors: dict[str, dict[str, torch.Tensor]] | None = None,
+    scheduler_state: dict | None = None,
 ) -> None:
-    try:
-        # one process's own RNGs unless the caller gathered every process's
-        state_text = json.dumps({"rng_per_rank": [rng_state()], **trainer_state}, indent=1)
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(
-            f"trainer_state cannot be saved as JSON ({e}); keep it to numbers, strings, lists and dicts"
-        ) from None
+    # one process's own RNGs unless the caller gathered every process's; TensorFiles go to trainer/<name>.safetensors
+    parts, tensors = encode_parts({"rng_per_rank": [rng_state()], **trainer_state})
     # the model folder: what from_pretrained and vLLM read. state_dict / optimizer_state: gathered by the
     # caller when the live ones are sharded (FSDP, ZeRO-3)
     model.save_pretrained(str(folder), safe_serialization=True, **({"state_dict": state_dict} if state_dict else {}))
@@ -299,11 +296,13 @@ def _write_contents(
         save_state(state, "optimizer", optimizer_state, tensor_file=True)
     elif optimizer is not None:
         save_optimizer(state, optimizer)
-    if scheduler is not None:
+    if scheduler_state is not None:
+        save_state(state, "scheduler", scheduler_state, tensor_file=False)
+    elif scheduler is not None:
         save_scheduler(state, scheduler)
-    for name, tensors in (trainer_tensors or {}).items():  # e.g. a refreshed reference model
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(state / f"{name}.safetensors"))
-    (state / "trainer_state.json").write_text(state_text)
+    for name, file_tensors in tensors.items():  # e.g. a refreshed reference model's weights
+        save_file(file_tensors, str(state / f"{name}.safetensors"))
+    (state / "trainer_state.json").write_text(json.dumps(parts, indent=1))
     make_readable(folder)
 
 
@@ -359,10 +358,10 @@ def save_checkpoint(
     extra_json: dict[str, dict] | None = None,
     state_dict: dict | None = None,
     optimizer_state: dict | None = None,
-    trainer_tensors: dict[str, dict[str, torch.Tensor]] | None = None,
+    scheduler_state: dict | None = None,
 ) -> Path:
     """Save `RUN_DIR/checkpoints/step-N/` atomically, then apply retention. Returns the checkpoint folder.
-    `trainer_tensors`: name -> tensors, saved as trainer/<name>.safetensors (`load_trainer_tensors`)."""
+    `trainer_state`: the run's state by part name, JSON values with tensors anywhere (see `encode_parts`)."""
     if keep_last is not None and keep_last < 1:
         raise CheckpointError(f"checkpoint.keep_last must be >= 1 or None (got {keep_last})")
     root = Path(run_dir) / CHECKPOINTS
@@ -376,7 +375,7 @@ def save_checkpoint(
         _write_contents(
             tmp, model=model, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
             recipe_yaml=recipe_yaml, trainer_state=trainer_state, extra_json=extra_json, state_dict=state_dict,
-            optimizer_state=optimizer_state, trainer_tensors=trainer_tensors,
+            optimizer_state=optimizer_state, scheduler_state=scheduler_state,
         )
         _write_manifest(tmp, int(step))
         _move_into_place(tmp, final)
@@ -437,12 +436,13 @@ def load_training_state(path: str | Path, *, optimizer: Any, scheduler: Any, loa
         raise CheckpointError(
             f"{path / 'trainer_state.json'} is not valid JSON ({e}); the checkpoint is corrupted"
         ) from None
+    state = decode_parts(path, state)
     state["rng_restored"] = restore_rng(path, state.pop("rng_per_rank", None) or [], rank, world)
     return state
 
 
 def load_trainer_tensors(path: str | Path, name: str) -> dict[str, torch.Tensor]:
-    """trainer/<name>.safetensors of a checkpoint (saved with `trainer_tensors`)."""
+    """trainer/<name>.safetensors of a checkpoint, as saved."""
     folder = state_dir(path)
     require(folder, f"{name}.safetensors")
     return load_file(str(folder / f"{name}.safetensors"))

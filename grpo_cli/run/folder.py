@@ -28,7 +28,7 @@ from typing import Any
 from grpo_cli.run.checkpoints import (
     CHECKPOINTS, incomplete_checkpoints, list_checkpoints, recipe_path, resolve_resume, step_of, verify_checkpoint,
 )
-from grpo_cli.recipe.schema import flatten
+from grpo_cli.recipe.files import flatten
 from grpo_cli.errors import RunFolderError
 
 LOGS = ("metrics.jsonl", "rollouts.jsonl")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +18,13 @@ from safetensors.torch import load_file, save_file
 from grpo_cli.errors import CheckpointError
 
 STATE_FORMAT = 1  # of the JSON state files (optimizer.json, scheduler.json)
-_TENSOR, _TUPLE, _INT_KEYS = "__tensor__", "__tuple__", "__int_keys__"
+_TENSOR, _TUPLE, _INT_KEYS, _FILE = "__tensor__", "__tuple__", "__int_keys__", "__tensor_file__"
 
 
 # ------------------------------------------------------------------------- state dicts <-> JSON + safetensors
 
 
-def _encode(obj: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
+def encode_value(obj: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
     """A state_dict value -> JSON-able value; tensors go into `tensors[key]` and leave a tag behind."""
     if isinstance(obj, torch.Tensor):
         tensors[key] = obj.detach().cpu().contiguous()
@@ -31,14 +32,14 @@ def _encode(obj: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     if isinstance(obj, tuple):
-        return {_TUPLE: [_encode(v, f"{key}.{i}", tensors) for i, v in enumerate(obj)]}
+        return {_TUPLE: [encode_value(v, f"{key}.{i}", tensors) for i, v in enumerate(obj)]}
     if isinstance(obj, list):
-        return [_encode(v, f"{key}.{i}", tensors) for i, v in enumerate(obj)]
+        return [encode_value(v, f"{key}.{i}", tensors) for i, v in enumerate(obj)]
     if isinstance(obj, dict):
         if all(isinstance(k, str) for k in obj):
-            return {k: _encode(v, f"{key}.{k}", tensors) for k, v in obj.items()}
+            return {k: encode_value(v, f"{key}.{k}", tensors) for k, v in obj.items()}
         if all(isinstance(k, int) and not isinstance(k, bool) for k in obj):
-            return {_INT_KEYS: {str(k): _encode(v, f"{key}.{k}", tensors) for k, v in obj.items()}}
+            return {_INT_KEYS: {str(k): encode_value(v, f"{key}.{k}", tensors) for k, v in obj.items()}}
     if isinstance(obj, (np.integer, np.floating, np.bool_)):
         return obj.item()
     raise CheckpointError(
@@ -47,24 +48,24 @@ def _encode(obj: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
     )
 
 
-def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+def decode_value(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
     if isinstance(obj, list):
-        return [_decode(v, tensors) for v in obj]
+        return [decode_value(v, tensors) for v in obj]
     if not isinstance(obj, dict):
         return obj
     if len(obj) == 1 and _TENSOR in obj:
         return tensors[obj[_TENSOR]]
     if len(obj) == 1 and _TUPLE in obj:
-        return tuple(_decode(v, tensors) for v in obj[_TUPLE])
+        return tuple(decode_value(v, tensors) for v in obj[_TUPLE])
     if len(obj) == 1 and _INT_KEYS in obj:
-        return {int(k): _decode(v, tensors) for k, v in obj[_INT_KEYS].items()}
-    return {k: _decode(v, tensors) for k, v in obj.items()}
+        return {int(k): decode_value(v, tensors) for k, v in obj[_INT_KEYS].items()}
+    return {k: decode_value(v, tensors) for k, v in obj.items()}
 
 
 def save_state(folder: Path, stem: str, state: dict, *, tensor_file: bool) -> None:
     """`state` -> `stem.json` (+ `stem.safetensors` when asked or when it holds tensors)."""
     tensors: dict[str, torch.Tensor] = {}
-    meta = {k: _encode(v, k, tensors) for k, v in state.items()}
+    meta = {k: encode_value(v, k, tensors) for k, v in state.items()}
     if tensor_file or tensors:
         save_file(_unshared(tensors), str(folder / f"{stem}.safetensors"))
     doc = {"format": STATE_FORMAT, "tensor_file": bool(tensor_file or tensors), "state": meta}
@@ -99,11 +100,64 @@ def load_state(folder: Path, stem: str) -> dict:
         if doc["tensor_file"]:
             require(folder, f"{stem}.safetensors")
         tensors = load_file(str(folder / f"{stem}.safetensors")) if doc["tensor_file"] else {}
-        return _decode(doc["state"], tensors)
+        return decode_value(doc["state"], tensors)
     except (ValueError, KeyError, TypeError, SafetensorError) as e:
         raise CheckpointError(
             f"{path} (or its .safetensors) cannot be read ({e}); the checkpoint is corrupted"
         ) from None
+
+
+@dataclass
+class TensorFile:
+    """Tensors a part of the run's state keeps in a file of their own, trainer/<name>.safetensors, under their own
+    names (a refreshed reference's weights, a trained reward model's): loadable with safetensors alone."""
+
+    name: str
+    tensors: dict[str, torch.Tensor]
+
+
+def encode_parts(parts: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, torch.Tensor]]]:
+    """The run's state by part name -> (JSON for trainer_state.json, tensor files by name): a `TensorFile` anywhere in
+    a part leaves {"__tensor_file__": name} behind; tuples and int keys are tagged as in `save_state`."""
+    files: dict[str, dict[str, torch.Tensor]] = {}
+
+    def swap(obj: Any) -> Any:
+        if isinstance(obj, TensorFile):
+            files[obj.name] = _unshared({k: v.detach().contiguous().cpu() for k, v in obj.tensors.items()})
+            return {_FILE: obj.name}
+        if isinstance(obj, dict):
+            return {k: swap(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(swap(v) for v in obj)
+        return obj
+
+    out = {}
+    for name, value in parts.items():
+        loose: dict[str, torch.Tensor] = {}
+        out[name] = encode_value(swap(value), name, loose)
+        if loose:
+            raise CheckpointError(f"part {name!r} of the run's state holds tensors outside a TensorFile: {sorted(loose)}")
+    return out, files
+
+
+def decode_parts(folder: Path, parts: dict[str, Any]) -> dict[str, Any]:
+    """Inverse of `encode_parts`: each {"__tensor_file__": name} becomes the tensors of trainer/<name>.safetensors."""
+
+    def load(obj: Any) -> Any:
+        if isinstance(obj, list):
+            return [load(v) for v in obj]
+        if not isinstance(obj, dict):
+            return obj
+        if len(obj) == 1 and _FILE in obj:
+            require(folder, f"{obj[_FILE]}.safetensors")
+            try:
+                return load_file(str(folder / f"{obj[_FILE]}.safetensors"))
+            except SafetensorError as e:
+                raise CheckpointError(f"{folder / obj[_FILE]}.safetensors cannot be read ({e}); the checkpoint is "
+                                      "corrupted") from None
+        return {k: load(v) for k, v in obj.items()}
+
+    return {name: load(decode_value(value, {})) for name, value in parts.items()}
 
 
 def save_optimizer(folder: Path, optimizer: Any) -> None:

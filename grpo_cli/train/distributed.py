@@ -43,11 +43,41 @@ def process_rows(accelerator, recipe) -> range:
     return range(acc.process_index * (N // P), (acc.process_index + 1) * (N // P))
 
 
-def gather(accelerator, x: torch.Tensor) -> torch.Tensor:
-    """Every process's `x`, concatenated in process order, on the CPU (x itself with one process)."""
-    if accelerator.num_processes == 1:
-        return x
-    return accelerator.gather(x.to(accelerator.device)).cpu()
+class Collectives:
+    """The run's processes as grpo_cli.datatypes.Processes: counts, and the collectives a step needs. With one
+    process every collective returns its input unchanged."""
+
+    def __init__(self, accelerator) -> None:
+        self.accelerator = accelerator
+        self.count, self.index = accelerator.num_processes, accelerator.process_index
+        self.is_main = accelerator.is_main_process
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """Every process's `x`, concatenated in process order, on the CPU (x itself with one process)."""
+        if self.count == 1:
+            return x
+        return self.accelerator.gather(x.to(self.accelerator.device)).cpu()
+
+    def gather_rows(self, rows: list) -> list:
+        """Every process's list (picklable objects), concatenated in process order."""
+        if self.count == 1:
+            return rows
+        from accelerate.utils import gather_object
+
+        return gather_object(rows)
+
+    def total(self, x: float) -> float:
+        return self.gather(torch.tensor([float(x)])).sum().item()
+
+    def any(self, flag: bool) -> bool:
+        """Whether `flag` is set on any process (e.g. a signal that reached one of them)."""
+        return bool(self.gather(torch.tensor([float(flag)])).max()) if self.count > 1 else flag
+
+    def reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """The element-wise sum of `x` over processes, on the CPU."""
+        if self.count == 1:
+            return x
+        return self.accelerator.reduce(x.to(self.accelerator.device), reduction="sum").cpu()
 
 
 def full_optimizer_state(model, optimizer) -> dict:

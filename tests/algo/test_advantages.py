@@ -5,10 +5,11 @@ import math
 import pytest
 import torch
 
-from grpo_cli.algo.advantages import compute_advantages, group_std, EPS, process_advantages, step_signal, normalize_then_sum
-from grpo_cli.algo.losses import compute_loss
-from grpo_cli.recipe.schema import RecipeError, load_recipe
+from grpo_cli.algo.advantages import EPS, process_advantages, step_signal, compute_advantages, group_std, normalize_then_sum
+from grpo_cli.errors import RecipeError
+from grpo_cli.recipe.files import load_recipe
 
+from helpers import loss_of
 
 
 NAN = float("nan")
@@ -118,13 +119,13 @@ def test_the_loss_takes_per_token_advantages():
     logps = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.7, -1.1]], requires_grad=True)
     adv = torch.tensor([[1.0, -2.0, 0.5], [0.25, 0.0, 3.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    loss, _ = compute_loss("grpo", logps, logps.detach(), adv, mask, epsilon_low=0.2, epsilon_high=0.2)
+    loss, _ = loss_of("grpo", logps, logps.detach(), adv, mask, epsilon_low=0.2, epsilon_high=0.2)
     loss.backward()
     assert loss.item() == pytest.approx(-((1 - 2 + 0.5) / 3 + (0.25 + 0) / 2) / 2)
     assert logps.grad.view(-1).tolist() == pytest.approx([-1 / 6, 2 / 6, -0.5 / 6, -0.25 / 4, 0.0, 0.0])
     # a [N] advantage is the same as that value on every token
-    flat, _ = compute_loss("grpo", logps, logps.detach(), torch.tensor([1.0, -1.0]), mask, epsilon_low=0.2, epsilon_high=0.2)
-    per_token, _ = compute_loss("grpo", logps, logps.detach(), torch.tensor([[1.0] * 3, [-1.0] * 3]), mask,
+    flat, _ = loss_of("grpo", logps, logps.detach(), torch.tensor([1.0, -1.0]), mask, epsilon_low=0.2, epsilon_high=0.2)
+    per_token, _ = loss_of("grpo", logps, logps.detach(), torch.tensor([[1.0] * 3, [-1.0] * 3]), mask,
                                 epsilon_low=0.2, epsilon_high=0.2)
     assert flat.item() == pytest.approx(per_token.item())
 

@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
-from grpo_cli.algo.losses import POLICY_LOSSES, compute_loss, off_policy_sequence_mask
+from grpo_cli.algo.losses import POLICY_LOSSES, off_policy_sequence_mask
 from grpo_cli.recipe.schema import LOSS_TYPES
 
+from helpers import loss_of
 
 
 # Two completions, two positions; old_logps = 0 so the ratio w equals exp(logps).
@@ -22,7 +23,7 @@ EPS = dict(epsilon_low=0.2, epsilon_high=0.2)
 def run(loss_type, w=W, mask=MASK, adv=ADV, **kw):
     logps = torch.log(w).clone().requires_grad_(True)
     kw = {**EPS, **kw}
-    loss, m = compute_loss(loss_type, logps, torch.zeros_like(logps), adv, mask, **kw)
+    loss, m = loss_of(loss_type, logps, torch.zeros_like(logps), adv, mask, **kw)
     return loss, m, logps
 
 
@@ -89,14 +90,14 @@ def test_sapo_values():
 
 def test_k3_kl_term():
     logps = torch.log(W)
-    loss, m = compute_loss("grpo", logps, logps, ADV, MASK, **EPS, beta=0.1, ref_logps=torch.zeros_like(logps))
+    loss, m = loss_of("grpo", logps, logps, ADV, MASK, **EPS, beta=0.1, ref_logps=torch.zeros_like(logps))
     # with old = logps, w = 1: per-token -A; k3 = 1/w + log w - 1: 0.072132, 0.306853, 0 (masked 4th)
     k = [1 / 1.5 + math.log(1.5) - 1, 2 + math.log(0.5) - 1, 0.0]
     assert m["kl"].item() == pytest.approx(sum(k) / 3, abs=1e-6)
     expected = ((-1 + 0.1 * k[0] - 1 + 0.1 * k[1]) / 2 + (1 + 0.1 * k[2])) / 2
     assert loss.item() == pytest.approx(expected, abs=1e-6)
     with pytest.raises(ValueError, match="ref_logps"):
-        compute_loss("grpo", logps, logps, ADV, MASK, **EPS, beta=0.1)
+        loss_of("grpo", logps, logps, ADV, MASK, **EPS, beta=0.1)
 
 
 def test_gspo_sequence_level_ratio():
@@ -113,12 +114,12 @@ def test_dapo_accumulated_gradient_equals_full_batch():
     old = logps.detach() + 0.1 * torch.randn(N, T, generator=g)
     adv = torch.randn(N, generator=g)
     mask = (torch.rand(N, T, generator=g) > 0.3).long()
-    full, _ = compute_loss("dapo", logps, old, adv, mask, **EPS)
+    full, _ = loss_of("dapo", logps, old, adv, mask, **EPS)
     (g_full,) = torch.autograd.grad(full, logps)
     total = mask.sum()
     acc = torch.zeros_like(logps)
     for rows in (slice(0, 3), slice(3, 8)):  # unequal micro-batches
-        part, _ = compute_loss("dapo", logps[rows], old[rows], adv[rows], mask[rows], **EPS, num_active_tokens=total)
+        part, _ = loss_of("dapo", logps[rows], old[rows], adv[rows], mask[rows], **EPS, num_active_tokens=total)
         (gp,) = torch.autograd.grad(part, logps)
         acc += gp
     assert (acc - g_full).abs().max().item() <= 1e-7
@@ -129,7 +130,7 @@ def test_grpo_matches_reference_loop():
     N, T = 4, 5
     logps, old = -torch.rand(N, T, generator=g), -torch.rand(N, T, generator=g)
     adv, mask = torch.randn(N, generator=g), (torch.rand(N, T, generator=g) > 0.2).long()
-    loss, _ = compute_loss("grpo", logps, old, adv, mask, epsilon_low=0.2, epsilon_high=0.28)
+    loss, _ = loss_of("grpo", logps, old, adv, mask, epsilon_low=0.2, epsilon_high=0.28)
     seq = []
     for i in range(N):
         terms = []
@@ -143,7 +144,7 @@ def test_grpo_matches_reference_loop():
 
 def test_unknown_loss_type_lists_valid_names():
     with pytest.raises(KeyError, match="valid: bnpo, cispo, dapo, dr_grpo, grpo, sapo"):
-        compute_loss("ppo", W, W, ADV, MASK, **EPS)
+        loss_of("ppo", W, W, ADV, MASK, **EPS)
 
 
 def test_sampler_correction_modes_hand_computed():
@@ -172,8 +173,8 @@ def test_token_weights_scale_the_policy_term_only():
     loss, _, _ = run("bnpo", token_weights=weights)
     assert loss.item() == pytest.approx((-1.2 * 2 - 0.5 * 0.5 + 1.0 * 3) / 3, abs=1e-6)
     logps = torch.log(W)
-    plain, m = compute_loss("bnpo", logps, logps, ADV, MASK, **EPS, beta=0.1, ref_logps=torch.zeros_like(logps))
-    weighted, _ = compute_loss("bnpo", logps, logps, ADV, MASK, **EPS, beta=0.1, ref_logps=torch.zeros_like(logps),
+    plain, m = loss_of("bnpo", logps, logps, ADV, MASK, **EPS, beta=0.1, ref_logps=torch.zeros_like(logps))
+    weighted, _ = loss_of("bnpo", logps, logps, ADV, MASK, **EPS, beta=0.1, ref_logps=torch.zeros_like(logps),
                                token_weights=torch.full((2, 2), 2.0))
     # per token -A (w = 1) doubles, the k3 term does not: difference = sum(-A over active) / 3
     assert (weighted - plain).item() == pytest.approx((-1 - 1 + 1) / 3, abs=1e-6)
@@ -183,7 +184,7 @@ def _kl_loss(use_bias_correction_kl: bool, level: str = "token"):
     # one sequence, advantage 0: the policy term is 0 and only beta * KL is left
     logps = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     old, ref = torch.tensor([[-1.2, -2.0]]), torch.tensor([[-0.9, -2.3]])
-    loss, metrics = compute_loss("grpo", logps, old, torch.tensor([0.0]), torch.ones(1, 2), epsilon_low=0.2,
+    loss, metrics = loss_of("grpo", logps, old, torch.tensor([0.0]), torch.ones(1, 2), epsilon_low=0.2,
                                  epsilon_high=0.2, beta=0.5, ref_logps=ref, importance_sampling_level=level,
                                  use_bias_correction_kl=use_bias_correction_kl)
     loss.backward()
@@ -238,7 +239,7 @@ def test_the_off_policy_mask_zeroes_the_policy_term_of_dropped_sequences_only():
     ref = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]])
     adv, mask = torch.tensor([-1.0, -1.0]), torch.ones(2, 2)
     kw = dict(epsilon_low=0.2, epsilon_high=0.2, beta=0.1, ref_logps=ref)
-    loss, metrics = compute_loss("dapo", logps, old, adv, mask, off_policy_mask_threshold=0.5, sampling_logps=sampling, **kw)
+    loss, metrics = loss_of("dapo", logps, old, adv, mask, off_policy_mask_threshold=0.5, sampling_logps=sampling, **kw)
     loss.backward()
     # by hand: row 1 keeps its clipped term, row 2 keeps only its KL; dapo divides by the 4 tokens
     w = [math.exp(0.1), math.exp(-0.1)]
@@ -249,5 +250,5 @@ def test_the_off_policy_mask_zeroes_the_policy_term_of_dropped_sequences_only():
     assert logps.grad[1].tolist() == pytest.approx([0.1 * (1 - math.exp(1.0)) / 4, 0.1 * (1 - math.exp(-0.5)) / 4],
                                                    rel=1e-5)  # the KL's gradient only
     # without sampler log-probs the drift is from the old policy: (0.2 - 0.1) / 2 = 0.05, nothing is dropped
-    _, metrics = compute_loss("dapo", logps, old, adv, mask, off_policy_mask_threshold=0.5, **kw)
+    _, metrics = loss_of("dapo", logps, old, adv, mask, off_policy_mask_threshold=0.5, **kw)
     assert metrics["off_policy_mask/masked_token_fraction"].item() == 0.0

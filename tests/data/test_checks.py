@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_cli.data.prompts import DataError
+from grpo_cli.errors import DataError
 from grpo_cli.data.checks import check_data, file_columns
-from grpo_cli.recipe.schema import load_recipe
+from grpo_cli.recipe.files import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes/ci-tiny.yaml"
@@ -64,7 +64,7 @@ def test_bad_data_is_named_before_any_model(folder, overrides, message):
     (folder / "other.jsonl").write_text('{"x": 1}\n')
     (folder / "broken.jsonl").write_text('{"question": "a", "solution": "1"}\n{"question": "b", solution: 2}\n')
     (folder / "rows.txt").write_text("hi")
-    from grpo_cli.recipe.schema import RecipeError
+    from grpo_cli.errors import RecipeError
 
     with pytest.raises((DataError, RecipeError), match=message):
         check_data(_recipe(*overrides))

@@ -20,8 +20,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpo_cli.models import loading as models
-from grpo_cli.models.loading import ModelLoadError, cache_dir, load_model, load_tokenizer, resolve_model_source, VERBOSE_ENV, OncePerMessage, quiet_vllm
+from grpo_cli.errors import ModelLoadError
+from grpo_cli.models import builtin, loading as models
+from grpo_cli.models.loading import VERBOSE_ENV, OncePerMessage, quiet_vllm, cache_dir, load_model, load_tokenizer, resolve_model_source
 from grpo_cli.recipe.schema import ModelConfig
 
 
@@ -77,7 +78,7 @@ def test_builtin_cache_is_reused(monkeypatch):
     def no_rebuild(kind, out):
         raise AssertionError("rebuilt a cached model")
 
-    monkeypatch.setattr(models, "_build_tiny", no_rebuild)
+    monkeypatch.setattr(builtin, "build_tiny", no_rebuild)
     assert Path(resolve_model_source(QWEN)) == folder
     assert (folder / "model.safetensors").stat().st_mtime_ns == mtime
     assert [p.name for p in folder.parent.iterdir()] == ["tiny-qwen2-v2"]  # no temp folders left
@@ -209,7 +210,7 @@ def _write_gguf(src: Path, path: Path) -> None:
     w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in tj["model"]["merges"]])
     w.add_eos_token_id(2)
     w.add_pad_token_id(0)
-    w.add_chat_template(models.CHATML_TEMPLATE)
+    w.add_chat_template(builtin.CHATML_TEMPLATE)
     names = {"model.embed_tokens.weight": "token_embd", "model.norm.weight": "output_norm", "lm_head.weight": "output"}
     sub = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
            "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
@@ -238,9 +239,9 @@ def test_gguf_is_converted_once_into_a_cached_hf_folder(tmp_path, monkeypatch, c
     _write_gguf(src, folder / "tiny.Q.gguf")
     cfg = ModelConfig(name_or_path=str(folder), gguf_file="tiny.Q.gguf")
     conversions = []
-    convert = models._dequantize_gguf
-    monkeypatch.setattr(models, "_dequantize_gguf", lambda *a: conversions.append(a) or convert(*a))
-    with caplog.at_level("INFO", logger="grpo_cli.models.loading"):
+    convert = builtin.dequantize_gguf
+    monkeypatch.setattr(builtin, "dequantize_gguf", lambda *a: conversions.append(a) or convert(*a))
+    with caplog.at_level("INFO", logger="grpo_cli.models.builtin"):
         out = Path(resolve_model_source(cfg))
     assert "converting tiny.Q.gguf to a cached HF model" in caplog.text
     assert out.parent == cache_dir() / "models" and out.name.startswith("tiny.Q-")
@@ -253,7 +254,7 @@ def test_gguf_is_converted_once_into_a_cached_hf_folder(tmp_path, monkeypatch, c
     assert all(torch.equal(original[k], converted[k]) for k in original)
     tok = load_tokenizer(cfg)
     assert tok("What is 3 + 4?")["input_ids"] == load_tokenizer(LLAMA)("What is 3 + 4?")["input_ids"]
-    assert tok.chat_template == models.CHATML_TEMPLATE and tok.padding_side == "left"
+    assert tok.chat_template == builtin.CHATML_TEMPLATE and tok.padding_side == "left"
     assert load_model(cfg).config.model_type == "llama"
 
     assert Path(resolve_model_source(cfg)) == out and len(conversions) == 1
@@ -274,7 +275,7 @@ def test_cached_folder_survives_a_race(tmp_path):
         time.sleep(0.2)  # both threads are inside build() at once
 
     results = []
-    threads = [threading.Thread(target=lambda: results.append(models._cached_folder(target, build))) for _ in range(2)]
+    threads = [threading.Thread(target=lambda: results.append(builtin.cached_folder(target, build))) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
@@ -290,7 +291,7 @@ def test_cached_folder_refuses_a_build_without_config(tmp_path):
         (tmp / "tokenizer.json").write_text("{}")
 
     with pytest.raises(models.ModelLoadError, match="wrote no config.json"):
-        models._cached_folder(tmp_path / "models" / "m", build)
+        builtin.cached_folder(tmp_path / "models" / "m", build)
     assert list((tmp_path / "models").iterdir()) == []  # nothing half-built is published
 
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from grpo_cli.train.engine import Engine
-from grpo_cli.recipe.schema import RecipeError, load_recipe
+from grpo_cli.errors import RecipeError
+from grpo_cli.recipe.files import load_recipe
 from helpers import cli, read_jsonl, stable
 
 torch.set_num_threads(1)
@@ -31,8 +32,8 @@ def test_lora_trains_only_adapters_and_the_reference_is_the_base(tmp_path):
     r = load_recipe(TINY, [*LORA, "algorithm.beta=0.1", "train.max_steps=3", "train.learning_rate=0.02",
                            "checkpoint.every_steps=0", "logging.rollouts=false"])
     e = Engine(r, tmp_path / "run")
-    assert e.ref_model is None  # no second copy: the base with adapters disabled is the reference
-    policy = e.accelerator.unwrap_model(e.model)
+    assert e.reference.model is None  # no second copy: the base with adapters disabled is the reference
+    policy = e.accelerator.unwrap_model(e.policy)
     trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
     assert {n.split(".")[-4] for n in trainable} == {"q_proj", "v_proj", "up_proj"}  # ...q_proj.lora_A.default.weight

@@ -15,7 +15,9 @@ import urllib.request
 import pytest
 import yaml
 
-from grpo_cli.recipe.trl import HOMES, ConversionError, convert, known_fields, trl_table
+from grpo_cli.errors import ConversionError
+from grpo_cli.recipe.trl import convert
+from grpo_cli.recipe.trl_homes import HOMES, known_fields, trl_table
 from grpo_cli.recipe.trl_fields import GRPO_CONFIG, MODEL_ARGS, SCRIPT_ARGS
 from helpers import ROOT, cli, read_jsonl
 

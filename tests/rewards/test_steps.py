@@ -6,7 +6,8 @@ import torch
 
 from grpo_cli.train.engine import Engine
 from grpo_cli.errors import RewardError
-from grpo_cli.recipe.schema import RecipeError, load_recipe
+from grpo_cli.errors import RecipeError
+from grpo_cli.recipe.files import load_recipe
 from grpo_cli.rewards import REWARDS
 from grpo_cli.rewards.steps import check_steps, step_mean, token_at, token_end_offsets
 
@@ -68,11 +69,11 @@ def _recipe(*extra):
 
 @pytest.mark.usefixtures("model_cache")
 def test_training_with_step_rewards_logs_them_and_resumes_exactly(tmp_path, monkeypatch):
-    import grpo_cli.train.engine as engine_module
+    import grpo_cli.algo.advantages as advantages_module
 
     seen = []
-    real = engine_module.process_advantages
-    monkeypatch.setattr(engine_module, "process_advantages",
+    real = advantages_module.process_advantages
+    monkeypatch.setattr(advantages_module, "process_advantages",
                         lambda steps, G, T: seen.append((steps, G, T)) or real(steps, G, T))
     Engine(_recipe(), tmp_path / "full").fit()
     metrics = read_jsonl(tmp_path / "full/metrics.jsonl")

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from grpo_cli.datatypes import PromptBatch
-from grpo_cli.recipe.schema import RecipeError, load_recipe
+from grpo_cli.errors import RecipeError
+from grpo_cli.recipe.files import load_recipe
 from grpo_cli.rollout.common import build_rollout
 from grpo_cli.rollout.pipeline import RolloutPipeline
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_cli.recipe.schema import load_recipe
+from grpo_cli.recipe.files import load_recipe
 from grpo_cli.train.engine import Engine
 from grpo_cli.train.launch import free_port
 

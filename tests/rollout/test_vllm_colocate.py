@@ -138,7 +138,7 @@ def test_weights_from_file(gen, hf_model, prompts, tmp_path):
     gen.llm.reset_prefix_cache()
     mean, mx = logp_errors(hf_model, gen.generate(ids, texts, n=4))
     assert mean < 0.01 and mx < 0.05
-    gen._sync_through_file(hf_model.state_dict())  # multiprocess-engine path: fp32, tied lm_head dropped
+    gen.sync_weights_through_file(hf_model.state_dict())  # multiprocess-engine path: fp32, tied lm_head dropped
     assert gen.weight_version() == gen.version == 0
 
 

@@ -15,8 +15,8 @@ torch.set_num_threads(1)
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
 from grpo_cli.run import checkpoints as ck  # noqa: E402
+from grpo_cli.errors import CheckpointError  # noqa: E402
 from grpo_cli.run.checkpoints import (  # noqa: E402
-    CheckpointError,
     atomic_write_text,
     latest_checkpoint,
     list_checkpoints,
@@ -306,11 +306,11 @@ def test_state_files_keep_dtype_and_shape(tmp_path):
 
 def test_unsupported_state_is_refused(tmp_path, model):
     with pytest.raises(CheckpointError, match="without pickle"):
-        statefiles._encode({"f": object()}, "param_groups", {})
+        statefiles.encode_value({"f": object()}, "param_groups", {})
     tensors: dict = {}
-    enc = statefiles._encode({"state": {0: {"step": torch.tensor(3.0)}}, "betas": (0.9, 0.99)}, "x", tensors)
+    enc = statefiles.encode_value({"state": {0: {"step": torch.tensor(3.0)}}, "betas": (0.9, 0.99)}, "x", tensors)
     assert json.loads(json.dumps(enc)) == enc and list(tensors) == ["x.state.0.step"]
-    assert_same(statefiles._decode(enc, tensors), {"state": {0: {"step": torch.tensor(3.0)}}, "betas": (0.9, 0.99)})
+    assert_same(statefiles.decode_value(enc, tensors), {"state": {0: {"step": torch.tensor(3.0)}}, "betas": (0.9, 0.99)})
 
 
 def test_peft_model_saves_its_adapter(tmp_path):

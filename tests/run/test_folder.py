@@ -20,13 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_cli.recipe.schema import load_recipe, recipe_to_yaml
+from grpo_cli.errors import CheckpointError, RunFolderError
+from grpo_cli.recipe.files import load_recipe, recipe_to_yaml
 from grpo_cli.run import lock as runlock
 from grpo_cli.run.checkpoints import (
-    CheckpointError, list_checkpoints, load_training_state, save_checkpoint, verify_checkpoint,
+    list_checkpoints, load_training_state, save_checkpoint, verify_checkpoint,
 )
 from grpo_cli.run.folder import (
-    RECIPE_CHANGES, RunFolderError, apply_optimizer_changes, check_drift, recipe_changes, resumable, start_point,
+    RECIPE_CHANGES, apply_optimizer_changes, check_drift, recipe_changes, resumable, start_point,
 )
 
 from helpers import RECIPE, ROOT, batch, cli, make_opt, read_jsonl, tiny_model, tiny_tokenizer, train_step
@@ -139,7 +140,7 @@ def test_drift_is_refused_unless_allowed(tmp_path, model):
 
 
 def test_changed_optimizer_settings_reach_the_restored_optimizer(tmp_path):
-    from grpo_cli.train.optim import make_scheduler
+    from grpo_cli.train.setup import make_scheduler
 
     model = tiny_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
@@ -318,7 +319,7 @@ def test_recipe_drift_on_resume_is_refused_or_applied_and_recorded(base_run, tmp
     assert record["from_step"] == 5 and record["checkpoint"].endswith("checkpoints/step-4")
     assert record["changes"] == {"train.learning_rate": {"old": 1e-3, "new": 0.01, "resumable": False},
                                  "train.max_steps": {"old": 4, "new": 6, "resumable": True}}
-    from grpo_cli.recipe.schema import load_recipe
+    from grpo_cli.recipe.files import load_recipe
     from grpo_cli.run.folder import check_drift
 
     now = load_recipe(TINY, ["train.max_steps=6", "train.learning_rate=0.01"]).model_dump(mode="json")
@@ -383,7 +384,7 @@ def test_full_disk_is_a_message_and_the_last_checkpoint_stays_intact(base_run, t
 
 @pytest.mark.slow
 def test_eval_and_export_verify_the_manifest(base_run, tmp_path):
-    from grpo_cli.run.checkpoints import CheckpointError
+    from grpo_cli.errors import CheckpointError
     from grpo_cli.eval.evaluate import resolve_target
     from grpo_cli.models.export import export_checkpoint
 

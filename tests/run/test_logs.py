@@ -1,6 +1,8 @@
+""""""
+
 import json
 
-from grpo_cli.run.logs import JsonlLog, format_step_line
+from grpo_cli.run.logs import JsonlLog
 
 
 def test_resume_keeps_records_through_step_and_drops_a_cut_line(tmp_path):
@@ -16,8 +18,3 @@ def test_resume_keeps_records_through_step_and_drops_a_cut_line(tmp_path):
     log.close()
     records = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line]
     assert records == [{"step": 1, "completion": "a\u2028b\u0085c"}, {"step": 2, "x": None}, {"step": 3, "again": True}]
-
-
-def test_step_line_shows_rewards_and_eval():
-    line = format_step_line(3, 10, {"reward": 0.5, "rewards/accuracy/mean": 0.25, "eval/accuracy": 0.75, "time/step": 2.0})
-    assert line == "step 3/10 | reward 0.500 | s/step 2.0 | eval acc 0.750 | accuracy 0.250"

@@ -12,7 +12,7 @@ import torch
 
 from grpo_cli.algo.advantages import normalize_then_sum
 from grpo_cli.errors import SetupError
-from grpo_cli.recipe.schema import load_recipe
+from grpo_cli.recipe.files import load_recipe
 from grpo_cli.train.engine import Engine
 
 from helpers import cli, read_jsonl, stable
@@ -72,19 +72,26 @@ def test_tiny_model_learns_a_movable_reward(tmp_path):
     assert last > first + 0.15, (first, last)
 
 
-class GradCapture(Engine):
-    """Keeps a copy of the accumulated gradient at each optimizer step."""
+def capture_grads(engine: Engine) -> list[list[torch.Tensor]]:
+    """A copy of the accumulated gradient at each optimizer step, before it is clipped: accelerate's clipping
+    (every optimizer step goes through it) is wrapped on this engine's accelerator."""
+    grads: list[list[torch.Tensor]] = []
+    clip = engine.accelerator.clip_grad_norm_
 
-    def _optimizer_step(self) -> float:
-        self.grads = [p.grad.detach().clone() for p in self.model.parameters()]
-        return super()._optimizer_step()
+    def capture(parameters, max_norm):
+        grads.append([p.grad.detach().clone() for p in engine.policy.parameters()])
+        return clip(parameters, max_norm)
+
+    engine.accelerator.clip_grad_norm_ = capture
+    return grads
 
 
 def _grads_of_one_step(tmp_path, name, overrides):
     r = load_recipe(TINY, ["train.max_steps=1", "checkpoint.every_steps=0", "logging.rollouts=false", *overrides])
-    e = GradCapture(r, tmp_path / name)
+    e = Engine(r, tmp_path / name)
+    grads = capture_grads(e)
     e.fit()
-    return e.grads
+    return grads[-1]
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "cispo", "sapo"])
@@ -98,33 +105,35 @@ def test_micro_batches_equal_one_big_batch(tmp_path, loss_type):
     assert diff < 1e-6, diff
 
 
-class ForwardCount(Engine):
-    """Counts the no-grad forwards (old policy, reference) the updates ask for."""
+def count_no_grad_forwards(monkeypatch) -> list[int]:
+    """Micro-batches the updates run without autograd (old policy, reference), counted where the update calls them."""
+    import grpo_cli.train.update as update_module
 
-    no_grad_forwards = 0
-
-    def _logps_no_grad(self, model, rollout, slices):
-        self.no_grad_forwards += len(slices)
-        return super()._logps_no_grad(model, rollout, slices)
+    counted, real = [], update_module.logps_no_grad
+    monkeypatch.setattr(update_module, "logps_no_grad",
+                        lambda model, rollout, slices, **kw: counted.append(len(slices)) or real(model, rollout, slices, **kw))
+    return counted
 
 
 def test_mu_2_takes_the_old_policy_from_iteration_0_without_a_forward_of_its_own(tmp_path, monkeypatch):
-    import grpo_cli.train.engine as engine_module
+    import grpo_cli.train.update as update_module
 
     r = load_recipe(TINY, ["train.max_steps=2", "checkpoint.every_steps=0", "logging.rollouts=false",
                            "algorithm.num_iterations=3", "train.micro_batch_size=4", "train.learning_rate=3e-3"])
-    reused = ForwardCount(r, tmp_path / "reused")
+    counted = count_no_grad_forwards(monkeypatch)
+    reused = Engine(r, tmp_path / "reused")
     reused.fit()
+    reused_forwards, counted[:] = sum(counted), []
     # a model with dropout gets a separate old-policy forward; this one has none, so both give the same numbers
-    monkeypatch.setattr(engine_module, "has_dropout", lambda model: True)
-    separate = ForwardCount(r, tmp_path / "separate")
+    monkeypatch.setattr(update_module, "has_dropout", lambda model: True)
+    separate = Engine(r, tmp_path / "separate")
     separate.fit()
-    assert (reused.no_grad_forwards, separate.no_grad_forwards) == (0, 2 * 2)  # 2 steps x 2 micro-batches
+    assert (reused_forwards, sum(counted)) == (0, 2 * 2)  # 2 steps x 2 micro-batches
     assert reused.optimizer.param_groups[0]["fused"] is True  # one AdamW kernel for all tensors (not sharded)
     a, b = read_jsonl(tmp_path / "reused/metrics.jsonl"), read_jsonl(tmp_path / "separate/metrics.jsonl")
     assert [m["reward"] for m in a] == [m["reward"] for m in b]  # same rollouts at step 2: same updates at step 1
     assert max(m["clip_ratio/region_mean"] for m in a) > 0  # iterations 1-2 moved the ratios off 1: old logps used
-    for pa, pb in zip(reused.model.parameters(), separate.model.parameters()):
+    for pa, pb in zip(reused.policy.parameters(), separate.policy.parameters()):
         assert torch.allclose(pa, pb, atol=1e-6, rtol=0)
 
 

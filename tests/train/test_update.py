@@ -4,26 +4,14 @@ the mixing rule, the KL right after a reset, checkpointed reference weights and 
 import pytest
 import torch
 
+from grpo_cli.errors import RecipeError
+from grpo_cli.recipe.files import load_recipe
 from grpo_cli.train.engine import Engine
-from grpo_cli.models.loading import mix_into
-from grpo_cli.recipe.schema import RecipeError, load_recipe
 
 from helpers import read_jsonl, stable
 
+
 torch.set_num_threads(1)
-
-
-def test_mix_into_is_alpha_policy_plus_one_minus_alpha_reference():
-    ref, policy = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
-    with torch.no_grad():
-        ref.weight.copy_(torch.tensor([[1.0, 2.0]])), ref.bias.fill_(4.0)
-        policy.weight.copy_(torch.tensor([[3.0, -2.0]])), policy.bias.fill_(0.0)
-    mix_into(ref, policy, 0.25)
-    # 0.25 * 3 + 0.75 * 1 = 1.5; 0.25 * -2 + 0.75 * 2 = 1.0; 0.25 * 0 + 0.75 * 4 = 3.0
-    assert ref.weight.tolist() == [[1.5, 1.0]] and ref.bias.tolist() == [3.0]
-    mix_into(ref, policy, 1.0)  # Algorithm 1's reset
-    assert torch.equal(ref.weight, policy.weight) and torch.equal(ref.bias, policy.bias)
-    assert policy.weight.tolist() == [[3.0, -2.0]]  # the policy is untouched
 
 
 def test_it_needs_a_reference_and_full_weights():
@@ -64,3 +52,31 @@ def test_without_the_refresh_the_kl_grows(tmp_path):
     assert kl[0] < 1e-6 and all(k > 1e-6 for k in kl[1:])
     assert "ref_model/syncs" not in read_jsonl(tmp_path / "run/metrics.jsonl")[0]
     assert not (tmp_path / "run/checkpoints/step-4/trainer/ref_model.safetensors").exists()  # the base is the reference
+
+
+def _as_written_before_parts(checkpoint):
+    """Rewrite a checkpoint's trainer_state.json as grpo wrote it before the run's state was saved by part name (the
+    refresh count under `ref_model_syncs`; the weights file the same), with its manifest entry to match."""
+    import hashlib
+    import json
+
+    state_file = checkpoint / "trainer/trainer_state.json"
+    state = json.loads(state_file.read_text())
+    state["ref_model_syncs"] = state.pop("ref_model")["syncs"]
+    state_file.write_text(json.dumps(state, indent=1))
+    manifest = checkpoint / "trainer/manifest.json"
+    doc = json.loads(manifest.read_text())
+    doc["files"]["trainer/trainer_state.json"] = hashlib.sha256(state_file.read_bytes()).hexdigest()
+    manifest.write_text(json.dumps(doc, indent=1))
+
+
+@pytest.mark.usefixtures("model_cache")
+def test_a_checkpoint_written_before_the_parts_had_names_resumes_the_same(tmp_path):
+    Engine(_recipe(), tmp_path / "full").fit()
+    old = tmp_path / "old"
+    Engine(_recipe("train.max_steps=3"), old).fit()
+    _as_written_before_parts(old / "checkpoints/step-3")
+    Engine(_recipe(), old, resume="auto").fit()
+    resumed = read_jsonl(old / "metrics.jsonl")
+    assert resumed[-1]["ref_model/syncs"] == 2 and resumed[2]["kl"] < 1e-6  # the reset of step 2 came back
+    assert [stable(m) for m in resumed] == [stable(m) for m in read_jsonl(tmp_path / "full/metrics.jsonl")]

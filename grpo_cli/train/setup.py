@@ -1,0 +1,148 @@
+"""Setting a run up: where it starts (a fresh folder or a checkpoint, the recipe's drift), the policy and its
+reference on accelerate's devices, the optimizer and learning-rate schedule, the prompt stream.
+
+The order of the steps is part of the contract: it fixes what every RNG draws, so a run and its resume sample
+the same tokens (LoRA's fresh adapters draw from torch's generator after `torch.manual_seed(train.seed)`; a
+colocated vLLM engine re-seeds torch's generator on CPU; a fresh run then seeds every process apart).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpo_cli.errors import RunFolderError, SetupError
+from grpo_cli.train.distributed import is_deepspeed, is_fsdp
+
+
+def start_from(run_dir: Path, resume: str | None, start_over: bool, allow_recipe_change: bool, recipe,
+                accelerator) -> tuple[Path | None, dict[str, tuple[Any, Any]]]:
+    """The checkpoint to continue from (None: step 1) and the recipe fields that differ from its; RunFolderError for
+    a folder that would be rewound or overwritten silently, or a change a resume may not make."""
+    from grpo_cli.run.folder import check_drift, start_point
+
+    with accelerator.main_process_first():  # the main process carries out --start-over before the others look
+        checkpoint = start_point(run_dir, resume, start_over=start_over, delete=accelerator.is_main_process,
+                                 say=print if accelerator.is_main_process else lambda _: None)
+    if checkpoint is None:
+        return None, {}
+    changes = check_drift(checkpoint, recipe.model_dump(mode="json"), allow_recipe_change)
+    if "train.optimizer" in changes:
+        old, new = changes["train.optimizer"]
+        raise RunFolderError(f"train.optimizer cannot change on resume ({old} -> {new}): the checkpoint holds {old}'s "
+                             f"state. Start a new run from its weights instead: model.name_or_path={checkpoint}")
+    return checkpoint, changes
+
+
+@dataclass
+class Policy:
+    """The trained model on accelerate's devices, and what trains it."""
+
+    tokenizer: Any
+    model: Any  # prepared by accelerate (DDP, FSDP or DeepSpeed wrapped)
+    reference: Any  # a frozen copy for the KL (beta > 0, full fine-tuning), else None
+    optimizer: Any
+    scheduler: Any
+    model_cfg: Any  # the model section it was loaded from (a checkpoint's folder when resuming)
+    summary: str  # its parameters, for the run's first line
+    sharded: bool  # weights split over processes (FSDP, ZeRO-3): every process runs every forward
+    shared_prompts: bool  # a group's prompt runs once per training forward
+
+
+def build_policy(recipe, accelerator, checkpoint: Path | None) -> Policy:
+    """Tokenizer, policy (fresh, or the checkpoint's weights or LoRA adapters), the reference copy, the optimizer
+    and the schedule, all prepared by accelerate."""
+    from grpo_cli.models.lora import load_policy, parameter_summary
+    from grpo_cli.models.loading import disable_dropout, load_model, load_tokenizer
+
+    r, t = recipe, recipe.train
+    cfg = r.model
+    if checkpoint is not None:  # weights and tokenizer come from the checkpoint
+        cfg = cfg.model_copy(update={"name_or_path": str(checkpoint), "gguf_file": None, "revision": None})
+    # each node's main process fills its model cache (GGUF conversion, builtin models) before the others
+    # there read it; on a filesystem the nodes share, the caches are written atomically (models/loading.py)
+    with accelerator.local_main_process_first():
+        tokenizer = load_tokenizer(cfg)
+        model = load_policy(cfg, r.model, checkpoint, accelerator.device)
+        reference = None
+        if r.algorithm.beta > 0 and not r.model.lora.r:  # with LoRA the reference is the base: adapters disabled
+            ref_cfg = r.model.model_copy(update={"gradient_checkpointing": False})
+            reference = load_model(ref_cfg).to(accelerator.device).eval().requires_grad_(False)
+    disable_dropout(model)
+    summary = parameter_summary(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    fused = not (is_fsdp(accelerator) or is_deepspeed(accelerator)) and accelerator.device.type in ("cpu", "cuda")
+    optimizer = build_optimizer(params, t, fused=fused and t.optimizer == "adamw", device=accelerator.device)
+    scheduler = make_scheduler(optimizer, t.scheduler, t.warmup_steps, t.max_steps * r.algorithm.num_iterations)
+    if is_deepspeed(accelerator):  # no dataloader to infer these from; grpo accumulates itself
+        accelerator.state.deepspeed_plugin.deepspeed_config.update(
+            train_micro_batch_size_per_gpu=t.micro_batch_size, gradient_accumulation_steps=1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    sharded = is_fsdp(accelerator) or (is_deepspeed(accelerator) and accelerator.state.deepspeed_plugin.zero_stage == 3)
+    if sharded and r.algorithm.sync_ref_model:
+        raise SetupError("algorithm.sync_ref_model needs the policy's full weights on every process; with FSDP "
+                         "or ZeRO-3 they are sharded: use DDP (or ZeRO-1/2) to refresh the reference")
+    # a group's prompt runs once per micro-batch through the key/value cache, which gradient checkpointing turns
+    # off. It pays where compute is the cost (CPU: train 7.9 -> 5.6 s/step); on a GPU the two forwards and the
+    # cache gather made a micro-batch's forward + backward 2.2x slower (bench/step_phases.py, H100)
+    shared_prompts = not cfg.gradient_checkpointing and accelerator.device.type == "cpu"
+    return Policy(tokenizer, model, reference, optimizer, scheduler, cfg, summary, sharded, shared_prompts)
+
+
+def build_stream(recipe, tokenizer, accelerator):
+    """The endless, seeded, resumable stream of the recipe's prompts (grpo_cli/data/prompts.py)."""
+    from grpo_cli.data.prompts import PromptStream, load_rows
+
+    d = recipe.data
+    data_seed = d.seed if d.seed is not None else recipe.train.seed
+    with accelerator.local_main_process_first():  # one download / cache write per node
+        dataset = load_rows(d, data_seed)
+    tools = None
+    if recipe.rollout.tools:  # every prompt describes them
+        from grpo_cli.agents.tools import schemas
+
+        tools = schemas(recipe.rollout.tools)
+    return PromptStream(dataset, d, tokenizer, recipe.train.prompts_per_step, data_seed, tools=tools)
+
+
+def build_optimizer(params, t, *, fused: bool, device: torch.device | None = None) -> torch.optim.Optimizer:
+    """train.optimizer with train.* settings.
+
+    adamw: torch's; `fused`: one kernel over all tensors (5x faster than the per-tensor loop on CPU for 135M
+    parameters); sharded runs (FSDP's DTensors, DeepSpeed's wrapper) keep the default. adafactor: transformers'
+    with a fixed learning rate (the schedule is train.scheduler's; no relative step, no parameter scaling, as TRL
+    and the Trainer build it). adamw_8bit / paged_adamw_8bit: bitsandbytes' (betas and weight decay as AdamW's)."""
+    kind = getattr(t, "optimizer", "adamw")
+    if kind == "adamw":
+        return torch.optim.AdamW(params, lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2),
+                                 weight_decay=t.weight_decay, fused=fused or None)
+    if kind == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(params, lr=t.learning_rate, scale_parameter=False, relative_step=False, warmup_init=False,
+                         weight_decay=t.weight_decay, beta1=None)
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        raise SetupError(f"train.optimizer {kind} needs bitsandbytes: pip install 'grpo-cli[qlora]' (or bitsandbytes)") from None
+    if kind == "paged_adamw_8bit" and (device is None or device.type != "cuda"):
+        raise SetupError("train.optimizer paged_adamw_8bit pages optimizer state between GPU and host memory: it needs "
+                         "CUDA; on this device use adamw_8bit")
+    cls = bnb.optim.PagedAdamW8bit if kind == "paged_adamw_8bit" else bnb.optim.AdamW8bit
+    return cls(params, lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay)
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, kind: str, warmup: int, total: int):
+    """Linear warm-up, then constant / linear decay to 0 / cosine decay to 0 over `total` optimizer steps."""
+
+    def factor(i: int) -> float:
+        if i < warmup:
+            return (i + 1) / (warmup + 1)
+        progress = min(1.0, (i - warmup) / max(1, total - warmup))
+        return {"constant": 1.0, "linear": 1.0 - progress, "cosine": 0.5 * (1 + math.cos(math.pi * progress))}[kind]
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

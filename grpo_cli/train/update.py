@@ -1,0 +1,188 @@
+"""The policy update of one step: DeepSeekMath Algorithm 1's inner loop, "for GRPO iteration = 1, ..., mu:
+update the policy model by maximizing the GRPO objective", each iteration one optimizer step over every
+micro-batch of the step's rows (gradient accumulation), and the reference it is regularised towards.
+
+mu > 1: the old policy is the one of iteration 0, whose forwards run before any optimizer step, so their
+detached log-probs are the old log-probs and need no forward of their own; with dropout every forward differs,
+and the old policy gets a separate one (as TRL computes it).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grpo_cli.algo.logprobs import logps_no_grad, token_logprobs
+from grpo_cli.algo.losses import LossConfig, compute_loss, entropy_mask, sampler_correction
+from grpo_cli.algo.reference import mix_into
+from grpo_cli.datatypes import Processes, Rollout
+from grpo_cli.models.loading import has_dropout
+from grpo_cli.train.reporting import MetricSums
+
+
+def loss_config(recipe) -> LossConfig:
+    """The recipe's loss, read once."""
+    a = recipe.algorithm
+    return LossConfig(
+        a.loss_type, epsilon_low=a.epsilon, epsilon_high=a.epsilon_high_value, delta=a.delta,
+        importance_sampling_level=a.importance_sampling_level, beta=a.beta,
+        max_completion_length=recipe.rollout.max_completion_length, sapo_temperature_pos=a.sapo_temperature_pos,
+        sapo_temperature_neg=a.sapo_temperature_neg, use_bias_correction_kl=a.use_bias_correction_kl,
+        off_policy_mask_threshold=a.off_policy_mask_threshold,
+    )
+
+
+class Reference:
+    """pi_ref of the KL term (beta > 0): a frozen copy of the starting policy, or with LoRA the base with its
+    adapters disabled (no copy). With algorithm.sync_ref_model it is refreshed from the policy every M steps,
+    pi_ref <- alpha pi_theta + (1 - alpha) pi_ref (TR-DPO; alpha = 1 is Algorithm 1's outer loop, "reference
+    model pi_ref <- pi_theta"); the refreshed weights are then part of the run's state."""
+
+    def __init__(self, model: torch.nn.Module | None, algorithm) -> None:
+        self.model, self.algo = model, algorithm
+        self.syncs = 0
+
+    def after_update(self, step: int, policy: torch.nn.Module) -> None:
+        if self.algo.sync_ref_model and step % self.algo.ref_model_sync_steps == 0:
+            mix_into(self.model, policy, self.algo.ref_model_mixup_alpha)
+            self.syncs += 1
+
+    def metrics(self) -> dict[str, float]:
+        return {"ref_model/syncs": self.syncs} if self.algo.sync_ref_model else {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The refresh count, and the weights once they are no longer the starting policy's (ref_model.safetensors)."""
+        from grpo_cli.run.statefiles import TensorFile
+
+        weights = {"weights": TensorFile("ref_model", dict(self.model.named_parameters()))} if self.syncs else {}
+        return {"syncs": self.syncs, **weights}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.syncs = int(state.get("syncs", 0))
+        if self.syncs:
+            with torch.no_grad():
+                for name, p in self.model.named_parameters():
+                    p.copy_(state["weights"][name])
+
+
+@dataclass
+class Window:
+    """One step's rows as the update sees them (its mu accumulation windows all go over these)."""
+
+    rollout: Rollout
+    adv: torch.Tensor  # [n] or [n, T]
+    mask: torch.Tensor  # [n, T] the tokens trained on
+    old: torch.Tensor | None = None  # [n, T] the old policy's log-probs, once known (mu > 1)
+    ref: torch.Tensor | None = None  # [n, T] the reference's log-probs (beta > 0)
+    num_active: float | None = None  # active tokens of the whole generation batch (dapo, cispo)
+    loss_scale: float = 1.0  # what each micro-batch's loss is multiplied by before backward
+
+
+class PolicyUpdate:
+    """mu optimizer steps over one step's rows; -> the sums its metrics are made of."""
+
+    def __init__(self, recipe, accelerator, procs: Processes, model, optimizer, scheduler, reference: Reference,
+                 shared_prompts: bool) -> None:
+        self.recipe, self.accelerator, self.procs = recipe, accelerator, procs
+        self.model, self.optimizer, self.scheduler, self.reference = model, optimizer, scheduler, reference
+        self.loss = loss_config(recipe)
+        self.shared_prompts = shared_prompts  # a group's prompt runs once per forward (grpo_cli/algo/logprobs.py)
+
+    def __call__(self, rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor) -> MetricSums:
+        """`adv`: [n] per completion or [n, T] per token; `mask` [n, T]: the tokens trained on."""
+        a, t = self.recipe.algorithm, self.recipe.train
+        slices = [slice(s, s + t.micro_batch_size) for s in range(0, len(rollout), t.micro_batch_size)]
+        separate_old = a.num_iterations > 1 and has_dropout(self.accelerator.unwrap_model(self.model))
+        w = Window(rollout, adv.to(mask.device), mask,
+                   old=self._logps_no_grad(self.model, rollout, slices) if separate_old else None,
+                   ref=self._ref_logps(rollout, slices) if self.loss.beta > 0 else None)
+        if self.loss.global_token_mean:  # every token of the global batch weighs the same; DDP averages over processes
+            w.num_active = self.procs.gather(mask.sum().reshape(1).float().cpu()).sum().item()
+            w.loss_scale = float(self.procs.count)
+        else:
+            w.loss_scale = 1.0 / len(slices)
+        sums = MetricSums()
+        sums.add_scalar("learning_rate", self.scheduler.get_last_lr()[0])
+        self.model.train()
+        first_logps: list[torch.Tensor] = []
+        for it in range(a.num_iterations):
+            for k, sl in enumerate(slices):
+                last = k == len(slices) - 1
+                # DDP/FSDP all-reduce only on the window's last backward; DeepSpeed steps its engine only then
+                self.accelerator.sync_gradients = last
+                with nullcontext() if last else self.accelerator.no_sync(self.model):
+                    logps = self._micro_step(w, sl, sums, first=it == 0)
+                if it == 0 and a.num_iterations > 1 and not separate_old:
+                    first_logps.append(logps)
+            if first_logps:
+                w.old, first_logps = torch.cat(first_logps), []  # [N, T]: the old policy of iterations 1 .. mu-1
+            sums.add_scalar("grad_norm", self._optimizer_step())
+        return sums
+
+    def _micro_step(self, w: Window, sl: slice, sums: MetricSums, first: bool) -> torch.Tensor:
+        """One forward/backward of micro-batch `sl` of the window; -> its detached log-probs [b, T]."""
+        q, rollout = self.recipe.algorithm.top_entropy_quantile, w.rollout
+        with self.accelerator.autocast():
+            logps, entropy = token_logprobs(
+                self.model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl],
+                rollout.completion_mask[sl], temperature=self.recipe.rollout.temperature,
+                with_entropy=first or q < 1, shared_prompts=self.shared_prompts,
+            )
+        m = w.mask[sl]
+        if first:
+            sums.add_tokens("entropy", entropy, m)
+        if q < 1:
+            m = entropy_mask(entropy, m, q)
+        old_sl = w.old[sl] if w.old is not None else logps.detach()
+        weights = self._sampler_weights(rollout, sl, old_sl, m, sums if first else None)
+        loss, lm = compute_loss(
+            self.loss, logps, old_sl, w.adv[sl], m, ref_logps=w.ref[sl] if w.ref is not None else None,
+            num_active_tokens=w.num_active, token_weights=weights,
+            sampling_logps=rollout.sampling_logps[sl] if rollout.sampling_logps is not None else None,
+        )
+        self.accelerator.backward(loss * w.loss_scale)
+        n_tok = m.sum().item()
+        for key, value in lm.items():
+            sums.add_weighted(key, value.item(), n_tok)
+        sums.add_scalar("loss", loss.item())
+        return logps.detach()
+
+    def _sampler_weights(self, rollout, sl, old, mask, sums) -> torch.Tensor | None:
+        """Train/inference mismatch: log it, and return the importance weights rollout.importance_sampling asks for."""
+        if rollout.sampling_logps is None:
+            return None
+        ro = self.recipe.rollout
+        samp = rollout.sampling_logps[sl].to(old.device)
+        weights, rho = sampler_correction(old, samp, mask, ro.importance_sampling, ro.importance_sampling_cap)
+        if sums is not None:
+            diff = (old - samp).abs()
+            sums.add_tokens("sampling/sampling_logp_difference/mean", diff, mask)
+            sums.add_extremes("sampling/sampling_logp_difference/max", diff, mask)
+            sums.add_tokens("sampling/importance_sampling_ratio/mean", rho, mask)
+            sums.add_extremes("sampling/importance_sampling_ratio/min", rho, mask, low=True)
+            sums.add_extremes("sampling/importance_sampling_ratio/max", rho, mask)
+        return weights
+
+    def _ref_logps(self, rollout: Rollout, slices: list[slice]) -> torch.Tensor:
+        if self.reference.model is not None:
+            return self._logps_no_grad(self.reference.model, rollout, slices)
+        with self.accelerator.unwrap_model(self.model).disable_adapter():  # LoRA: the frozen base is the reference
+            return self._logps_no_grad(self.model, rollout, slices)
+
+    def _logps_no_grad(self, model, rollout: Rollout, slices: list[slice]) -> torch.Tensor:
+        """Old-policy (mu > 1) or reference (beta > 0) log-probs, micro-batch by micro-batch."""
+        return logps_no_grad(model, rollout, slices, temperature=self.recipe.rollout.temperature,
+                             shared_prompts=self.shared_prompts, autocast=self.accelerator.autocast)
+
+    def _optimizer_step(self) -> float:
+        # accelerate computes the global norm for DDP, FSDP (sharded grads) and DeepSpeed; inf: measure only
+        max_norm = self.recipe.train.max_grad_norm or math.inf
+        norm = self.accelerator.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], max_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm) if norm is not None else math.nan  # DeepSpeed reports no norm before its first step
