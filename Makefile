@@ -5,7 +5,7 @@ PIP         := $(PY) -m pip
 CONSTRAINTS := $(VENV)/constraints.txt
 STAMP       := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast clean
+.PHONY: setup demo test test-fast docs clean
 
 setup: $(STAMP)
 
@@ -24,12 +24,19 @@ $(STAMP): pyproject.toml Makefile
 demo: setup
 	$(VENV)/bin/grpo train recipes/quickstart.yaml --output-dir runs/quickstart --resume auto
 
+# Every test, after the docs build strict (a broken link or a stale reference page fails).
 test: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $(VENV)/site-check
 	$(PY) -m pytest -q
 
 # The tests that take seconds: none marked slow, vllm or multiprocess.
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not vllm and not multiprocess"
 
+# The reference pages regenerated from the code, then the site (site/).
+docs: setup
+	$(PY) docs/gen_reference.py
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs site

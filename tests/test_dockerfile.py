@@ -1,4 +1,4 @@
-"""The GPU Dockerfile: hadolint finds nothing, and what it installs, copies and runs is what the README says.
+"""The GPU Dockerfile: hadolint finds nothing, and what it installs, copies and runs is what docs/install.md says.
 
 No Docker engine here: these checks read the file; the image itself is not built.
 """

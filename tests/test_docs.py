@@ -1,46 +1,117 @@
-"""The README's table of recipe keys is the schema's: every leaf field, its default and description.
+"""The README is a front door and the docs a site: the README's size and commands, the reference pages made from
+the code (recipe keys, metrics, TRL fields, command line: none may drift), links between pages, the loop shown on
+the home page, the flags the docs name, and the own-data example run as written."""
 
-The own-data example: the README's "Train on your own data" example, run as written: its files in a folder, the commands
-from another directory (only the model and the sizes are overridden to fit CI)."""
-
-import re
+import ast
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
-from grpo_cli.recipe.schema import key_table, schema_keys
+from grpo_cli.recipe.schema import Recipe, key_table, schema_keys
 
 from helpers import ROOT
 
-REGENERATE = 'python -c "from grpo_cli.recipe.schema import key_table; print(key_table())"'
+DOCS = ROOT / "docs"
+REGENERATE = "python docs/gen_reference.py"
+PAGES = sorted(DOCS.rglob("*.md"))
 
 
-def readme_table() -> str:
-    text = (ROOT / "README.md").read_text()
-    return text.split("<!-- recipe-keys:start -->\n", 1)[1].split("\n<!-- recipe-keys:end -->", 1)[0].strip()
+def key_page_table() -> str:
+    text = (DOCS / "reference/recipe-keys.md").read_text()
+    return text[text.index("| key | default | what it is |"):].strip()
 
 
-def test_readme_key_table_matches_the_schema():
-    documented = re.findall(r"^\| `([^`]+)` \|", readme_table(), re.M)
+def test_the_reference_pages_are_the_codes():
+    out = subprocess.run([sys.executable, "docs/gen_reference.py", "--check"], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+def test_key_table_matches_the_schema():
+    documented = re.findall(r"^\| `([^`]+)` \|", key_page_table(), re.M)
     keys = [k for k, _ in schema_keys()]
     assert not set(keys) - set(documented), f"undocumented recipe keys {sorted(set(keys) - set(documented))}; {REGENERATE}"
-    assert not set(documented) - set(keys), f"stale keys in README {sorted(set(documented) - set(keys))}; {REGENERATE}"
-    assert readme_table() == key_table(), f"defaults or descriptions differ from the schema; {REGENERATE}"
+    assert not set(documented) - set(keys), f"stale keys in the docs {sorted(set(documented) - set(keys))}; {REGENERATE}"
+    assert key_page_table() == key_table(), f"defaults or descriptions differ from the schema; {REGENERATE}"
 
 
 def test_the_table_lists_the_keys_the_issue_found_missing():
-    documented = set(re.findall(r"^\| `([^`]+)` \|", readme_table(), re.M))
+    documented = set(re.findall(r"^\| `([^`]+)` \|", key_page_table(), re.M))
     assert {"model.lora.r", "model.lora.target_modules", "model.load_in_4bit", "rollout.vllm.mode",
             "rollout.vllm.server_url", "rollout.importance_sampling", "rollout.importance_sampling_cap",
             "eval.files", "rewards[].on_error"} <= documented
     assert len(documented) == len(schema_keys()) > 90
 
 
-SECTION = (ROOT / "README.md").read_text().split("### Train on your own data", 1)[1].split("\n### ", 1)[0]
+def test_the_readme_is_a_front_door():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    assert "make demo" in readme and "make test" in readme
+    for command in ("train", "validate", "print-recipe", "eval", "inspect-rollouts", "report", "export",
+                    "convert-trl", "serve-vllm"):
+        assert f"`grpo {command}" in readme, command
+    # its example recipe is a valid one
+    block = re.search(r"```yaml\n(.*?)```", readme, re.S).group(1)
+    assert Recipe.model_validate(yaml.safe_load(block)).name == "my-run"
+
+
+def test_every_page_is_in_the_nav_and_every_link_reaches_a_page_and_its_heading():
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for page in PAGES:
+        assert str(page.relative_to(DOCS)) in nav, f"{page} is not in mkdocs.yml's nav"
+    for page in [*PAGES, ROOT / "README.md"]:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            assert dest.is_file(), f"{page.relative_to(ROOT)} links to {target}, which does not exist"
+            if anchor:
+                assert anchor in heading_anchors(dest), f"{page.relative_to(ROOT)} links to {target}: no such heading"
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """The anchors mkdocs gives a page's headings (lower case, punctuation dropped, spaces as dashes)."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return {re.sub(r"[\s]+", "-", re.sub(r"[^\w\s-]", "", h.strip().lower())) for h in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+def test_the_home_page_shows_the_engines_train_step_as_it_is():
+    source = (ROOT / "grpo_cli/train/engine.py").read_text()
+    cls = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "Engine")
+    step = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "train_step")
+    code = "\n".join(line[4:] for line in source.splitlines()[step.lineno - 1: step.end_lineno])
+    assert code in (DOCS / "index.md").read_text()
+
+
+def test_every_grpo_flag_the_docs_name_exists():
+    """`grpo COMMAND ... --flag` in a page, the README or a TRL field's note: the flag is one of COMMAND's options."""
+    from grpo_cli.recipe.trl_homes import HOMES
+
+    help_text = (DOCS / "reference/cli.md").read_text()
+    options = {m.group(1): set(re.findall(r"(--[a-z][\w-]*)", m.group(2)))
+               for m in re.finditer(r"## grpo (\S+)\n\n```text\n(.*?)```", help_text, re.S)}
+    texts = [p.read_text() for p in [*PAGES, ROOT / "README.md"] if "reference" not in p.parts]
+    texts += [note for _, note in HOMES.values()]
+    found = 0
+    for text in texts:
+        for command, rest in re.findall(r"\bgrpo ([a-z-]+)\b([^\n`|]*)", text):
+            if command not in options:
+                continue
+            for flag in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", rest):
+                found += 1
+                assert flag in options[command] | {"--help"}, f"`grpo {command} ... {flag}`: no such option"
+    assert found > 20
+
+
+SECTION = (ROOT / "docs/own-data.md").read_text()
 # a file of the example: "`my-project/NAME` ...:" followed by a fenced block
 FILES = dict(re.findall(r"`my-project/([\w.]+)`[^\n]*:\n```\w*\n(.*?)```", SECTION, re.S))
 SMALL = ["model.name_or_path=builtin:tiny-qwen2", "algorithm.num_generations=2", "train.prompts_per_step=2",

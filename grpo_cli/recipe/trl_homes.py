@@ -98,7 +98,7 @@ HOMES: dict[str, tuple[str | None, str]] = {
     "torch_empty_cache_steps": (None, "the allocator is left alone"),
     "auto_find_batch_size": (None, "set train.micro_batch_size"),
     "use_cpu": (None, "accelerate's choice: CUDA when present; ACCELERATE_USE_CPU=1 forces the CPU"),
-    "accelerator_config": (None, "use `grpo train --config accelerate.yaml`"),
+    "accelerator_config": (None, "use `grpo train --accelerate-config accelerate.yaml`"),
     "parallelism_config": (None, "use an accelerate config (DDP / FSDP / DeepSpeed)"),
     "fsdp": (None, "use an accelerate config (recipes/accelerate/)"),
     "fsdp_config": (None, "use an accelerate config (recipes/accelerate/)"),

@@ -1,0 +1,142 @@
+"""What metrics.jsonl holds: every key a training step logs, what it measures and when it is there (TRL's names
+where TRL has the metric). The docs' metrics page is made from this table, and a test checks that every key a
+run logs has its row here. `<name>` is a reward function's log name (or a reward model's), `<k>` a number.
+
+Values are over the whole generation batch (every process's rows) unless a row says otherwise; means over
+tokens count the tokens the policy sampled (observation tokens of multi-turn episodes are left out).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str  # the key, with <name> / <k> placeholders
+    meaning: str
+    when: str = "every step"
+    group: str = ""
+
+
+def _group(group: str, rows: list[tuple[str, str] | tuple[str, str, str]]) -> list[Metric]:
+    return [Metric(*row, group=group) if len(row) == 3 else Metric(*row, "every step", group) for row in rows]
+
+
+METRICS: list[Metric] = [
+    *_group("rewards", [
+        ("step", "The training step (1-based); every record has it."),
+        ("reward", "Mean weighted reward of the step's completions (a completion no reward function scored is left out)."),
+        ("reward_std", "Mean over groups of the standard deviation of a group's rewards (n - 1, as torch.std)."),
+        ("frac_reward_zero_std", "Share of groups whose G rewards are all equal: zero advantages, no learning signal."),
+        ("rewards/<name>/mean", "Mean of one reward function's values (step rewards: each completion's mean step reward)."),
+        ("rewards/<name>/std", "Standard deviation of one reward function's values."),
+        ("rewards/<name>/errors", "Calls of the function that raised and were skipped (on_error: skip).", "when > 0"),
+        ("rewards/<name>/timeouts", "Calls killed at the reward's timeout_s.", "when > 0"),
+        ("rewards/<name>/nonfinite", "NaN or infinite values turned into no reward (on_error: skip).", "when > 0"),
+        ("rewards/<name>/steps_per_completion", "Step rewards: steps per completion.", "rewards[].level: step"),
+        ("rewards/<name>/frac_zero_std", "Step rewards: share of groups whose step rewards give no signal.",
+         "rewards[].level: step"),
+        ("advantages/abs_mean", "Mean absolute outcome advantage of the step's completions."),
+    ]),
+    *_group("completions", [
+        ("completions/mean_length", "Mean sampled tokens per completion."),
+        ("completions/min_length", "Fewest sampled tokens of a completion."),
+        ("completions/max_length", "Most sampled tokens of a completion."),
+        ("completions/clipped_ratio", "Share of completions that hit the length limit (no EOS)."),
+        ("completions/mean_terminated_length", "Mean length of the completions that ended with EOS (0 when none did)."),
+        ("turns/mean", "Mean assistant turns per episode.", "rollout.environment or rollout.tools"),
+        ("turns/max", "Most assistant turns of an episode.", "rollout.environment or rollout.tools"),
+        ("environment/errors", "Episodes ended by an environment call that raised.", "rollout.environment"),
+        ("environment/timeouts", "Episodes ended by an environment call past environment_timeout_s.",
+         "rollout.environment"),
+        ("tools/call_frequency", "Tool calls per episode.", "rollout.tools"),
+        ("tools/failure_frequency", "Share of tool calls that failed (malformed, unknown, raised, timed out).",
+         "rollout.tools"),
+    ]),
+    *_group("update", [
+        ("loss", "Mean loss over the micro-batches and iterations of the step."),
+        ("learning_rate", "The learning rate of the step's first optimizer step."),
+        ("grad_norm", "Global gradient norm before clipping, mean over the step's mu optimizer steps."),
+        ("entropy", "Mean per-token entropy of the policy on the sampled tokens (first iteration)."),
+        ("kl", "Mean per-token k3 estimate of KL(pi || pi_ref) (times the ratio with use_bias_correction_kl).",
+         "algorithm.beta > 0"),
+        ("clip_ratio/low_mean", "Share of tokens whose ratio fell below 1 - epsilon where the advantage is negative."),
+        ("clip_ratio/high_mean", "Share of tokens whose ratio rose above the upper bound where the advantage is positive."),
+        ("clip_ratio/region_mean", "Share of tokens clipped either way."),
+        ("off_policy_mask/masked_token_fraction", "Share of tokens left out by the off-policy sequence mask.",
+         "algorithm.off_policy_mask_threshold"),
+        ("ref_model/syncs", "Reference refreshes so far.", "algorithm.sync_ref_model"),
+    ]),
+    *_group("sampling", [
+        ("sampling/sampling_logp_difference/mean", "Mean |log pi_train_old - log pi_sampler| per token.",
+         "a sampler that reports log-probs (vLLM, rollout.dtype)"),
+        ("sampling/sampling_logp_difference/max", "Largest such difference.",
+         "a sampler that reports log-probs (vLLM, rollout.dtype)"),
+        ("sampling/importance_sampling_ratio/mean", "Mean pi_train_old / pi_sampler per token (1 when they agree).",
+         "a sampler that reports log-probs (vLLM, rollout.dtype)"),
+        ("sampling/importance_sampling_ratio/min", "Smallest per-token ratio (per sequence with sequence_* modes).",
+         "a sampler that reports log-probs (vLLM, rollout.dtype)"),
+        ("sampling/importance_sampling_ratio/max", "Largest per-token ratio.",
+         "a sampler that reports log-probs (vLLM, rollout.dtype)"),
+        ("sampling/staleness/mean", "Steps between the weights that sampled the batch and the ones trained.",
+         "rollout.max_staleness"),
+        ("sampling/staleness/max", "The same, largest (one batch a step: equal to the mean).", "rollout.max_staleness"),
+        ("dynamic_sampling/rounds", "Generation batches sampled for the step.", "algorithm.dynamic_sampling"),
+        ("dynamic_sampling/filtered_groups", "Groups dropped for want of signal.", "algorithm.dynamic_sampling"),
+        ("dynamic_sampling/surplus_groups", "Groups with signal beyond the B trained.", "algorithm.dynamic_sampling"),
+        ("dynamic_sampling/generated_reward_mean", "Mean reward of everything sampled in the step's rounds.",
+         "algorithm.dynamic_sampling"),
+    ]),
+    *_group("reward models", [
+        ("reward_model/<name>/updates", "Updates of the reward model so far.", "rewards[].update"),
+        ("reward_model/<name>/loss", "Mean training loss of the update.", "a step that ends an update period"),
+        ("reward_model/<name>/accuracy_before", "Accuracy on the period's groups before the update (none trained on).",
+         "a step that ends an update period"),
+        ("reward_model/<name>/accuracy", "Accuracy on the held-out groups after the update.",
+         "a step that ends an update period"),
+        ("reward_model/<name>/trained_groups", "The period's groups trained on.", "a step that ends an update period"),
+        ("reward_model/<name>/replayed_groups", "Earlier groups replayed.", "a step that ends an update period"),
+        ("reward_model/<name>/held_out_groups", "Groups held back.", "a step that ends an update period"),
+        ("reward_model/<name>/buffer_groups", "Groups in the replay buffer after the update.",
+         "a step that ends an update period"),
+    ]),
+    *_group("eval", [
+        ("eval/accuracy", "Greedy pass@1 on the eval problems (the accuracy reward's extraction).", "an eval step"),
+        ("eval/pass@<k>", "Unbiased pass@k over eval.num_samples samples.", "an eval step with num_samples > 1"),
+        ("eval/maj@<k>", "Majority vote over the first k samples, answers grouped by equivalence.",
+         "an eval step with num_samples > 1"),
+        ("eval/rewards/<name>/mean", "Mean of a reward function on the greedy completions.", "an eval step"),
+        ("eval/format_compliance", "Share of greedy completions with an extractable answer.", "an eval step"),
+        ("eval/completions/mean_length", "Mean greedy completion length.", "an eval step"),
+        ("eval/completions/clipped_ratio", "Share of greedy completions cut at the length limit.", "an eval step"),
+        ("eval/num_problems", "Problems evaluated.", "an eval step"),
+    ]),
+    *_group("time and memory", [
+        ("time/generate", "Seconds sampling (every round; with max_staleness the wait for the batch)."),
+        ("time/score", "Seconds scoring completions."),
+        ("time/train", "Seconds computing advantages and updating (reference refresh and reward models included)."),
+        ("time/reward_model", "Seconds updating reward models.", "rewards[].update"),
+        ("time/sync", "Seconds handing the new weights to what samples next."),
+        ("time/step", "Seconds of the whole step."),
+        ("time/eval", "Seconds of the step's eval.", "an eval step"),
+        ("throughput/gen_tokens_per_s", "Sampled tokens per second of time/generate."),
+        ("memory/peak_gib", "This process's peak memory so far: CUDA allocator peak on a GPU, peak RSS on the CPU."),
+        ("epoch", "The data stream's epoch."),
+    ]),
+]
+
+
+def _pattern(key: str) -> re.Pattern:
+    parts = re.split(r"(<name>|<k>)", key)
+    return re.compile("".join("[^/]+" if p == "<name>" else r"\d+" if p == "<k>" else re.escape(p) for p in parts) + "$")
+
+
+_PATTERNS = [(_pattern(m.key), m) for m in METRICS]
+
+
+def describe(key: str) -> Metric | None:
+    """The row of a logged key, or None when the table lacks it."""
+    exact = next((m for m in METRICS if m.key == key), None)
+    return exact or next((m for p, m in _PATTERNS if p.match(key)), None)
