@@ -12,9 +12,8 @@ from typing import Any, Callable
 
 import typer
 
-from grpo_cli.commands import (
-    convert_trl, eval as eval_, export, inspect_rollouts, print_recipe, report, serve_vllm, train, validate,
-)
+from grpo_cli.commands import convert_trl, export, inspect_rollouts, print_recipe, report, serve_vllm, train, validate
+from grpo_cli.commands import eval as eval_
 
 COMMANDS = {  # name -> module; the order of `grpo --help`
     "train": train,

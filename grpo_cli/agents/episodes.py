@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
-from grpo_cli.datatypes import PromptBatch, Rollout
 from grpo_cli.agents.environments import EnvFailure, Observations, call_all, open_environments
 from grpo_cli.agents.tools import ToolBox, parse_calls
+from grpo_cli.datatypes import PromptBatch, Rollout
 from grpo_cli.rollout.common import left_pad
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,7 @@ import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from grpo_cli.usercode import objects
-from grpo_cli.usercode import children
+from grpo_cli.usercode import children, objects
 from grpo_cli.usercode.children import become_subreaper
 
 if TYPE_CHECKING:

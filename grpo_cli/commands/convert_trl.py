@@ -33,8 +33,8 @@ def command(
     from pydantic import ValidationError
 
     from grpo_cli.errors import ConversionError
-    from grpo_cli.recipe.schema import Recipe
     from grpo_cli.recipe.files import format_validation_error
+    from grpo_cli.recipe.schema import Recipe
     from grpo_cli.recipe.trl import convert
     from grpo_cli.recipe.trl_fields import TRL_VERSION
     from grpo_cli.recipe.trl_homes import accepted_fields

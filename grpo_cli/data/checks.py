@@ -16,9 +16,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from grpo_cli.data.generators import GENERATORS
 from grpo_cli.data.prompts import FILE_BUILDERS, check_columns
 from grpo_cli.errors import DataError
-from grpo_cli.data.generators import GENERATORS
 
 if TYPE_CHECKING:
     from grpo_cli.recipe.schema import DataConfig, Recipe

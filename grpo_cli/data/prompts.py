@@ -15,8 +15,8 @@ import string
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo_cli.errors import DataError
 from grpo_cli.data.generators import GENERATORS
+from grpo_cli.errors import DataError
 from grpo_cli.registry import did_you_mean
 
 if TYPE_CHECKING:

@@ -151,9 +151,9 @@ def evaluate_model(model, tokenizer, recipe: Recipe, cfg: EvalConfig, problems: 
     own RNG (seeded with cfg.seed) and leaves the caller's RNG untouched."""
     import torch
 
+    from grpo_cli.agents.episodes import episode_runner
     from grpo_cli.datatypes import PromptBatch
     from grpo_cli.rewards import answers_match, extract_answer, reference_text, score_rollout
-    from grpo_cli.agents.episodes import episode_runner
     from grpo_cli.rollout.backends import for_eval
     from grpo_cli.rollout.source import build_generator
 
@@ -272,9 +272,9 @@ class Target:
 
 def resolve_target(spec: str, recipe: Recipe | None) -> Target:
     """`base` (the recipe's own model), a run folder (its newest checkpoint), a checkpoint, a model folder or hub id."""
-    from grpo_cli.run.checkpoints import is_checkpoint, newest_if_run_folder, recipe_path, verify_checkpoint
     from grpo_cli.models.lora import is_adapter_checkpoint
     from grpo_cli.recipe.files import load_recipe
+    from grpo_cli.run.checkpoints import is_checkpoint, newest_if_run_folder, recipe_path, verify_checkpoint
 
     if spec == "base":
         if recipe is None:
@@ -344,8 +344,8 @@ def _backend(backend: str, t: Target, tokenizer, recipe: Recipe, seed: int):
     vLLM loads the base and receives the merged weights."""
     import torch
 
-    from grpo_cli.models.lora import load_adapter_model
     from grpo_cli.models.loading import load_model, resolve_model_source
+    from grpo_cli.models.lora import load_adapter_model
     from grpo_cli.rollout.backends import backend_of, for_eval
     from grpo_cli.rollout.source import build_generator
 

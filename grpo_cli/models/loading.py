@@ -22,10 +22,13 @@ import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
 from grpo_cli.errors import ModelLoadError
 from grpo_cli.models.builtin import builtin_model, cache_dir, converted_gguf, load_failure_text
 
 if TYPE_CHECKING:
+    import torch
+
     from grpo_cli.recipe.schema import ModelConfig
 
 log = logging.getLogger(__name__)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+
 from grpo_cli.errors import AdapterError
 
 if TYPE_CHECKING:

@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from grpo_cli.registry import Registry
-from grpo_cli.rewards.steps import token_at
 from grpo_cli.rewards.answers import EXTRACT_MODES, answers_match, extract_answer, reference_text  # noqa: F401
+from grpo_cli.rewards.steps import token_at
 
 REWARDS: Registry[Callable[..., list[float | None]]] = Registry("reward")
 

@@ -40,14 +40,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import grpo_cli.rewards.reward_model as rm
-from grpo_cli.usercode import objects
-from grpo_cli.usercode import children
-from grpo_cli.usercode.children import become_subreaper
 from grpo_cli.errors import RewardError
 from grpo_cli.registry import did_you_mean
 from grpo_cli.rewards.builtin import REWARDS
 from grpo_cli.rewards.kwargs import check_kwargs
 from grpo_cli.rewards.steps import check_steps, step_mean
+from grpo_cli.usercode import children, objects
+from grpo_cli.usercode.children import become_subreaper
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -376,8 +375,6 @@ def weighted_total(weights: list[float], columns: list[list[float | None]], n: i
 
 
 # --------------------------------------------------------------------------- score
-
-
 
 
 def score(

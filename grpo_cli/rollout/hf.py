@@ -7,11 +7,9 @@ import copy
 import torch
 
 from grpo_cli.datatypes import Rollout
-from grpo_cli.rollout.common import (
-    Samples, build_rollout, completion_mask_from_eos, eos_token_ids, left_pad, pad_id_of,
-)
 from grpo_cli.models.loading import native_bf16, without_autocast
 from grpo_cli.recipe.schema import RolloutConfig
+from grpo_cli.rollout.common import Samples, build_rollout, completion_mask_from_eos, eos_token_ids, left_pad, pad_id_of
 
 
 def sampler_dtype(setting: str, model, *, full_model: bool) -> torch.dtype | None:

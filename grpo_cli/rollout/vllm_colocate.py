@@ -27,7 +27,14 @@ import torch
 from grpo_cli.datatypes import Rollout
 from grpo_cli.recipe.schema import RolloutConfig
 from grpo_cli.rollout.common import (
-    GenerationConfigOf, Samples, build_rollout, eos_token_ids, pad_completions, pad_id_of, request_seed, samples_from,
+    GenerationConfigOf,
+    Samples,
+    build_rollout,
+    eos_token_ids,
+    pad_completions,
+    pad_id_of,
+    request_seed,
+    samples_from,
 )
 
 WORKER_EXTENSION = "grpo_cli.rollout.vllm_worker.WeightSyncExtension"

@@ -32,13 +32,20 @@ from urllib.parse import urlparse
 import torch
 
 from grpo_cli.datatypes import Rollout
+from grpo_cli.errors import VLLMServerError
 from grpo_cli.recipe.schema import RolloutConfig
 from grpo_cli.rollout.common import (
-    GenerationConfigOf, Samples, build_rollout, completion_mask_from_eos, eos_token_ids, pad_completions, pad_id_of,
-    request_seed, samples_from,
+    GenerationConfigOf,
+    Samples,
+    build_rollout,
+    completion_mask_from_eos,
+    eos_token_ids,
+    pad_completions,
+    pad_id_of,
+    request_seed,
+    samples_from,
 )
 from grpo_cli.serve.app import is_loopback
-from grpo_cli.errors import VLLMServerError
 
 TOKEN_ENV = "GRPO_SERVER_TOKEN"
 HEALTH_TIMEOUT_S = 5.0

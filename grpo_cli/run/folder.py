@@ -25,11 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_cli.run.checkpoints import (
-    CHECKPOINTS, incomplete_checkpoints, list_checkpoints, recipe_path, resolve_resume, step_of, verify_checkpoint,
-)
-from grpo_cli.recipe.files import flatten
 from grpo_cli.errors import RunFolderError
+from grpo_cli.recipe.files import flatten
+from grpo_cli.run.checkpoints import (
+    CHECKPOINTS,
+    incomplete_checkpoints,
+    list_checkpoints,
+    recipe_path,
+    resolve_resume,
+    step_of,
+    verify_checkpoint,
+)
 
 LOGS = ("metrics.jsonl", "rollouts.jsonl")
 RECIPE_CHANGES = "recipe_changes.jsonl"

@@ -18,6 +18,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+
 from grpo_cli.errors import RunLockedError
 
 LOCK_FILE = ".grpo-lock"

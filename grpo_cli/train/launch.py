@@ -18,6 +18,7 @@ import socket
 import sys
 from pathlib import Path
 from typing import Any
+
 from grpo_cli.errors import LaunchError
 
 GPU_ONLY = {"FSDP": "FSDP", "DEEPSPEED": "DeepSpeed"}

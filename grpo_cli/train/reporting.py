@@ -229,7 +229,9 @@ class Console:
         if not enabled:
             return
         from rich.console import Console as RichConsole
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
+        )
 
         self.console = RichConsole(stderr=True)
         self.progress = Progress(

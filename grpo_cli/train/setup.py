@@ -56,8 +56,8 @@ class Policy:
 def build_policy(recipe, accelerator, checkpoint: Path | None) -> Policy:
     """Tokenizer, policy (fresh, or the checkpoint's weights or LoRA adapters), the reference copy, the optimizer
     and the schedule, all prepared by accelerate."""
-    from grpo_cli.models.lora import load_policy, parameter_summary
     from grpo_cli.models.loading import disable_dropout, load_model, load_tokenizer
+    from grpo_cli.models.lora import load_policy, parameter_summary
 
     r, t = recipe, recipe.train
     cfg = r.model

@@ -14,9 +14,26 @@ import typer
 
 from grpo_cli.errors import InspectError
 from grpo_cli.views.rollouts import (
-    METRICS, ROLLOUTS, Record, arrange, check_options, complete_steps, follow, follow_path,
-    load_records, metrics_by_step, match_prompt, parse_where, read_from, render_markdown, render_prompt_markdown,
-    resolve_step, reward_names, rollouts_path, select, skipped_note,
+    METRICS,
+    ROLLOUTS,
+    Record,
+    arrange,
+    check_options,
+    complete_steps,
+    follow,
+    follow_path,
+    load_records,
+    match_prompt,
+    metrics_by_step,
+    parse_where,
+    read_from,
+    render_markdown,
+    render_prompt_markdown,
+    resolve_step,
+    reward_names,
+    rollouts_path,
+    select,
+    skipped_note,
 )
 from grpo_cli.views.rollouts_console import make_console, print_prompt_table, print_table
 

@@ -15,8 +15,20 @@ import shutil
 import sys
 
 from grpo_cli.views.rollouts import (
-    Record, best_worst, compact, group_line, group_stats, group_title, num, prompt_history, reward_names,
-    score_cells, short_prompt, views, visible, with_steps,
+    Record,
+    best_worst,
+    compact,
+    group_line,
+    group_stats,
+    group_title,
+    num,
+    prompt_history,
+    reward_names,
+    score_cells,
+    short_prompt,
+    views,
+    visible,
+    with_steps,
 )
 
 PIPED_WIDTH = 100

@@ -8,11 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_cli.datatypes import PromptBatch
 from grpo_cli.agents.environments import Observations
-from grpo_cli.recipe.schema import Recipe, RolloutConfig
 from grpo_cli.agents.episodes import EpisodeRunner
+from grpo_cli.datatypes import PromptBatch
+from grpo_cli.recipe.schema import Recipe, RolloutConfig
 from grpo_cli.rollout.hf import HFGenerator
+
 from helpers import ROOT, cli, read_jsonl, stable
 
 torch.set_num_threads(1)

@@ -9,12 +9,13 @@ import time
 import pytest
 import torch
 
-from grpo_cli.datatypes import PromptBatch
 from grpo_cli.agents.environments import Observations
-from grpo_cli.recipe.schema import DataConfig, Recipe, RolloutConfig
-from grpo_cli.rollout.common import Samples
 from grpo_cli.agents.episodes import EpisodeRunner
 from grpo_cli.agents.tools import Call, ToolBox, parse_calls, system_text
+from grpo_cli.datatypes import PromptBatch
+from grpo_cli.recipe.schema import DataConfig, Recipe, RolloutConfig
+from grpo_cli.rollout.common import Samples
+
 from helpers import ROOT, cli, read_jsonl
 
 torch.set_num_threads(1)
@@ -52,10 +53,10 @@ def test_toolbox_answers_errors_and_timeouts_concurrently():
 def test_prompt_describes_the_tools():
     from transformers import AutoTokenizer
 
+    from grpo_cli.agents.tools import schemas
     from grpo_cli.data.prompts import render_prompt
     from grpo_cli.models.loading import resolve_model_source
     from grpo_cli.recipe.schema import ModelConfig
-    from grpo_cli.agents.tools import schemas
 
     tok = AutoTokenizer.from_pretrained(resolve_model_source(ModelConfig(name_or_path="builtin:tiny-qwen2")))
     tools = schemas([f"{TOOLS}:add"])

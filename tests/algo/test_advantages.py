@@ -5,12 +5,13 @@ import math
 import pytest
 import torch
 
-from grpo_cli.algo.advantages import EPS, process_advantages, step_signal, compute_advantages, group_std, normalize_then_sum
+from grpo_cli.algo.advantages import (
+    EPS, compute_advantages, group_std, normalize_then_sum, process_advantages, step_signal,
+)
 from grpo_cli.errors import RecipeError
 from grpo_cli.recipe.files import load_recipe
 
 from helpers import loss_of
-
 
 NAN = float("nan")
 

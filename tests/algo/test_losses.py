@@ -12,7 +12,6 @@ from grpo_cli.recipe.schema import LOSS_TYPES
 
 from helpers import loss_of
 
-
 # Two completions, two positions; old_logps = 0 so the ratio w equals exp(logps).
 W = torch.tensor([[1.5, 0.5], [1.0, 1.1]])
 MASK = torch.tensor([[1, 1], [1, 0]])

@@ -5,7 +5,6 @@ import torch
 from grpo_cli.algo.reference import mix_into
 
 
-
 def test_mix_into_is_alpha_policy_plus_one_minus_alpha_reference():
     ref, policy = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
     with torch.no_grad():

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_cli.errors import DataError
 from grpo_cli.data.checks import check_data, file_columns
+from grpo_cli.errors import DataError
 from grpo_cli.recipe.files import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -120,8 +120,8 @@ def test_eval_command_on_a_trained_run(tmp_path, monkeypatch):
 
 def test_eval_set_is_held_out_or_says_it_is_not(tmp_path, monkeypatch):
     from grpo_cli.eval.evaluate import eval_data_config, eval_source
-    from grpo_cli.recipe.schema import EvalConfig
     from grpo_cli.recipe.files import load_recipe
+    from grpo_cli.recipe.schema import EvalConfig
 
     monkeypatch.chdir(tmp_path)
     files = load_recipe(TINY, ["data.generator=null", "data.files=train.jsonl"])
@@ -146,8 +146,8 @@ def test_eval_leaves_the_training_rng_alone(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     from grpo_cli.eval.evaluate import evaluate_model, load_problems
     from grpo_cli.models.loading import load_model, load_tokenizer
-    from grpo_cli.recipe.schema import EvalConfig
     from grpo_cli.recipe.files import load_recipe
+    from grpo_cli.recipe.schema import EvalConfig
 
     r = load_recipe(TINY)
     tok, model = load_tokenizer(r.model), load_model(r.model)

@@ -6,13 +6,13 @@ The end-to-end counts (a real colocate training run) are in test_vllm_train.py."
 
 from __future__ import annotations
 
+import io
 import json
+import logging
+import logging.config
 import os
 import threading
 import time
-import io
-import logging
-import logging.config
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +21,12 @@ import torch
 from safetensors.torch import load_file
 
 from grpo_cli.errors import ModelLoadError
-from grpo_cli.models import builtin, loading as models
-from grpo_cli.models.loading import VERBOSE_ENV, OncePerMessage, quiet_vllm, cache_dir, load_model, load_tokenizer, resolve_model_source
+from grpo_cli.models import builtin
+from grpo_cli.models import loading as models
+from grpo_cli.models.loading import (
+    VERBOSE_ENV, OncePerMessage, cache_dir, load_model, load_tokenizer, quiet_vllm, resolve_model_source,
+)
 from grpo_cli.recipe.schema import ModelConfig
-
 
 torch.set_num_threads(1)
 QWEN = ModelConfig(name_or_path="builtin:tiny-qwen2")

@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_cli.train.engine import Engine
 from grpo_cli.errors import RecipeError
 from grpo_cli.recipe.files import load_recipe
+from grpo_cli.train.engine import Engine
+
 from helpers import cli, read_jsonl, stable
 
 torch.set_num_threads(1)
@@ -53,8 +54,8 @@ def test_lora_trains_only_adapters_and_the_reference_is_the_base(tmp_path):
 def test_merged_state_dict_equals_peft_merge_and_unload():
     import peft
 
-    from grpo_cli.models.lora import merged_state_dict
     from grpo_cli.models.loading import load_model
+    from grpo_cli.models.lora import merged_state_dict
     from grpo_cli.recipe.schema import ModelConfig
 
     cfg = ModelConfig(name_or_path="builtin:tiny-qwen2")

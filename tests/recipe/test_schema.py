@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from grpo_cli.errors import RecipeError
-from grpo_cli.recipe.schema import Recipe
 from grpo_cli.recipe.files import load_recipe, recipe_to_yaml
+from grpo_cli.recipe.schema import Recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))

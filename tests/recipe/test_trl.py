@@ -17,8 +17,9 @@ import yaml
 
 from grpo_cli.errors import ConversionError
 from grpo_cli.recipe.trl import convert
-from grpo_cli.recipe.trl_homes import HOMES, known_fields, trl_table
 from grpo_cli.recipe.trl_fields import GRPO_CONFIG, MODEL_ARGS, SCRIPT_ARGS
+from grpo_cli.recipe.trl_homes import HOMES, known_fields, trl_table
+
 from helpers import ROOT, cli, read_jsonl
 
 # TRL's documentation example (docs: GRPO Trainer, "trl grpo --config"), with the model and data made local below

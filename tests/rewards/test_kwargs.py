@@ -11,10 +11,11 @@ import textwrap
 import pytest
 
 from grpo_cli.errors import RecipeError
-from grpo_cli.recipe.schema import Recipe, RewardConfig
 from grpo_cli.recipe.files import load_recipe
+from grpo_cli.recipe.schema import Recipe, RewardConfig
 from grpo_cli.rewards import score
 from grpo_cli.rewards.scoring import reset_reports
+
 from helpers import cli
 
 USER_CODE = textwrap.dedent(

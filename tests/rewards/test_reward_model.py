@@ -12,6 +12,7 @@ import torch
 from grpo_cli.recipe.schema import Recipe, RewardConfig
 from grpo_cli.rewards import resolve_reward, reward_log_name, score
 from grpo_cli.rewards import reward_model as rm
+
 from helpers import build_reward_model, cli, read_jsonl
 
 CHAT = "<|im_start|>user\n{u}<|im_end|>\n<|im_start|>assistant\n{c}<|im_end|>\n"  # ChatML, the fixture's template

@@ -23,6 +23,7 @@ from grpo_cli.rewards.rm_update import (
     replay_count,
     step_groups,
 )
+
 from helpers import build_reward_model, cli, read_jsonl, stable
 
 torch.set_num_threads(1)

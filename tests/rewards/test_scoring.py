@@ -12,14 +12,7 @@ import pytest
 
 from grpo_cli.errors import RewardError
 from grpo_cli.recipe.schema import RewardConfig
-from grpo_cli.rewards import (
-    REWARDS,
-    check_reward_name,
-    extract_answer,
-    resolve_reward,
-    reward_log_name,
-    score,
-)
+from grpo_cli.rewards import REWARDS, check_reward_name, extract_answer, resolve_reward, reward_log_name, score
 from grpo_cli.rewards.builtin import (
     accuracy,
     format_reward,

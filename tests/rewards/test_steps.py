@@ -4,12 +4,11 @@ advantages (DeepSeekMath sec. 4.1.3), logged per step, resumed exactly."""
 import pytest
 import torch
 
-from grpo_cli.train.engine import Engine
-from grpo_cli.errors import RewardError
-from grpo_cli.errors import RecipeError
+from grpo_cli.errors import RecipeError, RewardError
 from grpo_cli.recipe.files import load_recipe
 from grpo_cli.rewards import REWARDS
 from grpo_cli.rewards.steps import check_steps, step_mean, token_at, token_end_offsets
+from grpo_cli.train.engine import Engine
 
 from helpers import read_jsonl, stable
 

@@ -7,14 +7,13 @@ import pytest
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, Qwen2Config, Qwen2ForCausalLM
 
+import grpo_cli.rollout.hf as hf
 from grpo_cli.algo.logprobs import token_logprobs
 from grpo_cli.recipe.schema import RolloutConfig
 from grpo_cli.rollout.common import left_pad
 from grpo_cli.rollout.hf import HFGenerator, SamplerLogprobs, SamplingCopy, native_bf16, sampler_dtype
-import grpo_cli.rollout.hf as hf
 
-from helpers import read_jsonl, cli
-
+from helpers import cli, read_jsonl
 
 torch.set_num_threads(1)
 

@@ -131,11 +131,11 @@ def test_other_backends_refuse_staleness_with_the_reason():
 @pytest.mark.vllm
 def test_async_training_on_a_real_server_is_deterministic_and_resumes_exactly(tmp_path, monkeypatch):
     pytest.importorskip("vllm")
-    from servers import TRAINER_TOKEN, start_server, train_env
-
-    from grpo_cli.train.launch import free_port
     from grpo_cli.models.loading import resolve_model_source
     from grpo_cli.recipe.schema import ModelConfig
+    from grpo_cli.train.launch import free_port
+
+    from servers import TRAINER_TOKEN, start_server, train_env
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("GRPO_CACHE_DIR", str(cache))

@@ -23,7 +23,6 @@ from grpo_cli.train.launch import free_port
 from helpers import read_jsonl, stable
 from servers import TRAINER_TOKEN, start_server, train_env
 
-
 pytest.importorskip("vllm")
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes/ci-tiny.yaml"
@@ -103,9 +102,6 @@ def test_eval_with_the_vllm_backend(tmp_path):
     assert report["settings"]["backend"] == "vllm" and report["targets"][0]["metrics"]["num_problems"] == 4
     samples = read_jsonl(out / "samples.jsonl")
     assert len(samples) == 4 * (1 + 2) and all(s["length"] <= 8 for s in samples)
-
-
-
 
 
 @pytest.mark.vllm

@@ -14,8 +14,9 @@ torch.set_num_threads(1)
 
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
-from grpo_cli.run import checkpoints as ck  # noqa: E402
 from grpo_cli.errors import CheckpointError  # noqa: E402
+from grpo_cli.run import checkpoints as ck  # noqa: E402
+from grpo_cli.run import statefiles  # noqa: E402
 from grpo_cli.run.checkpoints import (  # noqa: E402
     atomic_write_text,
     latest_checkpoint,
@@ -25,7 +26,6 @@ from grpo_cli.run.checkpoints import (  # noqa: E402
     save_checkpoint,
     verify_checkpoint,
 )
-from grpo_cli.run import statefiles  # noqa: E402
 from grpo_cli.run.statefiles import rng_state, set_rng_state  # noqa: E402
 
 from helpers import RECIPE, batch, make_opt, tiny_model, tiny_tokenizer, train_step  # noqa: E402

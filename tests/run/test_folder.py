@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,11 +23,14 @@ import torch
 from grpo_cli.errors import CheckpointError, RunFolderError
 from grpo_cli.recipe.files import load_recipe, recipe_to_yaml
 from grpo_cli.run import lock as runlock
-from grpo_cli.run.checkpoints import (
-    list_checkpoints, load_training_state, save_checkpoint, verify_checkpoint,
-)
+from grpo_cli.run.checkpoints import list_checkpoints, load_training_state, save_checkpoint, verify_checkpoint
 from grpo_cli.run.folder import (
-    RECIPE_CHANGES, apply_optimizer_changes, check_drift, recipe_changes, resumable, start_point,
+    RECIPE_CHANGES,
+    apply_optimizer_changes,
+    check_drift,
+    recipe_changes,
+    resumable,
+    start_point,
 )
 
 from helpers import RECIPE, ROOT, batch, cli, make_opt, read_jsonl, tiny_model, tiny_tokenizer, train_step

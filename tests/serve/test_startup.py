@@ -24,7 +24,6 @@ from grpo_cli.train.launch import free_port
 
 from servers import make_model, wait_healthy
 
-
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 

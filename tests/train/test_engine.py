@@ -17,7 +17,6 @@ from grpo_cli.train.engine import Engine
 
 from helpers import cli, read_jsonl, stable
 
-
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes/ci-tiny.yaml"
 pytestmark = pytest.mark.usefixtures("model_cache")

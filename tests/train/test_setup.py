@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from grpo_cli.recipe.schema import DataConfig, ModelConfig, Recipe, RolloutConfig
+
 from helpers import cli, read_jsonl, stable
 
 torch.set_num_threads(1)
@@ -33,8 +34,8 @@ def test_model_init_kwargs_reach_from_pretrained(model_cache):
 def test_chat_template_kwargs_reach_the_template(model_cache):
     from transformers import AutoTokenizer
 
-    from grpo_cli.data.prompts import render_prompt
     from grpo_cli.agents.environments import Observations
+    from grpo_cli.data.prompts import render_prompt
     from grpo_cli.models.loading import resolve_model_source
 
     tok = AutoTokenizer.from_pretrained(resolve_model_source(ModelConfig(name_or_path="builtin:tiny-qwen2")))

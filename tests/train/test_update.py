@@ -10,7 +10,6 @@ from grpo_cli.train.engine import Engine
 
 from helpers import read_jsonl, stable
 
-
 torch.set_num_threads(1)
 
 

@@ -13,11 +13,23 @@ import pytest
 from typer.testing import CliRunner
 
 from grpo_cli.cli import app
-from grpo_cli.views.inspect_rollouts import run
 from grpo_cli.errors import InspectError
+from grpo_cli.views.inspect_rollouts import run
 from grpo_cli.views.rollouts import (
-    arrange, best_worst, complete_steps, group_stats, load_records, match_prompt, md_cell,
-    parse_where, render_markdown, render_prompt_markdown, reward_names, select, short_prompt, step_stats,
+    arrange,
+    best_worst,
+    complete_steps,
+    group_stats,
+    load_records,
+    match_prompt,
+    md_cell,
+    parse_where,
+    render_markdown,
+    render_prompt_markdown,
+    reward_names,
+    select,
+    short_prompt,
+    step_stats,
     visible,
 )
 
