@@ -4,7 +4,9 @@
 Exit codes: 2 when what the user gave cannot be used (a recipe, a flag, a file, a run folder, a model name);
 1 when a run failed on the way (a checkpoint that cannot be written, a reward that raised, a server that
 stopped answering); the message says what failed and what to change. A subclass sets its default; a raise
-site may pass another (`DataError(..., exit_code=1)`). Importing this module must stay free of torch.
+site may pass another (`DataError(..., exit_code=1)`). A request `grpo serve-vllm` refuses is a
+`RequestError`: an HTTP status and the field, sent back to the client. Importing this module must stay free of
+torch.
 """
 
 
@@ -118,3 +120,11 @@ class StartError(UserError):
     """`grpo serve-vllm` cannot start: 2 for refused options (nothing loaded), 1 when vLLM failed to start."""
 
     exit_code = 2
+
+
+class RequestError(Exception):
+    """A request `grpo serve-vllm` refuses: HTTP `status`, a message for people, the field it is about."""
+
+    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.status, self.field = status, field

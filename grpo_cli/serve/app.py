@@ -40,9 +40,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from grpo_cli.errors import UsageError
+from grpo_cli.errors import RequestError, UsageError
 from grpo_cli.serve.engine import say
-from grpo_cli.serve.errors import RequestError
 
 if TYPE_CHECKING:
     from grpo_cli.serve.engine import ServedEngine

@@ -16,8 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo_cli.errors import StartError
-from grpo_cli.serve.errors import RequestError
+from grpo_cli.errors import RequestError, StartError
 
 if TYPE_CHECKING:
     from grpo_cli.serve.requests import GenerateRequest

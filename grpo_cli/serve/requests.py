@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from grpo_cli.serve.errors import RequestError
+from grpo_cli.errors import RequestError
 
 MAX_BODY_BYTES = 64 * 2**20  # a JSON request body; weight uploads have their own limit (ServerLimits)
 MAX_SEQUENCES = 4096  # prompts x n in one /generate

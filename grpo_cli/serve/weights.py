@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_cli.serve.errors import RequestError
+from grpo_cli.errors import RequestError
 
 ACCEPTED_DTYPES = ("F32", "BF16", "F16")
 
