@@ -4,6 +4,7 @@ PY          := $(VENV)/bin/python
 PIP         := $(PY) -m pip
 CONSTRAINTS := $(VENV)/constraints.txt
 STAMP       := $(VENV)/.installed
+TEST_WORKERS ?= 2
 
 .PHONY: setup demo test test-fast docs clean
 
@@ -24,10 +25,12 @@ $(STAMP): pyproject.toml Makefile
 demo: setup
 	$(VENV)/bin/grpo train recipes/quickstart.yaml --output-dir runs/quickstart --resume auto
 
-# Every test, after the docs build strict (a broken link or a stale reference page fails).
+# Every test, after the docs build strict (a broken link or a stale reference page fails). Each test runs on one
+# core (torch.set_num_threads(1)), so TEST_WORKERS pytest-xdist workers share the machine's cores; a test file runs
+# whole, in order, on one worker (its module fixtures are built once).
 test: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $(VENV)/site-check
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The tests that take seconds: none marked slow, vllm or multiprocess.
 test-fast: setup
