@@ -4,7 +4,9 @@ Only completion positions get logits (`logits_to_keep`), and the fp32 log-softma
 row chunks under activation checkpointing, so a [b, T, V] fp32 tensor never exists, not even for
 the backward pass (the bf16/fp32 logits of the micro-batch are the only full-vocabulary tensor).
 Logits are divided by the sampling temperature: the policy that sampled is pi(. | T), and the
-ratio pi/pi_old must compare the same distribution (TRL does the same).
+ratio pi/pi_old must compare the same distribution (TRL does the same). With top-k / top-p / min-p sampling
+the kept set is replayed on these logits first (`truncation`, grpo_cli/algo/sampling.py): the log-probs are of the
+truncated, renormalised policy that sampled.
 A group's G rows share their prompt: it runs through the model once per micro-batch, not G times.
 """
 
@@ -13,15 +15,12 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from grpo_cli.algo.sampling import Truncation, truncated_logps
+
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """[b, L] 0/1 mask with left padding -> positions counting from the first real token (as generate does)."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
-def _chunk_logps(logits: torch.Tensor, ids: torch.Tensor, temperature: float) -> torch.Tensor:
-    x = logits.float() / temperature  # [c, T, V] fp32, one chunk only
-    return torch.gather(x, -1, ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(x, dim=-1)
 
 
 @torch.no_grad()
@@ -41,13 +40,16 @@ def token_logprobs(
     chunk_rows: int = 1,
     with_entropy: bool = False,
     shared_prompts: bool = True,
+    truncation: Truncation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """-> logps [b, T] (fp32) and, if asked, per-token entropy [b, T] (no grad).
 
     `shared_prompts`: rows with the same prompt (a group's G completions) run the prompt through the
     model once: its keys and values are computed for each distinct prompt, indexed out to the rows
     (backward sums their gradients), and the completions attend to them, so a group's prompt costs one
-    row's forward and backward instead of G. Same function, same gradient (to float rounding)."""
+    row's forward and backward instead of G. Same function, same gradient (to float rounding).
+    `truncation`: the log-probs of the truncated sampling policy (its kept set replayed); the entropy stays the full
+    distribution's at temperature T."""
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     positions = position_ids_from_mask(attention_mask)
     parts = _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, attention_mask, positions) if shared_prompts else None
@@ -61,7 +63,7 @@ def token_logprobs(
         )
         parts = [out.logits[:, :-1]]  # [b, T, V]: position t predicts completion token t
     ids = completion_ids.split([p.shape[1] for p in parts], dim=1)
-    logps = torch.cat([logps_from_logits(lg, i, temperature, chunk_rows) for lg, i in zip(parts, ids)], dim=1)
+    logps = torch.cat([logps_from_logits(lg, i, temperature, chunk_rows, truncation) for lg, i in zip(parts, ids)], dim=1)
     entropy = None
     if with_entropy:
         entropy = torch.cat([torch.cat([_chunk_entropy(c, temperature) for c in lg.detach().split(chunk_rows)])
@@ -99,7 +101,8 @@ def _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, attent
     return [prefix.logits[inverse], out.logits[:, :-1]]
 
 
-def logps_from_logits(logits: torch.Tensor, ids: torch.Tensor, temperature: float, chunk_rows: int = 1) -> torch.Tensor:
+def logps_from_logits(logits: torch.Tensor, ids: torch.Tensor, temperature: float, chunk_rows: int = 1,
+                      truncation: Truncation | None = None) -> torch.Tensor:
     """[b, T, V] logits (any dtype), [b, T] ids -> [b, T] fp32 log-probs, fp32 one chunk of rows at a time.
 
     `split` (not slicing) lets autograd assemble the logits gradient once, instead of a full-size
@@ -108,20 +111,22 @@ def logps_from_logits(logits: torch.Tensor, ids: torch.Tensor, temperature: floa
     out = []
     for lg, tok in zip(logits.split(chunk_rows), ids.split(chunk_rows)):
         if grad:
-            out.append(checkpoint(_chunk_logps, lg, tok, temperature, use_reentrant=False))
+            out.append(checkpoint(truncated_logps, lg, tok, temperature, truncation, use_reentrant=False))
         else:
-            out.append(_chunk_logps(lg, tok, temperature))
+            out.append(truncated_logps(lg, tok, temperature, truncation))  # [c, T, V] fp32, one chunk only
     return torch.cat(out)
 
 
 @torch.no_grad()
-def logps_no_grad(model, rollout, slices: list[slice], *, temperature: float, shared_prompts: bool, autocast) -> torch.Tensor:
+def logps_no_grad(model, rollout, slices: list[slice], *, temperature: float, shared_prompts: bool, autocast,
+                  truncation: Truncation | None = None) -> torch.Tensor:
     """[N, T] log-probs of a rollout's completion tokens without autograd, micro-batch by micro-batch (`slices`),
     under `autocast()` (the trainer's mixed precision): the old policy's or the reference's."""
     out = []
     with torch.inference_mode(), autocast():
         for sl in slices:
             lp, _ = token_logprobs(model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl],
-                                   rollout.completion_mask[sl], temperature=temperature, shared_prompts=shared_prompts)
+                                   rollout.completion_mask[sl], temperature=temperature, shared_prompts=shared_prompts,
+                                   truncation=truncation)
             out.append(lp)
     return torch.cat(out).clone()  # clone: leave inference mode so autograd can use it as a constant

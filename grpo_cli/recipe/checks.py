@@ -18,6 +18,16 @@ GENERATION_OWN = {  # rollout.generation_kwargs with a key of their own
     "num_return_sequences": "algorithm.num_generations", "logprobs": "(grpo asks for them)",
     "cache_implementation": "rollout.cache_implementation",
 }
+# rollout.generation_kwargs that change the distribution the sampler draws from in a way the trainer does not replay
+# (it replays the temperature and top-k / top-p / min-p): transformers GenerationConfig and vLLM SamplingParams names
+UNREPLAYED_KWARGS = {
+    "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h", "top_n_sigma", "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size", "encoder_repetition_penalty", "bad_words_ids", "force_words_ids", "sequence_bias",
+    "suppress_tokens", "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id", "forced_decoder_ids",
+    "min_new_tokens", "min_length", "exponential_decay_length_penalty", "guidance_scale", "watermarking_config",
+    "presence_penalty", "frequency_penalty", "logit_bias", "bad_words", "min_tokens", "allowed_token_ids",
+    "logits_processors",
+}
 INIT_OWN = {  # model.init_kwargs with a key of their own
     "dtype": "model.dtype", "torch_dtype": "model.dtype", "attn_implementation": "model.attn_implementation",
     "revision": "model.revision", "trust_remote_code": "model.trust_remote_code",
@@ -53,6 +63,30 @@ def check_generation(ro) -> None:
         if ro.cache_implementation not in ALL_CACHE_IMPLEMENTATIONS:
             raise ValueError(f"rollout.cache_implementation: {ro.cache_implementation!r} is not one of transformers' "
                              f"caches ({', '.join(ALL_CACHE_IMPLEMENTATIONS)})")
+
+
+def unreplayed(ro) -> list[str]:
+    """The rollout settings that shape the sampling distribution beyond what the trainer replays."""
+    found = [f"rollout.repetition_penalty ({ro.repetition_penalty})"] if ro.repetition_penalty != 1 else []
+    found += [f"rollout.generation_kwargs.{k}" for k in ro.generation_kwargs if k in UNREPLAYED_KWARGS]
+    if ro.vllm.structured_outputs_regex is not None and backend_of(ro).structured_outputs:
+        found.append("rollout.vllm.structured_outputs_regex")
+    return found
+
+
+def check_sampler_logprobs(ro, algorithm) -> None:
+    """Where the sampler's log-probs feed a correction (rollout.importance_sampling, algorithm.off_policy_mask_threshold:
+    vLLM, or an hf sampling copy), the trainer must compute the same distribution. It replays the temperature and
+    top-k / top-p / min-p; a setting it cannot replay would bias pi_train / pi_sampler on every token: refused."""
+    records = backend_of(ro).own_weights or ro.dtype != "policy"
+    corrects = ro.importance_sampling != "none" or algorithm.off_policy_mask_threshold is not None
+    if records and corrects and (found := unreplayed(ro)):
+        off = "rollout.importance_sampling: none" + (
+            " and algorithm.off_policy_mask_threshold: null" if algorithm.off_policy_mask_threshold is not None else "")
+        raise ValueError(
+            f"{', '.join(found)}: {'shapes' if len(found) == 1 else 'shape'} the distribution the sampler draws from in a way the trainer does not replay "
+            f"(it replays temperature, top_k, top_p and min_p), so the sampler's log-probs would bias the importance "
+            f"ratio on every token; set {off}, or drop the setting")
 
 
 def check_episodes(recipe) -> None:
@@ -160,6 +194,7 @@ def check_across_sections(recipe) -> None:
         )
     check_episodes(recipe)
     check_generation(recipe.rollout)
+    check_sampler_logprobs(recipe.rollout, recipe.algorithm)
     if recipe.model.load_in_4bit and backend_of(recipe.rollout).own_weights:
         raise ValueError("model.load_in_4bit (QLoRA) works with rollout.backend hf only: vLLM cannot take 4-bit "
                          "merged weights from the trainer; use LoRA on a bf16 base with vLLM")

@@ -192,6 +192,11 @@ def convert(config: dict[str, Any], *, num_processes: int = 1, name: str | None 
                            "structured_outputs_regex": cfg["vllm_structured_outputs_regex"]}
         correction = cfg["vllm_importance_sampling_correction"]
         rollout["importance_sampling"] = cfg["vllm_importance_sampling_mode"] if correction else "none"
+        shaped = _unreplayed(cfg)
+        if correction and shaped:
+            rollout["importance_sampling"] = "none"
+            out.notes.append(f"vllm_importance_sampling_correction: off, because {', '.join(shaped)} shape(s) the "
+                             "distribution vLLM samples in a way the trainer cannot replay; TRL's ratio would be biased")
         cap = cfg.get("vllm_importance_sampling_cap") or cfg.get("vllm_importance_sampling_clip_max")
         if cap:
             rollout["importance_sampling_cap"] = float(cap)
@@ -265,3 +270,12 @@ def convert(config: dict[str, Any], *, num_processes: int = 1, name: str | None 
                      f"{cfg['learning_rate']}, adam_beta2 {cfg['adam_beta2']}, max_grad_norm {cfg['max_grad_norm']}, "
                      f"max_completion_length {cfg['max_completion_length']}, scheduler {cfg['lr_scheduler_type']})")
     return out
+
+
+def _unreplayed(cfg: dict) -> list[str]:
+    """The TRL fields that shape vLLM's sampling beyond temperature / top-k / top-p / min-p (recipe/checks.py)."""
+    from grpo_cli.recipe.checks import UNREPLAYED_KWARGS
+
+    found = [f"repetition_penalty {cfg['repetition_penalty']}"] if cfg.get("repetition_penalty", 1.0) != 1.0 else []
+    found += ["vllm_structured_outputs_regex"] if cfg.get("vllm_structured_outputs_regex") else []
+    return found + [f"generation_kwargs.{k}" for k in (cfg.get("generation_kwargs") or {}) if k in UNREPLAYED_KWARGS]

@@ -6,6 +6,7 @@ import copy
 
 import torch
 
+from grpo_cli.algo.sampling import TruncatedSampling, Truncation
 from grpo_cli.datatypes import Rollout
 from grpo_cli.models.loading import native_bf16, without_autocast
 from grpo_cli.recipe.schema import RolloutConfig
@@ -78,8 +79,10 @@ class SamplingCopy:
 
 
 class SamplerLogprobs:
-    """A logits processor that keeps, per step, the log-prob of the token the sampler then drew: under the
-    sampling temperature, before top-k/top-p/min-p (as the trainer computes it, and vLLM's raw log-probs)."""
+    """A logits processor that keeps, per step, the log-prob of the token the sampler then drew, under the
+    distribution it was drawn from: the scores / `temperature`; with truncation it runs after `TruncatedSampling`
+    (temperature 1), so the log-probs are of the truncated policy, as the trainer computes them and as vLLM's
+    processed log-probs are."""
 
     def __init__(self, temperature: float) -> None:
         self.temperature, self.previous, self.steps = temperature, None, []
@@ -167,9 +170,14 @@ class HFGenerator:
         device = next(self.model.parameters()).device
         ids, mask = left_pad(rows, self.pad_id, device)
         c = self.cfg
-        sampling = {} if greedy else dict(
-            temperature=temperature or c.temperature, top_p=top_p or c.top_p, top_k=c.top_k or 0, min_p=c.min_p,
-        )
+        temperature = temperature or c.temperature
+        truncation = Truncation(c.top_k, top_p or c.top_p, c.min_p)
+        sampling = {} if greedy else dict(temperature=temperature, top_p=truncation.top_p, top_k=c.top_k or 0, min_p=c.min_p)
+        # truncated sampling: one rule for the three backends and the trainer's replay (grpo_cli/algo/sampling.py),
+        # applied by our processor with generate's own temperature and truncation off
+        processors = [TruncatedSampling(temperature, truncation)] if not greedy and truncation.active else []
+        if processors:
+            sampling, temperature = dict(temperature=1.0, top_p=1.0, top_k=0, min_p=None), 1.0
         gen_cfg = GenerationConfig(
             do_sample=not greedy, **sampling, repetition_penalty=c.repetition_penalty,
             max_new_tokens=max_new_tokens or c.max_completion_length,
@@ -177,7 +185,8 @@ class HFGenerator:
             cache_implementation=c.cache_implementation, **c.generation_kwargs,
         )
         # a sampling copy is a different policy: its log-probs go with the rollout (importance sampling)
-        recorder = SamplerLogprobs(sampling["temperature"]) if self.copy is not None and not greedy else None
+        recorder = SamplerLogprobs(temperature) if self.copy is not None and not greedy else None
+        processors += [recorder] if recorder is not None else []
         was_training = self.model.training
         self.model.eval()
         sampler = self.copy.fill(self.model) if self.copy is not None else self.model
@@ -187,7 +196,7 @@ class HFGenerator:
                 # rollout.cache_implementation: generate builds that cache itself
                 cache = None if self.synced or c.cache_implementation else shared_prefill(sampler, ids, mask)
                 out = sampler.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg, past_key_values=cache,
-                                       synced_gpus=self.synced, logits_processor=[recorder] if recorder is not None else None)
+                                       synced_gpus=self.synced, logits_processor=processors or None)
         finally:
             if self.copy is not None:
                 self.copy.free()

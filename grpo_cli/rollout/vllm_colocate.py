@@ -5,9 +5,9 @@ says otherwise): `LLM()` starts in seconds, no engine process is spawned, and a 
 vLLM the trainer's tensors by reference (`WeightSyncExtension.grpo_load_weights`). With the
 multiprocess engine the weights go through a temporary safetensors file instead.
 
-Sampler log-probs come back with `logprobs_mode="processed_logprobs"`: after temperature (and
-top-k / top-p / min-p), i.e. log pi(token | T), the same quantity `logprobs.token_logprobs`
-computes from logits / T. They feed the importance-sampling correction of the train/inference
+Sampler log-probs come back with `logprobs_mode="processed_logprobs"`: after temperature and
+top-k / top-p / min-p, i.e. log pi_K(token | T), the same quantity `logprobs.token_logprobs`
+computes from logits / T with the kept set replayed (grpo_cli/algo/sampling.py). They feed the importance-sampling correction of the train/inference
 mismatch (Yao et al., "Your efficient RL framework secretly brings you off-policy RL training", 2025).
 
 Side effects of an in-process CPU engine on the trainer's process (vLLM's CPU worker does them):

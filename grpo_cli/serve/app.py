@@ -16,8 +16,8 @@ variable is set):
 Nothing a client sends can break the engine: requests are checked field by field (requests.py) and
 weight files tensor by tensor (weights.py) before vLLM sees them; a refusal is a 4xx whose `detail`
 starts with the field or names the tensor. Log-probs are vLLM's `processed_logprobs`: after
-temperature (and top-k/top-p), i.e. log pi(. | T), what the trainer's `token_logprobs(...,
-temperature=T)` computes. vLLM's own API server is not used: its dev routes (/collective_rpc, ...)
+temperature and top-k/top-p/min-p, i.e. log pi_K(. | T), what the trainer's `token_logprobs(...,
+temperature=T, truncation=...)` computes. vLLM's own API server is not used: its dev routes (/collective_rpc, ...)
 are not guarded by its --api-key. Requests are served one at a time (a lock around the engine);
 /health answers while a request runs. Exit codes: 1 vLLM failed to start, 2 refused options
 (nothing loaded), 3 the engine died while serving, 130 / 143 stopped by SIGINT / SIGTERM.

@@ -1,8 +1,8 @@
 """The vLLM engine behind `grpo serve-vllm`: started with the checks that need no vLLM first, then driven
 one request at a time (a lock), holding the version of the weights it serves.
 
-Log-probs are vLLM's `processed_logprobs`: after temperature (and top-k/top-p), i.e. log pi(. | T), what
-the trainer's `token_logprobs(..., temperature=T)` computes. A request vLLM refuses up front is the
+Log-probs are vLLM's `processed_logprobs`: after temperature and top-k/top-p/min-p, i.e. log pi_K(. | T), what
+the trainer's `token_logprobs(..., temperature=T, truncation=...)` computes (grpo_cli/algo/sampling.py). A request vLLM refuses up front is the
 client's (400); any other failure may have left the engine half-done, so it counts as dead (503).
 """
 

@@ -19,6 +19,7 @@ import torch
 from grpo_cli.algo.logprobs import logps_no_grad, token_logprobs
 from grpo_cli.algo.losses import LossConfig, compute_loss, entropy_mask, sampler_correction
 from grpo_cli.algo.reference import mix_into
+from grpo_cli.algo.sampling import Truncation
 from grpo_cli.datatypes import Processes, Rollout
 from grpo_cli.models.loading import has_dropout
 from grpo_cli.train.reporting import MetricSums
@@ -91,6 +92,9 @@ class PolicyUpdate:
         self.model, self.optimizer, self.scheduler, self.reference = model, optimizer, scheduler, reference
         self.loss = loss_config(recipe)
         self.shared_prompts = shared_prompts  # a group's prompt runs once per forward (grpo_cli/algo/logprobs.py)
+        ro = recipe.rollout  # top-k / top-p / min-p: every log-prob is of the truncated policy that sampled
+        truncation = Truncation(ro.top_k, ro.top_p, ro.min_p)
+        self.truncation = truncation if truncation.active else None
 
     def __call__(self, rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor) -> MetricSums:
         """`adv`: [n] per completion or [n, T] per token; `mask` [n, T]: the tokens trained on."""
@@ -130,7 +134,7 @@ class PolicyUpdate:
             logps, entropy = token_logprobs(
                 self.model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl],
                 rollout.completion_mask[sl], temperature=self.recipe.rollout.temperature,
-                with_entropy=first or q < 1, shared_prompts=self.shared_prompts,
+                with_entropy=first or q < 1, shared_prompts=self.shared_prompts, truncation=self.truncation,
             )
         m = w.mask[sl]
         if first:
@@ -176,7 +180,8 @@ class PolicyUpdate:
     def _logps_no_grad(self, model, rollout: Rollout, slices: list[slice]) -> torch.Tensor:
         """Old-policy (mu > 1) or reference (beta > 0) log-probs, micro-batch by micro-batch."""
         return logps_no_grad(model, rollout, slices, temperature=self.recipe.rollout.temperature,
-                             shared_prompts=self.shared_prompts, autocast=self.accelerator.autocast)
+                             shared_prompts=self.shared_prompts, autocast=self.accelerator.autocast,
+                             truncation=self.truncation)
 
     def _optimizer_step(self) -> float:
         # accelerate computes the global norm for DDP, FSDP (sharded grads) and DeepSpeed; inf: measure only

@@ -92,6 +92,25 @@ def test_server_and_lora_configs_and_what_cannot_be_mapped():
         convert({k: v for k, v in DOC.items() if k != "max_steps"})
 
 
+@pytest.mark.parametrize("shaping, named", [
+    ({"repetition_penalty": 1.1}, "repetition_penalty 1.1"),
+    ({"vllm_structured_outputs_regex": "[0-9]+"}, "vllm_structured_outputs_regex"),
+    ({"generation_kwargs": {"min_tokens": 4}}, "generation_kwargs.min_tokens"),
+])
+def test_a_vllm_config_whose_sampling_the_trainer_cannot_replay_converts_without_the_correction(shaping, named):
+    """TRL would apply its importance-sampling correction with a ratio biased by the setting; grpo refuses that
+    combination (recipe/checks.py), so the conversion turns the correction off and says why."""
+    from grpo_cli.recipe.schema import Recipe
+
+    out = convert({**SERVER, **shaping})
+    assert out.recipe["rollout"]["importance_sampling"] == "none"
+    assert any(n.startswith("vllm_importance_sampling_correction: off, because " + named) for n in out.notes), out.notes
+    out.recipe["rewards"] = [{"name": "accuracy"}]  # validated as written, without the hub model and data
+    out.recipe["model"]["name_or_path"], out.recipe["data"] = "builtin:tiny-qwen2", {"generator": "arithmetic"}
+    Recipe.model_validate(out.recipe)
+    assert convert({**SERVER, "top_p": 0.8, "top_k": 20}).recipe["rollout"]["importance_sampling"] == "token_truncate"
+
+
 @pytest.fixture(scope="module")
 def local_data(tmp_path_factory):
     folder = tmp_path_factory.mktemp("trl-data")

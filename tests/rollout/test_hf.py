@@ -1,7 +1,8 @@
 """`rollout.dtype`: the hf backend samples with a lower-precision copy of the policy, filled before every
 generate and freed after, and records the sampler's log-probs for importance sampling.
 
-The shared prefill too: each distinct prompt runs through the model once per generate."""
+The shared prefill too: each distinct prompt runs through the model once per generate. And truncated sampling
+(top-k / top-p / min-p): generate samples the policy grpo_cli/algo/sampling.py defines, which the trainer replays."""
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from transformers import GenerationConfig, LogitsProcessorList, Qwen2Config, Qwe
 
 import grpo_cli.rollout.hf as hf
 from grpo_cli.algo.logprobs import token_logprobs
+from grpo_cli.algo.sampling import Truncation, kept_mask
 from grpo_cli.recipe.schema import RolloutConfig
 from grpo_cli.rollout.common import left_pad
 from grpo_cli.rollout.hf import HFGenerator, SamplerLogprobs, SamplingCopy, native_bf16, sampler_dtype
@@ -117,6 +119,15 @@ def test_training_with_a_bf16_sampler_logs_the_mismatch_and_corrects_it(tmp_path
     assert "sampling/sampling_logp_difference/mean" not in read_jsonl(tmp_path / "fp32/metrics.jsonl")[-1]
 
 
+@pytest.mark.slow
+def test_training_with_truncated_sampling_on_a_bf16_sampler_gives_an_importance_ratio_of_one(tmp_path):
+    p = cli("train", "recipes/ci-tiny.yaml", "-o", str(tmp_path / "run"), "train.max_steps=2", "rollout.dtype=bfloat16",
+            "rollout.top_p=0.8", "rollout.top_k=40")
+    assert p.returncode == 0, p.stderr[-3000:]
+    for m in read_jsonl(tmp_path / "run/metrics.jsonl"):
+        assert m["sampling/importance_sampling_ratio/mean"] == pytest.approx(1.0, abs=0.02), m
+
+
 def test_sampling_runs_outside_the_training_autocast():
     """train.mixed_precision wraps the model's forward in autocast (accelerate); sampling uses the forward it had
     before, so it draws the same tokens as the unwrapped policy, and training forwards keep their autocast."""
@@ -187,3 +198,39 @@ def test_nothing_is_shared_when_every_prompt_differs(monkeypatch):
     model = tiny()
     _, batches = _generate(model, SHARED_PROMPTS, 1, True, monkeypatch)
     assert batches[0] == (3, 5)  # generate's own prefill of every row
+
+
+def test_truncated_sampling_draws_only_from_the_kept_set():
+    """top_k 30, top_p 0.8, min_p 0.01 at temperature 0.9: every sampled token lies in the kept set of the policy's
+    own logits at its position (the rule of grpo_cli/algo/sampling.py, not transformers' own warpers)."""
+    model, t = tiny(), Truncation(30, 0.8, 0.01)
+    torch.manual_seed(3)
+    cfg = RolloutConfig(max_completion_length=10, temperature=0.9, top_k=30, top_p=0.8, min_p=0.01)
+    out = HFGenerator(model, Tok(), cfg).generate(PROMPTS, ["a", "b"], n=8)
+    ids = torch.cat([out.prompt_ids, out.completion_ids], 1)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=torch.cat([out.prompt_mask, out.completion_mask], 1)).logits
+    P = out.prompt_ids.shape[1]
+    kept = kept_mask(logits[:, P - 1 : -1] / 0.9, t)  # [N, T, V]
+    drawn = kept.gather(-1, out.completion_ids.unsqueeze(-1)).squeeze(-1)[out.completion_mask.bool()]
+    print(f"{int(out.completion_mask.sum())} tokens; kept set sizes {kept.sum(-1)[out.completion_mask.bool()].float().mean():.1f} of 64")
+    assert drawn.all() and kept.sum(-1)[out.completion_mask.bool()].float().mean() < 30
+
+
+def test_a_copys_log_probs_under_truncation_are_the_trainers_replayed_ones():
+    """The bf16 copy records log pi_K (after TruncatedSampling); the float32 trainer's replayed log-probs equal them
+    to bf16 noise, while its full-vocabulary ones are lower by log S (the kept mass: ~0.8 here)."""
+    model = tiny()
+    torch.manual_seed(0)
+    cfg = RolloutConfig(max_completion_length=12, top_p=0.8, temperature=0.9, dtype="bfloat16")
+    out = HFGenerator(model, Tok(), cfg).generate(PROMPTS, ["a", "b"], n=4)
+    args = (model, out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask)
+    with torch.no_grad():
+        replayed, _ = token_logprobs(*args, temperature=0.9, truncation=Truncation(top_p=0.8))
+        full, _ = token_logprobs(*args, temperature=0.9)
+    m = out.completion_mask.bool()
+    gap, log_s = (replayed - out.sampling_logps)[m], (full - replayed)[m]
+    print(f"replayed - sampler: mean |.| {gap.abs().mean():.4f}, ratio {gap.exp().mean():.4f}; "
+          f"full - replayed (log S): mean {log_s.mean():.3f}")
+    assert gap.abs().mean() < 0.02 and gap.exp().mean().item() == pytest.approx(1.0, abs=0.02)
+    assert log_s.max() <= 1e-6 and log_s.mean() < -0.1

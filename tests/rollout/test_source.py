@@ -72,6 +72,20 @@ def test_colocate_trains_and_syncs_every_step(tmp_path):
 
 
 @pytest.mark.vllm
+def test_truncated_sampling_on_colocate_gives_an_importance_ratio_of_one(tmp_path):
+    """top_p 0.8: vLLM's processed log-probs are of the truncated, renormalised policy; the trainer replays the kept
+    set, so right after each sync pi_train / pi_sampler is 1 (unreplayed it was the kept mass S, ~0.8 here)."""
+    p = train(tmp_path / "run", tmp_path / "cache", "rollout.vllm.mode=colocate", "train.max_steps=2",
+              "rollout.top_p=0.8", "rollout.top_k=40")
+    assert p.returncode == 0, p.stderr[-3000:]
+    metrics = read_jsonl(tmp_path / "run/metrics.jsonl")
+    print([(m["sampling/importance_sampling_ratio/mean"], m["sampling/sampling_logp_difference/mean"]) for m in metrics])
+    for m in metrics:
+        assert m["sampling/importance_sampling_ratio/mean"] == pytest.approx(1.0, abs=0.02), m
+        assert m["sampling/sampling_logp_difference/mean"] < 0.02, m
+
+
+@pytest.mark.vllm
 def test_colocate_lora_syncs_merged_weights_also_after_resume(tmp_path):
     # LoRA: vLLM serves the base model and gets W + scale * B @ A at every sync, and again right after a resume
     lora = ["model.lora.r=8", "train.learning_rate=5e-2", "algorithm.beta=0.01", "rollout.vllm.mode=colocate",

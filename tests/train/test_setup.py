@@ -140,8 +140,36 @@ def test_8bit_adamw(tmp_path, model_cache):
 
 
 def test_structured_outputs_regex_is_checked():
-    Recipe.model_validate({**BASE, "rollout": {"backend": "vllm", "vllm": {"structured_outputs_regex": "[0-9]+"}}})
+    # with importance sampling on, the grammar's mask would bias the ratio: test_unreplayed_settings_are_refused...
+    Recipe.model_validate({**BASE, "rollout": {"backend": "vllm", "vllm": {"structured_outputs_regex": "[0-9]+"},
+                                               "importance_sampling": "none"}})
     refused("rollout", {"vllm": {"structured_outputs_regex": "[0-9]+"}},
             "rollout.vllm.structured_outputs_regex needs rollout.backend vllm")
     refused("rollout", {"backend": "vllm", "vllm": {"structured_outputs_regex": "[0-9"}},
             "rollout.vllm.structured_outputs_regex: not a regular expression")
+
+
+@pytest.mark.parametrize("rollout, named", [
+    ({"backend": "vllm", "repetition_penalty": 1.1}, "rollout.repetition_penalty (1.1)"),
+    ({"backend": "vllm", "vllm": {"mode": "server"}, "generation_kwargs": {"min_tokens": 2, "presence_penalty": 0.5}},
+     "rollout.generation_kwargs.min_tokens, rollout.generation_kwargs.presence_penalty: shape the distribution"),
+    ({"backend": "vllm", "vllm": {"structured_outputs_regex": "[0-9]+"}}, "rollout.vllm.structured_outputs_regex: shapes"),
+    ({"dtype": "bfloat16", "generation_kwargs": {"no_repeat_ngram_size": 3}}, "rollout.generation_kwargs.no_repeat_ngram_size"),
+])
+def test_unreplayed_settings_are_refused_where_sampler_log_probs_correct_the_loss(rollout, named):
+    """The trainer replays temperature and top-k / top-p / min-p; a setting it cannot replay, where the sampler's
+    log-probs feed the importance ratio (vLLM, an hf sampling copy), is refused by name with the way out."""
+    refused("rollout", rollout, named)
+    refused("rollout", rollout, "set rollout.importance_sampling: none, or drop the setting")
+    Recipe.model_validate({**BASE, "rollout": {**rollout, "importance_sampling": "none"}})  # no correction: allowed
+    with pytest.raises(ValueError, match="off_policy_mask_threshold: null"):  # the off-policy mask reads them too
+        Recipe.model_validate({**BASE, "rollout": {**rollout, "importance_sampling": "none"},
+                               "algorithm": {"off_policy_mask_threshold": 0.5}})
+
+
+def test_settings_the_trainer_replays_are_accepted_everywhere():
+    for backend in ({"backend": "hf", "dtype": "bfloat16"}, {"backend": "vllm"}):
+        Recipe.model_validate({**BASE, "rollout": {**backend, "top_p": 0.8, "top_k": 20, "min_p": 0.05,
+                                                   "temperature": 0.7}})
+    # the hf backend sampling with the policy itself records no log-probs: nothing to bias
+    Recipe.model_validate({**BASE, "rollout": {"repetition_penalty": 1.2, "generation_kwargs": {"min_new_tokens": 2}}})
