@@ -63,7 +63,8 @@ def token_logprobs(
         )
         parts = [out.logits[:, :-1]]  # [b, T, V]: position t predicts completion token t
     ids = completion_ids.split([p.shape[1] for p in parts], dim=1)
-    logps = torch.cat([logps_from_logits(lg, i, temperature, chunk_rows, truncation) for lg, i in zip(parts, ids)], dim=1)
+    logps = torch.cat([logps_from_logits(lg, i, temperature, chunk_rows, truncation) for lg, i in zip(parts, ids)],
+                      dim=1)
     entropy = None
     if with_entropy:
         entropy = torch.cat([torch.cat([_chunk_entropy(c, temperature) for c in lg.detach().split(chunk_rows)])

@@ -65,28 +65,31 @@ def check_generation(ro) -> None:
                              f"caches ({', '.join(ALL_CACHE_IMPLEMENTATIONS)})")
 
 
-def unreplayed(ro) -> list[str]:
-    """The rollout settings that shape the sampling distribution beyond what the trainer replays."""
-    found = [f"rollout.repetition_penalty ({ro.repetition_penalty})"] if ro.repetition_penalty != 1 else []
-    found += [f"rollout.generation_kwargs.{k}" for k in ro.generation_kwargs if k in UNREPLAYED_KWARGS]
-    if ro.vllm.structured_outputs_regex is not None and backend_of(ro).structured_outputs:
-        found.append("rollout.vllm.structured_outputs_regex")
-    return found
+def unreplayed(repetition_penalty: float, generation_kwargs: dict, structured_outputs_regex: str | None) -> list[str]:
+    """The sampling settings that shape the distribution beyond what the trainer replays (temperature, top-k, top-p,
+    min-p), by their names under the recipe's rollout section (`grpo convert-trl` names TRL's fields from them)."""
+    found = ["repetition_penalty"] if repetition_penalty != 1 else []
+    found += [f"generation_kwargs.{k}" for k in generation_kwargs if k in UNREPLAYED_KWARGS]
+    return found + (["vllm.structured_outputs_regex"] if structured_outputs_regex else [])
 
 
 def check_sampler_logprobs(ro, algorithm) -> None:
-    """Where the sampler's log-probs feed a correction (rollout.importance_sampling, algorithm.off_policy_mask_threshold:
-    vLLM, or an hf sampling copy), the trainer must compute the same distribution. It replays the temperature and
-    top-k / top-p / min-p; a setting it cannot replay would bias pi_train / pi_sampler on every token: refused."""
+    """Where the sampler's log-probs feed a correction (rollout.importance_sampling,
+    algorithm.off_policy_mask_threshold: vLLM, or an hf sampling copy), the trainer must compute the same distribution.
+    It replays the temperature and top-k / top-p / min-p; a setting it cannot replay would bias pi_train / pi_sampler
+    on every token: refused.
+    (A structured-outputs regex off vLLM is refused before, by check_generation.)"""
     records = backend_of(ro).own_weights or ro.dtype != "policy"
     corrects = ro.importance_sampling != "none" or algorithm.off_policy_mask_threshold is not None
-    if records and corrects and (found := unreplayed(ro)):
+    found = unreplayed(ro.repetition_penalty, ro.generation_kwargs, ro.vllm.structured_outputs_regex)
+    if records and corrects and found:
+        named = [f"rollout.{n}" + (f" ({ro.repetition_penalty})" if n == "repetition_penalty" else "") for n in found]
         off = "rollout.importance_sampling: none" + (
             " and algorithm.off_policy_mask_threshold: null" if algorithm.off_policy_mask_threshold is not None else "")
         raise ValueError(
-            f"{', '.join(found)}: {'shapes' if len(found) == 1 else 'shape'} the distribution the sampler draws from in a way the trainer does not replay "
-            f"(it replays temperature, top_k, top_p and min_p), so the sampler's log-probs would bias the importance "
-            f"ratio on every token; set {off}, or drop the setting")
+            f"{', '.join(named)}: {'shapes' if len(found) == 1 else 'shape'} the distribution the sampler draws from "
+            f"in a way the trainer does not replay (it replays temperature, top_k, top_p and min_p), so the sampler's "
+            f"log-probs would bias the importance ratio on every token; set {off}, or drop the setting")
 
 
 def check_episodes(recipe) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_cli.errors import ConversionError
+from grpo_cli.recipe.checks import unreplayed
 from grpo_cli.recipe.trl_fields import GRPO_CONFIG, TRL_VERSION
 from grpo_cli.recipe.trl_homes import HOMES, LEGACY, OPTIMIZERS, SCHEDULERS, TRL_REWARDS, accepted_fields, known_fields
 
@@ -192,11 +193,15 @@ def convert(config: dict[str, Any], *, num_processes: int = 1, name: str | None 
                            "structured_outputs_regex": cfg["vllm_structured_outputs_regex"]}
         correction = cfg["vllm_importance_sampling_correction"]
         rollout["importance_sampling"] = cfg["vllm_importance_sampling_mode"] if correction else "none"
-        shaped = _unreplayed(cfg)
+        trl_names = {"repetition_penalty": f"repetition_penalty {cfg['repetition_penalty']}",
+                     "vllm.structured_outputs_regex": "vllm_structured_outputs_regex"}
+        shaped = [trl_names.get(n, n) for n in unreplayed(cfg["repetition_penalty"], cfg.get("generation_kwargs") or {},
+                                                          cfg["vllm_structured_outputs_regex"])]
         if correction and shaped:
             rollout["importance_sampling"] = "none"
             out.notes.append(f"vllm_importance_sampling_correction: off, because {', '.join(shaped)} shape(s) the "
-                             "distribution vLLM samples in a way the trainer cannot replay; TRL's ratio would be biased")
+                             "distribution vLLM samples in a way the trainer cannot replay; TRL's ratio would be "
+                             "biased")
         cap = cfg.get("vllm_importance_sampling_cap") or cfg.get("vllm_importance_sampling_clip_max")
         if cap:
             rollout["importance_sampling_cap"] = float(cap)
@@ -270,12 +275,3 @@ def convert(config: dict[str, Any], *, num_processes: int = 1, name: str | None 
                      f"{cfg['learning_rate']}, adam_beta2 {cfg['adam_beta2']}, max_grad_norm {cfg['max_grad_norm']}, "
                      f"max_completion_length {cfg['max_completion_length']}, scheduler {cfg['lr_scheduler_type']})")
     return out
-
-
-def _unreplayed(cfg: dict) -> list[str]:
-    """The TRL fields that shape vLLM's sampling beyond temperature / top-k / top-p / min-p (recipe/checks.py)."""
-    from grpo_cli.recipe.checks import UNREPLAYED_KWARGS
-
-    found = [f"repetition_penalty {cfg['repetition_penalty']}"] if cfg.get("repetition_penalty", 1.0) != 1.0 else []
-    found += ["vllm_structured_outputs_regex"] if cfg.get("vllm_structured_outputs_regex") else []
-    return found + [f"generation_kwargs.{k}" for k in (cfg.get("generation_kwargs") or {}) if k in UNREPLAYED_KWARGS]

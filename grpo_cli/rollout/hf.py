@@ -170,14 +170,13 @@ class HFGenerator:
         device = next(self.model.parameters()).device
         ids, mask = left_pad(rows, self.pad_id, device)
         c = self.cfg
-        temperature = temperature or c.temperature
-        truncation = Truncation(c.top_k, top_p or c.top_p, c.min_p)
-        sampling = {} if greedy else dict(temperature=temperature, top_p=truncation.top_p, top_k=c.top_k or 0, min_p=c.min_p)
+        temperature, truncation = temperature or c.temperature, Truncation(c.top_k, top_p or c.top_p, c.min_p)
         # truncated sampling: one rule for the three backends and the trainer's replay (grpo_cli/algo/sampling.py),
-        # applied by our processor with generate's own temperature and truncation off
+        # applied by our processor (temperature included); generate's own truncation is always off
         processors = [TruncatedSampling(temperature, truncation)] if not greedy and truncation.active else []
         if processors:
-            sampling, temperature = dict(temperature=1.0, top_p=1.0, top_k=0, min_p=None), 1.0
+            temperature = 1.0
+        sampling = {} if greedy else dict(temperature=temperature, top_p=1.0, top_k=0, min_p=None)
         gen_cfg = GenerationConfig(
             do_sample=not greedy, **sampling, repetition_penalty=c.repetition_penalty,
             max_new_tokens=max_new_tokens or c.max_completion_length,
