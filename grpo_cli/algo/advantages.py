@@ -11,6 +11,11 @@ r~ = (r - mean(R)) / std(R), and token t's advantage is the sum of r~ over the s
 at or after t.
 Rows are B groups of G contiguous completions. A NaN reward means "no reward" (a reward function
 returned None): it is left out of the group statistics and its advantage is 0.
+
+A group without signal gets exactly 0: one whose rewards number fewer than two or whose std (taken in float64,
+so that equal rewards give exactly 0) is at most ZERO_STD. The float32 formula alone leaks rounding: the float32
+mean of eight rewards of 5.7 is not 5.7, and TRL 1.16 gives each of them -0.0047. Every other group gets TRL's
+float32 advantages, bit for bit. The same rule counts frac_reward_zero_std and drives DAPO's dynamic sampling.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from grpo_cli.datatypes import StepBatch
 from grpo_cli.registry import Registry
 
 EPS = 1e-4
+ZERO_STD = 1e-6  # a group whose rewards' std is at most this has no signal
 
 # scale name -> fn(rewards [B, G] with NaN, centered [B, G]) -> denominator broadcastable to [B, G]
 ADVANTAGE_SCALES: Registry[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = Registry("advantage scale")
@@ -57,6 +63,11 @@ def _scale_none(rewards: torch.Tensor, centered: torch.Tensor) -> torch.Tensor:
     return torch.ones((), dtype=rewards.dtype, device=rewards.device)
 
 
+def _signal(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Whether the values along `dim` (NaN left out) differ: at least two, float64 std above ZERO_STD."""
+    return _nan_std(x.double(), dim=dim, keepdim=dim is not None) > ZERO_STD
+
+
 def compute_advantages(rewards: torch.Tensor, group_size: int, scale: str) -> torch.Tensor:
     """[N] rewards (NaN = missing), groups of `group_size` contiguous rows -> [N] advantages."""
     if rewards.dim() != 1 or rewards.numel() % group_size:
@@ -65,13 +76,18 @@ def compute_advantages(rewards: torch.Tensor, group_size: int, scale: str) -> to
     mean = torch.nanmean(r, dim=1, keepdim=True)  # [B, 1]; NaN for an all-NaN group
     centered = r - mean
     adv = centered / ADVANTAGE_SCALES.get(scale)(r, centered)
-    adv = torch.where(torch.isnan(adv), torch.zeros_like(adv), adv)
+    adv = torch.where(torch.isnan(adv) | ~_signal(r, dim=1), torch.zeros_like(adv), adv)
     return adv.view(-1)
 
 
 def group_std(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """[N] -> [B] unbiased std of each group's rewards (NaN ignored); for frac_reward_zero_std."""
-    return _nan_std(rewards.float().view(-1, group_size), dim=1)
+    """[N] -> [B] unbiased std of each group's rewards (NaN ignored, float64: equal rewards give 0); reward_std."""
+    return _nan_std(rewards.double().view(-1, group_size), dim=1).float()
+
+
+def groups_with_signal(rewards: torch.Tensor, group_size: int) -> list[bool]:
+    """[N] rewards -> [B] whether a group's rewards give it non-zero advantages (see the module's docstring)."""
+    return _signal(rewards.view(-1, group_size), dim=1).view(-1).tolist()
 
 
 def normalize_then_sum(per_function: torch.Tensor, weights: list[float], group_size: int) -> torch.Tensor:
@@ -83,11 +99,12 @@ def normalize_then_sum(per_function: torch.Tensor, weights: list[float], group_s
         raise ValueError(f"per-function rewards must be [B*G, K] with G={group_size}, K={len(weights)}, got {(n, k)}")
     r = per_function.float().view(-1, group_size, k)  # [B, G, K]
     normalized = (r - torch.nanmean(r, dim=1, keepdim=True)) / (_nan_std(r, dim=1, keepdim=True) + EPS)
+    normalized = torch.where(_signal(r, dim=1) | torch.isnan(r), normalized, torch.zeros_like(normalized))
     w = torch.tensor(weights, dtype=torch.float32, device=r.device)
     summed = (normalized.view(n, k) * w).nansum(dim=1)
     summed = torch.where(torch.isnan(per_function).all(dim=1), torch.full_like(summed, math.nan), summed)
     adv = (summed - torch.nanmean(summed)) / (_nan_std(summed) + EPS)
-    return torch.where(torch.isnan(adv), torch.zeros_like(adv), adv)
+    return torch.where(torch.isnan(adv) | ~_signal(summed), torch.zeros_like(adv), adv)
 
 
 def process_advantages(steps: list[list[tuple[int, float | None]]], group_size: int, length: int) -> torch.Tensor:
@@ -97,33 +114,34 @@ def process_advantages(steps: list[list[tuple[int, float | None]]], group_size: 
     Steps with a None reward are left out. Every other step counts in its group's statistics; a step's advantage is
     placed at its last token if that lies within the T columns (a process holding some rows of a group passes all
     of the group's steps and its own width). The std is the unbiased one of the group's step rewards, + EPS (as
-    for outcome rewards; 0 with fewer than two rewards, so a group with one step reward gets 0 everywhere)."""
+    for outcome rewards). The statistics are float64 (no TRL reference to match: TRL has no process supervision),
+    and a group without signal (`step_signal`) gets exactly 0 everywhere."""
     if len(steps) % group_size:
         raise ValueError(f"{len(steps)} completions do not form groups of {group_size}")
-    adv = torch.zeros(len(steps), length)
-    for g in range(0, len(steps), group_size):
-        rows = range(g, g + group_size)
-        rewards = torch.tensor([r for i in rows for _, r in steps[i] if r is not None], dtype=torch.float32)
-        if rewards.numel() == 0:
+    adv = torch.zeros(len(steps), length, dtype=torch.float64)
+    for g, signal in zip(range(0, len(steps), group_size), step_signal(steps, group_size)):
+        if not signal:
             continue
+        rows = range(g, g + group_size)
+        rewards = _step_rewards(steps[g : g + group_size])
         mean, std = rewards.mean(), _nan_std(rewards)
         for i in rows:
-            per_token = torch.zeros(length)
+            per_token = adv[i]  # a view: the step's normalised reward goes at its last token
             for t, r in steps[i]:
                 if r is not None and 0 <= t < length:
-                    per_token[t] += (r - mean) / (std + EPS)  # the step's normalised reward, at its last token
+                    per_token[t] += (r - mean) / (std + EPS)
             adv[i] = per_token.flip(0).cumsum(0).flip(0)  # suffix sums: steps ending at or after t
-    return adv
+    return adv.float()
+
+
+def _step_rewards(rows: list[list[tuple[int, float | None]]]) -> torch.Tensor:
+    return torch.tensor([r for row in rows for _, r in row if r is not None], dtype=torch.float64)
 
 
 def step_signal(steps: list[list[tuple[int, float | None]]], group_size: int) -> list[bool]:
-    """Per group, whether its step rewards differ (at least two, std > 1e-6): without, process_advantages gives
-    the whole group 0 (e.g. completions that take no step, or all steps right)."""
-    out = []
-    for g in range(0, len(steps), group_size):
-        rewards = torch.tensor([r for row in steps[g : g + group_size] for _, r in row if r is not None])
-        out.append(bool(rewards.numel() >= 2 and _nan_std(rewards) > 1e-6))
-    return out
+    """Per group, whether its step rewards give it signal (at least two, float64 std above ZERO_STD): without,
+    process_advantages gives the whole group 0 (e.g. completions that take no step, or all steps right)."""
+    return [bool(_signal(_step_rewards(steps[g : g + group_size]))) for g in range(0, len(steps), group_size)]
 
 
 # algorithm.multi_objective_aggregation -> fn(total [N], per_function [N, K], weights [K], group_size, scale) -> [N]
@@ -148,8 +166,18 @@ class Advantages:
     """A step's advantages: what the update trains with and what is logged."""
 
     local: torch.Tensor  # [n] per completion, or [n, T] with step rewards: this process's rows
-    outcome: torch.Tensor  # [N] every row's outcome advantage (the logged `advantage`)
+    outcome: torch.Tensor  # [N] every row's outcome advantage
+    signal: torch.Tensor  # [B] bool: whether a group's advantages, outcome or step, are anywhere non-zero
     stats: dict[str, float]  # per step reward: steps_per_completion, frac_zero_std
+
+    def per_completion(self, sampled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This process's rows, `sampled` [n, T] their sampled tokens -> [n] each completion's advantage as
+        trained (with step rewards: the mean of A_t over its sampled tokens) and [n] its mean |A_t|."""
+        if self.local.dim() == 1:
+            return self.local, self.local.abs()
+        m = sampled.to(self.local.device, self.local.dtype)
+        n = m.sum(1).clamp(min=1)
+        return (self.local * m).sum(1) / n, (self.local.abs() * m).sum(1) / n
 
 
 def step_advantages(s: StepBatch, group_size: int, scale: str, aggregation: str) -> Advantages:
@@ -158,6 +186,7 @@ def step_advantages(s: StepBatch, group_size: int, scale: str, aggregation: str)
     steps come from every process: they are normalised together)."""
     outcome = ADVANTAGE_ESTIMATORS.get(aggregation)(s.total, s.per_function, s.weights, group_size, scale)  # [N]
     local = outcome[s.rows.start : s.rows.stop]
+    signal = outcome.view(-1, group_size).ne(0).any(dim=1)  # [B]
     stats: dict[str, float] = {}
     if s.steps:
         weight = dict(zip(s.rewards.per_function, s.weights))
@@ -166,8 +195,9 @@ def step_advantages(s: StepBatch, group_size: int, scale: str, aggregation: str)
         for name, steps in s.steps.items():
             every = [x or [] for x in steps]
             per_token += weight[name] * process_advantages(every, group_size, length)[s.rows.start : s.rows.stop]
-            signal = step_signal(every, group_size)
+            flags = step_signal(every, group_size)
+            signal |= torch.tensor(flags)
             stats[f"rewards/{name}/steps_per_completion"] = sum(map(len, every)) / len(every)
-            stats[f"rewards/{name}/frac_zero_std"] = 1 - sum(signal) / len(signal)
+            stats[f"rewards/{name}/frac_zero_std"] = 1 - sum(flags) / len(flags)
         local = local[:, None] + per_token
-    return Advantages(local, outcome, stats)
+    return Advantages(local, outcome, signal, stats)

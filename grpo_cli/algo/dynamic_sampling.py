@@ -1,7 +1,8 @@
 """DAPO dynamic sampling (arXiv:2503.14476, sec. 3.2): a group whose G rewards are all equal has zero
-advantages and teaches nothing. Such groups are dropped and whole new generation batches are sampled until
-B groups with signal are collected, or `max_rounds` batches were sampled; then the batch is completed with
-dropped groups, earliest first (zero advantages: no policy gradient), and `frac_reward_zero_std` says how many.
+advantages and teaches nothing (algo/advantages.groups_with_signal tells which). Such groups are dropped and
+whole new generation batches are sampled until B groups with signal are collected, or `max_rounds` batches
+were sampled; then the batch is completed with dropped groups, earliest first (zero advantages: no policy
+gradient), and `frac_reward_zero_std` says how many.
 
 Every process sees every round's rewards, so the choice of groups is the same everywhere; the chosen rows
 are then split over processes as any generation batch is (the rounds are sampled by grpo_cli/rollout/source.py). Each round takes B prompts from the data
@@ -14,10 +15,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from grpo_cli.algo.advantages import group_std
 from grpo_cli.datatypes import PromptBatch, RewardResult, Rollout, group_rows
-
-ZERO_STD = 1e-6  # as frac_reward_zero_std counts it
 
 
 @dataclass
@@ -28,11 +26,6 @@ class Round:
     rollout: Rollout  # [N] rows, on the CPU
     rewards: RewardResult  # [N] rows; error counts are this process's own scoring calls
     total: torch.Tensor  # [N] weighted rewards
-
-
-def groups_with_signal(total: torch.Tensor, group_size: int) -> list[bool]:
-    """[N] rewards -> [B] whether a group's rewards differ (NaN left out, as in the advantages)."""
-    return (group_std(total, group_size) > ZERO_STD).tolist()
 
 
 def pick_groups(signal: list[list[bool]], batch_size: int) -> list[tuple[int, int]]:

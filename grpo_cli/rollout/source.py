@@ -17,7 +17,8 @@ from typing import Any, Callable
 
 import torch
 
-from grpo_cli.algo.dynamic_sampling import Round, assemble, dynamic_sampling_metrics, groups_with_signal, pick_groups
+from grpo_cli.algo.advantages import groups_with_signal
+from grpo_cli.algo.dynamic_sampling import Round, assemble, dynamic_sampling_metrics, pick_groups
 from grpo_cli.datatypes import Processes, PromptBatch, RewardResult, Rollout, StepBatch
 from grpo_cli.rollout.backends import Generator, backend_name, backend_of
 

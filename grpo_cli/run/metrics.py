@@ -27,9 +27,12 @@ def _group(group: str, rows: list[tuple[str, str] | tuple[str, str, str]]) -> li
 METRICS: list[Metric] = [
     *_group("rewards", [
         ("step", "The training step (1-based); every record has it."),
-        ("reward", "Mean weighted reward of the step's completions (a completion no reward function scored is left out)."),
-        ("reward_std", "Mean over groups of the standard deviation of a group's rewards (n - 1, as torch.std)."),
-        ("frac_reward_zero_std", "Share of groups whose G rewards are all equal: zero advantages, no learning signal."),
+        ("reward", "Mean weighted reward of the step's completions: the outcome rewards plus each step-level reward's "
+                   "mean step reward (a completion no reward function scored is left out)."),
+        ("reward_std", "Mean over groups of the standard deviation of a group's rewards as `reward` counts them "
+                       "(n - 1, as torch.std)."),
+        ("frac_reward_zero_std", "Share of groups without signal: their rewards all equal (std <= 1e-6) and no "
+                                 "step-level reward differs within them, so every advantage is exactly 0."),
         ("rewards/<name>/mean", "Mean of one reward function's values (step rewards: each completion's mean step reward)."),
         ("rewards/<name>/std", "Standard deviation of one reward function's values."),
         ("rewards/<name>/errors", "Calls of the function that raised and were skipped (on_error: skip).", "when > 0"),
@@ -38,7 +41,8 @@ METRICS: list[Metric] = [
         ("rewards/<name>/steps_per_completion", "Step rewards: steps per completion.", "rewards[].level: step"),
         ("rewards/<name>/frac_zero_std", "Step rewards: share of groups whose step rewards give no signal.",
          "rewards[].level: step"),
-        ("advantages/abs_mean", "Mean absolute outcome advantage of the step's completions."),
+        ("advantages/abs_mean", "Mean absolute advantage the update trained with: per completion the mean of |A_t| over "
+                                "its sampled tokens (step rewards make A_t vary along it), averaged over completions."),
     ]),
     *_group("completions", [
         ("completions/mean_length", "Mean sampled tokens per completion."),

@@ -119,13 +119,13 @@ class StepReport:
                  extra: dict[str, float]) -> dict[str, Any]:
         """The metrics of step `step`; `extra`: what the step's other parts measured (reward models, reference)."""
         times = clock.times()
-        m = step_metrics(s, adv.outcome, sums, times, G=self.G, procs=self.procs)
+        m = step_metrics(s, adv, sums, times, G=self.G, procs=self.procs)
         m["epoch"] = self.stream.state_dict()["epoch"]
         m |= adv.stats | s.metrics | extra
         m["memory/peak_gib"] = peak_memory_gib(self.device)  # this process's
         logging = self.recipe.logging
         if logging.rollouts or logging.num_completions_to_print:  # every process gathers; the main one writes
-            records = rollout_records(step, s, adv.outcome, self.G, self.procs)
+            records = rollout_records(step, s, adv, self.G, self.procs)
             if self.rollout_log is not None and logging.rollouts:
                 self.rollout_log.write_many(records)
             self.console.completions(step, records[: logging.num_completions_to_print])
@@ -139,15 +139,25 @@ def _nan_stats(x: torch.Tensor) -> tuple[float, float]:
     return v.mean().item(), (v.std().item() if v.numel() > 1 else 0.0)
 
 
-def step_metrics(s: StepBatch, advantages: torch.Tensor, sums: MetricSums, times: dict[str, float], *, G: int,
+def shown_rewards(s: StepBatch) -> torch.Tensor:
+    """[N] each completion's reward as logged: the weighted outcome rewards (`total`, what the outcome advantages
+    are computed from) plus each step-level reward's weighted mean step reward; NaN where nothing scored it."""
+    if not s.steps:
+        return s.total
+    stepwise = [k for k, name in enumerate(s.rewards.per_function) if name in s.steps]
+    w = torch.tensor([s.weights[k] for k in stepwise], dtype=torch.float32)
+    parts = torch.cat([s.total[:, None], s.per_function[:, stepwise] * w], dim=1)  # [N, 1 + steps]
+    return torch.where(torch.isnan(parts).all(dim=1), torch.full_like(s.total, math.nan), parts.nansum(dim=1))
+
+
+def step_metrics(s: StepBatch, adv: Advantages, sums: MetricSums, times: dict[str, float], *, G: int,
                  procs: Processes) -> dict[str, Any]:
-    """Reward, length and update statistics of a step; `advantages` [N]: every row's outcome advantage."""
-    rollout, rewards, total = s.rollout, s.rewards, s.total
-    stds = group_std(total, G)
+    """Reward, length and update statistics of a step; `adv`: the advantages the update trained with."""
+    rollout, rewards, shown = s.rollout, s.rewards, shown_rewards(s)
     m: dict[str, Any] = {}
-    m["reward"], _ = _nan_stats(total)
-    m["reward_std"] = stds.mean().item()
-    m["frac_reward_zero_std"] = (stds < 1e-6).float().mean().item()
+    m["reward"], _ = _nan_stats(shown)
+    m["reward_std"] = group_std(shown, G).mean().item()
+    m["frac_reward_zero_std"] = 1 - adv.signal.float().mean().item()
     for k, name in enumerate(rewards.per_function):
         m[f"rewards/{name}/mean"], m[f"rewards/{name}/std"] = _nan_stats(s.per_function[:, k])
     for kind, counts in (("errors", rewards.errors), ("timeouts", rewards.timeouts), ("nonfinite", rewards.nonfinite)):
@@ -166,7 +176,7 @@ def step_metrics(s: StepBatch, advantages: torch.Tensor, sums: MetricSums, times
     m["completions/max_length"] = lengths.max().item()
     m["completions/clipped_ratio"] = truncated.mean().item()
     m["completions/mean_terminated_length"] = terminated.mean().item() if terminated.numel() else 0.0
-    m["advantages/abs_mean"] = advantages.abs().mean().item()
+    m["advantages/abs_mean"] = procs.gather(adv.per_completion(rollout.trained_mask())[1].cpu()).mean().item()
     m.update(_finite(sums.means(procs)))
     m.update(times)
     m["throughput/gen_tokens_per_s"] = lengths.sum().item() / max(times["time/generate"], 1e-9)
@@ -177,11 +187,12 @@ def _finite(means: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in means.items() if not (isinstance(v, float) and math.isnan(v))}
 
 
-def rollout_records(step: int, s: StepBatch, advantages: torch.Tensor, G: int, procs: Processes) -> list[dict[str, Any]]:
-    """One JSON record per completion (input of `grpo inspect-rollouts`), every process's, in row order;
-    `advantages` [N]: every row's outcome advantage."""
-    batch, rollout, rewards, total, rows = s.prompts, s.rollout, s.rewards, s.total, s.rows
+def rollout_records(step: int, s: StepBatch, adv: Advantages, G: int, procs: Processes) -> list[dict[str, Any]]:
+    """One JSON record per completion (input of `grpo inspect-rollouts`), every process's, in row order: its
+    reward as logged (`shown_rewards`) and its advantage as trained (`Advantages.per_completion`)."""
+    batch, rollout, rewards, total, rows = s.prompts, s.rollout, s.rewards, shown_rewards(s), s.rows
     lengths = rollout.trained_mask().sum(1).tolist()
+    advantages = adv.per_completion(rollout.trained_mask())[0].tolist()
     records = []
     for j, i in enumerate(rows):
         b = group_of(i, G)
@@ -190,7 +201,7 @@ def rollout_records(step: int, s: StepBatch, advantages: torch.Tensor, G: int, p
             "prompt": rollout.prompts[j], "answer": batch.columns.get("answer", [None] * len(batch))[b],
             "completion": rollout.completions[j],
             "rewards": {name: col[j] for name, col in rewards.per_function.items()},
-            "reward": total[i].item(), "advantage": advantages[i].item(),
+            "reward": total[i].item(), "advantage": advantages[j],
             "length": int(lengths[j]), "truncated": bool(rollout.truncated[j]),
             **({"steps": {name: [list(x) for x in col[j] or []] for name, col in rewards.steps.items()}}
                if rewards.steps else {}),

@@ -2,7 +2,8 @@
 
 One record per completion (written by `grpo train`, see grpo_cli/train/reporting.py): step, group (the
 prompt's index within the step), sample (0..G-1), prompt, answer, completion, rewards (one score per
-reward function, null when it failed), reward (the weighted total), advantage, length, truncated.
+reward function, null when it failed), reward (the weighted total; a step-level reward counts its mean step
+reward), advantage (as trained: with step rewards, the mean over the completion's tokens), length, truncated.
 
 Statistics are computed from the rollouts themselves, over non-null rewards. "std" is the sample
 standard deviation (n - 1, statistics.stdev, like torch.std), the same estimator the trainer uses for

@@ -171,3 +171,69 @@ def test_normalize_then_sum_refuses_a_scale_it_would_ignore():
     with pytest.raises(RecipeError, match="scale_rewards.*normalize_then_sum"):
         load_recipe("recipes/ci-tiny.yaml", ["algorithm.multi_objective_aggregation=normalize_then_sum",
                                              "algorithm.scale_rewards=none"])
+
+
+# ----- a group without signal gets exactly 0 (issue 21, defect 2) -----------------------------------------------
+# "No signal": fewer than two rewards, or their std at most ZERO_STD (1e-6), the std taken in float64 so that equal
+# rewards give exactly 0. Before, float32 rounding of the group mean leaked through the 1e-4 denominator.
+EQUAL_VALUES = [0.9, 5.7, 0.1, 1 / 3, 2.2, 123.456, -7.77, 1e6 + 0.1, 3e-5, 0.7]
+
+
+def test_equal_step_rewards_give_exactly_zero():
+    # the issue's cases: three steps rewarded 0.9 gave 1.8e-3, 1.2e-3, 6e-4; twenty steps at 5.7 gave 0.095
+    assert torch.equal(process_advantages([[(0, 0.9), (1, 0.9), (2, 0.9)], []], 2, 3), torch.zeros(2, 3))
+    assert torch.equal(process_advantages([[(i, 5.7) for i in range(20)], []], 2, 20), torch.zeros(2, 20))
+    for v in EQUAL_VALUES:
+        for n_steps in (2, 3, 7, 20):
+            steps = [[(t, v) for t in range(n_steps)], [(0, v), (4, None)], [], [(1, v)]]
+            assert step_signal(steps, 4) == [False]
+            assert torch.equal(process_advantages(steps, 4, n_steps), torch.zeros(4, n_steps)), (v, n_steps)
+
+
+def test_step_advantages_are_zero_exactly_where_step_signal_says_none():
+    g = torch.Generator().manual_seed(3)
+    for _ in range(200):
+        G, T = 3, 6
+        pool = [0.9, 5.7, 1 / 3] if torch.rand(1, generator=g) < 0.5 else [0.9]
+        steps = [[(int(t), pool[int(torch.randint(len(pool), (1,), generator=g))])
+                  for t in torch.randint(T, (int(torch.randint(3, (1,), generator=g)),), generator=g)]
+                 for _ in range(2 * G)]
+        adv = process_advantages(steps, G, T).view(2, -1)
+        for grp, signal in enumerate(step_signal(steps, G)):
+            assert signal == bool(adv[grp].abs().sum() > 0), (steps, adv)
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_equal_outcome_rewards_give_exactly_zero(scale):
+    # the float32 mean of 8 rewards of 5.7 is not 5.7: TRL 1.16 gives each -0.0047 (group scale); grpo gives 0
+    for v in EQUAL_VALUES:
+        for G in (2, 3, 7, 8, 16):
+            r = torch.cat([torch.full((G,), v), torch.arange(G, dtype=torch.float32)])  # one flat group, one not
+            r[G] = NAN  # a missing reward in the second group changes nothing
+            adv = compute_advantages(r, G, scale)
+            assert torch.equal(adv[:G], torch.zeros(G)), (v, G, adv[:G])
+            assert G == 2 or adv[G + 1 :].abs().max() > 0  # (with G = 2 one reward is left: no signal)
+            constant_with_nan = torch.full((G,), v)
+            constant_with_nan[0] = NAN
+            assert torch.equal(compute_advantages(constant_with_nan, G, scale), torch.zeros(G))
+
+
+def test_groups_with_signal_keep_their_float32_advantages():
+    # only flat groups change: the others are TRL's float32 formula, bit for bit as before
+    r = torch.tensor([0.9, 0.9, 0.9, 1.0, 5.7, 5.6, 5.8, 5.7])
+    adv = compute_advantages(r, 4, "group")
+    x = r.view(2, 4)
+    centered = x - x.mean(1, keepdim=True)
+    expected = (centered / (x.std(1, keepdim=True) + EPS)).view(-1)
+    assert torch.equal(adv, expected)
+
+
+def test_normalize_then_sum_ignores_a_function_without_signal_in_a_group():
+    # function 2 is flat in both groups: its float32 residue must not reach the batch normalisation
+    for v in EQUAL_VALUES:
+        for G in (3, 7, 8):
+            flat = torch.full((2 * G,), v)
+            per_function = torch.stack([torch.arange(2 * G, dtype=torch.float32) % 2, flat], dim=1)
+            alone = normalize_then_sum(per_function[:, :1], [1.0], G)
+            assert torch.equal(normalize_then_sum(per_function, [1.0, 1.0], G), alone), (v, G)
+            assert torch.equal(normalize_then_sum(flat[:, None], [1.0], G), torch.zeros(2 * G))

@@ -5,7 +5,8 @@ import math
 
 import torch
 
-from grpo_cli.algo.dynamic_sampling import Round, assemble, groups_with_signal, pick_groups
+from grpo_cli.algo.advantages import groups_with_signal
+from grpo_cli.algo.dynamic_sampling import Round, assemble, pick_groups
 from grpo_cli.datatypes import PromptBatch, RewardResult, Rollout
 
 torch.set_num_threads(1)

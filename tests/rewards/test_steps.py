@@ -86,8 +86,10 @@ def test_training_with_step_rewards_logs_them_and_resumes_exactly(tmp_path, monk
         assert x["rewards"]["digit_steps"] == (pytest.approx(sum(rewards) / len(rewards)) if rewards else None)
     assert [[list(s) for s in row] for row in seen[0][0]] == [x["steps"]["digit_steps"] for x in records]
     assert seen[0][1] == 4 and len(seen) == 4
-    # the reward is the outcome rewards' total only (accuracy); the step rewards enter through their advantages
-    assert all(x["reward"] == x["rewards"]["accuracy"] for x in records)
+    # the outcome advantages come from accuracy alone; the logged reward adds the step rewards' weighted mean
+    for x in records:
+        step_part = 0.0 if x["rewards"]["digit_steps"] is None else 0.5 * x["rewards"]["digit_steps"]
+        assert x["reward"] == pytest.approx(x["rewards"]["accuracy"] + step_part, abs=1e-6)
     # how many steps, and how many groups the steps teach nothing (equal step rewards, or fewer than two)
     steps = [x["steps"]["digit_steps"] for x in records]
     assert metrics[0]["rewards/digit_steps/steps_per_completion"] == pytest.approx(sum(map(len, steps)) / 8)
@@ -109,6 +111,36 @@ def test_training_with_step_rewards_logs_them_and_resumes_exactly(tmp_path, monk
     Engine(_recipe("train.max_steps=2"), cut).fit()
     Engine(_recipe(), cut, resume="auto").fit()
     assert [stable(m) for m in read_jsonl(cut / "metrics.jsonl")] == [stable(m) for m in metrics]
+
+
+@pytest.mark.usefixtures("model_cache")
+def test_with_step_rewards_alone_the_metrics_show_the_advantages_that_trained(tmp_path):
+    # issue 21: advantages/abs_mean logged 0.0 and reward null every step while the step advantages trained
+    r = load_recipe("recipes/ci-tiny.yaml", [
+        "rewards=[{name: 'tests/signal_rewards.py:digit_steps', level: step}]", "train.max_steps=3",
+        "train.learning_rate=1e-2", "checkpoint.every_steps=0",
+    ])
+    Engine(r, tmp_path / "run").fit()
+    metrics = read_jsonl(tmp_path / "run/metrics.jsonl")
+    records = read_jsonl(tmp_path / "run/rollouts.jsonl")
+    trained = 0
+    for m in metrics:
+        rows = [x for x in records if x["step"] == m["step"]]
+        means = [x["rewards"]["digit_steps"] for x in rows if x["rewards"]["digit_steps"] is not None]
+        assert m["reward"] == pytest.approx(sum(means) / len(means), abs=1e-6)  # each completion's mean step reward
+        for x in rows:  # float32, as every logged reward
+            assert x["reward"] == (None if x["rewards"]["digit_steps"] is None
+                                   else pytest.approx(x["rewards"]["digit_steps"], abs=1e-6))
+        # the groups without signal are the step rewards' (there is no outcome reward)
+        assert m["frac_reward_zero_std"] == pytest.approx(m["rewards/digit_steps/frac_zero_std"])
+        if m["frac_reward_zero_std"] < 1:
+            trained += 1
+            assert m["advantages/abs_mean"] > 0.05 and m["grad_norm"] > 0, m
+            # a group with step signal: its completions' advantages as trained (mean A_t) are not all 0
+            assert any(abs(x["advantage"]) > 1e-3 for x in rows)
+        else:
+            assert m["advantages/abs_mean"] == 0 and all(x["advantage"] == 0 for x in rows)
+    assert trained >= 2, [m["frac_reward_zero_std"] for m in metrics]
 
 
 @pytest.mark.slow
