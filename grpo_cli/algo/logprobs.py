@@ -23,10 +23,19 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-@torch.no_grad()
 def _chunk_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     x = torch.log_softmax(logits.float() / temperature, dim=-1)
     return -(x.exp() * x).sum(-1)
+
+
+def entropy_from_logits(logits: torch.Tensor, temperature: float, chunk_rows: int = 1, grad: bool = False) -> torch.Tensor:
+    """[b, T, V] logits -> [b, T] entropy of softmax(logits / T), fp32 a chunk of rows at a time; with `grad`
+    differentiable (the entropy bonus), the fp32 chunk recomputed in backward as for the log-probs."""
+    if grad:
+        return torch.cat([checkpoint(_chunk_entropy, c, temperature, use_reentrant=False)
+                          for c in logits.split(chunk_rows)])
+    with torch.no_grad():
+        return torch.cat([_chunk_entropy(c, temperature) for c in logits.detach().split(chunk_rows)])
 
 
 def token_logprobs(
@@ -39,10 +48,11 @@ def token_logprobs(
     temperature: float = 1.0,
     chunk_rows: int = 1,
     with_entropy: bool = False,
+    entropy_grad: bool = False,
     shared_prompts: bool = True,
     truncation: Truncation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """-> logps [b, T] (fp32) and, if asked, per-token entropy [b, T] (no grad).
+    """-> logps [b, T] (fp32) and, if asked, per-token entropy [b, T] (no grad, unless `entropy_grad`).
 
     `shared_prompts`: rows with the same prompt (a group's G completions) run the prompt through the
     model once: its keys and values are computed for each distinct prompt, indexed out to the rows
@@ -66,9 +76,8 @@ def token_logprobs(
     logps = torch.cat([logps_from_logits(lg, i, temperature, chunk_rows, truncation) for lg, i in zip(parts, ids)],
                       dim=1)
     entropy = None
-    if with_entropy:
-        entropy = torch.cat([torch.cat([_chunk_entropy(c, temperature) for c in lg.detach().split(chunk_rows)])
-                             for lg in parts], dim=1)
+    if with_entropy or entropy_grad:
+        entropy = torch.cat([entropy_from_logits(lg, temperature, chunk_rows, entropy_grad) for lg in parts], dim=1)
     return logps, entropy
 
 

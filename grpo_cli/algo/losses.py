@@ -9,6 +9,10 @@ Objectives (the loss is the negative of the surrogate that is maximised):
            (PPO/GRPO arXiv:2402.03300; two-sided clipping from INTELLECT-2 arXiv:2505.07291)
   cispo    -sg(min(w, eps_high)) A log pi   (MiniMax-M1 arXiv:2506.13585: clip the IS weight, keep every token's gradient)
   sapo     -(sigmoid(tau (w - 1)) 4 / tau) A, tau by the sign of A (soft adaptive policy optimization arXiv:2511.20347)
+  vespo    -sg(phi(W)) A log pi, W the sequence ratio prod_t w_t (times the sampler's per-token weights, which
+           vespo takes in instead of multiplying the loss by them), phi(W) = e^lambda W^k e^(-lambda W) (a Gamma
+           density scaled so phi(1) = 1), k and lambda by the sign of A (VESPO arXiv:2602.10693; TRL 1.16's
+           get_gamma_weights: log-ratios clamped to [-20, 20] per token, log W to [log 1e-8, 20])
 plus beta * k3 KL to the reference: exp(ref - logp) - (ref - logp) - 1 (Schulman's k3, as in DeepSeekMath eq. 4);
 with `use_bias_correction_kl` the k3 of each token is multiplied by its importance ratio w, gradient included
 (DeepSeek-V3.2 arXiv:2512.02556, "unbiased KL estimate"; TRL's use_bias_correction_kl).
@@ -17,14 +21,18 @@ completion with a negative advantage whose mean per-token log(pi_sampler / pi) e
 
 Aggregations (what a loss_type name adds on top of its objective):
   grpo, sapo   mean over sequences of the per-sequence token mean (DeepSeekMath eq. 3)
+  luspo        mean over sequences of the per-sequence token sum (LUSPO arXiv:2602.05261: GSPO's sequence loss
+               scaled by the sequence's length; sequence-level ratios only)
   bnpo         masked token sum / active tokens of this (micro-)batch
   dr_grpo      masked token sum / (N * max_completion_length)   (Dr. GRPO arXiv:2503.20783: no length bias)
-  dapo, cispo  masked token sum / num_active_tokens of the whole generation batch (DAPO arXiv:2503.14476
+  dapo, cispo, vespo
+               masked token sum / num_active_tokens of the whole generation batch (DAPO arXiv:2503.14476
                token-level loss): with gradient accumulation and several processes every token weighs the same.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -38,6 +46,7 @@ from grpo_cli.registry import Registry
 class PolicyLoss:
     objective: str  # key in OBJECTIVES
     aggregation: str  # key in AGGREGATIONS
+    takes_sampler_weights: bool = False  # the objective folds the sampler correction in (else it multiplies the loss)
 
 
 OBJECTIVES: Registry[Callable[..., torch.Tensor]] = Registry("policy objective")
@@ -45,6 +54,9 @@ AGGREGATIONS: Registry[Callable[..., torch.Tensor]] = Registry("loss aggregation
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("loss_type")
 
 
+# Each objective: (w, adv, logps, **what it reads of: epsilon_low, epsilon_high, delta, sapo temperatures, vespo's
+# (k_pos, lambda_pos, k_neg, lambda_neg), log_ratio [N, T], mask [N, T], sampler_weights [N, T] or None)
+# -> per-token loss [N, T], or (per-token loss, metrics).
 @OBJECTIVES.register("clipped")
 def clipped_objective(w, adv, logps, *, epsilon_low, epsilon_high, delta, **_) -> torch.Tensor:
     # w, logps [N, T]; adv [N, 1] (per completion) or [N, T] (per token) -> per-token loss [N, T]
@@ -65,9 +77,37 @@ def sapo_objective(w, adv, logps, *, sapo_temperature_pos, sapo_temperature_neg,
     return -(torch.sigmoid(tau * (w - 1)) * 4 / tau) * adv
 
 
+@torch.no_grad()
+def vespo_weights(adv: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor, sampler_weights: torch.Tensor | None,
+                  k_pos: float, lambda_pos: float, k_neg: float, lambda_neg: float) -> torch.Tensor:
+    """VESPO's Gamma weight phi(W) of each sequence ([N, 1]; [N, T] with per-token advantages), a constant:
+    log phi = lambda + k log W - lambda W, W = exp(sum_t clamp(log w_t) + sum_t log rho_t) (rho: sampler weights)."""
+    low = math.log(1e-8)
+    log_w = (torch.clamp(log_ratio, -20.0, 20.0) * mask).sum(-1, keepdim=True)
+    if sampler_weights is not None:
+        log_w = log_w + torch.clamp(torch.log(sampler_weights), low, 20.0).sum(-1, keepdim=True)
+    log_w = torch.clamp(log_w, low, 20.0)
+    positive = adv >= 0
+    k = torch.where(positive, k_pos, k_neg).to(log_w.dtype)
+    lam = torch.where(positive, lambda_pos, lambda_neg).to(log_w.dtype).clamp(min=1e-4)
+    return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+@OBJECTIVES.register("vespo")
+def vespo_objective(w, adv, logps, *, vespo, log_ratio, mask, sampler_weights, **_):
+    phi = vespo_weights(adv, log_ratio, mask, sampler_weights, *vespo)  # no gradient: it scales A grad log pi
+    phi_mean = phi.mean() if phi.shape[-1] == 1 else _masked_mean(phi.expand_as(mask), mask)
+    return -(phi * adv * logps), {"vespo/phi_seq_mean": phi_mean}
+
+
 @AGGREGATIONS.register("sequence_mean")
 def sequence_mean(per_token, mask, **_) -> torch.Tensor:
     return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+
+
+@AGGREGATIONS.register("sequence_sum_mean")
+def sequence_sum_mean(per_token, mask, **_) -> torch.Tensor:
+    return (per_token * mask).sum(-1).mean()
 
 
 @AGGREGATIONS.register("batch_token_mean")
@@ -93,6 +133,8 @@ POLICY_LOSSES.register("dr_grpo")(PolicyLoss("clipped", "constant_length"))
 POLICY_LOSSES.register("dapo")(PolicyLoss("clipped", "global_token_mean"))
 POLICY_LOSSES.register("cispo")(PolicyLoss("cispo", "global_token_mean"))
 POLICY_LOSSES.register("sapo")(PolicyLoss("sapo", "sequence_mean"))
+POLICY_LOSSES.register("luspo")(PolicyLoss("clipped", "sequence_sum_mean"))
+POLICY_LOSSES.register("vespo")(PolicyLoss("vespo", "global_token_mean", takes_sampler_weights=True))
 
 
 def importance_weights(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
@@ -139,12 +181,13 @@ class LossConfig:
     max_completion_length: int | None = None  # dr_grpo's constant denominator
     sapo_temperature_pos: float = 1.0
     sapo_temperature_neg: float = 1.05
+    vespo: tuple[float, float, float, float] = (2.0, 3.0, 3.0, 2.0)  # k_pos, lambda_pos, k_neg, lambda_neg
     use_bias_correction_kl: bool = False
     off_policy_mask_threshold: float | None = None
 
     @property
     def global_token_mean(self) -> bool:
-        """Whether every token of the whole generation batch weighs the same (dapo, cispo): the update then counts
+        """Whether every token of the whole generation batch weighs the same (dapo, cispo, vespo): the update counts
         the batch's active tokens over all processes first."""
         return POLICY_LOSSES.get(self.loss_type).aggregation == "global_token_mean"
 
@@ -164,25 +207,28 @@ def compute_loss(
     """Scalar loss (to minimise) and detached metrics; see the module docstring for the formulas.
 
     `token_weights` [N, T] (constants) multiply the policy term per token: the importance-sampling
-    correction for rollouts sampled by another engine (see `SAMPLER_CORRECTIONS`). The off-policy mask
+    correction for rollouts sampled by another engine (see `SAMPLER_CORRECTIONS`); vespo folds them into its
+    sequence weight instead. The off-policy mask
     measures drift from `sampling_logps` (the sampler's log-probs), or from `old_logps` when there are none."""
     spec = POLICY_LOSSES.get(cfg.loss_type)
     mask = mask.to(logps.dtype)
     w = importance_weights(logps, old_logps.detach(), mask, cfg.importance_sampling_level)  # [N, T]
     # [N] per completion (outcome supervision) -> [N, 1]; [N, T] per token (process supervision) as it is
     adv = advantages.to(logps.dtype).unsqueeze(-1) if advantages.dim() == 1 else advantages.to(logps.dtype)
-    per_token = OBJECTIVES.get(spec.objective)(
+    weights = token_weights.detach().to(logps.dtype) if token_weights is not None else None
+    out = OBJECTIVES.get(spec.objective)(
         w, adv, logps, epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high, delta=cfg.delta,
         sapo_temperature_pos=cfg.sapo_temperature_pos, sapo_temperature_neg=cfg.sapo_temperature_neg,
+        vespo=cfg.vespo, log_ratio=logps.detach() - old_logps.detach(), mask=mask, sampler_weights=weights,
     )
-    metrics: dict[str, torch.Tensor] = {}
+    per_token, metrics = out if isinstance(out, tuple) else (out, {})
     if cfg.off_policy_mask_threshold is not None:
         drift_from = sampling_logps if sampling_logps is not None else old_logps
         keep = off_policy_sequence_mask(adv, logps, drift_from.to(logps.dtype), mask, cfg.off_policy_mask_threshold)
         per_token = per_token * keep
         metrics["off_policy_mask/masked_token_fraction"] = _masked_mean((1 - keep).expand_as(mask), mask).detach()
-    if token_weights is not None:
-        per_token = per_token * token_weights.detach().to(per_token.dtype)
+    if weights is not None and not spec.takes_sampler_weights:
+        per_token = per_token * weights
     if cfg.beta > 0:
         if ref_logps is None:
             raise ValueError("beta > 0 needs ref_logps")
@@ -194,7 +240,8 @@ def compute_loss(
     loss = AGGREGATIONS.get(spec.aggregation)(
         per_token, mask, max_completion_length=cfg.max_completion_length, num_active_tokens=num_active_tokens
     )
-    metrics.update(clip_metrics(w.detach(), adv, mask, spec.objective, cfg.epsilon_low, cfg.epsilon_high))
+    if spec.objective != "vespo":  # vespo clips nothing: its weight is vespo/phi_seq_mean
+        metrics.update(clip_metrics(w.detach(), adv, mask, spec.objective, cfg.epsilon_low, cfg.epsilon_high))
     return loss, metrics
 
 

@@ -16,6 +16,10 @@ from grpo_cli.recipe.checks import unreplayed
 from grpo_cli.recipe.trl_fields import GRPO_CONFIG, TRL_VERSION
 from grpo_cli.recipe.trl_homes import HOMES, LEGACY, OPTIMIZERS, SCHEDULERS, TRL_REWARDS, accepted_fields, known_fields
 
+VESPO_FIELDS = ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")
+ENTROPY_FIELDS = ("entropy_coef", "use_adaptive_entropy", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta",
+                  "entropy_target")
+
 
 @dataclass
 class Conversion:
@@ -161,15 +165,21 @@ def convert(config: dict[str, Any], *, num_processes: int = 1, name: str | None 
                  "multi_objective_aggregation": cfg["multi_objective_aggregation"],
                  "sync_ref_model": cfg["sync_ref_model"], "ref_model_mixup_alpha": cfg["ref_model_mixup_alpha"],
                  "ref_model_sync_steps": cfg["ref_model_sync_steps"],
-                 "sapo_temperature_pos": cfg["sapo_temperature_pos"], "sapo_temperature_neg": cfg["sapo_temperature_neg"]}
-    if algorithm["loss_type"] == "vespo":
-        raise ConversionError("loss_type vespo is not implemented in grpo")
+                 "sapo_temperature_pos": cfg["sapo_temperature_pos"], "sapo_temperature_neg": cfg["sapo_temperature_neg"],
+                 **{k: cfg[k] for k in VESPO_FIELDS + ENTROPY_FIELDS}}
+    if algorithm["loss_type"] == "luspo" and algorithm["importance_sampling_level"] != "sequence":
+        algorithm["importance_sampling_level"] = "sequence"
+        out.notes.append(
+            "loss_type luspo with importance_sampling_level token: TRL warns and trains a token-level ratio the LUSPO "
+            "paper does not describe; grpo takes its sequence-level objective -> algorithm.importance_sampling_level: "
+            "sequence")
     r["algorithm"] = algorithm
     take("num_generations", "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
          "generation_batch_size", "beta", "epsilon", "epsilon_high", "delta", "loss_type", "scale_rewards",
          "num_iterations", "importance_sampling_level", "mask_truncated_completions", "top_entropy_quantile",
          "use_bias_correction_kl", "off_policy_mask_threshold", "multi_objective_aggregation", "sync_ref_model",
-         "ref_model_mixup_alpha", "ref_model_sync_steps", "sapo_temperature_pos", "sapo_temperature_neg")
+         "ref_model_mixup_alpha", "ref_model_sync_steps", "sapo_temperature_pos", "sapo_temperature_neg",
+         *VESPO_FIELDS, *ENTROPY_FIELDS)
 
     # rollout
     rollout: dict[str, Any] = {

@@ -104,6 +104,8 @@ class Engine:
             parts["in_flight"] = self.rollouts  # the batches sampled ahead, with weights that are gone
         if self.recipe.algorithm.sync_ref_model:
             parts["ref_model"] = self.reference
+        if self.recipe.algorithm.use_adaptive_entropy:
+            parts["entropy_control"] = self.update.entropy  # the coefficient and the last step's entropy
         if self.reward_models:
             parts["reward_models"] = self.reward_models
         return RunState(parts, per_process={"rng_per_rank": ProcessRNG(), "generator_per_rank": self.rollouts.generator})

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from grpo_cli.algo.entropy import EntropyControl
 from grpo_cli.algo.logprobs import logps_no_grad, token_logprobs
 from grpo_cli.algo.losses import LossConfig, compute_loss, entropy_mask, sampler_correction
 from grpo_cli.algo.reference import mix_into
@@ -34,6 +35,7 @@ def loss_config(recipe) -> LossConfig:
         max_completion_length=recipe.rollout.max_completion_length, sapo_temperature_pos=a.sapo_temperature_pos,
         sapo_temperature_neg=a.sapo_temperature_neg, use_bias_correction_kl=a.use_bias_correction_kl,
         off_policy_mask_threshold=a.off_policy_mask_threshold,
+        vespo=(a.vespo_k_pos, a.vespo_lambda_pos, a.vespo_k_neg, a.vespo_lambda_neg),
     )
 
 
@@ -79,8 +81,10 @@ class Window:
     mask: torch.Tensor  # [n, T] the tokens trained on
     old: torch.Tensor | None = None  # [n, T] the old policy's log-probs, once known (mu > 1)
     ref: torch.Tensor | None = None  # [n, T] the reference's log-probs (beta > 0)
-    num_active: float | None = None  # active tokens of the whole generation batch (dapo, cispo)
+    num_active: float | None = None  # active tokens of the whole generation batch (dapo, cispo, vespo)
     loss_scale: float = 1.0  # what each micro-batch's loss is multiplied by before backward
+    micro_batches: int = 1  # per optimizer step
+    entropy_sums: list[float] = field(default_factory=lambda: [0.0, 0.0])  # this optimizer step's entropy, tokens
 
 
 class PolicyUpdate:
@@ -95,6 +99,8 @@ class PolicyUpdate:
         ro = recipe.rollout  # top-k / top-p / min-p: every log-prob is of the truncated policy that sampled
         truncation = Truncation(ro.top_k, ro.top_p, ro.min_p)
         self.truncation = truncation if truncation.active else None
+        a = recipe.algorithm  # the entropy bonus: its coefficient is run state (adaptive control moves it)
+        self.entropy = EntropyControl.from_recipe(a) if a.entropy_bonus else None
 
     def __call__(self, rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor) -> MetricSums:
         """`adv`: [n] per completion or [n, T] per token; `mask` [n, T]: the tokens trained on."""
@@ -109,6 +115,7 @@ class PolicyUpdate:
             w.loss_scale = float(self.procs.count)
         else:
             w.loss_scale = 1.0 / len(slices)
+        w.micro_batches = len(slices)
         sums = MetricSums()
         sums.add_scalar("learning_rate", self.scheduler.get_last_lr()[0])
         self.model.train()
@@ -125,6 +132,11 @@ class PolicyUpdate:
             if first_logps:
                 w.old, first_logps = torch.cat(first_logps), []  # [N, T]: the old policy of iterations 1 .. mu-1
             sums.add_scalar("grad_norm", self._optimizer_step())
+            if self.entropy is not None:  # the controller sees the step's entropy over every process's tokens
+                total, tokens = self.procs.reduce_sum(torch.tensor(w.entropy_sums, dtype=torch.float64)).tolist()
+                self.entropy.step(total / max(tokens, 1.0))
+                sums.add_scalar("entropy_coef", self.entropy.coef)
+                w.entropy_sums = [0.0, 0.0]
         return sums
 
     def _micro_step(self, w: Window, sl: slice, sums: MetricSums, first: bool) -> torch.Tensor:
@@ -134,21 +146,30 @@ class PolicyUpdate:
             logps, entropy = token_logprobs(
                 self.model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl],
                 rollout.completion_mask[sl], temperature=self.recipe.rollout.temperature,
-                with_entropy=first or q < 1, shared_prompts=self.shared_prompts, truncation=self.truncation,
+                with_entropy=first or q < 1, entropy_grad=self.entropy is not None, shared_prompts=self.shared_prompts,
+                truncation=self.truncation,
             )
         m = w.mask[sl]
         if first:
-            sums.add_tokens("entropy", entropy, m)
-        if q < 1:
-            m = entropy_mask(entropy, m, q)
+            sums.add_tokens("entropy", entropy.detach(), m)
         old_sl = w.old[sl] if w.old is not None else logps.detach()
         weights = self._sampler_weights(rollout, sl, old_sl, m, sums if first else None)
+        if q < 1:
+            m = entropy_mask(entropy.detach(), m, q)
         loss, lm = compute_loss(
             self.loss, logps, old_sl, w.adv[sl], m, ref_logps=w.ref[sl] if w.ref is not None else None,
             num_active_tokens=w.num_active, token_weights=weights,
             sampling_logps=rollout.sampling_logps[sl] if rollout.sampling_logps is not None else None,
         )
-        self.accelerator.backward(loss * w.loss_scale)
+        total = loss * w.loss_scale
+        if self.entropy is not None:  # minus c times the mean entropy of the tokens the policy term trains on
+            coef, mean_entropy = self.entropy.applied(), (entropy * m).sum() / m.sum().clamp(min=1)
+            total = total - coef * mean_entropy / w.micro_batches
+            w.entropy_sums[0] += (entropy.detach() * m).sum().item()
+            w.entropy_sums[1] += m.sum().item()
+            sums.add_scalar("policy_loss", loss.item())
+            loss = loss - coef * mean_entropy
+        self.accelerator.backward(total)
         n_tok = m.sum().item()
         for key, value in lm.items():
             sums.add_weighted(key, value.item(), n_tok)

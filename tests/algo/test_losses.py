@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from grpo_cli.algo.losses import POLICY_LOSSES, off_policy_sequence_mask
-from grpo_cli.recipe.schema import LOSS_TYPES
+from grpo_cli.errors import RecipeError
+from grpo_cli.recipe.algorithm import LOSS_TYPES
+from grpo_cli.recipe.files import load_recipe
 
 from helpers import loss_of
 
@@ -142,7 +144,7 @@ def test_grpo_matches_reference_loop():
 
 
 def test_unknown_loss_type_lists_valid_names():
-    with pytest.raises(KeyError, match="valid: bnpo, cispo, dapo, dr_grpo, grpo, sapo"):
+    with pytest.raises(KeyError, match="valid: bnpo, cispo, dapo, dr_grpo, grpo, luspo, sapo, vespo"):
         loss_of("ppo", W, W, ADV, MASK, **EPS)
 
 
@@ -251,3 +253,68 @@ def test_the_off_policy_mask_zeroes_the_policy_term_of_dropped_sequences_only():
     # without sampler log-probs the drift is from the old policy: (0.2 - 0.1) / 2 = 0.05, nothing is dropped
     _, metrics = loss_of("dapo", logps, old, adv, mask, off_policy_mask_threshold=0.5, **kw)
     assert metrics["off_policy_mask/masked_token_fraction"].item() == 0.0
+
+
+# ----- luspo and vespo (TRL 1.16's loss types), by hand ------------------------------------------------------
+def test_luspo_is_gspo_with_each_sequence_loss_times_its_length():
+    loss, m, logps = run("luspo", importance_sampling_level="sequence")
+    # as test_gspo_sequence_level_ratio, but summed over each sequence's tokens, then the mean over sequences:
+    # row 0: 2 tokens of -0.866025 = -1.732051; row 1: 1 token of +1 -> (-1.732051 + 1) / 2 = -0.366025
+    assert loss.item() == pytest.approx((-2 * math.sqrt(0.75) + 1.0) / 2, abs=1e-6)
+    loss.backward()
+    # d/dlogp_t of -w_seq A len / N, w_seq = exp(mean_t logp_t): -w A / N per token (len x 1/len)
+    torch.testing.assert_close(logps.grad, torch.tensor([[-math.sqrt(0.75) / 2] * 2, [1 / 2, 0.0]]))
+    assert m["clip_ratio/region_mean"].item() == 0.0  # 0.866 and 1 lie inside [0.8, 1.2]
+
+
+def test_vespo_gamma_weight_scales_the_log_prob_gradient():
+    loss, m, logps = run("vespo")
+    # sequence ratios W = prod_t w_t: row 0: 1.5 * 0.5 = 0.75 (A = +1: k 2, lambda 3); row 1: 1 (masked token left out,
+    # A = -1: k 3, lambda 2). phi = e^lambda W^k e^(-lambda W): row 0: e^3 0.5625 e^-2.25 = 1.190813; row 1: 1.
+    phi0 = math.exp(3) * 0.75**2 * math.exp(-2.25)
+    # -phi A log pi summed over active tokens / 3 active tokens: row 0: -phi0 (log 1.5 + log 0.5); row 1: log 1 = 0
+    assert loss.item() == pytest.approx(-phi0 * math.log(0.75) / 3, abs=1e-6)
+    assert m["vespo/phi_seq_mean"].item() == pytest.approx((phi0 + 1) / 2, abs=1e-6)
+    assert "clip_ratio/region_mean" not in m  # nothing is clipped
+    loss.backward()
+    # phi is a constant: the gradient is -phi A / 3 on every active token
+    torch.testing.assert_close(logps.grad, torch.tensor([[-phi0 / 3, -phi0 / 3], [1 / 3, 0.0]]))
+
+
+def test_vespo_takes_the_sampler_weights_into_its_sequence_ratio():
+    logps = torch.log(W)
+    rho = torch.tensor([[2.0, 1.0], [0.5, 1.0]])  # pi_old / pi_sampler per token (1 where no correction)
+    loss, m = loss_of("vespo", logps, torch.zeros_like(logps), ADV, MASK, **EPS, token_weights=rho)
+    # row 0: W = 0.75 * 2 = 1.5: phi = e^3 2.25 e^-4.5 = 0.502043; row 1: W = 1 * 0.5 = 0.5 (A < 0: k 3, lambda 2):
+    # phi = e^2 0.125 e^-1 = 0.339785. The weights enter phi only: the loss is not multiplied by them.
+    phi0, phi1 = math.exp(3) * 2.25 * math.exp(-4.5), math.exp(2) * 0.125 * math.exp(-1)
+    assert loss.item() == pytest.approx(-phi0 * math.log(0.75) / 3, abs=1e-6)
+    assert m["vespo/phi_seq_mean"].item() == pytest.approx((phi0 + phi1) / 2, abs=1e-6)
+
+
+def test_vespo_clamps_as_trl():
+    # a huge ratio: log W clamped to 20, phi = e^lambda e^(20 k) e^(-lambda e^20) underflows to 0 (not NaN)
+    w, mask, adv = torch.tensor([[1e6, 1e6]]), torch.tensor([[1, 1]]), torch.tensor([1.0])
+    loss, m, _ = run("vespo", w, mask, adv)
+    assert m["vespo/phi_seq_mean"].item() == 0.0 and loss.item() == 0.0
+    # a vanishing one: log W clamped to log 1e-8: phi = e^3 (1e-8)^2 e^(-3e-8) ~ 2.0e-15
+    loss, m, _ = run("vespo", torch.tensor([[1e-6, 1e-6]]), mask, adv)
+    assert m["vespo/phi_seq_mean"].item() == pytest.approx(math.exp(3) * 1e-16, rel=1e-4)
+    # lambda 0 counts as 1e-4: phi = e^1e-4 W^k e^(-1e-4 W)
+    loss, m, _ = run("vespo", torch.tensor([[0.5]]), torch.tensor([[1]]), adv, vespo=(2.0, 0.0, 3.0, 2.0))
+    assert m["vespo/phi_seq_mean"].item() == pytest.approx(math.exp(1e-4) * 0.25 * math.exp(-0.5e-4), rel=1e-6)
+
+
+def test_vespo_and_luspo_recipes_and_their_requirements():
+    r = load_recipe("recipes/ci-tiny.yaml", ["algorithm.loss_type=luspo", "algorithm.importance_sampling_level=sequence"])
+    assert r.algorithm.loss_type == "luspo"
+    with pytest.raises(RecipeError, match="importance_sampling_level: sequence"):
+        load_recipe("recipes/ci-tiny.yaml", ["algorithm.loss_type=luspo"])
+    with pytest.raises(RecipeError, match="leave algorithm.importance_sampling_level at token"):
+        load_recipe("recipes/ci-tiny.yaml", ["algorithm.loss_type=vespo", "algorithm.importance_sampling_level=sequence"])
+    r = load_recipe("recipes/ci-tiny.yaml", ["algorithm.loss_type=vespo", "algorithm.vespo_k_pos=1.5"])
+    assert (r.algorithm.vespo_k_pos, r.algorithm.vespo_lambda_pos, r.algorithm.vespo_k_neg,
+            r.algorithm.vespo_lambda_neg) == (1.5, 3.0, 3.0, 2.0)  # TRL's defaults otherwise
+    with pytest.raises(RecipeError, match="vespo folds the sampler's per-token ratios"):
+        load_recipe("recipes/ci-tiny.yaml", ["algorithm.loss_type=vespo", "rollout.dtype=bfloat16",
+                                             "rollout.importance_sampling=sequence_truncate"])

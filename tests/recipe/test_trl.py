@@ -92,6 +92,30 @@ def test_server_and_lora_configs_and_what_cannot_be_mapped():
         convert({k: v for k, v in DOC.items() if k != "max_steps"})
 
 
+def test_luspo_vespo_and_the_entropy_bonus_convert(tmp_path):
+    # issue 21: loss_type luspo exited 2 with a bare schema error; vespo and the entropy bonus had no home
+    out = convert_cli(tmp_path, {**DOC, "loss_type": "luspo", "importance_sampling_level": "sequence"})
+    assert out.returncode == 0, out.stderr
+    a = yaml.safe_load((tmp_path / "recipe.yaml").read_text())["algorithm"]
+    assert (a["loss_type"], a["importance_sampling_level"]) == ("luspo", "sequence")
+    # TRL's default token level with luspo: TRL warns and trains a token-level ratio; grpo takes the paper's
+    out = convert(DOC | {"loss_type": "luspo"})
+    assert out.recipe["algorithm"]["importance_sampling_level"] == "sequence"
+    assert any("luspo" in n and "importance_sampling_level: sequence" in n for n in out.notes), out.notes
+    vespo = convert(DOC | {"loss_type": "vespo", "vespo_k_pos": 1.5, "vespo_lambda_neg": 2.5, "entropy_coef": 0.01,
+                           "use_adaptive_entropy": True, "entropy_target": 0.5, "entropy_coef_max": 0.1,
+                           "entropy_coef_delta": 0.001, "entropy_coef_min": 0.002})
+    a = vespo.recipe["algorithm"]
+    assert (a["loss_type"], a["vespo_k_pos"], a["vespo_lambda_pos"], a["vespo_k_neg"], a["vespo_lambda_neg"]) == (
+        "vespo", 1.5, 3.0, 3.0, 2.5)
+    assert (a["entropy_coef"], a["use_adaptive_entropy"], a["entropy_target"], a["entropy_coef_min"],
+            a["entropy_coef_max"], a["entropy_coef_delta"]) == (0.01, True, 0.5, 0.002, 0.1, 0.001)
+    assert vespo.unmapped == [] and vespo.unknown == []
+    for config in (DOC | {"loss_type": "luspo"}, DOC | {"loss_type": "vespo"}):
+        convert_cli(tmp_path, config)
+        assert cli("validate", str(tmp_path / "recipe.yaml"), timeout=120).returncode == 0
+
+
 @pytest.mark.parametrize("shaping, named", [
     ({"repetition_penalty": 1.1}, "repetition_penalty 1.1"),
     ({"vllm_structured_outputs_regex": "[0-9]+"}, "vllm_structured_outputs_regex"),
@@ -132,8 +156,12 @@ def train_two_steps(tmp_path, *overrides: str, env=None):
                           text=True, cwd=ROOT, env=env or os.environ, timeout=300)
 
 
+VESPO_ENTROPY = {**DOC, "loss_type": "vespo", "use_adaptive_entropy": True, "entropy_target": 100.0}
+LUSPO = {**DOC, "loss_type": "luspo"}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("config", [DOC, LORA], ids=["documentation", "lora"])
+@pytest.mark.parametrize("config", [DOC, LORA, VESPO_ENTROPY, LUSPO], ids=["documentation", "lora", "vespo", "luspo"])
 def test_converted_recipes_train_the_tiny_model(config, tmp_path, local_data, turn_model, model_cache):
     small = {**config, "model_name_or_path": turn_model, "dataset_name": local_data, "max_completion_length": 8,
              "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "num_generations": 4,
@@ -148,6 +176,9 @@ def test_converted_recipes_train_the_tiny_model(config, tmp_path, local_data, tu
     assert p.returncode == 0, p.stderr[-3000:]
     metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2] and len(read_jsonl(tmp_path / "run" / "rollouts.jsonl")) == 2 * 8
+    if config is VESPO_ENTROPY:  # the entropy stays below 100 nats: the coefficient rises by 0.005 a step
+        assert [round(m["entropy_coef"], 6) for m in metrics] == [0.005, 0.01]
+        assert all(m["vespo/phi_seq_mean"] > 0 for m in metrics)
 
 
 @pytest.mark.vllm

@@ -1,5 +1,6 @@
-"""Iterative reference refresh (DeepSeekMath Algorithm 1's pi_ref <- pi_theta; TR-DPO's mix-up, TRL's names):
-the mixing rule, the KL right after a reset, checkpointed reference weights and exact resume."""
+"""The update's parts with state of their own. Iterative reference refresh (DeepSeekMath Algorithm 1's
+pi_ref <- pi_theta; TR-DPO's mix-up, TRL's names): the mixing rule, the KL right after a reset, checkpointed
+reference weights and exact resume. The entropy bonus: its gradient, its adaptive coefficient, exact resume."""
 
 import pytest
 import torch
@@ -79,3 +80,102 @@ def test_a_checkpoint_written_before_the_parts_had_names_resumes_the_same(tmp_pa
     resumed = read_jsonl(old / "metrics.jsonl")
     assert resumed[-1]["ref_model/syncs"] == 2 and resumed[2]["kl"] < 1e-6  # the reset of step 2 came back
     assert [stable(m) for m in resumed] == [stable(m) for m in read_jsonl(tmp_path / "full/metrics.jsonl")]
+
+
+# ----- the entropy bonus (TRL 1.16's entropy_coef / use_adaptive_entropy) ----------------------------------------
+def _grads_of_one_update(tmp_path, *overrides, adv_scale=0.0):
+    """One PolicyUpdate of step 1's rows on ci-tiny, advantages times `adv_scale`; -> (engine, rollout, mask, the
+    gradient the optimizer step saw, by parameter name)."""
+    from grpo_cli.algo.losses import trained_mask
+    from grpo_cli.train.reporting import Clock
+
+    eng = Engine(load_recipe("recipes/ci-tiny.yaml", [*overrides, "checkpoint.every_steps=0"]), tmp_path)
+    s = eng.rollouts.next(1, Clock(torch.device("cpu")))
+    seen = {}
+
+    def capture():
+        seen.update({n: p.grad.clone() for n, p in eng.policy.named_parameters()})
+        eng.optimizer.zero_grad(set_to_none=True)
+        return 0.0
+
+    eng.update._optimizer_step = capture
+    mask = trained_mask(s.rollout, False)
+    eng.update(s.rollout, adv_scale * torch.ones(len(s.rollout)), mask)
+    return eng, s.rollout, mask, seen
+
+
+@pytest.mark.usefixtures("model_cache")
+def test_the_entropy_bonus_gradient_is_minus_c_times_the_mean_entropy_gradient(tmp_path):
+    from grpo_cli.algo.logprobs import token_logprobs
+
+    # advantages 0 and beta 0: the policy term has no gradient, only the bonus does; two micro-batches of 4 rows
+    eng, ro, mask, got = _grads_of_one_update(tmp_path, "algorithm.entropy_coef=0.3")
+    expected = {n: torch.zeros_like(p) for n, p in eng.policy.named_parameters()}
+    for sl in (slice(0, 4), slice(4, 8)):  # TRL: per micro-batch c * masked mean entropy / accumulation steps
+        eng.policy.zero_grad(set_to_none=True)
+        _, ent = token_logprobs(eng.policy, ro.prompt_ids[sl], ro.prompt_mask[sl], ro.completion_ids[sl],
+                               ro.completion_mask[sl], entropy_grad=True)
+        (-0.3 * (ent * mask[sl]).sum() / mask[sl].sum() / 2).backward()
+        for n, p in eng.policy.named_parameters():
+            expected[n] += p.grad
+    assert max((got[n] - expected[n]).abs().max().item() for n in got) < 1e-6
+    assert max(g.abs().max().item() for g in got.values()) > 1e-4  # not vacuous
+    # and it points uphill: a small step along -grad raises the mean entropy of the same rows
+    with torch.no_grad():
+        def mean_entropy():
+            _, e = token_logprobs(eng.policy, ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.completion_mask,
+                                  with_entropy=True)
+            return ((e * mask).sum() / mask.sum()).item()
+
+        before = mean_entropy()
+        for n, p in eng.policy.named_parameters():
+            p -= 1e-2 * got[n]
+        assert mean_entropy() > before
+
+
+@pytest.mark.usefixtures("model_cache")
+def test_no_bonus_means_no_entropy_gradient(tmp_path):
+    _, _, _, got = _grads_of_one_update(tmp_path)
+    assert all(g is None or g.abs().max().item() == 0 for g in got.values())
+
+
+def _entropy_recipe(*extra):
+    return load_recipe("recipes/ci-tiny.yaml", [
+        "algorithm.use_adaptive_entropy=true", "algorithm.entropy_coef=0.01", "algorithm.entropy_coef_delta=0.02",
+        "algorithm.entropy_coef_max=0.05", "train.max_steps=5", "checkpoint.every_steps=2", "checkpoint.keep_last=null",
+        "train.micro_batch_size=8", *extra,
+    ])
+
+
+@pytest.mark.usefixtures("model_cache")
+def test_adaptive_entropy_is_logged_follows_the_rule_and_resumes_exactly(tmp_path):
+    # the tiny model's entropy is ~6.6 nats: a target of 100 keeps it below (c rises), one of 1 above (c falls)
+    Engine(_entropy_recipe("algorithm.entropy_target=100"), tmp_path / "up").fit()
+    up = read_jsonl(tmp_path / "up/metrics.jsonl")
+    assert [round(m["entropy_coef"], 6) for m in up] == [0.03, 0.05, 0.05, 0.05, 0.05]
+    # step 1 applies nothing (no entropy measured yet); later steps the previous step's c: one micro-batch, mu = 1,
+    # so the logged entropy is the bonus's mean entropy and loss = policy_loss - c H
+    assert up[0]["loss"] == up[0]["policy_loss"]
+    for prev, m in zip(up, up[1:]):
+        assert m["loss"] == pytest.approx(m["policy_loss"] - prev["entropy_coef"] * m["entropy"], abs=1e-5)
+    Engine(_entropy_recipe("algorithm.entropy_target=1"), tmp_path / "down").fit()
+    down = read_jsonl(tmp_path / "down/metrics.jsonl")
+    assert [round(m["entropy_coef"], 6) for m in down] == [0.0] * 5  # 0.01 - 0.02, clamped at the min
+    assert all(m["loss"] == m["policy_loss"] for m in down)  # H above the target: no bonus
+
+    cut = tmp_path / "cut"
+    Engine(_entropy_recipe("algorithm.entropy_target=100", "train.max_steps=3"), cut).fit()
+    state = (cut / "checkpoints/step-2/trainer/trainer_state.json").read_text()
+    assert '"entropy_control"' in state and '"entropy_coef": 0.05' in state
+    Engine(_entropy_recipe("algorithm.entropy_target=100"), cut, resume="auto").fit()
+    assert [stable(m) for m in read_jsonl(cut / "metrics.jsonl")] == [stable(m) for m in up]
+
+
+def test_entropy_settings_are_checked():
+    with pytest.raises(RecipeError, match="entropy_coef_min"):
+        load_recipe("recipes/ci-tiny.yaml", ["algorithm.use_adaptive_entropy=true", "algorithm.entropy_coef_min=0.5",
+                                             "algorithm.entropy_coef_max=0.1"])
+    a = load_recipe("recipes/ci-tiny.yaml", []).algorithm
+    assert (a.entropy_coef, a.use_adaptive_entropy, a.entropy_coef_min, a.entropy_coef_max, a.entropy_coef_delta,
+            a.entropy_target) == (0.0, False, 0.0, 1.0, 0.005, 0.2)  # TRL 1.16's defaults
+    assert not a.entropy_bonus
