@@ -203,12 +203,15 @@ def compute_loss(
     num_active_tokens: int | float | torch.Tensor | None = None,
     token_weights: torch.Tensor | None = None,
     sampling_logps: torch.Tensor | None = None,
+    policy_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Scalar loss (to minimise) and detached metrics; see the module docstring for the formulas.
 
     `token_weights` [N, T] (constants) multiply the policy term per token: the importance-sampling
     correction for rollouts sampled by another engine (see `SAMPLER_CORRECTIONS`); vespo folds them into its
-    sequence weight instead. The off-policy mask
+    sequence weight instead. `policy_mask` [N, T] (0/1: top_entropy_quantile's high-entropy tokens) multiplies the
+    policy term only: the aggregation, the KL term and the metrics still count every token of `mask`, as TRL and
+    arXiv:2506.01939 (the indicator inside the sum, the normaliser unchanged). The off-policy mask
     measures drift from `sampling_logps` (the sampler's log-probs), or from `old_logps` when there are none."""
     spec = POLICY_LOSSES.get(cfg.loss_type)
     mask = mask.to(logps.dtype)
@@ -227,6 +230,8 @@ def compute_loss(
         keep = off_policy_sequence_mask(adv, logps, drift_from.to(logps.dtype), mask, cfg.off_policy_mask_threshold)
         per_token = per_token * keep
         metrics["off_policy_mask/masked_token_fraction"] = _masked_mean((1 - keep).expand_as(mask), mask).detach()
+    if policy_mask is not None:
+        per_token = per_token * policy_mask.to(per_token.dtype)
     if weights is not None and not spec.takes_sampler_weights:
         per_token = per_token * weights
     if cfg.beta > 0:
@@ -315,7 +320,8 @@ def trained_mask(rollout: Rollout, mask_truncated_completions: bool) -> torch.Te
 
 
 def entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
-    """Keep the top-`quantile` highest-entropy active tokens (arXiv:2506.01939, "80/20 rule")."""
+    """Keep the top-`quantile` highest-entropy active tokens (arXiv:2506.01939, "80/20 rule"): 1 where a token's
+    entropy is at or above the (1 - quantile) quantile of the active tokens' (as TRL's get_high_entropy_mask)."""
     active = entropy[mask.bool()]
     if quantile >= 1.0 or active.numel() == 0:
         return mask

@@ -154,19 +154,19 @@ class PolicyUpdate:
             sums.add_tokens("entropy", entropy.detach(), m)
         old_sl = w.old[sl] if w.old is not None else logps.detach()
         weights = self._sampler_weights(rollout, sl, old_sl, m, sums if first else None)
-        if q < 1:
-            m = entropy_mask(entropy.detach(), m, q)
+        high = entropy_mask(entropy.detach(), m, q) if q < 1 else None  # the tokens the policy term trains on
         loss, lm = compute_loss(
             self.loss, logps, old_sl, w.adv[sl], m, ref_logps=w.ref[sl] if w.ref is not None else None,
-            num_active_tokens=w.num_active, token_weights=weights,
+            num_active_tokens=w.num_active, token_weights=weights, policy_mask=high,
             sampling_logps=rollout.sampling_logps[sl] if rollout.sampling_logps is not None else None,
         )
         total = loss * w.loss_scale
         if self.entropy is not None:  # minus c times the mean entropy of the tokens the policy term trains on
-            coef, mean_entropy = self.entropy.applied(), (entropy * m).sum() / m.sum().clamp(min=1)
+            e = m if high is None else high
+            coef, mean_entropy = self.entropy.applied(), (entropy * e).sum() / e.sum().clamp(min=1)
             total = total - coef * mean_entropy / w.micro_batches
-            w.entropy_sums[0] += (entropy.detach() * m).sum().item()
-            w.entropy_sums[1] += m.sum().item()
+            w.entropy_sums[0] += (entropy.detach() * e).sum().item()
+            w.entropy_sums[1] += e.sum().item()
             sums.add_scalar("policy_loss", loss.item())
             loss = loss - coef * mean_entropy
         self.accelerator.backward(total)

@@ -100,7 +100,7 @@ def _grads_of_one_update(tmp_path, *overrides, adv_scale=0.0):
 
     eng.update._optimizer_step = capture
     mask = trained_mask(s.rollout, False)
-    eng.update(s.rollout, adv_scale * torch.ones(len(s.rollout)), mask)
+    eng.update(s.rollout, adv_scale * torch.ones(len(s.rollout)), mask)  # adv_scale: a number or [n] advantages
     return eng, s.rollout, mask, seen
 
 
@@ -179,3 +179,28 @@ def test_entropy_settings_are_checked():
     assert (a.entropy_coef, a.use_adaptive_entropy, a.entropy_coef_min, a.entropy_coef_max, a.entropy_coef_delta,
             a.entropy_target) == (0.0, False, 0.0, 1.0, 0.005, 0.2)  # TRL 1.16's defaults
     assert not a.entropy_bonus
+
+
+@pytest.mark.usefixtures("model_cache")
+def test_top_entropy_quantile_masks_the_policy_term_but_keeps_the_normaliser(tmp_path):
+    # issue 21's TRL comparison found grpo aggregating over the kept tokens only: for loss_type grpo each sequence's
+    # mean then ran over its high-entropy tokens (about twice TRL's loss at q = 0.5). TRL and arXiv:2506.01939 put
+    # the indicator inside the sum and keep the normaliser: sum_t I[H_t >= tau] l_t / |o_i|.
+    from grpo_cli.algo.logprobs import token_logprobs
+
+    adv = torch.tensor([1.0, -0.5, 2.0, -1.0, 0.3, -2.0, 1.5, -0.7])
+    eng, ro, mask, got = _grads_of_one_update(tmp_path, "algorithm.loss_type=grpo",
+                                              "algorithm.top_entropy_quantile=0.5", adv_scale=adv)
+    expected = {n: torch.zeros_like(p) for n, p in eng.policy.named_parameters()}
+    for sl in (slice(0, 4), slice(4, 8)):
+        eng.policy.zero_grad(set_to_none=True)
+        logps, ent = token_logprobs(eng.policy, ro.prompt_ids[sl], ro.prompt_mask[sl], ro.completion_ids[sl],
+                                    ro.completion_mask[sl], with_entropy=True)
+        m = mask[sl].float()
+        high = (ent >= torch.quantile(ent[m.bool()], 0.5)).float() * m
+        w = torch.exp(logps - logps.detach())  # on-policy: 1, with the gradient of log pi
+        per_token = -w * adv[sl, None] * high  # inside the clip range
+        ((per_token * m).sum(-1) / m.sum(-1)).mean().div(2).backward()  # two micro-batches
+        for n, p in eng.policy.named_parameters():
+            expected[n] += p.grad
+    assert max((got[n] - expected[n]).abs().max().item() for n in got) < 1e-6
