@@ -7,10 +7,32 @@ Before anything is read, text is cleaned the way people write numbers (`clean_an
             are joined ("1 000 000", `1\,000\,000` -> 1000000; one plain space only where the number is the
             whole text, as in `\boxed{1 000}`: "2 100 dollar bills" stays two numbers); commas are left to the
             number reader
-Then the final answer is the last `\boxed{}`, `<answer>` tag, `####` line or, failing those, the last
-number, where a LaTeX fraction (`\frac{3}{4}`, `\dfrac34`) is one number and a number inside a math
-span (`$...$`, `\(...\)`, `\[...\]`) stands for the span's final expression (`$p = \frac{3}{4}$` ->
-`\frac{3}{4}`, `$\sqrt{2}$` -> `\sqrt{2}`), when math-verify can read it.
+Then the final answer (`extract_answer`, mode `auto`) is, in this order:
+  1. marked: the last `\boxed{}`, `<answer>` tag or `####` line;
+  2. stated: after the last answer phrase ("the answer is", "Final answer:", "answer =", "the answer to the
+     question would be"), the rest of its sentence read as a statement (as in rule 3: "Answer: 42" is 42,
+     "the answer: 3 + 4 = 7, then 7 * 2 = 14" is 14), numbers negated ("not 40", "isn't 40") passed over, unless a
+     correction follows it ("Wait, no: 24", "actually", "I mean", "or rather", "sorry", "on second thought"):
+     then the correction's number. Numbers written after the statement are remarks and do not count
+     ("Final answer: 42. Note that 40 would be wrong." is 42);
+  3. concluded: in the last sentence that holds a number, the clause from its last conclusion word ("so",
+     "thus", "therefore", "hence", "in total", "altogether", "overall"; not "so far", "so that") gives the
+     number after its last result link (=, is, are, equals, gives, makes, yields, has, holds, costs, leaves,
+     ... "So 5 apples and 3 apples make 8": 8), or its first number when it has none ("so 42 marbles fit in 6
+     jars": 42); numbers right after a preposition ("in 6 jars", "after 2 hours", "more than 40") are passed
+     over while the clause has others, and a trailing remark (", which is ...", "(since ...)") is left out;
+  4. otherwise the last number.
+A number is an integer, a decimal, scientific notation ("3.2e4", `3.2 \times 10^{4}`), a fraction ("3/4",
+`\frac{3}{4}`, `\dfrac34`), a mixed number ("3 3/4"); in rules 2 and 3, and in a completion without digits,
+also number words ("five", "minus twelve"); a number inside a math span (`$...$`, `\(...\)`, `\[...\]`)
+stands for the span's final expression (`$p = \frac{3}{4}$` -> `\frac{3}{4}`, `$\sqrt{2}$` -> `\sqrt{2}`), when
+math-verify can read it. What the rule cannot tell apart: a conclusion whose answer comes after a number the
+clause only mentions, with neither a link nor a preposition to tell them apart ("So 3 boxes fill 42 jars"
+reads 3); box the answer or state it ("the answer is 42") to be read right every time.
+
+Equivalence (`answers_match`): two plain numbers (grpo_cli/rewards/numbers.py) are compared exactly, to six
+decimals and six significant digits ("0.5" = "1/2" = "5e-1", "3 3/4" = "3.75", "five" = "5"; 1e-9 != 3e-9);
+anything else by math-verify.
 
 Importing this module must not import math-verify (`grpo validate` stays fast).
 """
@@ -22,6 +44,8 @@ import threading
 from decimal import Decimal
 from typing import Any
 
+from grpo_cli.rewards.numbers import NUMBER_WORDS, numbers_match, read_number, words_value
+
 EXTRACT_MODES = ("auto", "boxed", "tag", "gsm8k", "last_number")
 
 _DASHES = str.maketrans(dict.fromkeys("\u2212\u2013\u2012\u2010\u2011\ufe63\uff0d", "-"))
@@ -31,9 +55,39 @@ _GROUPED = re.compile(
     r"(?<![\d.,])(?<![\d.,] )(\d{1,3})(\\[,! ]|\{,\}|[ \u00a0\u2009\u202f])(\d{3})((?:\2\d{3})*)(?![\d])"
 )
 _FRAC = r"\\[dt]?frac\s*(?:\{\s*-?\d+(?:\.\d+)?\s*\}|\d)\s*(?:\{\s*-?\d+(?:\.\d+)?\s*\}|\d)"
+_EXPONENT = r"(?:[eE][-+]?\d+|\s*(?:\\times|\\cdot|×|x|\*)\s*10\s*\^\s*\{?\s*[-+]?\d+\s*\}?)(?![\w])"
 # A number as people write it: optional minus (not a subtraction: "3-5" gives 5), thousands
-# separators ("1,000"), decimals, simple fractions ("3/4") and LaTeX fractions.
-_NUMBER = re.compile(rf"(?<![\w.])-?(?:{_FRAC}|(?:\d{{1,3}}(?:,\d{{3}})+|\d+)(?:\.\d+)?(?:/\d+(?:\.\d+)?)?)")
+# separators ("1,000"), decimals, scientific notation ("3.2e4"), simple fractions ("3/4"), mixed numbers
+# ("3 3/4") and LaTeX fractions.
+_NUMBER = re.compile(
+    rf"(?<![\w.])-?(?:\d+\s+\d+/\d+(?![\d/.])|\d+\s*{_FRAC}|{_FRAC}"
+    rf"|(?:\d{{1,3}}(?:,\d{{3}})+|\d+)(?:\.\d+)?(?:{_EXPONENT}|/\d+(?:\.\d+)?)?)"
+)
+# The last answer phrase: "the answer is", "Final answer:", "answer =", "the answer to part a would be"
+_ANSWER_PHRASE = re.compile(
+    r"\banswers?\b[^.!?\n\d]{0,40}?(?:\b(?:is|was|would\s+be|will\s+be|should\s+be|must\s+be|equals|comes\s+to)\b"
+    r"|[:=])", flags=re.IGNORECASE,
+)
+_CORRECTION = re.compile(
+    r"(?:^|(?<=[\s.!?;,:(]))(?:wait|no(?=\s*[,:;!.\-])|nope|actually|correction|sorry|oops|i\s+mean|or\s+rather"
+    r"|on\s+second\s+thought)\b", flags=re.IGNORECASE,
+)
+_CONCLUSION = re.compile(
+    r"(?:^|(?<=[.!?;:,\n])|(?<=[.!?;:,]\s)|(?<=\band\s))\s*(?:so|thus|therefore|hence|in\s+total|altogether"
+    r"|overall|in\s+all)\b(?!\s+(?:far|that|on|much|many)\b)", flags=re.IGNORECASE,
+)
+_LINK = re.compile(
+    r"=|\\approx|≈|\b(?:is|are|was|were|equals?|gives?|makes?|yields?|comes\s+to|totals?|leaves?|has|have|had"
+    r"|holds?|contains?|costs?|gets?|earns?)\b", flags=re.IGNORECASE,
+)
+# a number right after a preposition is context ("in 6 jars", "after 2 hours", "more than 40"), not a result
+_AFTER_PREPOSITION = re.compile(
+    r"\b(?:in|on|at|after|before|for|over|per|of|by|with|within|during|from|into|between|among|than)\s+"
+    r"(?:(?:the|a|an|every|each|all)\s+)?\$?$", flags=re.IGNORECASE,
+)
+_REMARK = re.compile(r",\s*(?:which|that)\s+(?:is|was|are|were)\b|\s\(|,\s*i\.e\.|,?\s(?:since|because)\b|\s[—–]\s")
+_NEGATED = re.compile(r"(?:\bnot|\bnever|n't)\s+(?:\w+\s+)?$", flags=re.IGNORECASE)
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n\s*\n")
 # Math spans; a lone `$` is a math delimiter only as in pandoc: no space inside it, no digit after
 # the closing one, so "costs $5 and $7" holds no span.
 _MATH_SPAN = re.compile(
@@ -114,19 +168,83 @@ def _final_expression(span: str) -> str:
     return span[cut:].strip().rstrip(".,;").strip()
 
 
-def _last_number_or_math(text: str) -> str | None:
-    """The last number; inside a math span, the span's final expression if math-verify reads it."""
-    found = list(_NUMBER.finditer(text))
-    if not found:
-        return None
-    last = found[-1]
+def _as_answer(text: str, m: re.Match) -> str:
+    """A number found in `text`: inside a math span the span's final expression if math-verify reads it; number
+    words as digits."""
+    if m.re is NUMBER_WORDS:
+        return str(words_value(m.group()))
     for span in _MATH_SPAN.finditer(text):
-        if span.start() <= last.start() and last.end() <= span.end():
+        if span.start() <= m.start() and m.end() <= span.end():
             content = next(g for g in span.groups() if g is not None)
             expression = _final_expression(content)
             if expression and not _PLAIN_WORD.search(_TEXT_CMD.sub("", expression)) and _parse(expression):
                 return expression
-    return _number_text(last.group())
+    return _number_text(m.group())
+
+
+def _numbers(text: str, start: int, end: int, words: bool) -> list[re.Match]:
+    """Numbers (and number words) within text[start:end] not negated ("not 40"), in order."""
+    found = list(_NUMBER.finditer(text, start, end))
+    if words:
+        taken = [(m.start(), m.end()) for m in found]
+        found += [w for w in NUMBER_WORDS.finditer(text, start, end)
+                  if not any(a < w.end() and w.start() < b for a, b in taken)]
+    found = [m for m in found if not _NEGATED.search(text[start : m.start()])]
+    return sorted(found, key=lambda m: m.start())
+
+
+def _sentence_end(text: str, pos: int) -> int:
+    m = _SENTENCE_END.search(text, pos)
+    return m.start() if m else len(text)
+
+
+def _sentence_start(text: str, pos: int) -> int:
+    starts = [m.end() for m in _SENTENCE_END.finditer(text, 0, pos)]
+    return starts[-1] if starts else 0
+
+
+def _clause_number(text: str, start: int, end: int) -> re.Match | None:
+    """A statement's number: after its last result link that has a number after it, else its first number;
+    a trailing remark (", which is ...", "(...") left out, numbers right after a preposition passed over while
+    there are others."""
+    remark = _REMARK.search(text, start, end)
+    end = remark.start() if remark else end
+    numbers = _numbers(text, start, end, words=True)
+    results = [m for m in numbers if not _AFTER_PREPOSITION.search(text[start : m.start()])]
+    numbers = results or numbers
+    for link in reversed(list(_LINK.finditer(text, start, end))):
+        after = [m for m in numbers if m.start() >= link.end()]
+        if after:
+            return after[0]
+    return numbers[0] if numbers else None
+
+
+def _stated_answer(text: str) -> str | None:
+    """Rules 2 and 3 of the module docstring: the number an answer phrase or a conclusion states, or None."""
+    phrases = list(_ANSWER_PHRASE.finditer(text))
+    if phrases:
+        answer = _clause_number(text, phrases[-1].end(), _sentence_end(text, phrases[-1].end()))
+        if answer is not None:
+            for fix in _CORRECTION.finditer(text, answer.end()):
+                corrected = _clause_number(text, fix.end(), _sentence_end(text, fix.end()))
+                if corrected is not None and corrected.start() > answer.start():
+                    answer = corrected
+            return _as_answer(text, answer)
+    digits = list(_NUMBER.finditer(text))
+    if not digits:
+        return None
+    start = _sentence_start(text, digits[-1].start())
+    end = _sentence_end(text, digits[-1].end())
+    cues = list(_CONCLUSION.finditer(text, start, end))
+    found = _clause_number(text, cues[-1].end(), end) if cues else None
+    return _as_answer(text, found) if found is not None else None
+
+
+def _last_number_or_math(text: str) -> str | None:
+    """The last number; inside a math span, the span's final expression if math-verify reads it. Without any
+    digit, the last number word ("There are five.")."""
+    found = list(_NUMBER.finditer(text)) or list(NUMBER_WORDS.finditer(text))
+    return _as_answer(text, found[-1]) if found else None
 
 
 def extract_answer(text: str, mode: str = "auto", tag: str = "answer") -> str | None:
@@ -134,8 +252,7 @@ def extract_answer(text: str, mode: str = "auto", tag: str = "answer") -> str | 
 
     mode: `boxed` (last \\boxed{...}), `tag` (last <tag>...</tag>), `gsm8k` (after the last ####),
     `last_number` (last number, a LaTeX fraction counts as one; "1,000" -> "1000"), `auto` (boxed,
-    then tag, then gsm8k, then the last number or, when that number is inside a math span, the span's
-    final expression).
+    then tag, then gsm8k, then the stated answer, then the last number: the module docstring's rule).
     """
     text = clean_answer(text)
     if mode == "boxed":
@@ -147,7 +264,7 @@ def extract_answer(text: str, mode: str = "auto", tag: str = "answer") -> str | 
     if mode == "last_number":
         return _last_number(text)
     if mode == "auto":
-        for find in (_last_boxed, lambda t: _last_tag(t, tag), _after_hashes, _last_number_or_math):
+        for find in (_last_boxed, lambda t: _last_tag(t, tag), _after_hashes, _stated_answer, _last_number_or_math):
             found = find(text)
             if found is not None:
                 return found
@@ -196,11 +313,16 @@ def _parse(text: str, timeout: int | None = None) -> list:
 
 
 def answers_match(reference: str, predicted: str) -> bool:
-    """True if math-verify finds `predicted` equivalent to `reference` ("0.5" vs "1/2" is True), both
-    cleaned first (`clean_answer`). Text that math-verify cannot read is compared as words, case-insensitively."""
+    """True if `predicted` is equivalent to `reference`, both cleaned first (`clean_answer`): two plain numbers
+    compared exactly (to six decimals and six significant digits: grpo_cli/rewards/numbers.py), anything else by
+    math-verify ("\\sqrt{8}" vs "2\\sqrt{2}" is True). Text that math-verify cannot read is compared as words,
+    case-insensitively."""
     from math_verify import verify
 
     reference, predicted = clean_answer(reference), clean_answer(predicted)
+    exact = read_number(reference), read_number(predicted)
+    if exact[0] is not None and exact[1] is not None:
+        return numbers_match(*exact)
     timeout = _math_verify_timeout()
     gold, pred = _parse(reference, timeout), _parse(predicted, timeout)
     if not gold or not pred:

@@ -121,6 +121,104 @@ ORDER = rows(
     (r"I thought 0.75 but it is \frac{1}{2}", "1/2", 1.0),
 )
 
+# issue 21, defect 4: classes read wrong on completions no test had seen. The rule (grpo_cli/rewards/answers.py):
+# marked answers, then the stated answer (after the last answer phrase; corrections replace it; later mentions do
+# not), then a concluding clause's number, then the last number.
+STATED = rows(
+    ("Final answer: 42. Note that 40 would be wrong.", "42", 1.0),
+    ("Final answer: 42. Note that 40 would be wrong.", "40", 0.0),
+    ("The answer is 42. (We checked 6 jars of 7.)", "42", 1.0),
+    ("The answer is 42, which is 2 more than 40.", "42", 1.0),
+    ("So the answer is 42; the other candidate, 40, fails the check.", "42", 1.0),
+    ("Answer: 42\n\nCheck: 6 x 7 = 42, and 6 x 6 = 36 is too small.", "42", 1.0),
+    ("**Final Answer:** 42 marbles. Earlier I thought 36.", "42", 1.0),
+    ("The answer is not 40 but 42.", "42", 1.0),
+    ("The answer isn't 40; it is 42.", "42", 1.0),
+    ("the answer to the question would be 42, since 6 jars hold 7 each", "42", 1.0),
+    ("The answer is 23. Wait, no: 24.", "24", 1.0),  # a correction replaces it
+    ("The answer is 23, or rather 24.", "24", 1.0),
+    ("The answer is 23. Actually, I mis-added: it is 24.", "24", 1.0),
+    ("The final answer is 23. Sorry, 25 - 1 = 24.", "24", 1.0),
+    ("so 42 marbles fit in 6 jars", "42", 1.0),
+    ("so 42 marbles fit in 6 jars", "6", 0.0),
+    ("Each jar holds 7, so 42 marbles fill 6 jars.", "42", 1.0),
+    ("Therefore 42 marbles, 7 in each of the 6 jars.", "42", 1.0),
+    ("Thus the total is 42, which is 2 more than 40.", "42", 1.0),
+    ("In total, 6 jars hold 42 marbles.", "42", 1.0),  # a link ("hold") says which number is the result
+    ("So 5 apples and 3 apples make 8 apples.", "8", 1.0),
+    ("So far we have 3 apples; adding 5 gives 8.", "8", 1.0),  # "so far" is no conclusion
+    ("Let's find the answer: first, 3 + 4 = 7, then 7 * 2 = 14.", "14", 1.0),  # the statement's result
+    ("The answer is 7 because 3 + 5 = 8 minus 1.", "7", 1.0),
+    ("So, after 2 hours, the train travels 120 km.", "120", 1.0),  # "after 2 hours" is context
+    ("Thus in 6 jars we find 42 marbles.", "42", 1.0),
+    ("In total, she spent $45 on 3 books.", "45", 1.0),
+    ("Thus, she will have 10 - 4 = 6 apples left after giving 4 away.", "6", 1.0),
+    ("The answer is 19. I hope this helps! Let me know if you have 2 more questions.", "19", 1.0),
+    ("So 3 + 4 = 7. Then 7 * 2 = 14.", "14", 1.0),  # the conclusion must be in the last numbered sentence
+    ("She had 9 and gave 3 away, so she kept 6 (half of 12).", "6", 1.0),
+)
+
+SCIENTIFIC = rows(
+    ("The distance is 3.2e4 km.", "32000", 1.0),
+    ("The distance is 3.2E4 km.", "32000", 1.0),
+    ("So the concentration is 6E-3 mol/L.", "0.006", 1.0),
+    ("The answer is 6e-3.", "0.006", 1.0),
+    (r"\boxed{3.2e4}", "32000", 1.0),
+    (r"The answer is $3.2 \times 10^{4}$.", "32000", 1.0),
+    ("The answer is 3.2 × 10^4.", "32000", 1.0),
+    ("It comes to 2.5 x 10^-3 seconds.", "0.0025", 1.0),
+    ("#### -4.1e2", "-410", 1.0),
+    ("The answer is 3.2e4.", "3.2", 0.0),  # not 3.2 and then 4
+    ("The answer is 3.2e4.", "4", 0.0),
+    ("The answer is 3.2e4.", "3.2e5", 0.0),
+    ("The answer is 32000.", "3.2e4", 1.0),  # a reference written that way
+)
+
+WORDS = rows(
+    ("The answer is five.", "5", 1.0),
+    ("The answer is minus twelve.", "-12", 1.0),
+    ("The answer is negative three.", "-3", 1.0),
+    ("Final answer: twenty-one", "21", 1.0),
+    ("The answer is one hundred and five.", "105", 1.0),
+    ("The answer is two thousand three hundred.", "2300", 1.0),
+    (r"\boxed{five}", "5", 1.0),
+    ("<answer>seven</answer>", "7", 1.0),
+    ("There are five apples in the basket.", "5", 1.0),  # no digit anywhere: the last number word
+    ("So there are twelve.", "12", 1.0),
+    ("The answer is five.", "6", 0.0),
+    ("The answer is 42, the only one that works.", "42", 1.0),  # "one" after the number is no answer
+    ("There are 42 apples in the one basket.", "42", 1.0),  # with digits, words are not numbers there
+    ("The answer is five.", "five", 1.0),  # a reference in words
+)
+
+MIXED = rows(
+    ("The answer is 3 3/4.", "3.75", 1.0),
+    ("The answer is 3 3/4.", "15/4", 1.0),
+    ("The answer is 3 3/4.", "9/4", 0.0),  # not 3 times 3/4
+    ("She needs 3 3/4 cups.", "3.75", 1.0),
+    (r"\boxed{2\frac{1}{2}}", "2.5", 1.0),
+    (r"The answer is $2\frac{1}{2}$.", "5/2", 1.0),
+    ("#### 1 1/2", "1.5", 1.0),
+    ("The answer is -1 1/2.", "-1.5", 1.0),
+    ("It takes 2 1/4 hours.", "2.25", 1.0),
+    ("It takes 2 1/4 hours.", "2", 0.0),
+    ("The answer is 3 3/4.", "3 3/4", 1.0),  # a reference written that way
+)
+
+TOLERANCE = rows(  # two different small numbers are different; a decimal close to a fraction is that fraction
+    (r"\boxed{1e-9}", "3e-9", 0.0),
+    (r"\boxed{0.000000001}", "0.000000003", 0.0),
+    (r"\boxed{0.000001}", "0.000002", 0.0),
+    (r"\boxed{1000000.5}", "1000001", 0.0),
+    (r"\boxed{1000000}", "1000001", 0.0),
+    (r"\boxed{0.3333333}", "1/3", 1.0),
+    (r"\boxed{3.141593}", "3.14159265", 1.0),
+    (r"\boxed{0.33}", "1/3", 0.0),
+    (r"\boxed{1e-9}", "0.000000001", 1.0),
+    (r"\boxed{12345678901234567891}", "12345678901234567890", 0.0),
+    (r"\boxed{0.5}", r"\frac{1}{2}", 1.0),
+)
+
 KEEP = rows(  # what worked before must keep working
     ("x = 3-5 = -2, done", "-2", 1.0),
     ("from 3-5", "5", 1.0, "last_number"),
@@ -138,7 +236,9 @@ KEEP = rows(  # what worked before must keep working
 
 
 CLASSES = {"escaped_dollar": DOLLAR, "unicode_minus": MINUS, "inline_latex": LATEX, "digit_grouping": GROUPING,
-           "only_the_final_answer_counts": ORDER, "kept_behaviour": KEEP}
+           "only_the_final_answer_counts": ORDER, "stated_answer_then_mentions": STATED,
+           "scientific_notation": SCIENTIFIC, "number_words": WORDS, "mixed_numbers": MIXED,
+           "numeric_tolerance": TOLERANCE, "kept_behaviour": KEEP}
 
 
 @pytest.mark.parametrize("completion, reference, expected, mode", [
@@ -161,6 +261,41 @@ def test_accuracy_table(completion, reference, expected, mode):
 )
 def test_extracted_text(text, expected):
     assert extract_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Final answer: 42. Note that 40 would be wrong.", "42"),
+        ("so 42 marbles fit in 6 jars", "42"),
+        ("The answer is 23. Wait, no: 24.", "24"),
+        ("The distance is 3.2e4 km.", "3.2e4"),
+        ("The answer is minus twelve.", "-12"),
+        ("There are five apples.", "5"),
+        ("She needs 3 3/4 cups.", "3 3/4"),
+        (r"The answer is $3.2 \times 10^{4}$.", r"3.2 \times 10^{4}"),
+    ],
+)
+def test_extracted_text_of_the_new_classes(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_plain_numbers_are_read_exactly():
+    from fractions import Fraction
+
+    from grpo_cli.rewards.numbers import numbers_match, read_number, words_value
+
+    assert [read_number(t) for t in ("1,234.5", "-3.2e4", "6E-3", r"3.2 \times 10^{4}", "1.5 x 10^-3", "3/4",
+                                     r"\dfrac34", r"\frac{-3}{4}", "3 3/4", r"2\frac{1}{2}", "-1 1/2", "five",
+                                     "minus twelve", "$0.5$", "{7}")] == [
+        Fraction(2469, 2), -32000, Fraction(3, 500), 32000, Fraction(3, 2000), Fraction(3, 4), Fraction(3, 4),
+        Fraction(-3, 4), Fraction(15, 4), Fraction(5, 2), Fraction(-3, 2), 5, -12, Fraction(1, 2), 7]
+    assert [read_number(t) for t in (r"\sqrt{2}", "3 4", "x", "1e400", "3/0", "3 5/4", "five apples", "")] == [None] * 8
+    assert [words_value(t) for t in ("twenty-one", "one hundred and five", "two thousand three hundred",
+                                     "negative nine", "one million two hundred thousand", "and", "zero")] == [
+        21, 105, 2300, -9, 1200000, None, 0]
+    assert numbers_match(Fraction(1, 3), Fraction("0.3333333")) and not numbers_match(Fraction(1, 3), Fraction("0.33"))
+    assert not numbers_match(Fraction("1e-9"), Fraction("3e-9")) and not numbers_match(Fraction(10**6), Fraction(10**6 + 1))
 
 
 def test_answers_match_cleans_both_sides():
