@@ -14,8 +14,9 @@ returned None): it is left out of the group statistics and its advantage is 0.
 
 A group without signal gets exactly 0: one whose rewards number fewer than two or whose std (taken in float64,
 so that equal rewards give exactly 0) is at most ZERO_STD. The float32 formula alone leaks rounding: the float32
-mean of eight rewards of 5.7 is not 5.7, and TRL 1.16 gives each of them -0.0047. Every other group gets TRL's
-float32 advantages, bit for bit. The same rule counts frac_reward_zero_std and drives DAPO's dynamic sampling.
+mean of eight rewards of 5.7 is not 5.7, and TRL 1.16 gives each of them -0.0047. Every other group gets the
+float32 formula as before, TRL's to float32 rounding (bench/vs_trl_loss.py). The same rule counts
+frac_reward_zero_std and drives DAPO's dynamic sampling.
 """
 
 from __future__ import annotations
