@@ -22,7 +22,8 @@ def command(
     seed: Optional[int] = typer.Option(None, "--seed", help="Generator and sampling seed."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="Prompts per generate call."),
     backend: str = typer.Option("hf", "--backend", help="Generation backend: hf (transformers) or vllm (in-process vLLM)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Folder for eval.json and samples.jsonl (default: eval/<timestamp>)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Folder for eval.json and samples.jsonl (default: RUN/eval/<timestamp> of the first run or checkpoint target, else eval/<timestamp>)."),
+    threads: Optional[str] = typer.Option(None, "--threads", help="CPU threads: a number or auto (default: the recipe's train.threads, auto unless set)."),
 ) -> None:
     """Accuracy (greedy pass@1), pass@k, maj@k and reward means of models on the same held-out problems.
 
@@ -47,11 +48,30 @@ def command(
     from grpo_cli.recipe.files import load_recipe
 
     r = load_recipe(recipe) if recipe else None
+    if threads == "auto" or (threads is None and (r is None or r.train.threads == "auto")):
+        from grpo_cli.run.cpus import prepare_openmp
+
+        prepare_openmp("auto")  # before torch is imported (a checkpoint's recipe is read later, with torch)
     # an empty value (not None) replaces the recipe's other eval source
     held_out = ({"dataset": dataset, "files": []} if dataset else
                 {"files": [str(f.resolve()) for f in files], "dataset": ""} if files else {})
-    out = output or Path("eval") / time.strftime("%Y%m%d-%H%M%S")
+    out = output or _run_folder(targets) / "eval" / time.strftime("%Y%m%d-%H%M%S")
     overrides = dict(split=split, limit=limit, num_samples=num_samples, temperature=temperature, top_p=top_p,
                      max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size, **held_out)
-    run_eval(targets, r, overrides, out, backend=backend)
+    if threads is not None and threads != "auto" and not (threads.isdigit() and int(threads) >= 1):
+        raise UsageError(f"--threads {threads!r}: give a number >= 1 or auto")
+    run_eval(targets, r, overrides, out, backend=backend,
+             threads=None if threads is None else threads if threads == "auto" else int(threads))
     typer.echo(f"wrote {out}/eval.json and {out}/samples.jsonl")
+
+
+def _run_folder(targets: list[str]) -> Path:
+    """The run folder of the first target that is a run or one of its checkpoints (its eval/ goes there); else the
+    working directory."""
+    for t in targets:
+        path = Path(t)
+        if path.parent.name == "checkpoints" and path.name.startswith("step-"):
+            return path.parent.parent
+        if (path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file():
+            return path
+    return Path(".")

@@ -42,9 +42,11 @@ def command(
     from grpo_cli.data.checks import check_data
     from grpo_cli.recipe.files import load_recipe
     from grpo_cli.run import lock
+    from grpo_cli.run.cpus import prepare_openmp
     from grpo_cli.train.launch import launched_by_torchrun, relaunch
 
     r = load_recipe(recipe, overrides or [])
+    prepare_openmp(r.train.threads)  # before torch is imported: a shared CPU gets OpenMP's passive wait policy
     check_data(r)  # a missing file or column exits 2 before any model is loaded, not at step 1
     run_dir = output_dir or Path(r.output_dir)
     if verbose:  # read by grpo_cli.models.loading in this process, the relaunched workers and vLLM's engine processes
@@ -59,12 +61,32 @@ def command(
         args = ["train", str(recipe), *(overrides or []), "--output-dir", str(run_dir), *flags]
         os.environ[lock.HOLDER_ENV] = f"{os.getpid()}:{run_dir.resolve()}"  # the workers' lock is ours
         raise typer.Exit(relaunch(num_processes, accelerate_config, args + (["--resume", resume] if resume else [])))
-    _train(r, run_dir, resume, start_over, allow_recipe_change)
+    _train(r, run_dir, resume, start_over, allow_recipe_change, recipe)
 
 
-def _train(r, run_dir: Path, resume: Optional[str], start_over: bool, allow_recipe_change: bool) -> None:
+def _finished(r, run_dir: Path, resume: Optional[str], start_over: bool) -> int | None:
+    """The step of a run that `--resume auto` would find already at train.max_steps (nothing to train), else None."""
+    from grpo_cli.run.checkpoints import latest_checkpoint, step_of
+
+    newest = latest_checkpoint(run_dir) if resume == "auto" and not start_over else None
+    step = step_of(newest) if newest is not None else None
+    return step if step is not None and step >= r.train.max_steps else None
+
+
+def _train(r, run_dir: Path, resume: Optional[str], start_over: bool, allow_recipe_change: bool,
+           recipe_file: Path) -> None:
     """Train in this process: logging set up, the engine built and run; interrupts and signals become exit codes."""
     import logging
+
+    from grpo_cli.run.checkpoints import latest_checkpoint
+    from grpo_cli.views.summary import end_of_run
+
+    done = _finished(r, run_dir, resume, start_over)
+    if done is not None:  # nothing to train: no model loaded, no recipe change recorded
+        typer.echo(f"{run_dir} has finished: step {done} of train.max_steps {r.train.max_steps} (raise "
+                   "train.max_steps to train on, or --start-over to train again)")
+        typer.echo(end_of_run(run_dir, done, recipe_file, latest_checkpoint(run_dir)))
+        return
 
     from rich.logging import RichHandler
 
@@ -72,7 +94,6 @@ def _train(r, run_dir: Path, resume: Optional[str], start_over: bool, allow_reci
     logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[RichHandler(show_path=False)])
     logging.getLogger("grpo_cli").setLevel(logging.INFO)
     from grpo_cli.errors import UserError
-    from grpo_cli.run.checkpoints import latest_checkpoint
     from grpo_cli.train.engine import Engine
 
     try:
@@ -91,4 +112,4 @@ def _train(r, run_dir: Path, resume: Optional[str], start_over: bool, allow_reci
     if engine.stop_requested:  # stopped by a signal after a checkpoint: 128 + its number, as the shell reports it
         raise typer.Exit(128 + (engine.stop_signal or signal.SIGTERM))
     if engine.accelerator.is_main_process:
-        typer.echo(f"done: {step} steps in {run_dir}")
+        typer.echo(end_of_run(run_dir, step, recipe_file, latest_checkpoint(run_dir)))

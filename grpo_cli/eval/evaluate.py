@@ -240,14 +240,37 @@ def _majority_correct(xs: list[dict[str, Any]], match: Callable[[str, str], bool
 
 
 class _progress:
-    """A rich progress bar with ETA over problems (or nothing)."""
+    """Progress over problems: a rich bar with ETA on a terminal; elsewhere (a log file, a pipe) a plain line at
+    every tenth of the problems and at least every 30 s, so a log shows the eval is alive (or nothing)."""
 
     def __init__(self, enabled: bool, total: int) -> None:
-        self.enabled, self.total = enabled, total
+        import sys
+
+        self.enabled, self.total, self.terminal = enabled, total, sys.stderr.isatty()
+
+    def _line(self, k: int) -> None:
+        import sys
+        import time
+
+        self.done += k
+        now = time.monotonic()
+        tenth = self.done * 10 // max(self.total, 1)
+        if tenth > self.tenth or now - self.last >= 30 or self.done >= self.total:
+            spent = now - self.start
+            eta = spent / self.done * (self.total - self.done) if self.done else 0.0
+            print(f"eval: {self.done}/{self.total} problems, {spent:.0f} s, eta {eta:.0f} s", file=sys.stderr,
+                  flush=True)
+            self.tenth, self.last = tenth, now
 
     def __enter__(self):
         if not self.enabled:
             return lambda k: None
+        if not self.terminal:
+            import time
+
+            self.done, self.tenth, self.start = 0, 0, time.monotonic()
+            self.last = self.start
+            return self._line
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         self.bar = Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TextColumn("eta"),
@@ -257,7 +280,7 @@ class _progress:
         return lambda k: self.bar.advance(task, k)
 
     def __exit__(self, *exc) -> None:
-        if self.enabled:
+        if self.enabled and self.terminal:
             self.bar.stop()
 
 
@@ -302,11 +325,14 @@ def eval_settings(recipe: Recipe, cfg: EvalConfig, problems: Problems) -> dict[s
 
 
 def run_eval(specs: list[str], recipe: Recipe | None, cfg_overrides: dict[str, Any], output: Path,
-             backend: str = "hf") -> dict[str, Any]:
-    """Evaluate every target on the same problems; print a table, write eval.json and samples.jsonl."""
+             backend: str = "hf", threads: int | str | None = None) -> dict[str, Any]:
+    """Evaluate every target on the same problems; print a table, write eval.json and samples.jsonl. `threads`:
+    the CPU threads (a number or auto; None: the recipe's train.threads)."""
     import json
+    import sys
 
     from grpo_cli.models.loading import load_tokenizer, quiet_transformers
+    from grpo_cli.run.cpus import apply_threads
 
     quiet_transformers()
     resolved = {s: resolve_target(s, recipe) for s in specs if s != "base"}  # `base` needs the recipe first
@@ -314,6 +340,10 @@ def run_eval(specs: list[str], recipe: Recipe | None, cfg_overrides: dict[str, A
     if recipe is None:
         raise UsageError("no recipe: give --recipe, or a checkpoint written by `grpo train` as a target")
     targets = [resolved.get(s) or resolve_target(s, recipe) for s in specs]
+    setting = threads if threads is not None else recipe.train.threads
+    if setting is not None:
+        chosen = apply_threads(setting)
+        print(f"{chosen.count} CPU thread{'s' if chosen.count > 1 else ''} ({chosen.why})", file=sys.stderr)
     cfg = (recipe.eval or EvalConfig()).model_copy(update={k: v for k, v in cfg_overrides.items() if v is not None})
     results, settings = [], None
     output.mkdir(parents=True, exist_ok=True)

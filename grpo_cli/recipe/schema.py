@@ -243,7 +243,18 @@ class TrainConfig(Section):
         "auto: bf16 for float32 weights where the hardware computes bf16 natively (CUDA, CPUs with AVX512-BF16 or AMX), else no.",
     )
     seed: int = Field(0, description="Seed of sampling, shuffling and initialisation.")
-    threads: int | None = Field(None, ge=1, description="torch intra-op threads (CPU); None keeps torch's choice.")
+    threads: int | Literal["auto"] | None = Field(
+        "auto", description="torch intra-op threads (CPU), for grpo train and grpo eval. auto: the cores free when the "
+        "run starts (its affinity minus what other processes keep busy), split between the run's processes; threads "
+        "that outnumber the free cores wait on each other (a step can take 20x longer). None keeps torch's choice.",
+    )
+
+    @field_validator("threads")
+    @classmethod
+    def _threads(cls, v: Any) -> Any:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("train.threads must be >= 1, auto, or null")
+        return v
 
     @field_validator("mixed_precision", mode="before")
     @classmethod

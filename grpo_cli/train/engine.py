@@ -9,6 +9,7 @@ models, the step's report. The generation batch (rows of a group contiguous) is 
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import torch
 from grpo_cli.algo.advantages import step_advantages
 from grpo_cli.algo.losses import trained_mask
 from grpo_cli.recipe.schema import Recipe
+from grpo_cli.run.cpus import SlowSteps, apply_threads
 from grpo_cli.train.reporting import Clock
 
 
@@ -58,8 +60,8 @@ class Engine:
 
         quiet_transformers()
         r, t = self.recipe, self.recipe.train
-        if t.threads:
-            torch.set_num_threads(t.threads)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # the run's processes on this machine share its cores
+        self.threads = apply_threads(t.threads, local) if t.threads is not None else None
         self.mixed_precision = resolve_mixed_precision(t.mixed_precision, r.model.dtype)
         self.accelerator = acc = Accelerator(mixed_precision=self.mixed_precision, log_with=r.logging.trackers or None,
                                              project_dir=str(self.run_dir))
@@ -121,7 +123,8 @@ class Engine:
             self.console.print(f"resumed from {self.checkpoint_path} at step {step}")
         self.console.print(start_line(self.model_summary, self.recipe, self.mixed_precision,
                                       self.reference.model is not None, getattr(self.rollouts.generator, "copy", None),
-                                      self.accelerator.device))
+                                      self.accelerator.device, self.threads))
+        slow = SlowSteps(torch.get_num_threads(), self.accelerator.device.type)
         self.rollouts.start(step)
         try:
             while step < self.recipe.train.max_steps:
@@ -130,6 +133,8 @@ class Engine:
                 if self._should_eval(step):
                     metrics.update(self.evaluate())
                 self._log(step, metrics)
+                if (warning := slow(step, metrics["time/step"])) and self.procs.is_main:
+                    self.console.print(warning)
                 self.stop_requested = self.procs.any(self.stop_requested)  # a signal may reach one process: all stop
                 if self._should_save(step):
                     self.save(step)

@@ -92,6 +92,9 @@ def test_eval_command_on_a_trained_run(tmp_path, monkeypatch):
                         "--limit", "6", "-n", "3", "--max-new-tokens", "8", "-o", str(out)],
                        capture_output=True, text=True, cwd=ROOT, env=env)
     assert p.returncode == 0, p.stderr
+    assert "1 CPU thread (train.threads: 1)" in p.stderr  # the recipe's train.threads (issue 22: it was ignored)
+    # not a terminal: plain progress lines (issue 22: a log file stayed empty for 18 minutes), one per target here
+    assert p.stderr.count("eval: 6/6 problems, ") == 2, p.stderr
     assert "greedy pass@1" in p.stdout and "pass@2" in p.stdout
     assert "not held out" in p.stdout  # ci-tiny has no eval set: its generator under eval.seed, said aloud
     report = json.loads((out / "eval.json").read_text())
@@ -113,7 +116,16 @@ def test_eval_command_on_a_trained_run(tmp_path, monkeypatch):
     assert probs["base"] == probs[str(run)]
     # greedy decoding is deterministic: the base model's greedy completions equal a second eval's
     p = subprocess.run([sys.executable, "-m", "grpo_cli", "eval", "base", "--recipe", str(TINY), "--limit", "6",
-                        "--max-new-tokens", "8", "-o", str(tmp_path / "again")], capture_output=True, text=True, cwd=ROOT, env=env)
+                        "--max-new-tokens", "8", "-o", str(tmp_path / "again"), "--threads", "auto"],
+                       capture_output=True, text=True, cwd=ROOT, env=env)
+    assert "CPU thread" in p.stderr and "(auto: " in p.stderr
+    # without -o, a run's eval goes into the run folder, not the working directory (issue 22)
+    p = subprocess.run([sys.executable, "-m", "grpo_cli", "eval", str(run / "checkpoints/step-2"), "--limit", "2",
+                        "--max-new-tokens", "4"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert p.returncode == 0, p.stderr
+    [written] = list((run / "eval").iterdir())
+    assert (written / "eval.json").is_file() and f"wrote {written}/eval.json" in p.stdout
+    assert not any(x.is_dir() for x in (tmp_path / "eval").iterdir())  # (tmp_path/eval is the -o of the first eval)
     again = [json.loads(line) for line in (tmp_path / "again/samples.jsonl").read_text().splitlines()]
     assert [s["completion"] for s in again] == [s["completion"] for s in samples if s["target"] == "base" and s["kind"] == "greedy"]
 

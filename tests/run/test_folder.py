@@ -426,3 +426,38 @@ def test_a_checkpoint_is_a_model_folder(base_run):
     assert AutoTokenizer.from_pretrained(ckpt)("1 + 2")["input_ids"] and model.config.model_type == "qwen2"
     state = json.loads((ckpt / "trainer/trainer_state.json").read_text())
     assert state["step"] == 4
+
+
+@pytest.mark.slow
+def test_a_run_ends_with_what_it_learned_and_what_to_run_next(base_run, tmp_path):
+    # issue 22: it ended with "done: 4 steps in RUN"; re-running a finished run loaded the model and recorded a
+    # recipe change that never trained
+    run = copy_run(base_run, tmp_path / "run")
+    metrics = read_jsonl(run / "metrics.jsonl")
+    before = (run / "metrics.jsonl").read_text()
+    p = cli("train", TINY, "-o", str(run), "--resume", "auto", "train.threads=auto", "checkpoint.keep_last=3")
+    assert p.returncode == 0, p.stderr
+    assert f"{run} has finished: step 4 of train.max_steps 4" in p.stdout
+    assert "policy:" not in p.stdout + p.stderr  # no model loaded
+    assert (run / "metrics.jsonl").read_text() == before and not (run / "recipe_changes.jsonl").exists()
+    # the summary: first vs last reward (a quarter of a 4-step run each: steps 1 and 4), where the run is, what next
+    first, last = metrics[0]["reward"], metrics[-1]["reward"]
+    assert f"done: 4 steps in {run}\n  reward {first:.3f} (step 1) -> {last:.3f} (step 4)" in p.stdout
+    assert f"  checkpoint {run / 'checkpoints/step-4'}" in p.stdout
+    for command in (f"grpo eval base {run} --recipe {TINY}", f"grpo inspect-rollouts {run}", f"grpo report {run}",
+                    f"grpo export {run} --merge models/run"):
+        assert command in p.stdout, p.stdout
+
+
+def test_the_summary_of_metrics_by_hand(tmp_path):
+    from grpo_cli.views.summary import end_of_run, reward_change
+
+    rows = [{"step": s, "reward": s / 40} for s in range(1, 41)]
+    rows[19]["eval/accuracy"], rows[39]["eval/accuracy"] = 0.75, 0.5
+    assert reward_change(rows) == f"reward {sum(range(1, 11)) / 400:.3f} (steps 1-10) -> " \
+                                  f"{sum(range(31, 41)) / 400:.3f} (steps 31-40)"
+    assert reward_change(rows[:1]) == "reward 0.025 (step 1)" and reward_change([{"step": 1}]) is None
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    text = end_of_run(tmp_path, 1, None, None)
+    assert text.startswith(f"done: 1 step in {tmp_path}\n")  # "1 step", not "1 steps"
+    assert "eval accuracy 0.750 (step 20), 0.500 (step 40)" in text and "--recipe" not in text

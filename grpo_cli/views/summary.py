@@ -1,0 +1,64 @@
+"""What `grpo train` says when a run ends: how far the reward moved, the eval accuracy, where the run is, and the
+commands that look at it next. Read from the run folder's metrics.jsonl (no torch)."""
+
+from __future__ import annotations
+
+import math
+import shlex
+from pathlib import Path
+from typing import Any
+
+from grpo_cli.run.logs import METRICS, read_records
+
+
+def _mean(values: list[float]) -> float | None:
+    values = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    return sum(values) / len(values) if values else None
+
+
+def reward_change(records: list[dict[str, Any]], window: int = 10) -> str | None:
+    """'reward 0.188 (steps 1-10) -> 0.594 (steps 31-40)': the mean of the first and last `window` steps (a quarter
+    of the run each when it is shorter than 4 windows)."""
+    train = [r for r in records if "reward" in r]
+    if not train:
+        return None
+    w = max(1, min(window, len(train) // 4 or 1))
+    first, last = train[:w], train[-w:]
+    a, b = _mean([r["reward"] for r in first]), _mean([r["reward"] for r in last])
+    if a is None or b is None:
+        return None
+
+    def span(rows):
+        return f"step {rows[0]['step']}" if len(rows) == 1 else f"steps {rows[0]['step']}-{rows[-1]['step']}"
+
+    if len(train) <= w:
+        return f"reward {b:.3f} ({span(last)})"
+    return f"reward {a:.3f} ({span(first)}) -> {b:.3f} ({span(last)})"
+
+
+def eval_line(records: list[dict[str, Any]]) -> str | None:
+    evals = [(r["step"], r["eval/accuracy"]) for r in records if isinstance(r.get("eval/accuracy"), (int, float))]
+    if not evals:
+        return None
+    return "eval accuracy " + ", ".join(f"{acc:.3f} (step {step})" for step, acc in evals[-4:])
+
+
+def end_of_run(run_dir: Path, steps: int, recipe_path: Path | None, checkpoint: Path | None) -> str:
+    """The lines a finished run ends with."""
+    records = read_records(run_dir / METRICS).records  # a missing file holds none
+    run = shlex.quote(str(run_dir))
+    lines = [f"done: {steps} step{'s' if steps != 1 else ''} in {run_dir}"]
+    facts = [x for x in (reward_change(records), eval_line(records)) if x]
+    if facts:
+        lines.append("  " + "; ".join(facts))
+    if checkpoint is not None:
+        lines.append(f"  checkpoint {checkpoint}")
+    recipe = f" --recipe {shlex.quote(str(recipe_path))}" if recipe_path is not None else ""
+    lines += [
+        "next:",
+        f"  grpo eval base {run}{recipe}    # the model before and after, on the same problems",
+        f"  grpo inspect-rollouts {run}    # what the policy wrote, group by group",
+        f"  grpo report {run}    # curves and tables: {run_dir / 'report' / 'report.html'}",
+        f"  grpo export {run} --merge models/{run_dir.name}    # a plain Hugging Face model folder",
+    ]
+    return "\n".join(lines)
