@@ -27,17 +27,31 @@ COMMANDS = {  # name -> module; the order of `grpo --help`
     "serve-vllm": serve_vllm,
 }
 
+def whole_examples(doc: str | None) -> str | None:
+    """Help text whose example commands (lines starting `grpo `) are never re-wrapped: click keeps a paragraph
+    after a lone `\\b` line as written, so an example copies and pastes whole at any terminal width."""
+    if not doc:
+        return doc
+    lines, out = doc.split("\n"), []
+    for i, line in enumerate(lines):
+        if line.strip().startswith("grpo ") and (i == 0 or not lines[i - 1].strip()):
+            out.append(line[: len(line) - len(line.lstrip())] + "\b")
+        out.append(line)
+    return "\n".join(out)
+
+
 app = typer.Typer(
     name="grpo",
-    help="Fine-tune language models with GRPO and its variants (Dr. GRPO, DAPO, GSPO, CISPO, SAPO).\n\n"
-    "Examples:\n\n"
-    "  grpo train recipes/quickstart.yaml\n\n"
-    "  grpo train recipes/gsm8k.yaml algorithm.loss_type=dr_grpo train.max_steps=200\n\n"
-    "  grpo print-recipe recipes/ci-tiny.yaml algorithm.beta=0.04",
+    help=whole_examples("Fine-tune language models with GRPO and its variants (Dr. GRPO, DAPO, GSPO, CISPO, SAPO).\n\n"
+                        "Examples:\n\n"
+                        "  grpo train recipes/quickstart.yaml\n\n"
+                        "  grpo train recipes/gsm8k.yaml algorithm.loss_type=dr_grpo train.max_steps=200\n\n"
+                        "  grpo print-recipe recipes/ci-tiny.yaml algorithm.beta=0.04"),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    context_settings={"max_content_width": 120},  # the terminal's width up to 120 (click's default stops at 80)
 )
 
 
@@ -54,6 +68,7 @@ def people_facing(command: Callable[..., Any]) -> Callable[..., Any]:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(e.exit_code) from None
 
+    run.__doc__ = whole_examples(command.__doc__)
     return run
 
 

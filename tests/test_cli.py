@@ -58,3 +58,24 @@ def test_help_says_how_overrides_are_read():
     text = " ".join(p.stdout.split())  # help is wrapped to the terminal
     assert "taken as plain text" in text and "data.template={question} Answer with a number." in text
     assert "start at the working directory" in text and "the data files (they exist and parse" in text
+
+
+def test_help_examples_are_whole_lines_at_any_width():
+    # issue 22: the --help examples were wrapped mid-token ("--allow-recipe-" / "change") even at 200 columns
+    import os
+
+    from grpo_cli.cli import COMMANDS
+
+    docs = {"": "  grpo train recipes/quickstart.yaml\n  grpo print-recipe recipes/ci-tiny.yaml algorithm.beta=0.04",
+            **{name: module.command.__doc__ or "" for name, module in COMMANDS.items()}}
+    examples = {name: [line.strip() for line in doc.splitlines() if line.strip().startswith("grpo ")]
+                for name, doc in docs.items()}
+    assert len(examples["train"]) == 4 and len(examples["eval"]) == 3
+    for width in (60, 200):
+        for name, wanted in examples.items():
+            p = subprocess.run([sys.executable, "-m", "grpo_cli", *([name] if name else []), "--help"],
+                               capture_output=True, text=True, env={**os.environ, "COLUMNS": str(width)})
+            assert p.returncode == 0, p.stderr
+            shown = [line.strip() for line in p.stdout.splitlines()]
+            for example in wanted:
+                assert example in shown, (name, width, example)

@@ -142,11 +142,13 @@ def needs_answer(recipe: Recipe) -> bool:
 
 
 def check_data(recipe: Recipe) -> list[str]:
-    """Check the recipe's training (and held-out eval) data without a model; DataError if it cannot work.
+    """Check the recipe's inputs without a model: a local model path exists, the training (and held-out eval) data
+    and the rewards' parameters fit; DataError if it cannot work.
 
     Returns notes on what could not be checked (hub datasets offline)."""
     from grpo_cli.eval.evaluate import eval_data_config
 
+    check_model_path(recipe.model.name_or_path)
     notes = []
     seed = recipe.data.seed if recipe.data.seed is not None else recipe.train.seed
     sets = [("data", recipe.data)]
@@ -159,4 +161,33 @@ def check_data(recipe: Recipe) -> list[str]:
                          "they are checked when the data is loaded")
             continue
         check_columns(cfg, columns, source, needs_answer(recipe))
+        check_reward_parameters(recipe, cfg, columns, source)
     return notes
+
+
+def check_model_path(name_or_path: str) -> None:
+    """DataError when model.name_or_path is a local path (made absolute by the recipe reader: ./, ../, /, ~) that
+    does not exist: before any model loads or the run folder is taken."""
+    path = Path(name_or_path).expanduser()
+    if name_or_path.startswith(("/", "~")) and not path.exists():
+        raise DataError(f"model.name_or_path: {path} does not exist (a local folder; a hub id is written org/name)")
+
+
+def check_reward_parameters(recipe: Recipe, cfg: DataConfig, columns: list[str], source: str) -> None:
+    """DataError naming the reward and the parameter when a reward function cannot take the call grpo makes with
+    these columns (a parameter no column or argument fills, or columns a function without **kwargs does not take):
+    before any model loads, not at step 1. `columns`: the data's; the answer column also reaches rewards as
+    `answer`."""
+    from grpo_cli.rewards.builtin import REWARDS
+    from grpo_cli.rewards.kwargs import check_parameters
+    from grpo_cli.rewards.scoring import resolve_reward, reward_log_name
+
+    answer = cfg.answer_column  # rewards get it as `answer` too (grpo_cli/data/prompts.py)
+    passed = [*columns, "answer"] if answer and answer in columns else list(columns)
+    for i, spec in enumerate(recipe.rewards):
+        if spec.name in REWARDS or ":" not in spec.name or spec.name.startswith("model:"):
+            continue  # built-ins take any column; a reward model's call is grpo's own
+        try:
+            check_parameters(reward_log_name(spec.name), resolve_reward(spec.name), spec.kwargs, passed, spec.level)
+        except ValueError as e:
+            raise DataError(f"rewards.{i}: {e} (columns of {source})") from None

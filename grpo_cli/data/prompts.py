@@ -319,9 +319,9 @@ class PromptStream:
         input_ids = encode_prompts(texts, self.tokenizer, self.cfg.max_prompt_length)
         answer = self.cfg.answer_column
         if answer and answer != "answer":
-            columns.pop("answer", None)  # the reference answer is always under "answer"
-            if answer in columns:
-                columns["answer"] = columns.pop(answer)
+            columns.pop("answer", None)  # the reference answer is always under "answer", and under its own name
+            if answer in columns:  # (TRL's rewards read `solution`: a TRL reward function works unchanged)
+                columns["answer"] = columns[answer]
         return PromptBatch(texts=texts, input_ids=input_ids, columns=dict(columns), indices=indices)
 
     def __iter__(self) -> PromptStream:

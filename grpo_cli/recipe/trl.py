@@ -39,8 +39,18 @@ def _set(recipe: dict, key: str, value: Any) -> None:
 
 def convert(config: dict[str, Any], *, num_processes: int = 1, name: str | None = None) -> Conversion:
     """A `trl grpo --config` YAML (as a dict) -> the recipe, its notes and what could not be mapped."""
+    renamed = []
+    if "warmup_ratio" in config:  # transformers < 5 (most TRL configs before it); TRL 1.16 takes a fraction in warmup_steps
+        config = dict(config)
+        ratio = config.pop("warmup_ratio")
+        if config.get("warmup_steps"):
+            renamed.append(f"warmup_ratio {ratio} is left out: warmup_steps {config['warmup_steps']} is given too "
+                           "(transformers uses warmup_steps then)")
+        elif ratio:
+            config["warmup_steps"] = float(ratio)
+            renamed.append(f"warmup_ratio {ratio} is older transformers' name of a fractional warmup_steps")
     unknown = sorted(k for k in config if k not in accepted_fields())
-    renamed = [f"{old} is older TRL's name of {LEGACY[old]}" for old in config if old in LEGACY]
+    renamed += [f"{old} is older TRL's name of {LEGACY[old]}" for old in config if old in LEGACY]
     config = {LEGACY.get(k, k): v for k, v in config.items()}
     given = {k: v for k, v in config.items() if k in known_fields()}
     cfg = {**GRPO_CONFIG, **given}  # TRL's defaults where the file is silent: a converted run trains TRL's algorithm
@@ -120,6 +130,11 @@ def convert(config: dict[str, Any], *, num_processes: int = 1, name: str | None 
         rewards.append({"name": f"model:{cfg['reward_model_name_or_path']}"})
     if not rewards:
         raise ConversionError("reward_funcs (or reward_model_name_or_path) is missing: the recipe needs a reward")
+    reads_solution = [fn for fn in cfg.get("reward_funcs") or [] if fn in ("accuracy_reward", "reasoning_accuracy_reward")]
+    if reads_solution:  # TRL's accuracy rewards read the dataset column `solution`
+        data["answer_column"] = "solution"
+    column_note = (f"{reads_solution[0]} reads the dataset column `solution` (TRL's): data.answer_column: solution"
+                   if reads_solution else None)
     weights = cfg.get("reward_weights")
     if weights:
         if len(weights) != len(rewards):
@@ -280,8 +295,10 @@ def convert(config: dict[str, Any], *, num_processes: int = 1, name: str | None 
     for key in given:
         if key not in handled:
             unmapped(key)
-    out.notes.append(f"TRL {TRL_VERSION}'s defaults are written out where the file is silent (beta {cfg['beta']}, "
-                     f"loss_type {cfg['loss_type']}, use_bias_correction_kl {cfg['use_bias_correction_kl']}, learning_rate "
-                     f"{cfg['learning_rate']}, adam_beta2 {cfg['adam_beta2']}, max_grad_norm {cfg['max_grad_norm']}, "
-                     f"max_completion_length {cfg['max_completion_length']}, scheduler {cfg['lr_scheduler_type']})")
+    silent = [f"{k} {cfg[k]}" for k in ("beta", "loss_type", "use_bias_correction_kl", "learning_rate", "adam_beta2",
+                                        "max_grad_norm", "max_completion_length", "lr_scheduler_type") if k not in given]
+    if silent:  # only what the file does not say: the user's own values are theirs, not TRL's defaults
+        out.notes.append(f"TRL {TRL_VERSION}'s defaults are written out where the file is silent ({', '.join(silent)})")
+    if column_note:
+        out.notes.append(column_note)
     return out

@@ -60,6 +60,32 @@ def check_kwargs(name: str, fn: Callable, kwargs: dict[str, Any]) -> None:
         BUILTIN_CHECKS[name](kwargs)
 
 
+def check_parameters(name: str, fn: Callable, kwargs: dict[str, Any], columns: list[str], level: str = "outcome") -> None:
+    """Raise ValueError unless the call grpo makes fits the function's signature: each parameter without a default
+    is a dataset column, an argument grpo passes or a kwargs key, and a function without **kwargs takes every
+    column (grpo passes them all, as TRL does). `columns`: the dataset's, the answer column renamed `answer`."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return
+    passed = [*RESERVED, *(["completion_offsets"] if level == "step" else []), *columns, *kwargs]
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    for p in params:
+        if p.kind in named and p.default is p.empty and p.name not in passed:
+            raise ValueError(
+                f"parameter {p.name!r} of reward {name} is no dataset column and no argument grpo passes"
+                f"{did_you_mean(p.name, passed)}; it gets: {', '.join(dict.fromkeys(passed))}; rename it, give it a "
+                "default, or set it in kwargs")
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    taken = {p.name for p in params if p.kind in named}
+    extra = [c for c in dict.fromkeys(passed) if c not in taken]
+    if extra:
+        raise ValueError(
+            f"reward {name} takes no **kwargs, and grpo passes every dataset column to each reward (as TRL does): "
+            f"{', '.join(extra)} would fail the first call; add **kwargs to its signature")
+
+
 # --------------------------------------------------------------------------- built-in values
 
 

@@ -102,3 +102,53 @@ def test_validate_and_train_exit_2_on_a_missing_file(tmp_path):
         assert p.returncode == 2, (command, p.stdout, p.stderr)
         assert f"data.files: {tmp_path / 'missing.jsonl'} does not exist" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "run").exists()
+
+
+REWARD_FILE = '''
+def typo(completions, solutoin, **kwargs):
+    return [0.0] * len(completions)
+
+def strict(completions, answer):
+    return [0.0] * len(completions)
+
+def fine(completions, answer, question, **kwargs):
+    return [float(a in c) for a, c in zip(answer, completions)]
+
+def settable(completions, scale, **kwargs):
+    return [scale] * len(completions)
+'''
+
+
+@pytest.mark.parametrize("fn, kwargs, message", [
+    # issue 22: these passed validate and failed at step 1 (its message suggested on_error: skip)
+    ("typo", "", "rewards.0: parameter 'solutoin' of reward typo is no dataset column and no argument grpo "
+                 "passes (did you mean 'solution'?)"),
+    ("strict", "", "rewards.0: reward strict takes no **kwargs, and grpo passes every dataset column to each "
+                   "reward (as TRL does): prompts, completion_ids, question, solution would fail the first call"),
+    ("settable", "", "parameter 'scale' of reward settable is no dataset column"),
+])
+def test_reward_parameters_that_no_call_fills_are_named_before_any_model(folder, fn, kwargs, message):
+    (folder / "my_rewards.py").write_text(REWARD_FILE)
+    with pytest.raises(DataError) as e:
+        check_data(_recipe(f"rewards=[{{name: 'my_rewards.py:{fn}'}}]"))
+    assert message in str(e.value)
+
+
+def test_reward_parameters_that_fit_pass(folder):
+    (folder / "my_rewards.py").write_text(REWARD_FILE)
+    # the answer column reaches rewards as `answer`; a kwargs key fills a parameter too
+    check_data(_recipe("rewards=[{name: 'my_rewards.py:fine'}, {name: 'my_rewards.py:settable', kwargs: {scale: 0.5}}]"))
+    p = subprocess.run([sys.executable, "-m", "grpo_cli", "validate", str(TINY), "data.files=rows.jsonl",
+                        "data.generator=null", "data.template={question}", "data.answer_column=solution",
+                        "rewards=[{name: 'my_rewards.py:typo'}]"], capture_output=True, text=True, cwd=folder)
+    assert p.returncode == 2 and "parameter 'solutoin'" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_a_local_model_path_that_does_not_exist_is_named_before_the_run_folder_is_taken(tmp_path):
+    # issue 22: it passed validate, and train left a run folder holding only its lock file
+    for command, extra in (("validate", []), ("train", ["-o", str(tmp_path / "run")])):
+        p = subprocess.run([sys.executable, "-m", "grpo_cli", command, str(TINY), "model.name_or_path=./no-such-model",
+                            *extra], capture_output=True, text=True, cwd=tmp_path)
+        assert p.returncode == 2, (command, p.stderr)
+        assert f"model.name_or_path: {tmp_path / 'no-such-model'} does not exist" in p.stderr
+    assert not (tmp_path / "run").exists()

@@ -278,13 +278,14 @@ def test_stream_batch_contents(tok):
     assert b.input_ids == [tok(t, add_special_tokens=False)["input_ids"][-4:] for t in b.texts]
 
 
-def test_stream_renames_the_answer_column(tok):
+def test_stream_gives_the_answer_column_as_answer_and_under_its_own_name(tok):
     from datasets import Dataset
 
     ds = Dataset.from_list([{"q": "a", "solution": "1", "answer": "junk"}, {"q": "b", "solution": "2", "answer": "junk"}])
     cfg = DataConfig(dataset="x", prompt_column="q", answer_column="solution", shuffle=False)
     b = PromptStream(ds, cfg, tok, batch_size=2, seed=0).next_batch()
-    assert b.columns == {"q": ["a", "b"], "answer": ["1", "2"]}
+    # a TRL reward function reading `solution` works unchanged (issue 22); grpo's own read `answer`
+    assert b.columns == {"q": ["a", "b"], "solution": ["1", "2"], "answer": ["1", "2"]}
     cfg = cfg.model_copy(update={"answer_column": "missing"})
     b = PromptStream(ds.remove_columns("answer"), cfg, tok, batch_size=2, seed=0).next_batch()
     assert b.columns == {"q": ["a", "b"], "solution": ["1", "2"]}

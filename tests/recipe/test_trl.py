@@ -92,6 +92,21 @@ def test_server_and_lora_configs_and_what_cannot_be_mapped():
         convert({k: v for k, v in DOC.items() if k != "max_steps"})
 
 
+def test_trls_reward_columns_warmup_ratio_and_the_defaults_note():
+    # issue 22: accuracy_reward reads `solution`, but the recipe kept answer_column: answer (failed at step 1);
+    # warmup_ratio aborted the conversion; the user's own values were listed as "TRL defaults written out"
+    out = convert(DOC | {"warmup_ratio": 0.1, "learning_rate": 3e-6})
+    assert out.unknown == [] and out.recipe["train"]["warmup_steps"] == 10  # 0.1 x 100 steps
+    assert out.recipe["data"]["answer_column"] == "solution"
+    assert "accuracy_reward reads the dataset column `solution` (TRL's): data.answer_column: solution" in out.notes
+    assert "warmup_ratio 0.1 is older transformers' name of a fractional warmup_steps" in out.notes
+    [defaults] = [n for n in out.notes if "defaults are written out" in n]
+    assert "beta 0.0" in defaults and "learning_rate" not in defaults and "3e-06" not in defaults
+    both = convert(DOC | {"warmup_ratio": 0.1, "warmup_steps": 5})
+    assert both.recipe["train"]["warmup_steps"] == 5 and any("warmup_ratio 0.1 is left out" in n for n in both.notes)
+    assert convert({**DOC, "reward_funcs": ["think_format_reward"]}).recipe["data"].get("answer_column") is None
+
+
 def test_luspo_vespo_and_the_entropy_bonus_convert(tmp_path):
     # issue 21: loss_type luspo exited 2 with a bare schema error; vespo and the entropy bonus had no home
     out = convert_cli(tmp_path, {**DOC, "loss_type": "luspo", "importance_sampling_level": "sequence"})
@@ -138,7 +153,8 @@ def test_a_vllm_config_whose_sampling_the_trainer_cannot_replay_converts_without
 @pytest.fixture(scope="module")
 def local_data(tmp_path_factory):
     folder = tmp_path_factory.mktemp("trl-data")
-    rows = [{"prompt": [{"role": "user", "content": f"What is {a} + {b}?"}], "answer": str(a + b)}
+    # TRL's columns: a conversational `prompt` and the `solution` its accuracy_reward reads
+    rows = [{"prompt": [{"role": "user", "content": f"What is {a} + {b}?"}], "solution": str(a + b)}
             for a in range(1, 9) for b in range(1, 9)]
     (folder / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return str(folder)
