@@ -56,6 +56,16 @@ def command(
     launching = (accelerate_config or (num_processes or 1) > 1) and not launched_by_torchrun()
     if launching or (os.environ.get("RANK", "0") == "0" and not lock.inherited(run_dir)):
         lock.acquire(run_dir)  # before torch is imported or anything written: a second trainer is turned away in a second
+    done = _finished(r, run_dir, resume, start_over)
+    if done is not None:  # nothing to train: no model loaded, no processes launched, no recipe change recorded
+        from grpo_cli.run.checkpoints import latest_checkpoint
+        from grpo_cli.views.summary import end_of_run
+
+        if os.environ.get("RANK", "0") == "0":
+            typer.echo(f"{run_dir} has finished: step {done} of train.max_steps {r.train.max_steps} (raise "
+                       "train.max_steps to train on, or --start-over to train again)")
+            typer.echo(end_of_run(run_dir, done, recipe, latest_checkpoint(run_dir)))
+        return
     if launching:
         flags = [f for f, on in (("--start-over", start_over), ("--allow-recipe-change", allow_recipe_change)) if on]
         args = ["train", str(recipe), *(overrides or []), "--output-dir", str(run_dir), *flags]
@@ -78,23 +88,15 @@ def _train(r, run_dir: Path, resume: Optional[str], start_over: bool, allow_reci
     """Train in this process: logging set up, the engine built and run; interrupts and signals become exit codes."""
     import logging
 
-    from grpo_cli.run.checkpoints import latest_checkpoint
-    from grpo_cli.views.summary import end_of_run
-
-    done = _finished(r, run_dir, resume, start_over)
-    if done is not None:  # nothing to train: no model loaded, no recipe change recorded
-        typer.echo(f"{run_dir} has finished: step {done} of train.max_steps {r.train.max_steps} (raise "
-                   "train.max_steps to train on, or --start-over to train again)")
-        typer.echo(end_of_run(run_dir, done, recipe_file, latest_checkpoint(run_dir)))
-        return
-
     from rich.logging import RichHandler
 
     # our own modules speak at INFO (e.g. the one-time GGUF conversion); libraries stay at WARNING
     logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[RichHandler(show_path=False)])
     logging.getLogger("grpo_cli").setLevel(logging.INFO)
     from grpo_cli.errors import UserError
+    from grpo_cli.run.checkpoints import latest_checkpoint
     from grpo_cli.train.engine import Engine
+    from grpo_cli.views.summary import end_of_run
 
     try:
         engine = Engine(r, run_dir, resume=resume, start_over=start_over, allow_recipe_change=allow_recipe_change)

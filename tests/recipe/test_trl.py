@@ -107,6 +107,17 @@ def test_trls_reward_columns_warmup_ratio_and_the_defaults_note():
     assert convert({**DOC, "reward_funcs": ["think_format_reward"]}).recipe["data"].get("answer_column") is None
 
 
+def test_a_reward_module_not_installed_here_is_converted_with_a_note(tmp_path):
+    # issue 22: a reward module that could not be imported on the converting machine aborted the conversion
+    out = convert_cli(tmp_path, {**DOC, "reward_funcs": ["accuracy_reward", "my_company_rewards.strict_format"]})
+    assert out.returncode == 0, out.stderr
+    assert "note: cannot check here: rewards.1" in out.stderr and "my_company_rewards" in out.stderr
+    rewards = yaml.safe_load((tmp_path / "recipe.yaml").read_text())["rewards"]
+    assert rewards == [{"name": "accuracy"}, {"name": "my_company_rewards:strict_format"}]
+    bad = convert_cli(tmp_path, {**DOC, "loss_type": "ppo"})  # anything else still exits 2
+    assert bad.returncode == 2 and "does not validate" in bad.stderr
+
+
 def test_luspo_vespo_and_the_entropy_bonus_convert(tmp_path):
     # issue 21: loss_type luspo exited 2 with a bare schema error; vespo and the entropy bonus had no home
     out = convert_cli(tmp_path, {**DOC, "loss_type": "luspo", "importance_sampling_level": "sequence"})
