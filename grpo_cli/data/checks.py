@@ -162,7 +162,42 @@ def check_data(recipe: Recipe) -> list[str]:
             continue
         check_columns(cfg, columns, source, needs_answer(recipe))
         check_reward_parameters(recipe, cfg, columns, source)
+        if cfg.files and cfg.answer_column in columns and needs_answer(recipe):
+            check_answers(cfg.files, cfg.answer_column, f"{section}.files")
     return notes
+
+
+def _column_values(path: Path, column: str) -> list:
+    """Every row's value of `column` in one local data file (None where a row lacks it)."""
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        with open(path, newline="", encoding="utf-8") as f:
+            return [row.get(column) for row in csv.DictReader(f)]
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path, columns=[column]).column(column).to_pylist()
+    text = path.read_text(encoding="utf-8")
+    try:
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError:  # one JSON document: an array of rows or an object of columns
+        whole = json.loads(text)
+        return list(whole.get(column, [])) if isinstance(whole, dict) else [r.get(column) for r in whole]
+    return [r.get(column) if isinstance(r, dict) else None for r in rows]
+
+
+def check_answers(files: list[str], column: str, field: str) -> None:
+    """DataError naming the rows whose reference answer is missing or empty: they would train with no accuracy
+    reward at all (scored by the other rewards alone), which is nearly always a data error."""
+    for f in files:
+        values = _column_values(Path(f), column)
+        missing = [i for i, v in enumerate(values, start=1) if v is None or (isinstance(v, str) and not v.strip())]
+        if missing:
+            shown = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
+            raise DataError(
+                f"{field}: {len(missing)} of {len(values)} rows of {f} have no {column!r} (rows {shown}; row 1 is "
+                "the first data row): the accuracy reward would score them as missing and they would train on the "
+                "other rewards alone; fill or drop them")
 
 
 def check_model_path(name_or_path: str) -> None:

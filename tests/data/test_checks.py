@@ -152,3 +152,18 @@ def test_a_local_model_path_that_does_not_exist_is_named_before_the_run_folder_i
         assert p.returncode == 2, (command, p.stderr)
         assert f"model.name_or_path: {tmp_path / 'no-such-model'} does not exist" in p.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_rows_without_an_answer_are_counted_and_named(folder):
+    # issue 22: 14 of 40 rows had no answer; validate said ok and they trained on brevity alone, with no count
+    rows = [{"question": f"What is {i} + 1?", "solution": (None if i % 3 == 0 else "" if i == 4 else str(i + 1))}
+            for i in range(40)]
+    (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError) as e:
+        check_data(_recipe())
+    # rows 1, 4, 7, ... (i = 0, 3, 6, ...) are null, row 5 (i = 4) is empty: 14 + 1 = 15 of 40
+    assert "data.files: 15 of 40 rows of" in str(e.value)
+    assert "have no 'solution' (rows 1, 4, 5, 7, 10, 13, 16, 19, 22, 25, ...;" in str(e.value)
+    (folder / "rows.csv").write_text("question,solution\nWhat is 1 + 1?,2\nWhat is 2 + 2?,\n")
+    with pytest.raises(DataError, match="1 of 2 rows of .*rows.csv have no 'solution' .rows 2;"):
+        check_data(_recipe("data.files=rows.csv"))
