@@ -20,28 +20,43 @@ import time
 from dataclasses import dataclass
 
 
+def _mine() -> set[int] | None:
+    """The CPUs this process may run on (its affinity), None where the OS does not say."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
 def usable_cores() -> int:
     """Cores this process may run on (its CPU affinity; the machine's count where there is none)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    mine = _mine()
+    return len(mine) if mine else os.cpu_count() or 1
 
 
-def _cpu_times() -> tuple[float, float] | None:
-    """(busy, total) jiffies of all CPUs from /proc/stat; None off Linux."""
+def _cpu_times() -> tuple[float, float, int] | None:
+    """(busy, total) jiffies of the CPUs this process may run on, from /proc/stat's per-CPU lines, and how many
+    they are; None off Linux."""
+    mine, busy, total, count = _mine(), 0.0, 0.0, 0
     try:
         with open("/proc/stat") as f:
-            fields = [float(x) for x in f.readline().split()[1:]]
+            for line in f:
+                name, *values = line.split()
+                if not name.startswith("cpu") or name == "cpu":
+                    continue
+                if mine is not None and int(name[3:]) not in mine:
+                    continue
+                fields = [float(x) for x in values[:8]]
+                idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+                busy, total, count = busy + sum(fields) - idle, total + sum(fields), count + 1
     except (OSError, ValueError):
         return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
-    return sum(fields[:8]) - idle, sum(fields[:8])
+    return (busy, total, count) if count else None
 
 
 def busy_elsewhere(window_s: float = 0.3) -> float | None:
-    """Cores kept busy by other processes over `window_s` seconds (this process's own CPU time taken out); None
-    where /proc/stat cannot be read."""
+    """Of the cores this process may run on, how many other processes kept busy over `window_s` seconds (this
+    process's own CPU time taken out); None where /proc/stat cannot be read."""
     before, own0, t0 = _cpu_times(), time.process_time(), time.perf_counter()
     if before is None:
         return None
@@ -49,8 +64,7 @@ def busy_elsewhere(window_s: float = 0.3) -> float | None:
     after, own, wall = _cpu_times(), time.process_time() - own0, time.perf_counter() - t0
     if after is None or after[1] <= before[1]:
         return None
-    ncpu = os.cpu_count() or 1
-    busy = (after[0] - before[0]) / (after[1] - before[1]) * ncpu  # cores busy, this process included
+    busy = (after[0] - before[0]) / (after[1] - before[1]) * after[2]  # of our cores, this process included
     return max(0.0, busy - own / max(wall, 1e-9))
 
 
