@@ -342,8 +342,7 @@ def run_eval(specs: list[str], recipe: Recipe | None, cfg_overrides: dict[str, A
     targets = [resolved.get(s) or resolve_target(s, recipe) for s in specs]
     setting = threads if threads is not None else recipe.train.threads
     if setting is not None:
-        chosen = apply_threads(setting)
-        print(f"{chosen.count} CPU thread{'s' if chosen.count > 1 else ''} ({chosen.why})", file=sys.stderr)
+        print(apply_threads(setting), file=sys.stderr)
     cfg = (recipe.eval or EvalConfig()).model_copy(update={k: v for k, v in cfg_overrides.items() if v is not None})
     results, settings = [], None
     output.mkdir(parents=True, exist_ok=True)

@@ -88,6 +88,10 @@ class Threads:
     count: int
     why: str  # for the start-up line: "auto: 2 of 2 cores free" or "train.threads: 4"
 
+    def __str__(self) -> str:
+        """What train's start-up line and eval say: "2 CPU threads (auto: 2 of 2 cores free ...)"."""
+        return f"{self.count} CPU thread{'s' if self.count > 1 else ''} ({self.why})"
+
 
 def choose_threads(setting: int | str | None, processes: int = 1) -> Threads:
     """The torch threads of one of `processes` processes: `setting` when a number, else (auto / None) the free

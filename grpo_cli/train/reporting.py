@@ -61,8 +61,7 @@ def start_line(model_summary: str, recipe, mixed_precision: str, ref_copy: bool,
         "a second copy" if ref_copy else "the base with adapters disabled (no copy)")
     forwards = f"{mixed_precision} autocast" if mixed_precision != "no" else recipe.model.dtype
     sampling = f", sampling in {str(sampling_copy.dtype).removeprefix('torch.')}" if sampling_copy is not None else ""
-    cpu = f"; {threads.count} CPU thread{'s' if threads.count > 1 else ''} ({threads.why})" \
-        if threads is not None and device.type == "cpu" else ""
+    cpu = f"; {threads}" if threads is not None and device.type == "cpu" else ""
     return (f"policy: {model_summary}; forwards in {forwards}{sampling}; reference: {ref}{cpu}; "
             f"peak memory {peak_memory_gib(device):.2f} GiB")
 
