@@ -26,7 +26,8 @@ def command(
       grpo report runs/quickstart runs/dapo-try --out /tmp/compare
     """
     from grpo_cli.errors import UserError
-    from grpo_cli.views.report import load_runs, skipped_text, text_table, write_report
+    from grpo_cli.views.report import skipped_text, text_table, write_report
+    from grpo_cli.views.run_metrics import load_runs
 
     runs = load_runs(run_dirs)
     target = out or (run_dirs[0] / "report" if len(run_dirs) == 1 else Path("report"))

@@ -36,10 +36,11 @@ from grpo_cli.run.checkpoints import (
     step_of,
     verify_checkpoint,
 )
+from grpo_cli.run.logs import RESUMES, read_records
 
 LOGS = ("metrics.jsonl", "rollouts.jsonl")
 RECIPE_CHANGES = "recipe_changes.jsonl"
-OUTPUTS = (*LOGS, CHECKPOINTS, "recipe.yaml", RECIPE_CHANGES)  # what --start-over deletes, nothing else
+OUTPUTS = (*LOGS, CHECKPOINTS, "recipe.yaml", RECIPE_CHANGES, RESUMES)  # what --start-over deletes, nothing else
 # Fields a resume may change without --allow-recipe-change: how long to train, where and how often to save,
 # log and evaluate, where the vLLM server is and how many CPU threads to use.
 RESUMABLE = ("train.max_steps", "train.threads", "checkpoint.", "logging.", "eval.", "rollout.vllm.server_url",
@@ -199,6 +200,17 @@ def report_changes(run_dir: Path, checkpoint: Path, from_step: int, changes: dic
     for what, part in (("resume applies", allowed), ("--allow-recipe-change applies", forced)):
         if part:
             print(f"{what} from step {from_step} on (recorded in {RECIPE_CHANGES}):\n{format_changes(part)}")
+
+
+def record_resume(run_dir: Path, checkpoint: Path, from_step: int, changes: dict[str, tuple[Any, Any]]) -> None:
+    """Append the resume to RUN_DIR/resumes.jsonl (`grpo report` marks it): the step it starts at, the checkpoint,
+    the time and the recipe fields it changed. Records of resumes at later steps go, as the logs' lines of those
+    steps do: the run no longer went that way."""
+    path = run_dir / RESUMES
+    kept = [r for r in read_records(path, required=("from_step",)).records if r["from_step"] <= from_step]
+    kept.append({"from_step": from_step, "checkpoint": str(checkpoint), "time": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+                 "recipe_changes": sorted(changes)})
+    path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
 
 
 def apply_optimizer_changes(optimizer: Any, scheduler: Any, changed: set[str], train: Any) -> None:

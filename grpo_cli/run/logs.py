@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 METRICS, ROLLOUTS = "metrics.jsonl", "rollouts.jsonl"
+RESUMES = "resumes.jsonl"  # one line per resume (grpo_cli/run/folder.py record_resume)
 
 
 @dataclass

@@ -289,13 +289,15 @@ def open_run_logs(run_dir: Path, recipe, start_step: int, checkpoint_path: Path 
     """The run's recipe.yaml, metrics.jsonl and rollouts.jsonl (main process; lines after `start_step` written by
     an interrupted run are dropped and counted), its trackers, and its console -> (metrics, rollouts, console)."""
     from grpo_cli.recipe.files import flat_config, recipe_to_yaml
-    from grpo_cli.run.folder import report_changes
+    from grpo_cli.run.folder import record_resume, report_changes
 
     main = accelerator.is_main_process
     metrics_log = rollout_log = None
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "recipe.yaml").write_text(recipe_to_yaml(recipe))
+        if checkpoint_path is not None:
+            record_resume(run_dir, checkpoint_path, start_step + 1, changes)
         if changes:
             report_changes(run_dir, checkpoint_path, start_step + 1, changes)
         metrics_log = JsonlLog(run_dir / METRICS, start_step)

@@ -1,7 +1,7 @@
 """`grpo report`: plots and one self-contained HTML page from the metrics.jsonl of one or more runs.
 
 Three layers, each testable alone:
-  data      load_metrics / series / aligned / stack_layers / summary: pure functions on the records
+  data      grpo_cli/views/run_metrics.py: the records, series, reward windows, summary, resumes
   panels    candidate_panels / select_panels: which plots exist, as data (keys, labels, axis names)
   output    plot_panel returns a matplotlib Figure (tests read every line back from it);
             write_report saves one PNG per panel and report.html with the PNGs as base64 data URIs.
@@ -13,98 +13,26 @@ from __future__ import annotations
 import base64
 import html
 import io
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from grpo_cli.errors import ReportError
-from grpo_cli.run.logs import METRICS, read_records
+from grpo_cli.views.run_metrics import (
+    TIME_KEYS,
+    Run,
+    aligned,
+    fmt_number,
+    fmt_seconds,
+    moving_average,
+    present_keys,
+    series,
+    stack_layers,
+    summary,
+)
+from grpo_cli.views.summary import reward_window
 
-TIME_KEYS = ("time/generate", "time/score", "time/train")
 _LINESTYLES = ("-", "--", ":", "-.")
-
-
-@dataclass(frozen=True)
-class Run:
-    label: str  # legend label: folder name, or recipe name when folder names collide
-    path: Path
-    records: list[dict[str, Any]]
-
-
-# ----------------------------------------------------------------------------------------- data
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def load_metrics(path: Path) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl in file order (grpo_cli/run/logs.py reads them).
-
-    A cut last line (a run killed mid-write) is skipped; a bad line anywhere else is an error,
-    because then the file is not what `grpo train` writes."""
-    lines = read_records(path)
-    bad = [n for n in lines.bad if n != lines.last]
-    if bad:
-        raise ReportError(f"{path}, line {bad[0]}: not a metrics record (a JSON object with an integer step); "
-                          "fix or delete that line")
-    return lines.records
-
-
-def series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
-    """(steps, values) of one metric; records where it is missing, null or not a number are dropped."""
-    pairs = [(r["step"], float(r[key])) for r in records if _is_number(r.get(key))]
-    return [s for s, _ in pairs], [v for _, v in pairs]
-
-
-def aligned(records: list[dict[str, Any]], keys: list[str]) -> tuple[list[float], list[list[float]]]:
-    """(steps, one value list per key) over the records where every key holds a number."""
-    rows = [r for r in records if keys and all(_is_number(r.get(k)) for k in keys)]
-    return [r["step"] for r in rows], [[float(r[k]) for r in rows] for k in keys]
-
-
-def stack_layers(records: list[dict[str, Any]]) -> tuple[list[float], dict[str, list[float]]]:
-    """Step-time layers to stack: generate / score / train (those the run logs) and `other`,
-    the rest of time/step (weight sync, logging, checkpoints) when there is any."""
-    keys = [k for k in TIME_KEYS if series(records, k)[0]]
-    steps, cols = aligned(records, keys)
-    layers = {k.split("/", 1)[1]: col for k, col in zip(keys, cols)}
-    totals = {r["step"]: float(r["time/step"]) for r in records if _is_number(r.get("time/step"))}
-    other = [max(0.0, totals[s] - sum(c[i] for c in cols)) if s in totals else 0.0 for i, s in enumerate(steps)]
-    if any(other):
-        layers["other"] = other
-    return steps, layers
-
-
-def _mean(xs: list[float]) -> Optional[float]:
-    return sum(xs) / len(xs) if xs else None
-
-
-def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The numbers of the summary table; None where the run did not log what a number needs."""
-    steps, reward = series(records, "reward")
-    _, step_time = series(records, "time/step")
-    _, eval_acc = series(records, "eval/accuracy")
-    best = max(range(len(reward)), key=reward.__getitem__) if reward else None
-    return {
-        "steps": max(r["step"] for r in records) if records else 0,
-        "first_reward": reward[0] if reward else None,
-        "last_reward": reward[-1] if reward else None,
-        "best_reward": reward[best] if best is not None else None,
-        "best_reward_step": steps[best] if best is not None else None,
-        "first10_reward": _mean(reward[:10]),
-        "last10_reward": _mean(reward[-10:]),
-        "last_eval_accuracy": eval_acc[-1] if eval_acc else None,
-        "total_time_s": sum(step_time) if step_time else None,
-        "mean_step_time_s": _mean(step_time),
-    }
-
-
-def present_keys(runs: list[Run]) -> set[str]:
-    """Every metric that holds a number in at least one record of at least one run."""
-    return {k for run in runs for r in run.records for k, v in r.items() if _is_number(v)}
 
 
 # --------------------------------------------------------------------------------------- panels
@@ -121,6 +49,7 @@ class Axis:
     sci: bool = False  # scientific tick labels (learning rates)
     from_zero: bool = False  # a quantity that cannot be negative: the y axis starts at 0
     wide: tuple[str, ...] = ()  # keys drawn wide and translucent, so an identical line on top stays visible
+    smooth: tuple[str, ...] = ()  # per-step keys drawn thin, with their moving average (`reward_window` steps) on top
 
 
 @dataclass(frozen=True)
@@ -143,7 +72,8 @@ def _reward_fn_panel(fn: str, keys: set[str]) -> Panel:
     band = ((mean, std),) if std in keys else ()
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", fn)
     title = f"Reward function: {fn}" + (" (band: ± std over completions)" if band else "")
-    return Panel(f"reward_fn_{safe}", title, (Axis("reward", (mean, ev), ("train mean", "eval mean"), band),))
+    return Panel(f"reward_fn_{safe}", title,
+                 (Axis("reward", (mean, ev), ("train mean", "eval mean"), band, smooth=(mean,)),))
 
 
 def candidate_panels(keys: set[str]) -> list[Panel]:
@@ -156,7 +86,8 @@ def candidate_panels(keys: set[str]) -> list[Panel]:
     return [
         Panel("reward", "Reward and accuracy (train per step; eval where logged)",
               # with one reward function of weight 1 the sum equals it: drawn wide so it is not hidden
-              (Axis("reward / accuracy", reward_keys, reward_labels, wide=("reward",)),)),
+              (Axis("reward / accuracy", reward_keys, reward_labels, wide=("reward",),
+                    smooth=reward_keys[:1 + len(fns)]),)),
         *(_reward_fn_panel(f, keys) for f in fns),
         Panel("kl", "KL divergence to the reference model", (Axis("KL", ("kl",), ("kl",)),)),
         Panel("entropy", "Policy entropy of completion tokens",
@@ -180,7 +111,7 @@ def _keep(axis: Axis, keys: set[str]) -> Optional[Axis]:
     if not pairs:
         return None
     return Axis(axis.ylabel, tuple(k for k, _ in pairs), tuple(lab for _, lab in pairs), axis.bands, axis.sci,
-                axis.from_zero, axis.wide)
+                axis.from_zero, axis.wide, axis.smooth)
 
 
 def select_panels(panels: list[Panel], keys: set[str]) -> tuple[list[Panel], list[Panel]]:
@@ -212,27 +143,47 @@ def _legend(ax: Any) -> None:
         ax.legend(fontsize="small", loc="best")
 
 
+def _mark_resumes(ax: Any, runs: list[Run]) -> None:
+    """A dotted vertical line before each step a resume started at, labelled once per run."""
+    for run in runs:
+        for i, step in enumerate(run.resumes):
+            label = ("resumed" if len(runs) == 1 else f"{run.label}: resumed") if i == 0 else "_nolegend_"
+            ax.axvline(step - 0.5, color="0.45", linestyle=":", linewidth=1.2, label=label)
+
+
 def _draw_axis(ax: Any, spec: Axis, runs: list[Run]) -> None:
     n_keys, bands = len(spec.keys), dict(spec.bands)
+    drawn: list[float] = []
     for ri, run in enumerate(runs):
         for ki, (key, label) in enumerate(zip(spec.keys, spec.labels)):
             x, y = series(run.records, key)
             if not x:
                 continue
+            drawn += y
             # one key: a colour per run; several keys: a colour per key and a line style per run
             color = f"C{(ri if n_keys == 1 else ki) % 10}"
             style = "-" if n_keys == 1 else _LINESTYLES[ri % len(_LINESTYLES)]
             marker = dict(marker="o", markersize=4) if key.startswith("eval/") else {}
-            width = dict(linewidth=4.5, alpha=0.4) if key in spec.wide else dict(linewidth=1.5)
-            ax.plot(x, y, linestyle=style, color=color, **width,
-                    label=_line_label(run.label, label, len(runs), n_keys), **marker)
+            wide = dict(linewidth=4.5, alpha=0.4) if key in spec.wide else dict(linewidth=2.2)
+            w = reward_window(len(y)) if key in spec.smooth else 1
+            name = _line_label(run.label, label, len(runs), n_keys)
+            # averaged: the per-step values thin and faint under their average, which takes the line's width
+            ax.plot(x, y, linestyle=style, color=color, label=name, **marker,
+                    **(dict(linewidth=1.0, alpha=0.3) if w > 1 else wide if key in spec.wide else dict(linewidth=1.5)))
+            if w > 1:
+                ax.plot(*moving_average(x, y, w), linestyle=style, color=color, **wide,
+                        label=f"{name}, mean of {w} steps")
             if key in bands:
                 steps, (mean, std) = aligned(run.records, [key, bands[key]])
                 ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                                 color=color, alpha=0.15, linewidth=0)
+    _mark_resumes(ax, runs)
     ax.set_ylabel(spec.ylabel)
     ax.grid(alpha=0.3)
-    if spec.from_zero:
+    if drawn and not any(drawn):  # a flat line on the axis edge reads as an empty plot: centre it and say so
+        ax.set_ylim(-1.0, 1.0)
+        ax.text(0.5, 0.62, "0 at every step", ha="center", va="center", transform=ax.transAxes, color="0.3")
+    elif spec.from_zero:
         ax.set_ylim(bottom=0)
     if spec.sci:
         ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
@@ -252,6 +203,7 @@ def _plot_stacked(fig: Any, panel: Panel, runs: list[Run]) -> None:
             ax.plot(x, y, color="black", linewidth=1, label="total (time/step)")
         if not steps and not x:
             ax.text(0.5, 0.5, "no step times logged", ha="center", va="center", transform=ax.transAxes)
+        _mark_resumes(ax, [run])
         if len(runs) > 1:
             ax.set_title(run.label, fontsize="medium")
         ax.set_ylabel(panel.axes[0].ylabel)
@@ -290,70 +242,15 @@ def figure_png(fig: Any) -> bytes:
 
 # ---------------------------------------------------------------------------------- runs, output
 
-
-def recipe_name(run_dir: Path) -> Optional[str]:
-    """`name:` of the run's saved recipe.yaml, or None when there is none to read."""
-    import yaml
-
-    try:
-        name = yaml.safe_load((run_dir / "recipe.yaml").read_text(encoding="utf-8")).get("name")
-    except (OSError, AttributeError, yaml.YAMLError):
-        return None
-    return str(name) if name else None
-
-
-def run_labels(paths: list[Path], recipe_names: list[Optional[str]]) -> list[str]:
-    """Folder names; if two collide, recipe names; then parent/folder; then numbered."""
-    options = ([p.name for p in paths],
-               [n or p.name for p, n in zip(paths, recipe_names)],
-               [f"{p.parent.name}/{p.name}" for p in paths])
-    for labels in options:
-        if len(set(labels)) == len(labels):
-            return labels
-    return [f"{lab} ({i})" for i, lab in enumerate(options[-1], 1)]
-
-
-def load_run_records(run_dir: Path) -> list[dict[str, Any]]:
-    if not run_dir.is_dir():
-        raise ReportError(f"{run_dir}: no such run folder")
-    path = run_dir / METRICS
-    if not path.is_file():
-        raise ReportError(f"{run_dir} has no {METRICS}: pass a run folder written by `grpo train`")
-    records = load_metrics(path)
-    if not records:
-        raise ReportError(f"{path} holds no step records yet: has the run finished its first step?")
-    return records
-
-
-def load_runs(run_dirs: list[Path]) -> list[Run]:
-    paths = [p.resolve() for p in run_dirs]
-    records = [load_run_records(p) for p in paths]
-    labels = run_labels(paths, [recipe_name(p) for p in paths])
-    return [Run(lab, p, recs) for lab, p, recs in zip(labels, paths, records)]
-
-
-def fmt_number(v: Optional[float]) -> str:
-    return "-" if v is None else f"{v:.4g}"
-
-
-def fmt_seconds(v: Optional[float]) -> str:
-    if v is None:
-        return "-"
-    if v < 120:
-        return f"{v:.1f} s"
-    return f"{v / 60:.1f} min" if v < 7200 else f"{v / 3600:.2f} h"
-
-
-SUMMARY_COLUMNS = ("run", "steps", "first reward", "last reward", "best reward (step)", "mean reward, first 10",
-                   "mean reward, last 10", "last eval accuracy", "total time", "mean step time")
+SUMMARY_COLUMNS = ("run", "steps", "mean reward, start", "mean reward, end", "best mean reward",
+                   "last eval accuracy", "total time", "mean step time")
 
 
 def summary_row(label: str, s: dict[str, Any]) -> list[str]:
     """One table row, as text, in the order of SUMMARY_COLUMNS."""
-    best = "-" if s["best_reward"] is None else f"{fmt_number(s['best_reward'])} ({s['best_reward_step']})"
-    return [label, str(s["steps"]), fmt_number(s["first_reward"]), fmt_number(s["last_reward"]), best,
-            fmt_number(s["first10_reward"]), fmt_number(s["last10_reward"]), fmt_number(s["last_eval_accuracy"]),
-            fmt_seconds(s["total_time_s"]), fmt_seconds(s["mean_step_time_s"])]
+    windows = [("-" if s[k] is None else str(s[k])) for k in ("start_reward", "end_reward", "best_reward")]
+    return [label, str(s["steps"]), *windows, fmt_number(s["last_eval_accuracy"]), fmt_seconds(s["total_time_s"]),
+            fmt_seconds(s["mean_step_time_s"])]
 
 
 def skipped_text(skipped: list[Panel]) -> str:

@@ -16,20 +16,29 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def reward_change(records: list[dict[str, Any]], window: int = 10) -> str | None:
-    """'reward 0.188 (steps 1-10) -> 0.594 (steps 31-40)': the mean of the first and last `window` steps (a quarter
-    of the run each when it is shorter than 4 windows)."""
+def reward_window(n: int, window: int = 10) -> int:
+    """How many steps a reward mean spans, of a run with `n` rewards: `window`, or a quarter of a run shorter
+    than 4 windows (one step below 8). The end-of-run line, the report's table and its moving averages use it."""
+    return max(1, min(window, n // 4 or 1))
+
+
+def step_span(first: int, last: int) -> str:
+    return f"step {first}" if first == last else f"steps {first}-{last}"
+
+
+def reward_change(records: list[dict[str, Any]]) -> str | None:
+    """'reward 0.188 (steps 1-10) -> 0.594 (steps 31-40)': the mean of the first and last reward windows."""
     train = [r for r in records if "reward" in r]
     if not train:
         return None
-    w = max(1, min(window, len(train) // 4 or 1))
+    w = reward_window(len(train))
     first, last = train[:w], train[-w:]
     a, b = _mean([r["reward"] for r in first]), _mean([r["reward"] for r in last])
     if a is None or b is None:
         return None
 
     def span(rows):
-        return f"step {rows[0]['step']}" if len(rows) == 1 else f"steps {rows[0]['step']}-{rows[-1]['step']}"
+        return step_span(rows[0]["step"], rows[-1]["step"])
 
     if len(train) <= w:
         return f"reward {b:.3f} ({span(last)})"

@@ -29,6 +29,7 @@ from grpo_cli.run.folder import (
     apply_optimizer_changes,
     check_drift,
     recipe_changes,
+    record_resume,
     resumable,
     start_point,
 )
@@ -104,16 +105,27 @@ def test_corrupted_newest_is_refused_not_passed_over(tmp_path, model):
 
 def test_start_over_deletes_only_the_runs_outputs(tmp_path, model):
     save(tmp_path, 2, model)
-    for name in ("metrics.jsonl", "rollouts.jsonl", "recipe.yaml", RECIPE_CHANGES, "notes.txt"):
+    for name in ("metrics.jsonl", "rollouts.jsonl", "recipe.yaml", RECIPE_CHANGES, "resumes.jsonl", "notes.txt"):
         (tmp_path / name).write_text("x\n")
     (tmp_path / "eval").mkdir()
     path, said = collect(tmp_path, None, start_over=True)
     assert path is None
-    assert said == [f"--start-over: deleted metrics.jsonl, rollouts.jsonl, checkpoints/, recipe.yaml, {RECIPE_CHANGES} "
-                    f"in {tmp_path}"]
+    assert said == [f"--start-over: deleted metrics.jsonl, rollouts.jsonl, checkpoints/, recipe.yaml, {RECIPE_CHANGES}, "
+                    f"resumes.jsonl in {tmp_path}"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["eval", "notes.txt"]
     with pytest.raises(RunFolderError, match="pass one of them"):
         start_point(tmp_path, "auto", start_over=True)
+
+
+def test_each_resume_is_recorded_and_a_rewind_drops_the_later_ones(tmp_path):
+    record_resume(tmp_path, tmp_path / "checkpoints" / "step-4", 5, {})
+    record_resume(tmp_path, tmp_path / "checkpoints" / "step-8", 9, {"train.max_steps": (8, 12), "eval.every": (0, 4)})
+    rows = read_jsonl(tmp_path / "resumes.jsonl")
+    assert [(r["from_step"], Path(r["checkpoint"]).name, r["recipe_changes"]) for r in rows] == [
+        (5, "step-4", []), (9, "step-8", ["eval.every", "train.max_steps"])]
+    # resumed again from step 6: the run no longer went through the resume at step 9
+    record_resume(tmp_path, tmp_path / "checkpoints" / "step-6", 7, {})
+    assert [r["from_step"] for r in read_jsonl(tmp_path / "resumes.jsonl")] == [5, 7]
 
 
 def test_drift_classifies_and_lists_fields():

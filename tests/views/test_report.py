@@ -10,19 +10,17 @@ from pathlib import Path
 import pytest
 
 from grpo_cli.errors import ReportError
-from grpo_cli.views.report import (
+from grpo_cli.views.report import candidate_panels, plot_panel, select_panels, write_report
+from grpo_cli.views.run_metrics import (
     Run,
-    candidate_panels,
     load_metrics,
     load_runs,
-    plot_panel,
+    moving_average,
     present_keys,
     run_labels,
-    select_panels,
     series,
     stack_layers,
     summary,
-    write_report,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,14 +101,24 @@ def test_series_drops_missing_and_null_values():
 def test_summary_matches_hand_arithmetic():
     s = summary(records_a())
     assert s["steps"] == 14
-    assert (s["first_reward"], s["last_reward"], s["best_reward"], s["best_reward_step"]) == (0.0, 0.5, 1.5, 12)
-    # first 10 of the 12 rewards: 0+.5+1+.25+.75+.5+1+0+1+1.5 = 6.5; last 10: 6.5 - 0 - .5 + .25 + .5 = 6.75
-    assert s["first10_reward"] == pytest.approx(0.65)
-    assert s["last10_reward"] == pytest.approx(0.675)
+    # 12 rewards: windows of 12 // 4 = 3 steps. First: (0 + .5 + 1) / 3 at steps 1, 2, 4; last: (1.5 + .25 + .5) / 3
+    # at steps 12-14; best: (1 + 1.5 + .25) / 3 = 0.9167 at steps 11-13 (no other window of three comes near)
+    assert (s["start_reward"].mean, s["start_reward"].first_step, s["start_reward"].last_step) == (0.5, 1, 4)
+    assert (s["end_reward"].mean, s["end_reward"].first_step, s["end_reward"].last_step) == (0.75, 12, 14)
+    best = s["best_reward"]
+    assert best.mean == pytest.approx(2.75 / 3) and (best.first_step, best.last_step) == (11, 13)
+    assert str(best) == "0.9167 (steps 11-13)"
     assert s["last_eval_accuracy"] == 0.5
     # 13 step times (step 9 is null): 12 * 4.0 + 17.0 = 65.0, mean 65 / 13 = 5.0
     assert s["total_time_s"] == pytest.approx(65.0) and s["mean_step_time_s"] == pytest.approx(5.0)
-    assert summary([{"step": 3, "eval/accuracy": 0.5}])["first_reward"] is None
+    assert summary([{"step": 3, "eval/accuracy": 0.5}])["start_reward"] is None
+    # one reward: its own window, one step
+    assert str(summary([{"step": 3, "reward": 1.0}])["best_reward"]) == "1 (step 3)"
+
+
+def test_moving_average_is_the_mean_of_full_windows_at_their_last_step():
+    assert moving_average([1, 2, 4, 5, 6], [0.0, 0.5, 1.0, 0.25, 0.75], 3) == ([4, 5, 6], [0.5, 1.75 / 3, 2.0 / 3])
+    assert moving_average([1, 2], [1.0, 0.0], 3) == ([], [])
 
 
 def test_stack_layers_add_the_rest_of_the_step_as_other():
@@ -151,7 +159,13 @@ def test_plotted_lines_equal_the_jsonl_numbers():
     assert lines["eval accuracy"] == ([7, 14], [0.25, 0.5])
     assert lines["eval pass@4"] == ([7, 14], [0.5, 0.75])
     assert lines["eval maj@4"] == ([14], [0.5])
-    assert len(lines) == 6
+    # the per-step train series carry their moving average over 12 // 4 = 3 steps; eval series do not
+    avg_steps, avg = moving_average(REWARD_STEPS, REWARD_VALUES, 3)
+    assert lines["reward (weighted sum), mean of 3 steps"] == (avg_steps, avg) and avg_steps[0] == 4
+    assert lines["accuracy, mean of 3 steps"][1][0] == pytest.approx((1 + 2 + 3) / 16 / 3)
+    assert "fmt, mean of 3 steps" in lines and len(lines) == 9
+    fn = lines_by_label(plot_panel(panel("reward_fn_accuracy", runs), runs).axes[0])
+    assert fn["train mean, mean of 3 steps"][0] == list(range(3, 15))
 
     entropy = lines_by_label(plot_panel(panel("entropy", runs), runs).axes[0])
     steps = [s for s in range(1, 15) if s != 5]  # null at step 5
@@ -188,8 +202,35 @@ def test_two_runs_overlay_with_one_labelled_line_each(tmp_path):
     reward = lines_by_label(plot_panel(panel("reward", runs), runs).axes[0])
     assert reward["alpha: reward (weighted sum)"] == (REWARD_STEPS, REWARD_VALUES)
     assert reward["beta: reward (weighted sum)"] == ([1, 2, 3], [0.5, 0.5, 1.0])
-    assert len(reward) == 7  # 6 series of alpha, only the weighted reward for beta
+    # 6 series of alpha and the averages of its 3 train series; only the weighted reward for beta (3 steps: too
+    # short for an average)
+    assert len(reward) == 10 and "alpha: reward (weighted sum), mean of 3 steps" in reward
     assert len(plot_panel(panel("step_time", runs), runs).axes) == 2  # one stacked subplot per run
+
+
+def test_a_metric_at_0_every_step_is_drawn_centred_and_says_so():
+    runs = [Run("b", Path("b"), [dict(r, kl=0.0) for r in records_b()])]
+    ax = plot_panel(panel("kl", runs), runs).axes[0]
+    assert lines_by_label(ax) == {"kl": ([1, 2, 3], [0.0, 0.0, 0.0])}
+    assert ax.get_ylim() == (-1.0, 1.0)  # not a line on the plot's lower edge
+    assert [t.get_text() for t in ax.texts] == ["0 at every step"]
+    # a panel with a value other than 0 draws as before
+    runs = [Run("b", Path("b"), records_b())]
+    ax = plot_panel(panel("kl", runs), runs).axes[0]
+    assert len(ax.texts) == 0 and ax.get_ylim() != (-1.0, 1.0)
+
+
+def test_resumes_are_marked_on_every_plot(tmp_path):
+    run = write_run(tmp_path / "run", records_a())
+    (run / "resumes.jsonl").write_text('{"from_step": 6, "checkpoint": "c/step-5"}\n'
+                                       '{"from_step": 11, "checkpoint": "c/step-10", "recipe_changes": []}\n')
+    runs = load_runs([run])
+    assert runs[0].resumes == (6, 11)
+    for name in ("reward", "entropy", "step_time"):
+        ax = plot_panel(panel(name, runs), runs).axes[0]
+        marks = [ln for ln in ax.get_lines() if ln.get_linestyle() == ":" and ln.get_color() == "0.45"]
+        assert [list(m.get_xdata()) for m in marks] == [[5.5, 5.5], [10.5, 10.5]], name
+        assert [m.get_label() for m in marks] == ["resumed", "_nolegend_"]
 
 
 # ---------------------------------------------------------------------------------------- output
@@ -208,7 +249,8 @@ def test_html_embeds_one_png_per_panel_and_the_summary(tmp_path):
         data = p.read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000, p.name
     cells = re.findall(r"<td>([^<]*)</td>", page)
-    assert cells == ["run", "14", "0", "0.5", "1.5 (12)", "0.65", "0.675", "0.5", "65.0 s", "5.0 s"]
+    assert cells == ["run", "14", "0.5 (steps 1-4)", "0.75 (steps 12-14)", "0.9167 (steps 11-13)", "0.5", "65.0 s",
+                     "5.0 s"]
     assert "KL divergence" in page and "(kl)" in page  # the skipped panel is named
 
 
@@ -238,8 +280,16 @@ def test_report_module_imports_neither_torch_nor_matplotlib():
 @pytest.mark.slow
 def test_report_of_a_real_tiny_run(tmp_path):
     run = tmp_path / "tiny"
-    p = cli("train", "recipes/ci-tiny.yaml", "-o", str(run), "train.max_steps=3", "checkpoint.every_steps=100")
+    p = cli("train", "recipes/ci-tiny.yaml", "-o", str(run), "train.max_steps=2", "checkpoint.every_steps=100")
     assert p.returncode == 0, p.stderr[-2000:]
+    assert not (run / "resumes.jsonl").exists()
+    p = cli("train", "recipes/ci-tiny.yaml", "-o", str(run), "--resume", "auto", "train.max_steps=3",
+            "checkpoint.every_steps=100")
+    assert p.returncode == 0, p.stderr[-2000:]
+    [resume] = [json.loads(line) for line in (run / "resumes.jsonl").read_text().splitlines()]
+    assert resume["from_step"] == 3 and resume["checkpoint"].endswith("step-2")
+    assert resume["recipe_changes"] == ["train.max_steps"]
+    assert load_runs([run])[0].resumes == (3,)
     p = cli("report", str(run), "--out", str(tmp_path / "out"))
     assert p.returncode == 0, p.stderr
     out = tmp_path / "out"
