@@ -37,6 +37,22 @@ def _set(recipe: dict, key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def precision_note(asked: str, dtype: str, precision: str, bf16: bool, bf16_given: bool) -> str:
+    """How TRL's dtype and bf16 / fp16 became model.dtype and train.mixed_precision, in one sentence."""
+    said = f"dtype {asked}"
+    if asked == "auto":
+        said += f" (the checkpoint's own dtype, not read when converting: {dtype} assumed; set model.dtype if it differs)"
+    flag = f"bf16 {'true' if bf16 else 'false'}" + ("" if bf16_given else " (TRL's default)")
+    if precision == "fp16":
+        return f"{said}, fp16 true: {dtype} weights under float16 autocast (train.mixed_precision: fp16)"
+    if precision == "bf16":
+        return (f"{said}, {flag}: float32 weights, gradients and AdamW state under bfloat16 autocast "
+                "(train.mixed_precision: bf16), as TRL trains; model.dtype=bfloat16 halves their memory")
+    if bf16:
+        return f"{said}, {flag}: the weights are {dtype} already (model.dtype), so no autocast (train.mixed_precision: no)"
+    return f"{said}, {flag}: {dtype} weights, no autocast (train.mixed_precision: no)"
+
+
 def convert(config: dict[str, Any], *, num_processes: int = 1, name: str | None = None) -> Conversion:
     """A `trl grpo --config` YAML (as a dict) -> the recipe, its notes and what could not be mapped."""
     renamed = []
@@ -74,10 +90,13 @@ def convert(config: dict[str, Any], *, num_processes: int = 1, name: str | None 
     take("run_name")
 
     # the model
-    bf16 = cfg.get("bf16") if cfg.get("bf16") is not None else not cfg.get("use_cpu", False)  # TRL: bf16 off CPU
+    bf16 = cfg.get("bf16") if cfg.get("bf16") is not None else not cfg.get("fp16")  # TRL 1.16: bf16 unless fp16
     init = dict(cfg.get("model_init_kwargs") or {})
-    dtype = init.pop("dtype", None) or init.pop("torch_dtype", None) or cfg.get("dtype") or "auto"
-    dtype = {"auto": "bfloat16" if bf16 else "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
+    # TRL 1.16 loads the model in float32 unless told otherwise (ModelConfig.dtype; `trl grpo` passes it on)
+    asked = init.pop("dtype", None) or init.pop("torch_dtype", None) or cfg.get("dtype")
+    asked = asked or "float32 (TRL's default)"
+    dtype = {"auto": "bfloat16" if bf16 else "float32", "bf16": "bfloat16", "fp16": "float16",
+             "float32 (TRL's default)": "float32"}.get(asked, asked)
     model: dict[str, Any] = {"name_or_path": cfg["model_name_or_path"], "dtype": dtype,
                              "trust_remote_code": bool(init.pop("trust_remote_code", cfg.get("trust_remote_code"))),
                              "gradient_checkpointing": bool(cfg.get("gradient_checkpointing"))}
@@ -261,6 +280,7 @@ def convert(config: dict[str, Any], *, num_processes: int = 1, name: str | None 
         unmapped("optim", f"{cfg['optim']} has no counterpart: adamw used")
         optimizer = "adamw"
     precision = "fp16" if cfg.get("fp16") else ("bf16" if bf16 and dtype == "float32" else "no")
+    out.notes.append(precision_note(asked, dtype, precision, bf16, "bf16" in given))
     r["train"] = {"max_steps": max_steps, "prompts_per_step": prompts, "micro_batch_size": per_device,
                   "optimizer": optimizer, "learning_rate": cfg["learning_rate"], "scheduler": scheduler,
                   "warmup_steps": int(warmup), "weight_decay": cfg["weight_decay"], "adam_beta1": cfg["adam_beta1"],

@@ -16,7 +16,8 @@ HOMES: dict[str, tuple[str | None, str]] = {
     "trust_remote_code": ("model.trust_remote_code", _SAME),
     "model_name_or_path": ("model.name_or_path", _SAME),
     "model_revision": ("model.revision", _SAME),
-    "dtype": ("model.dtype", "auto (TRL's default: the checkpoint's dtype) becomes bfloat16 with bf16, else float32"),
+    "dtype": ("model.dtype", "float32 by default, as in TRL; auto (the checkpoint's dtype) becomes bfloat16 with bf16, "
+                             "else float32"),
     "attn_implementation": ("model.attn_implementation", _SAME),
     "use_peft": ("model.lora.r", "false: r = 0 (full fine-tuning); true: r = lora_r"),
     "lora_r": ("model.lora.r", "when use_peft"),
@@ -82,7 +83,8 @@ HOMES: dict[str, tuple[str | None, str]] = {
     "max_grad_norm": ("train.max_grad_norm", _SAME),
     "average_tokens_across_devices": (None, "dapo / cispo always normalise by the global token count"),
     "label_smoothing_factor": (None, "not a GRPO setting"),
-    "bf16": ("train.mixed_precision", "true -> bf16 autocast (and bfloat16 for dtype auto)"),
+    "bf16": ("train.mixed_precision", "true (TRL's default unless fp16) -> bf16 autocast over float32 weights; "
+                                       "none over bfloat16 weights"),
     "fp16": ("train.mixed_precision", "true -> fp16"),
     "bf16_full_eval": (None, "evaluation runs in the training dtype"),
     "fp16_full_eval": (None, "evaluation runs in the training dtype"),

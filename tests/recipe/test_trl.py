@@ -64,7 +64,9 @@ def test_the_documentation_example_converts_with_trls_defaults_and_the_batch_ari
     # TRL's defaults that change what is learned are written out
     assert (r["algorithm"]["beta"], r["algorithm"]["loss_type"], r["algorithm"]["use_bias_correction_kl"]) == (0.0, "dapo", True)
     assert (r["train"]["adam_beta2"], r["train"]["scheduler"], r["rollout"]["max_completion_length"]) == (0.999, "linear", 512)
-    assert r["model"]["gradient_checkpointing"] is True and r["model"]["dtype"] == "bfloat16"  # bf16 off the CPU
+    # TRL 1.16 loads float32 weights (ModelConfig.dtype) and trains under bf16 autocast (bf16 unless fp16)
+    assert r["model"]["gradient_checkpointing"] is True and r["model"]["dtype"] == "float32"
+    assert r["train"]["mixed_precision"] == "bf16"
     assert r["rewards"] == [{"name": "accuracy"}] and r["logging"]["output_dir"] == "Qwen2-0.5B-GRPO"
     assert out.unmapped == [] and out.unknown == []
 
@@ -105,6 +107,26 @@ def test_trls_reward_columns_warmup_ratio_and_the_defaults_note():
     both = convert(DOC | {"warmup_ratio": 0.1, "warmup_steps": 5})
     assert both.recipe["train"]["warmup_steps"] == 5 and any("warmup_ratio 0.1 is left out" in n for n in both.notes)
     assert convert({**DOC, "reward_funcs": ["think_format_reward"]}).recipe["data"].get("answer_column") is None
+
+
+@pytest.mark.parametrize("given, dtype, precision, said", [
+    ({}, "float32", "bf16", "dtype float32 (TRL's default), bf16 true (TRL's default): float32 weights, gradients and "
+                            "AdamW state under bfloat16 autocast (train.mixed_precision: bf16), as TRL trains"),
+    ({"bf16": True, "use_cpu": True}, "float32", "bf16", "dtype float32 (TRL's default), bf16 true: float32 weights"),
+    ({"dtype": "bfloat16"}, "bfloat16", "no", "dtype bfloat16, bf16 true (TRL's default): the weights are bfloat16 "
+                                              "already (model.dtype), so no autocast (train.mixed_precision: no)"),
+    ({"dtype": "auto"}, "bfloat16", "no", "dtype auto (the checkpoint's own dtype, not read when converting: "
+                                          "bfloat16 assumed; set model.dtype if it differs)"),
+    ({"fp16": True}, "float32", "fp16", "dtype float32 (TRL's default), fp16 true: float32 weights under float16 "
+                                        "autocast"),
+    ({"bf16": False}, "float32", "no", "dtype float32 (TRL's default), bf16 false: float32 weights, no autocast"),
+])
+def test_dtype_and_bf16_convert_as_trl_trains_and_say_so(given, dtype, precision, said):
+    # issue 22: `bf16: true` was dropped without a word, and TRL's float32 default weights became bfloat16 ones
+    out = convert(DOC | given)
+    assert (out.recipe["model"]["dtype"], out.recipe["train"]["mixed_precision"]) == (dtype, precision)
+    [note] = [n for n in out.notes if n.startswith("dtype ")]
+    assert note.startswith(said), note
 
 
 def test_a_reward_module_not_installed_here_is_converted_with_a_note(tmp_path):
@@ -192,7 +214,9 @@ LUSPO = {**DOC, "loss_type": "luspo"}
 def test_converted_recipes_train_the_tiny_model(config, tmp_path, local_data, turn_model, model_cache):
     small = {**config, "model_name_or_path": turn_model, "dataset_name": local_data, "max_completion_length": 8,
              "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "num_generations": 4,
-             "bf16": False, "gradient_checkpointing": False}
+             "gradient_checkpointing": False}
+    if config is not DOC:  # the documentation example keeps TRL's precision: float32 weights under bf16 autocast
+        small["bf16"] = False
     out = convert_cli(tmp_path, small)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "note: batch: TRL's optimizer step" in out.stderr
@@ -203,6 +227,8 @@ def test_converted_recipes_train_the_tiny_model(config, tmp_path, local_data, tu
     assert p.returncode == 0, p.stderr[-3000:]
     metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2] and len(read_jsonl(tmp_path / "run" / "rollouts.jsonl")) == 2 * 8
+    recipe = yaml.safe_load((tmp_path / "recipe.yaml").read_text())
+    assert recipe["train"]["mixed_precision"] == ("bf16" if config is DOC else "no")
     if config is VESPO_ENTROPY:  # the entropy stays below 100 nats: the coefficient rises by 0.005 a step
         assert [round(m["entropy_coef"], 6) for m in metrics] == [0.005, 0.01]
         assert all(m["vespo/phi_seq_mean"] > 0 for m in metrics)
