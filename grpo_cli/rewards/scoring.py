@@ -11,7 +11,8 @@ Failures: with `on_error: raise` (the default) an exception stops the run with i
 `on_error: skip` it scores the call as missing (None); the first failure of each reward is logged
 once (type, message and the frame in the user's code), later ones are only counted. A NaN or inf
 value is a failure too: an error with `raise`, None and counted (`nonfinite`) with `skip`. A wrong
-number of values or a wrong type always raises: that is a programming error, not a bad sample.
+number of values or a wrong type always raises: that is a programming error, not a bad sample; so does a call
+the function's signature refuses (outcomes.py says what each outcome means).
 
 How a call runs:
   * plain functions run in order in this process;
@@ -29,22 +30,19 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 import math
-import numbers
 import os
-import sys
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any
 
 import grpo_cli.rewards.reward_model as rm
 from grpo_cli.errors import RewardError
 from grpo_cli.registry import did_you_mean
 from grpo_cli.rewards.builtin import REWARDS
 from grpo_cli.rewards.kwargs import check_kwargs
-from grpo_cli.rewards.steps import check_steps, step_mean
+from grpo_cli.rewards.outcomes import ChildFailure, Outcome, RewardSpec, interpret, user_frame
+from grpo_cli.rewards.steps import step_mean
 from grpo_cli.usercode import children, objects
 from grpo_cli.usercode.children import become_subreaper
 
@@ -52,30 +50,6 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
     from grpo_cli.datatypes import RewardResult
-
-
-class RewardSpec(Protocol):
-    """A recipe's reward entry (recipe.RewardConfig), as scoring reads it."""
-
-    name: str
-    weight: float
-    kwargs: dict[str, Any]
-    timeout_s: float | None
-    on_error: Literal["raise", "skip"]
-    level: Literal["outcome", "step"]
-
-
-class ChildFailure(Exception):
-    """An exception raised inside a reward's child process, carried back as text: `kind` is the type's
-    name, `message` its message, `frame` the user-code frame, `child_traceback` the whole traceback."""
-
-    def __init__(self, kind: str, message: str, frame: str = "", child_traceback: str = "") -> None:
-        super().__init__(f"{kind}: {message}" + (f"\n\nchild traceback:\n{child_traceback}" if child_traceback else ""))
-        self.kind, self.message, self.frame = kind, message, frame
-
-
-log = logging.getLogger(__name__)
-_REPORTED: set[tuple[str, str]] = set()  # (log name, kind) whose first failure this process has logged
 
 
 _FORMS = objects.forms()
@@ -156,23 +130,16 @@ def _portable_name(name: str) -> str:
 # --------------------------------------------------------------------------- running one call
 
 
-@dataclass
-class _Outcome:
-    values: Any = None
-    error: BaseException | None = None
-    timed_out: bool = False
-
-
 def _is_async(fn: Callable) -> bool:
     # an object whose __call__ is `async def` is async too
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004
 
 
-def _run_sync(fn: Callable, kwargs: dict[str, Any]) -> _Outcome:
+def _run_sync(fn: Callable, kwargs: dict[str, Any]) -> Outcome:
     try:
-        return _Outcome(values=fn(**kwargs))
+        return Outcome(values=fn(**kwargs))
     except Exception as e:  # noqa: BLE001 - on_error decides what happens to it
-        return _Outcome(error=e)
+        return Outcome(error=e)
 
 
 async def _await_one(fn: Callable, kwargs: dict[str, Any]) -> Any:
@@ -183,7 +150,7 @@ async def _gather(calls: list[tuple[Callable, dict[str, Any]]]) -> list[Any]:
     return await asyncio.gather(*(_await_one(fn, kw) for fn, kw in calls), return_exceptions=True)
 
 
-def _run_async(calls: list[tuple[Callable, dict[str, Any]]]) -> list[_Outcome]:
+def _run_async(calls: list[tuple[Callable, dict[str, Any]]]) -> list[Outcome]:
     """All async calls at once in one event loop (in a helper thread if a loop already runs here)."""
     if not calls:
         return []
@@ -196,7 +163,7 @@ def _run_async(calls: list[tuple[Callable, dict[str, Any]]]) -> list[_Outcome]:
 
         with ThreadPoolExecutor(1) as pool:
             results = pool.submit(asyncio.run, _gather(calls)).result()
-    return [_Outcome(error=r) if isinstance(r, BaseException) else _Outcome(values=r) for r in results]
+    return [Outcome(error=r) if isinstance(r, BaseException) else Outcome(values=r) for r in results]
 
 
 def _child_main(name: str, kwargs: dict[str, Any], conn: Connection) -> None:
@@ -231,138 +198,16 @@ def _start_child(name: str, kwargs: dict[str, Any], timeout_s: float, log_name: 
         ) from e
 
 
-def _outcome_of(child: children.Child) -> _Outcome:
+def _outcome_of(child: children.Child) -> Outcome:
     """Wait for the child until its deadline; kill it if it is still running then."""
     msg = children.answer(child)
     if msg[0] == "timeout":
-        return _Outcome(timed_out=True)
+        return Outcome(timed_out=True)
     if msg[0] == "exited":
-        return _Outcome(error=ChildFailure("ChildProcessError", f"child process exited with code {msg[1]} without a result"))
+        return Outcome(error=ChildFailure("ChildProcessError", f"child process exited with code {msg[1]} without a result"))
     if msg[0] == "ok":
-        return _Outcome(values=msg[1])
-    return _Outcome(error=ChildFailure(*msg[1:]))
-
-
-# --------------------------------------------------------------------------- checking and summing
-
-
-def _check_values(log_name: str, out: Any, n: int, skip: bool = False) -> tuple[list[float | None], list[int]]:
-    """The call's result as N floats or None, and the rows whose value was NaN or inf (None with `skip`,
-    RewardError without); RewardError saying what is wrong for any other broken result."""
-    if not isinstance(out, (list, tuple)):
-        kind = type(out).__name__
-        raise RewardError(f"reward {log_name!r} returned a {kind}; it must return a list of {n} floats (or None)")
-    if len(out) != n:
-        raise RewardError(
-            f"reward {log_name!r} returned {len(out)} values for {n} completions; it must return one per completion"
-        )
-    values: list[float | None] = []
-    nonfinite: list[int] = []
-    for i, v in enumerate(out):
-        if v is None:
-            values.append(None)
-        elif isinstance(v, numbers.Real):  # int, float, bool, numpy scalars
-            if isinstance(v, numbers.Integral) and abs(int(v)) > sys.float_info.max:  # float() would raise
-                raise RewardError(
-                    f"reward {log_name!r} returned an integer of {int(v).bit_length()} bits for completion {i}, too "
-                    "large for a float; return a float (or None for a missing reward)"
-                )
-            if not math.isfinite(float(v)):
-                if not skip:
-                    raise RewardError(
-                        f"reward {log_name!r} returned {float(v)} for completion {i}; return None for a missing "
-                        "reward, or set on_error: skip to score such values as missing"
-                    )
-                nonfinite.append(i)
-                values.append(None)
-                continue
-            values.append(float(v))
-        else:
-            raise RewardError(
-                f"reward {log_name!r} returned a {type(v).__name__} ({v!r:.60}) for completion {i}; "
-                "expected a float or None"
-            )
-    return values, nonfinite
-
-
-def user_frame(e: BaseException, fn: Callable | None = None) -> str:
-    """`file:line in function` of the innermost traceback frame in the reward's own file (else the innermost
-    one outside grpo_cli), so a skipped failure points at the user's code, not at grpo's."""
-    frames = traceback.extract_tb(e.__traceback__)
-    try:
-        source = inspect.getsourcefile(inspect.unwrap(fn)) if fn is not None else None
-        own = os.path.realpath(source) if source else None
-    except (TypeError, OSError):
-        own = None
-    grpo_dir = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
-    mine = [f for f in frames if own and os.path.realpath(f.filename) == own]
-    if not mine:
-        mine = [f for f in frames if not os.path.realpath(f.filename).startswith(grpo_dir + os.sep)]
-    return f"{mine[-1].filename}:{mine[-1].lineno} in {mine[-1].name}" if mine else ""
-
-
-def _report_once(log_name: str, kind: str, text: str) -> None:
-    """Log `text` the first time the reward logged as `log_name` fails this way in this process (on_error: skip)."""
-    if (log_name, kind) not in _REPORTED:
-        _REPORTED.add((log_name, kind))
-        log.warning(text)
-
-
-def reset_reports() -> None:
-    """Forget which first failures were logged (a new run in the same process logs them again)."""
-    _REPORTED.clear()
-
-
-def _skipped_error(label: str, log_name: str, e: BaseException, fn: Callable | None, step: int) -> str:
-    kind, message = (e.kind, e.message) if isinstance(e, ChildFailure) else (type(e).__name__, str(e))
-    frame = e.frame if isinstance(e, ChildFailure) else user_frame(e, fn)
-    where = f"\n  at {frame}" if frame else ""
-    return (f"reward {label} failed at step {step} and is scored as missing (on_error: skip): {kind}: {message}{where}\n"
-            f"  later failures of this reward are only counted (rewards/{log_name}/errors)")
-
-
-def _interpret(
-    spec: RewardSpec, log_name: str, out: _Outcome, n: int, step: int, counts: dict[str, dict[str, int]],
-    fn: Callable | None = None, lengths: list[int] | None = None,
-) -> list[Any]:
-    """The call's rewards (a step-level reward's: its steps, rewards/steps.py; `lengths`: the completions' token
-    counts); failures and timeouts raise RewardError or, with on_error: skip, count and give None."""
-    label = repr(log_name) if log_name == spec.name else f"{log_name!r} ({spec.name})"
-    skip = spec.on_error == "skip"
-    if out.timed_out:
-        if not skip:
-            raise RewardError(
-                f"reward {label} timed out after {spec.timeout_s:g} s at step {step} (its child process was killed); "
-                "raise timeout_s, or set on_error: skip to score such calls as missing"
-            )
-        _report_once(log_name, "timeout", f"reward {label} timed out after {spec.timeout_s:g} s at step {step} and is "
-                     f"scored as missing (on_error: skip); later timeouts are only counted (rewards/{log_name}/timeouts)")
-        counts["timeouts"][log_name] = counts["timeouts"].get(log_name, 0) + 1
-        return [None] * n
-    if out.error is not None:
-        e = out.error
-        if not skip:
-            text = str(e) if isinstance(e, ChildFailure) else f"{type(e).__name__}: {e}"
-            raise RewardError(
-                f"reward {label} failed at step {step}: {text}\n"
-                "fix the function, or set on_error: skip to score failed calls as missing"
-            ) from e
-        _report_once(log_name, "error", _skipped_error(label, log_name, e, fn, step))
-        counts["errors"][log_name] = counts["errors"].get(log_name, 0) + 1
-        return [None] * n
-    if getattr(spec, "level", "outcome") == "step":
-        steps, bad = check_steps(log_name, out.values, lengths or [], skip)
-        if bad:
-            counts["nonfinite"][log_name] = counts["nonfinite"].get(log_name, 0) + bad
-        return steps
-    values, nonfinite = _check_values(log_name, out.values, n, skip)
-    if nonfinite:
-        bad = out.values[nonfinite[0]]
-        _report_once(log_name, "nonfinite", f"reward {label} returned {float(bad)} for completion {nonfinite[0]} at "
-                     f"step {step}; scored as missing (on_error: skip); later ones are only counted "
-                     f"(rewards/{log_name}/nonfinite)")
-        counts["nonfinite"][log_name] = counts["nonfinite"].get(log_name, 0) + len(nonfinite)
-    return values
+        return Outcome(values=msg[1])
+    return Outcome(error=ChildFailure(*msg[1:]))
 
 
 def weighted_total(weights: list[float], columns: list[list[float | None]], n: int) -> list[float]:
@@ -374,7 +219,7 @@ def weighted_total(weights: list[float], columns: list[list[float | None]], n: i
     return total
 
 
-# --------------------------------------------------------------------------- score
+# --------------------------------------------------------------------------- summing and score
 
 
 def score(
@@ -408,12 +253,14 @@ def score(
                 started[i] = _start_child(s.name, kwargs[i], s.timeout_s, log_names[i])
         local = [i for i in range(len(specs)) if i not in started]
         for i in (i for i in local if not _is_async(fns[i])):
-            values[i] = _interpret(specs[i], log_names[i], _run_sync(fns[i], kwargs[i]), n, step, counts, fns[i], lengths)
+            values[i] = interpret(specs[i], log_names[i], _run_sync(fns[i], kwargs[i]), n, step, counts, fns[i], lengths,
+                                   kwargs[i])
         async_ids = [i for i in local if _is_async(fns[i])]
         for i, out in zip(async_ids, _run_async([(fns[i], kwargs[i]) for i in async_ids])):
-            values[i] = _interpret(specs[i], log_names[i], out, n, step, counts, fns[i], lengths)
+            values[i] = interpret(specs[i], log_names[i], out, n, step, counts, fns[i], lengths, kwargs[i])
         for i, child in started.items():
-            values[i] = _interpret(specs[i], log_names[i], _outcome_of(child), n, step, counts, lengths=lengths)
+            values[i] = interpret(specs[i], log_names[i], _outcome_of(child), n, step, counts, lengths=lengths,
+                                   passed=kwargs[i])
     finally:  # on an error above, no child outlives this call
         for child in started.values():
             child.reader.close()

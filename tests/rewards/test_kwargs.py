@@ -14,7 +14,7 @@ from grpo_cli.errors import RecipeError
 from grpo_cli.recipe.files import load_recipe
 from grpo_cli.recipe.schema import Recipe, RewardConfig
 from grpo_cli.rewards import score
-from grpo_cli.rewards.scoring import reset_reports
+from grpo_cli.rewards.outcomes import reset_reports
 
 from helpers import cli
 
@@ -174,6 +174,25 @@ def test_raise_mode_keeps_the_exception_text(user_file):
         run([RewardConfig(name="mine.py:boom")], ["a"])
     with pytest.raises(RewardError, match=r"failed at step 3: ZeroDivisionError: boom in user code\n\nchild traceback"):
         run([RewardConfig(name="mine.py:boom", timeout_s=20.0)], ["a"])
+
+
+@pytest.mark.parametrize("timeout_s", [None, 20.0], ids=["in-process", "child-process"])
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_call_the_signature_refuses_names_the_arguments_and_never_suggests_skip(user_file, timeout_s, on_error):
+    # issue 22: the step-1 message said "set on_error: skip", which would drop the reward from every step
+    from grpo_cli.errors import RewardError
+
+    spec = RewardConfig(name="mine.py:strict", on_error=on_error, timeout_s=timeout_s)
+    with pytest.raises(RewardError) as e:  # strict() has no **kwargs: it cannot take `prompts`
+        score([spec], ["p"], ["a"], [[1]], {}, step=1)
+    text = str(e.value)
+    assert "reward 'strict' (mine.py:strict) cannot take the call grpo makes: TypeError: strict() got an " \
+           "unexpected keyword argument 'prompts'" in text
+    assert "keyword arguments completion_ids, completions, prompts:" in text
+    assert "on_error: skip would not help" in text and "set on_error: skip" not in text
+    # a TypeError raised inside the function is an ordinary failure: skip still counts it
+    spec = RewardConfig(name="mine.py:parses", on_error="skip", timeout_s=timeout_s)
+    assert score([spec], ["p"], ["[1]"], [[1]], {}, step=1).errors == {"parses": 1}
 
 
 @pytest.mark.slow
