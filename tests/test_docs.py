@@ -141,8 +141,12 @@ def project(tmp_path):
 def test_readme_example_validates_trains_and_evaluates_from_another_directory(project):
     folder, elsewhere, env = project
     recipe = str(folder / "recipe.yaml")
-    p = grpo("validate", recipe, cwd=elsewhere, env=env)
+    p = grpo("validate", recipe, SMALL[0], cwd=elsewhere, env=env)
     assert p.returncode == 0 and ": ok (my-first-run" in p.stdout, p.stderr
+    # as written, offline (HF_HUB_OFFLINE=1 here), the README's hub model is named: it is not in the cache
+    p = grpo("validate", recipe, cwd=elsewhere, env={**env, "HF_HOME": str(elsewhere / "empty-hf-cache")})
+    assert p.returncode == 2 and "model.name_or_path: 'Qwen/Qwen2.5-0.5B-Instruct' is not in the local hub cache" \
+        in p.stderr, p.stderr
     p = grpo("train", recipe, *SMALL, "-o", "runs/my-first-run", cwd=elsewhere, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     run = elsewhere / "runs/my-first-run"  # output_dir is relative to the working directory

@@ -48,6 +48,10 @@ def command(
     from grpo_cli.recipe.files import load_recipe
 
     r = load_recipe(recipe) if recipe else None
+    from grpo_cli.run.hub import hub_names, is_hub_id, work_offline_if_unreachable
+
+    on_hub = (hub_names(r) if r else []) + [t for t in [*targets, dataset] if t != "base" and is_hub_id(t)]
+    work_offline_if_unreachable(on_hub, lambda line: typer.echo(line, err=True))  # before hub libraries load
     if threads == "auto" or (threads is None and (r is None or r.train.threads == "auto")):
         from grpo_cli.run.cpus import prepare_openmp
 

@@ -43,10 +43,12 @@ def command(
     from grpo_cli.recipe.files import load_recipe
     from grpo_cli.run import lock
     from grpo_cli.run.cpus import prepare_openmp
+    from grpo_cli.run.hub import hub_names, work_offline_if_unreachable
     from grpo_cli.train.launch import launched_by_torchrun, relaunch
 
     r = load_recipe(recipe, overrides or [])
     prepare_openmp(r.train.threads)  # before torch is imported: a shared CPU gets OpenMP's passive wait policy
+    work_offline_if_unreachable(hub_names(r), lambda line: typer.echo(line, err=True))  # before hub libraries load
     check_data(r)  # a missing file or column exits 2 before any model is loaded, not at step 1
     run_dir = output_dir or Path(r.output_dir)
     if verbose:  # read by grpo_cli.models.loading in this process, the relaunched workers and vLLM's engine processes
@@ -90,8 +92,11 @@ def _train(r, run_dir: Path, resume: Optional[str], start_over: bool, allow_reci
 
     from rich.logging import RichHandler
 
-    # our own modules speak at INFO (e.g. the one-time GGUF conversion); libraries stay at WARNING
-    logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[RichHandler(show_path=False)])
+    # our own modules speak at INFO (e.g. the one-time GGUF conversion); libraries stay at WARNING, and a library
+    # that prints through a handler of its own (huggingface_hub, transformers) is not printed a second time here
+    handler = RichHandler(show_path=False)
+    handler.addFilter(lambda record: not logging.getLogger(record.name.split(".")[0]).handlers)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[handler])
     logging.getLogger("grpo_cli").setLevel(logging.INFO)
     from grpo_cli.errors import UserError
     from grpo_cli.run.checkpoints import latest_checkpoint

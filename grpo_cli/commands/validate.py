@@ -15,14 +15,17 @@ def command(recipe: Path = RECIPE, overrides: Optional[list[str]] = OVERRIDES) -
 
     Checks without loading a model: every field, reward names and files, the data files (they exist and
     parse; their first rows hold the prompt column or the template's placeholders and the answer column),
-    a generator's kwargs, local dataset folders. Hub datasets are checked when `train` loads them.
+    a generator's kwargs, dataset folders and hub datasets (their metadata or first row; offline, from the
+    cache), the reward functions' parameters against the columns, a local model path.
 
     Example: grpo validate recipes/gsm8k.yaml algorithm.num_generations=16
     """
     from grpo_cli.data.checks import check_data
     from grpo_cli.recipe.files import load_recipe
+    from grpo_cli.run.hub import hub_names, work_offline_if_unreachable
 
     r = load_recipe(recipe, overrides or [])
+    work_offline_if_unreachable(hub_names(r), lambda line: typer.echo(f"note: {line}"))
     for note in check_data(r):
         typer.echo(f"note: {note}")
     typer.echo(f"{recipe}: ok ({r.name}: {r.algorithm.loss_type}, G={r.algorithm.num_generations}, "

@@ -120,8 +120,43 @@ def _generated_columns(cfg: DataConfig, seed: int) -> list[str]:
     return list(rows[0]) if rows else []
 
 
-def source_columns(cfg: DataConfig, seed: int, section: str = "data") -> tuple[list[str] | None, str]:
-    """(columns or None if they cannot be known offline, a description of the source)."""
+def _loaded_columns(cfg: DataConfig, field: str, notes: list[str]) -> list[str]:
+    """Columns of a dataset `datasets` loads by name (a hub id; a folder of data files): its metadata (the hub's
+    dataset card or the local cache), else the split's first row, streamed (nothing else is downloaded). A hub id
+    the hub cannot serve (and the cache does not hold, offline) is a DataError here, not when train loads it."""
+    import datasets
+
+    from grpo_cli.run.hub import is_hub_id, offline_chosen, work_offline_if_unreachable
+
+    if is_hub_id(cfg.dataset):
+        work_offline_if_unreachable([cfg.dataset], notes.append)  # the train / validate commands asked already
+    datasets.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
+    what = f"{field} {cfg.dataset!r}" + (f" (data.config {cfg.config!r})" if cfg.config else "")
+    split = cfg.split.split("[", 1)[0]  # train[:1000] -> train
+    try:
+        builder = datasets.load_dataset_builder(cfg.dataset, cfg.config)
+        splits = list(builder.info.splits or {})
+        if splits and split not in splits:
+            raise DataError(f"{what} has no split {split!r}; splits: {', '.join(splits)}")
+        if builder.info.features:
+            return list(builder.info.features)
+        row = next(iter(datasets.load_dataset(cfg.dataset, cfg.config, split=split, streaming=True)), None)
+    except DataError:
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever the loader raises, said in one line
+        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        where = ("offline: it is not in the local cache (HF_HOME), and the hub cannot be reached or HF_HUB_OFFLINE is "
+                 "set" if offline_chosen() and is_hub_id(cfg.dataset) else "check the name, data.config and data.split")
+        raise DataError(f"{what} could not be read: {type(e).__name__}: {text}; {where}") from None
+    if row is None:
+        raise DataError(f"{what}: split {split!r} holds no rows")
+    return list(row)
+
+
+def source_columns(cfg: DataConfig, seed: int, section: str = "data",
+                   notes: list[str] | None = None) -> tuple[list[str], str]:
+    """(the columns, a description of the source); `notes` gets a line when the hub cannot be reached."""
     if cfg.files:
         return files_columns(cfg.files, f"{section}.files"), f"{section}.files"
     if cfg.generator:
@@ -129,10 +164,11 @@ def source_columns(cfg: DataConfig, seed: int, section: str = "data") -> tuple[l
     folder = Path(cfg.dataset).expanduser()
     field = f"{section}.dataset"
     if folder.is_dir():
-        return _folder_columns(folder, cfg.split, field), f"{field} {cfg.dataset!r}"
+        columns = _folder_columns(folder, cfg.split, field)
+        return columns or _loaded_columns(cfg, field, notes if notes is not None else []), f"{field} {cfg.dataset!r}"
     if cfg.dataset.startswith(("/", "./", "../", "~")):
         raise DataError(f"{field}: folder {cfg.dataset} does not exist")
-    return None, f"{field} {cfg.dataset!r}"
+    return _loaded_columns(cfg, field, notes if notes is not None else []), f"{field} {cfg.dataset!r}"
 
 
 def needs_answer(recipe: Recipe) -> bool:
@@ -145,21 +181,18 @@ def check_data(recipe: Recipe) -> list[str]:
     """Check the recipe's inputs without a model: a local model path exists, the training (and held-out eval) data
     and the rewards' parameters fit; DataError if it cannot work.
 
-    Returns notes on what could not be checked (hub datasets offline)."""
+    Returns notes (the hub cannot be reached: cached data only)."""
     from grpo_cli.eval.evaluate import eval_data_config
 
     check_model_path(recipe.model.name_or_path)
+    check_model_cached(recipe.model)
     notes = []
     seed = recipe.data.seed if recipe.data.seed is not None else recipe.train.seed
     sets = [("data", recipe.data)]
     if recipe.eval is not None and (recipe.eval.files or recipe.eval.dataset):
         sets.append(("eval", eval_data_config(recipe, recipe.eval)))
     for section, cfg in sets:
-        columns, source = source_columns(cfg, seed, section)
-        if columns is None:
-            notes.append(f"{source}: columns not checked (not a local file or save_to_disk folder); "
-                         "they are checked when the data is loaded")
-            continue
+        columns, source = source_columns(cfg, seed, section, notes)
         check_columns(cfg, columns, source, needs_answer(recipe))
         check_reward_parameters(recipe, cfg, columns, source)
         if cfg.files and cfg.answer_column in columns and needs_answer(recipe):
@@ -226,3 +259,18 @@ def check_reward_parameters(recipe: Recipe, cfg: DataConfig, columns: list[str],
             check_parameters(reward_log_name(spec.name), resolve_reward(spec.name), spec.kwargs, passed, spec.level)
         except ValueError as e:
             raise DataError(f"rewards.{i}: {e} (columns of {source})") from None
+
+
+def check_model_cached(model) -> None:
+    """DataError when the run is offline (chosen, or the hub cannot be reached) and model.name_or_path is a hub id
+    the local cache does not hold: train would fail at loading it."""
+    from grpo_cli.run.hub import is_hub_id, offline_chosen
+
+    if not (is_hub_id(model.name_or_path) and offline_chosen()) or model.gguf_file:
+        return
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if not isinstance(try_to_load_from_cache(model.name_or_path, "config.json", revision=model.revision), str):
+        raise DataError(f"model.name_or_path: {model.name_or_path!r} is not in the local hub cache "
+                        f"({constants.HF_HUB_CACHE}) and the run is offline (the hub cannot be reached, or "
+                        "HF_HUB_OFFLINE is set): download it where the hub can be reached, or set a local folder")

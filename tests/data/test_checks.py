@@ -70,7 +70,7 @@ def test_bad_data_is_named_before_any_model(folder, overrides, message):
         check_data(_recipe(*overrides))
 
 
-def test_good_data_and_what_cannot_be_checked_offline(folder):
+def test_good_data_passes_and_bad_generator_kwargs_do_not(folder):
     assert check_data(_recipe()) == []
     # the default answer column may be absent when no reward needs it (prompt-only data)
     r = _recipe("data.answer_column=answer", "rewards=[{name: format}]")
@@ -78,8 +78,20 @@ def test_good_data_and_what_cannot_be_checked_offline(folder):
     # generators run for two rows: bad kwargs are caught here
     with pytest.raises(DataError, match="bad data.generator_kwargs"):
         check_data(load_recipe(TINY, ["data.generator_kwargs={min_value: 5, max_value: 1}"]))
-    notes = check_data(load_recipe(ROOT / "recipes/gsm8k.yaml"))
-    assert len(notes) == 1 and "data.dataset 'openai/gsm8k': columns not checked" in notes[0]
+    # hub datasets: tests/run/test_hub.py
+
+
+def test_a_folder_of_data_files_is_read_as_datasets_reads_it(folder):
+    # issue 22: a dataset `datasets` loads by name (a hub id, a folder of data files) had its columns "not checked"
+    (folder / "repo" / "data").mkdir(parents=True)
+    (folder / "repo" / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    base = ["data.generator=null", "data.template={question}", "data.answer_column=solution", "data.dataset=./repo"]
+    assert check_data(load_recipe(TINY, base)) == []
+    with pytest.raises(DataError, match=r"data.template uses column\(s\) \['questoin'\] \(did you mean 'question'\?\) "
+                                        r"that data.dataset '.*repo' does not have; columns: question, solution"):
+        check_data(load_recipe(TINY, [*base, "data.template={questoin}"]))
+    with pytest.raises(DataError, match=r"data.dataset '.*repo' could not be read: ValueError: Bad split: test"):
+        check_data(load_recipe(TINY, [*base, "data.split=test"]))
 
 
 def test_local_dataset_folder_columns_and_split(folder):
