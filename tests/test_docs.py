@@ -149,6 +149,7 @@ def test_readme_example_validates_trains_and_evaluates_from_another_directory(pr
         in p.stderr, p.stderr
     p = grpo("train", recipe, *SMALL, "-o", "runs/my-first-run", cwd=elsewhere, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
+    assert "Generating train split" not in p.stderr  # issue 22: datasets' bars leaked into the training log
     run = elsewhere / "runs/my-first-run"  # output_dir is relative to the working directory
     saved = yaml.safe_load((run / "recipe.yaml").read_text())
     assert saved["data"]["files"] == [str(folder / "problems.jsonl")]  # absolute: the saved recipe works anywhere

@@ -331,10 +331,10 @@ def run_eval(specs: list[str], recipe: Recipe | None, cfg_overrides: dict[str, A
     import json
     import sys
 
-    from grpo_cli.models.loading import load_tokenizer, quiet_transformers
+    from grpo_cli.models.loading import load_tokenizer, quiet_libraries
     from grpo_cli.run.cpus import apply_threads
 
-    quiet_transformers()
+    quiet_libraries()
     resolved = {s: resolve_target(s, recipe) for s in specs if s != "base"}  # `base` needs the recipe first
     recipe = recipe or next((t.recipe for t in resolved.values() if t.recipe is not None), None)
     if recipe is None:

@@ -18,14 +18,14 @@ def export_checkpoint(checkpoint: Path, out: Path, dtype: str | None = None) -> 
     import torch
 
     from grpo_cli.errors import UsageError
-    from grpo_cli.models.loading import load_model, load_tokenizer, quiet_transformers
+    from grpo_cli.models.loading import load_model, load_tokenizer, quiet_libraries
     from grpo_cli.models.lora import is_adapter_checkpoint, load_adapter_model
     from grpo_cli.recipe.files import load_recipe
     from grpo_cli.run.checkpoints import (
         is_checkpoint, make_readable, newest_if_run_folder, recipe_path, verify_checkpoint,
     )
 
-    quiet_transformers()
+    quiet_libraries()
     checkpoint = newest_if_run_folder(checkpoint)
     if not is_checkpoint(checkpoint):
         raise UsageError(f"{checkpoint} is not a checkpoint written by `grpo train` (no trainer/ state folder)")

@@ -58,14 +58,18 @@ def has_dropout(model: Any) -> bool:
         float(getattr(getattr(m, "config", None), "attention_dropout", 0) or 0) > 0 for m in model.modules())
 
 
-def quiet_transformers() -> None:
-    """transformers' own progress bars and info logs would drown ours (all of them with --verbose)."""
+def quiet_libraries() -> None:
+    """transformers' and datasets' own progress bars and info logs would drown ours ("Generating train split" when
+    data files load; all of them with --verbose)."""
     if verbose():
         return
+    import datasets
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    datasets.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
     # bitsandbytes (imported by peft) warns on CPU that an optional kernels package is missing; it falls back
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
 

@@ -48,7 +48,7 @@ class Engine:
         """Everything a step needs, in the order that fixes what every RNG draws (grpo_cli/train/setup.py)."""
         from accelerate import Accelerator
 
-        from grpo_cli.models.loading import quiet_transformers, resolve_mixed_precision
+        from grpo_cli.models.loading import quiet_libraries, resolve_mixed_precision
         from grpo_cli.rewards.rm_update import RewardModelUpdates
         from grpo_cli.rollout.source import build_rollout_source
         from grpo_cli.run.statefiles import seed_process
@@ -58,7 +58,7 @@ class Engine:
         from grpo_cli.train.state import restore_run
         from grpo_cli.train.update import PolicyUpdate, Reference
 
-        quiet_transformers()
+        quiet_libraries()
         r, t = self.recipe, self.recipe.train
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # the run's processes on this machine share its cores
         self.threads = apply_threads(t.threads, local) if t.threads is not None else None
