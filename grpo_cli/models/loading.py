@@ -97,6 +97,37 @@ class OncePerMessage(logging.Filter):
         return False
 
 
+class ExpectedVllmLines(logging.Filter):
+    """vLLM warnings that say nothing is wrong on a healthy run, each said once in a line of its own or not at all:
+    loading a float32 checkpoint into bfloat16 parameters warns once per weight (122 lines for SmolLM2-135M, CPU
+    colocate), and every in-place weight sync warns that RotaryEmbedding "failed to load weights" (it has none to
+    load: its cos/sin cache is computed, and vLLM puts it back). Anything else passes untouched."""
+
+    EXPECTED = (
+        (re.compile(r"Attempted to load weight \S+ with dtype (\S+) into parameter with dtype (\S+)$"),
+         "vLLM casts the checkpoint's {0} weights to its {1} parameters as it loads them "
+         "(rollout.vllm.dtype sets vLLM's dtype)"),
+        (re.compile(r"RotaryEmbedding: Failed to load weights$"), None),
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said: set[tuple[str, tuple[str, ...]]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        for pattern, summary in self.EXPECTED:
+            m = pattern.match(message)
+            if m is None:
+                continue
+            if summary is None or (pattern.pattern, m.groups()) in self.said:
+                return False
+            self.said.add((pattern.pattern, m.groups()))
+            record.msg, record.args = summary.format(*m.groups()), ()
+            return True
+        return True
+
+
 def quiet_vllm(level: str | None = "WARNING") -> None:
     """Before vLLM is imported: its log level defaults to `level` (None: vLLM's own INFO) and each
     distinct message shows once. vLLM applies its logging configuration anew in every engine and
@@ -115,8 +146,9 @@ def quiet_vllm(level: str | None = "WARNING") -> None:
         return
 
     config, lvl = copy.deepcopy(DEFAULT_LOGGING_CONFIG), os.environ["VLLM_LOGGING_LEVEL"].upper()
-    config["filters"] = {"grpo_once": {"()": f"{__name__}.OncePerMessage"}}
-    config["handlers"]["vllm"].update(level=lvl, filters=["grpo_once"],
+    config["filters"] = {"grpo_expected": {"()": f"{__name__}.ExpectedVllmLines"},
+                         "grpo_once": {"()": f"{__name__}.OncePerMessage"}}
+    config["handlers"]["vllm"].update(level=lvl, filters=["grpo_expected", "grpo_once"],
                                       stream=os.environ.get("VLLM_LOGGING_STREAM", "ext://sys.stdout"))
     config["loggers"]["vllm"]["level"] = lvl
     for formatter in config["formatters"].values():

@@ -24,7 +24,7 @@ from grpo_cli.errors import ModelLoadError
 from grpo_cli.models import builtin
 from grpo_cli.models import loading as models
 from grpo_cli.models.loading import (
-    VERBOSE_ENV, OncePerMessage, cache_dir, load_model, load_tokenizer, quiet_vllm, resolve_model_source,
+    VERBOSE_ENV, ExpectedVllmLines, OncePerMessage, cache_dir, load_model, load_tokenizer, quiet_vllm, resolve_model_source,
 )
 from grpo_cli.recipe.schema import ModelConfig
 
@@ -333,6 +333,33 @@ def test_each_distinct_message_once_then_a_single_note():
     ]
 
 
+def test_vllms_expected_lines_are_said_once_or_not_at_all():
+    # issue 22: a healthy SmolLM2 colocate run printed 122 "Attempted to load weight" lines and, at every weight
+    # sync, "RotaryEmbedding: Failed to load weights"
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    handler.addFilter(ExpectedVllmLines())
+    handler.addFilter(OncePerMessage())
+    log = logging.getLogger("grpo_test_vllm_expected")
+    log.handlers, log.propagate = [handler], False
+    for name in ("embed_tokens.weight", *(f"layers.{i}.mlp.down_proj.weight" for i in range(30))):
+        log.warning("Attempted to load weight %s with dtype torch.float32 into parameter with dtype torch.bfloat16",
+                    name)
+    for _ in range(3):  # three weight syncs
+        log.warning("%s: Failed to load weights", "RotaryEmbedding")
+    log.warning("Attempted to load weight lm_head.weight with dtype torch.float16 into parameter with dtype "
+                "torch.bfloat16")  # another cast: said too
+    log.warning("%s: Failed to load weights", "QKVParallelLinear")  # a layer that has weights: a real failure
+    assert stream.getvalue().splitlines() == [
+        "WARNING vLLM casts the checkpoint's torch.float32 weights to its torch.bfloat16 parameters as it loads them "
+        "(rollout.vllm.dtype sets vLLM's dtype)",
+        "WARNING vLLM casts the checkpoint's torch.float16 weights to its torch.bfloat16 parameters as it loads them "
+        "(rollout.vllm.dtype sets vLLM's dtype)",
+        "WARNING QKVParallelLinear: Failed to load weights",
+    ]
+
+
 @pytest.fixture
 def clean_env(tmp_path, monkeypatch):
     for key in VLLM_ENV:  # set, then deleted: what quiet_vllm sets is undone after the test
@@ -350,14 +377,14 @@ def test_quiet_vllm_hands_vllm_a_config_with_the_filter(clean_env):
     path = Path(os.environ["VLLM_LOGGING_CONFIG_PATH"])
     assert path.parent == clean_env
     config = json.loads(path.read_text())
-    assert config["handlers"]["vllm"]["filters"] == ["grpo_once"]
+    assert config["handlers"]["vllm"]["filters"] == ["grpo_expected", "grpo_once"]
     assert config["handlers"]["vllm"]["level"] == config["loggers"]["vllm"]["level"] == "WARNING"
     # applied the way vLLM applies it (dictConfig), on a logger of our own: the handler gets a OncePerMessage
     config["loggers"] = {"grpo_test_vllm_config": config["loggers"]["vllm"]}
     config["handlers"]["vllm"]["stream"] = "ext://sys.stderr"
     logging.config.dictConfig(config)
     handler, = logging.getLogger("grpo_test_vllm_config").handlers
-    assert [type(f) for f in handler.filters] == [OncePerMessage]
+    assert [type(f) for f in handler.filters] == [ExpectedVllmLines, OncePerMessage]
 
 
 @pytest.mark.vllm

@@ -69,6 +69,10 @@ def test_colocate_trains_and_syncs_every_step(tmp_path):
     logged = vllm_lines(p.stdout + p.stderr)
     assert logged and {level for level, _ in logged} == {"WARNING"}, logged
     assert len(logged) == len(set(logged)) and len(logged) <= 25, logged
+    # issue 22: loading a float32 checkpoint into bf16 warned once per weight, each sync about RotaryEmbedding
+    messages = [m for _, m in logged]
+    assert not [m for m in messages if m.startswith("Attempted to load weight") or m.startswith("RotaryEmbedding")]
+    assert sum(m.startswith("vLLM casts the checkpoint's torch.float32 weights") for m in messages) <= 1
 
 
 @pytest.mark.vllm
