@@ -4,6 +4,7 @@ Read from make's dry run (`make -n -B`, every target as on a fresh clone), so no
 the 2-core machine: the demo's set-up is 1.7 GB and about a minute; the full one 3.2 GB (vLLM, bitsandbytes, pytest,
 mkdocs, hadolint)."""
 
+import os
 import re
 import subprocess
 
@@ -13,8 +14,9 @@ from helpers import ROOT
 
 
 def dry_run(target: str, tmp_path) -> list[str]:
-    p = subprocess.run(["make", "-n", "-B", target, f"VENV={tmp_path / 'venv'}"], capture_output=True, text=True,
-                       cwd=ROOT)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}  # under `make test`
+    p = subprocess.run(["make", "--no-print-directory", "-n", "-B", target, f"VENV={tmp_path / 'venv'}"],
+                       capture_output=True, text=True, cwd=ROOT, env=env)
     assert p.returncode == 0, p.stderr
     return p.stdout.replace(str(tmp_path), "TMP").splitlines()  # the temporary path names pytest
 

@@ -8,6 +8,8 @@ Importing this module must not import torch.
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,7 +88,9 @@ def convert(config: dict[str, Any], *, num_processes: int = 1, name: str | None 
         raise ConversionError("model_name_or_path is missing: the recipe needs a model")
     if not cfg.get("dataset_name"):
         raise ConversionError("dataset_name is missing: the recipe needs training data")
-    r["name"] = name or cfg.get("run_name") or str(cfg["model_name_or_path"]).rstrip("/").split("/")[-1] + "-grpo"
+    # a recipe name is [A-Za-z0-9._-]+: a run name or a model path may hold anything else
+    r["name"] = name or re.sub(r"[^A-Za-z0-9._-]+", "-", str(cfg.get("run_name") or (
+        str(cfg["model_name_or_path"]).rstrip("/").split("/")[-1] + "-grpo"))).strip("-") or "grpo"
     take("run_name")
 
     # the model

@@ -129,6 +129,12 @@ def test_dtype_and_bf16_convert_as_trl_trains_and_say_so(given, dtype, precision
     assert note.startswith(said), note
 
 
+def test_the_recipe_name_is_made_of_the_characters_a_name_may_hold():
+    assert convert(DOC).recipe["name"] == "Qwen2-0.5B-Instruct-grpo"
+    assert convert(DOC | {"model_name_or_path": "builtin:tiny-qwen2"}).recipe["name"] == "builtin-tiny-qwen2-grpo"
+    assert convert(DOC | {"run_name": "my run #3 (lr 1e-6)"}).recipe["name"] == "my-run-3-lr-1e-6"
+
+
 def test_a_reward_module_not_installed_here_is_converted_with_a_note(tmp_path):
     # issue 22: a reward module that could not be imported on the converting machine aborted the conversion
     out = convert_cli(tmp_path, {**DOC, "reward_funcs": ["accuracy_reward", "my_company_rewards.strict_format"]})
@@ -140,7 +146,7 @@ def test_a_reward_module_not_installed_here_is_converted_with_a_note(tmp_path):
     assert bad.returncode == 2 and "does not validate" in bad.stderr
 
 
-def test_luspo_vespo_and_the_entropy_bonus_convert(tmp_path):
+def test_luspo_vespo_and_the_entropy_bonus_convert(tmp_path, local_data):
     # issue 21: loss_type luspo exited 2 with a bare schema error; vespo and the entropy bonus had no home
     out = convert_cli(tmp_path, {**DOC, "loss_type": "luspo", "importance_sampling_level": "sequence"})
     assert out.returncode == 0, out.stderr
@@ -159,8 +165,9 @@ def test_luspo_vespo_and_the_entropy_bonus_convert(tmp_path):
     assert (a["entropy_coef"], a["use_adaptive_entropy"], a["entropy_target"], a["entropy_coef_min"],
             a["entropy_coef_max"], a["entropy_coef_delta"]) == (0.01, True, 0.5, 0.002, 0.1, 0.001)
     assert vespo.unmapped == [] and vespo.unknown == []
-    for config in (DOC | {"loss_type": "luspo"}, DOC | {"loss_type": "vespo"}):
-        convert_cli(tmp_path, config)
+    local = {"model_name_or_path": "builtin:tiny-qwen2", "dataset_name": local_data}  # validate reads the data
+    for config in (DOC | local | {"loss_type": "luspo"}, DOC | local | {"loss_type": "vespo"}):
+        assert convert_cli(tmp_path, config).returncode == 0
         assert cli("validate", str(tmp_path / "recipe.yaml"), timeout=120).returncode == 0
 
 
