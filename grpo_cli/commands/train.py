@@ -66,14 +66,14 @@ def command(
         if os.environ.get("RANK", "0") == "0":
             typer.echo(f"{run_dir} has finished: step {done} of train.max_steps {r.train.max_steps} (raise "
                        "train.max_steps to train on, or --start-over to train again)")
-            typer.echo(end_of_run(run_dir, done, recipe, latest_checkpoint(run_dir)))
+            typer.echo(end_of_run(run_dir, done, latest_checkpoint(run_dir)))
         return
     if launching:
         flags = [f for f, on in (("--start-over", start_over), ("--allow-recipe-change", allow_recipe_change)) if on]
         args = ["train", str(recipe), *(overrides or []), "--output-dir", str(run_dir), *flags]
         os.environ[lock.HOLDER_ENV] = f"{os.getpid()}:{run_dir.resolve()}"  # the workers' lock is ours
         raise typer.Exit(relaunch(num_processes, accelerate_config, args + (["--resume", resume] if resume else [])))
-    _train(r, run_dir, resume, start_over, allow_recipe_change, recipe)
+    _train(r, run_dir, resume, start_over, allow_recipe_change)
 
 
 def _finished(r, run_dir: Path, resume: Optional[str], start_over: bool) -> int | None:
@@ -85,8 +85,7 @@ def _finished(r, run_dir: Path, resume: Optional[str], start_over: bool) -> int 
     return step if step is not None and step >= r.train.max_steps else None
 
 
-def _train(r, run_dir: Path, resume: Optional[str], start_over: bool, allow_recipe_change: bool,
-           recipe_file: Path) -> None:
+def _train(r, run_dir: Path, resume: Optional[str], start_over: bool, allow_recipe_change: bool) -> None:
     """Train in this process: logging set up, the engine built and run; interrupts and signals become exit codes."""
     import logging
 
@@ -119,4 +118,4 @@ def _train(r, run_dir: Path, resume: Optional[str], start_over: bool, allow_reci
     if engine.stop_requested:  # stopped by a signal after a checkpoint: 128 + its number, as the shell reports it
         raise typer.Exit(128 + (engine.stop_signal or signal.SIGTERM))
     if engine.accelerator.is_main_process:
-        typer.echo(end_of_run(run_dir, step, recipe_file, latest_checkpoint(run_dir)))
+        typer.echo(end_of_run(run_dir, step, latest_checkpoint(run_dir)))

@@ -52,8 +52,9 @@ def eval_line(records: list[dict[str, Any]]) -> str | None:
     return "eval accuracy " + ", ".join(f"{acc:.3f} (step {step})" for step, acc in evals[-4:])
 
 
-def end_of_run(run_dir: Path, steps: int, recipe_path: Path | None, checkpoint: Path | None) -> str:
-    """The lines a finished run ends with."""
+def end_of_run(run_dir: Path, steps: int, checkpoint: Path | None) -> str:
+    """The lines a finished run ends with. The commands name the run, not the recipe file: its checkpoints hold the
+    recipe it trained with, overrides included."""
     records = read_records(run_dir / METRICS).records  # a missing file holds none
     run = shlex.quote(str(run_dir))
     lines = [f"done: {steps} step{'s' if steps != 1 else ''} in {run_dir}"]
@@ -62,12 +63,11 @@ def end_of_run(run_dir: Path, steps: int, recipe_path: Path | None, checkpoint: 
         lines.append("  " + "; ".join(facts))
     if checkpoint is not None:
         lines.append(f"  checkpoint {checkpoint}")
-    recipe = f" --recipe {shlex.quote(str(recipe_path))}" if recipe_path is not None else ""
-    lines += [
-        "next:",
-        f"  grpo eval base {run}{recipe}    # the model before and after, on the same problems",
-        f"  grpo inspect-rollouts {run}    # what the policy wrote, group by group",
-        f"  grpo report {run}    # curves and tables: {run_dir / 'report' / 'report.html'}",
-        f"  grpo export {run} --merge models/{run_dir.name}    # a plain Hugging Face model folder",
-    ]
+    lines.append("next:")
+    if checkpoint is not None:
+        lines.append(f"  grpo eval base {run}    # the model before and after, on the same problems")
+    lines += [f"  grpo inspect-rollouts {run}    # what the policy wrote, group by group",
+              f"  grpo report {run}    # curves and tables: {run_dir / 'report' / 'report.html'}"]
+    if checkpoint is not None:
+        lines.append(f"  grpo export {run} --merge models/{run_dir.name}    # a plain Hugging Face model folder")
     return "\n".join(lines)

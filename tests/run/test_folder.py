@@ -456,9 +456,11 @@ def test_a_run_ends_with_what_it_learned_and_what_to_run_next(base_run, tmp_path
     first, last = metrics[0]["reward"], metrics[-1]["reward"]
     assert f"done: 4 steps in {run}\n  reward {first:.3f} (step 1) -> {last:.3f} (step 4)" in p.stdout
     assert f"  checkpoint {run / 'checkpoints/step-4'}" in p.stdout
-    for command in (f"grpo eval base {run} --recipe {TINY}", f"grpo inspect-rollouts {run}", f"grpo report {run}",
+    # eval names the run, whose checkpoint holds the recipe it trained with (overrides included), not the file
+    for command in (f"grpo eval base {run}    #", f"grpo inspect-rollouts {run}", f"grpo report {run}",
                     f"grpo export {run} --merge models/run"):
         assert command in p.stdout, p.stdout
+    assert "--recipe" not in p.stdout
 
 
 def test_the_summary_of_metrics_by_hand(tmp_path):
@@ -470,6 +472,9 @@ def test_the_summary_of_metrics_by_hand(tmp_path):
                                   f"{sum(range(31, 41)) / 400:.3f} (steps 31-40)"
     assert reward_change(rows[:1]) == "reward 0.025 (step 1)" and reward_change([{"step": 1}]) is None
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    text = end_of_run(tmp_path, 1, None, None)
+    text = end_of_run(tmp_path, 1, None)
     assert text.startswith(f"done: 1 step in {tmp_path}\n")  # "1 step", not "1 steps"
     assert "eval accuracy 0.750 (step 20), 0.500 (step 40)" in text and "--recipe" not in text
+    # no checkpoint: nothing to evaluate or export
+    assert "grpo eval" not in text and "grpo export" not in text and f"grpo report {tmp_path}" in text
+    assert f"grpo eval base {tmp_path}    #" in end_of_run(tmp_path, 1, tmp_path / "checkpoints" / "step-1")
