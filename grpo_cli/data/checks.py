@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpo_cli.data.generators import GENERATORS
-from grpo_cli.data.prompts import FILE_BUILDERS, check_columns
+from grpo_cli.data.prompts import FILE_BUILDERS, check_columns, reward_columns
 from grpo_cli.errors import DataError
 
 if TYPE_CHECKING:
@@ -26,12 +26,12 @@ if TYPE_CHECKING:
 PREVIEW_ROWS = 20
 
 
-def _json_columns(path: Path, n: int) -> list[str]:
-    """Columns of the first n rows of a JSON Lines file, or of a JSON array of objects / object of columns."""
-    columns: dict[str, None] = {}
+def _json_rows(path: Path, n: int | None = None) -> list[dict]:
+    """The rows in the first n lines (None: all) of a JSON Lines file, else of one JSON document: an array of
+    objects, or an object of column lists (a shorter column reads None). DataError naming the first bad line."""
     with open(path, encoding="utf-8") as f:
-        lines = [line for line in (f.readline() for _ in range(n)) if line.strip()]
-    error = None
+        lines = [line for line in (f if n is None else (f.readline() for _ in range(n))) if line.strip()]
+    rows, error = [], None
     for i, line in enumerate(lines, start=1):
         try:
             row = json.loads(line)
@@ -41,20 +41,28 @@ def _json_columns(path: Path, n: int) -> list[str]:
         if not isinstance(row, dict):
             error = f"line {i} is a JSON {type(row).__name__}, not an object of columns"
             break
-        columns.update(dict.fromkeys(row))
+        rows.append(row)
     if error is None:
-        return list(columns)
+        return rows
     try:  # not JSON Lines: one JSON document
         whole = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError:
         raise DataError(f"{path}: not JSON Lines (one object per line) nor one JSON document: {error}") from None
     if isinstance(whole, list) and whole and all(isinstance(r, dict) for r in whole[:n]):
-        for row in whole[:n]:
-            columns.update(dict.fromkeys(row))
-        return list(columns)
+        return whole[:n]
     if isinstance(whole, dict) and whole and all(isinstance(v, list) for v in whole.values()):
-        return list(whole)
+        size = max(len(v) for v in whole.values())
+        return [{k: v[i] if i < len(v) else None for k, v in whole.items()} for i in range(min(size, n or size))]
     raise DataError(f"{path}: expected JSON Lines, a JSON array of objects or an object of column lists")
+
+
+def _json_columns(path: Path, n: int) -> list[str]:
+    """Columns of the first n rows of a JSON Lines file or JSON document (_json_rows): the union, as datasets reads
+    them."""
+    columns: dict[str, None] = {}
+    for row in _json_rows(path, n):
+        columns.update(dict.fromkeys(row))
+    return list(columns)
 
 
 def file_columns(path: Path, n: int = PREVIEW_ROWS) -> list[str]:
@@ -210,13 +218,7 @@ def _column_values(path: Path, column: str) -> list:
         import pyarrow.parquet as pq
 
         return pq.read_table(path, columns=[column]).column(column).to_pylist()
-    text = path.read_text(encoding="utf-8")
-    try:
-        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-    except json.JSONDecodeError:  # one JSON document: an array of rows or an object of columns
-        whole = json.loads(text)
-        return list(whole.get(column, [])) if isinstance(whole, dict) else [r.get(column) for r in whole]
-    return [r.get(column) if isinstance(r, dict) else None for r in rows]
+    return [row.get(column) for row in _json_rows(path)]
 
 
 def check_answers(files: list[str], column: str, field: str) -> None:
@@ -244,14 +246,12 @@ def check_model_path(name_or_path: str) -> None:
 def check_reward_parameters(recipe: Recipe, cfg: DataConfig, columns: list[str], source: str) -> None:
     """DataError naming the reward and the parameter when a reward function cannot take the call grpo makes with
     these columns (a parameter no column or argument fills, or columns a function without **kwargs does not take):
-    before any model loads, not at step 1. `columns`: the data's; the answer column also reaches rewards as
-    `answer`."""
+    before any model loads, not at step 1. `columns`: the data's, as rewards receive them (reward_columns)."""
     from grpo_cli.rewards.builtin import REWARDS
     from grpo_cli.rewards.kwargs import check_parameters
     from grpo_cli.rewards.scoring import resolve_reward, reward_log_name
 
-    answer = cfg.answer_column  # rewards get it as `answer` too (grpo_cli/data/prompts.py)
-    passed = [*columns, "answer"] if answer and answer in columns else list(columns)
+    passed = list(reward_columns(dict.fromkeys(columns), cfg.answer_column))
     for i, spec in enumerate(recipe.rewards):
         if spec.name in REWARDS or ":" not in spec.name or spec.name.startswith("model:"):
             continue  # built-ins take any column; a reward model's call is grpo's own

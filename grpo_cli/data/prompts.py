@@ -254,6 +254,18 @@ def encode_prompts(texts: list[str], tokenizer: Any, max_prompt_length: int | No
 # ---------------------------------------------------------------- stream
 
 
+def reward_columns(columns: dict[str, Any], answer_column: str | None) -> dict[str, Any]:
+    """The dataset columns a reward receives by name: every column, and the reference answer (data.answer_column)
+    also as `answer`, in place of a data column of that name (TRL's rewards read `solution`: a TRL reward function
+    works unchanged, and grpo's read `answer`). `grpo validate` checks reward parameters against these names."""
+    out = dict(columns)
+    if answer_column and answer_column != "answer":
+        out.pop("answer", None)
+        if answer_column in out:
+            out["answer"] = out[answer_column]
+    return out
+
+
 class PromptStream:
     """Endless, seeded, resumable batches of prompts.
 
@@ -317,12 +329,8 @@ class PromptStream:
         rows = [{k: v[i] for k, v in columns.items()} for i in range(len(indices))]
         texts = [render_prompt(row, self.cfg, self.tokenizer, tools=self.tools) for row in rows]
         input_ids = encode_prompts(texts, self.tokenizer, self.cfg.max_prompt_length)
-        answer = self.cfg.answer_column
-        if answer and answer != "answer":
-            columns.pop("answer", None)  # the reference answer is always under "answer", and under its own name
-            if answer in columns:  # (TRL's rewards read `solution`: a TRL reward function works unchanged)
-                columns["answer"] = columns[answer]
-        return PromptBatch(texts=texts, input_ids=input_ids, columns=dict(columns), indices=indices)
+        return PromptBatch(texts=texts, input_ids=input_ids, columns=reward_columns(columns, self.cfg.answer_column),
+                           indices=indices)
 
     def __iter__(self) -> PromptStream:
         return self

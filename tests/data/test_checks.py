@@ -179,3 +179,12 @@ def test_rows_without_an_answer_are_counted_and_named(folder):
     (folder / "rows.csv").write_text("question,solution\nWhat is 1 + 1?,2\nWhat is 2 + 2?,\n")
     with pytest.raises(DataError, match="1 of 2 rows of .*rows.csv have no 'solution' .rows 2;"):
         check_data(_recipe("data.files=rows.csv"))
+
+
+def test_the_columns_a_reward_receives_are_one_rule_for_validate_and_train():
+    from grpo_cli.data.prompts import reward_columns
+
+    cols = {"question": ["q"], "solution": ["4"], "answer": ["stale"]}
+    assert reward_columns(cols, "solution") == {"question": ["q"], "solution": ["4"], "answer": ["4"]}
+    assert reward_columns(cols, "answer") == cols and reward_columns(cols, None) == cols
+    assert reward_columns({"question": ["q"], "answer": ["x"]}, "solution") == {"question": ["q"]}  # no stale answer
