@@ -56,14 +56,16 @@ def command(
         lines = [f"  {k}: not a field of TRL {TRL_VERSION}'s GRPOConfig or `trl grpo` arguments"
                  f"{did_you_mean(k, accepted_fields())}" for k in result.unknown]
         raise ConversionError(f"{config} has fields TRL does not know:\n" + "\n".join(lines))
+    # the user's own reward functions may live in a module this machine cannot import: the rest must validate
+    unresolved = _unresolved_rewards(result.recipe)
+    rewards = [{"name": "accuracy"} if i in unresolved else r for i, r in enumerate(result.recipe.get("rewards") or [])]
     try:
-        Recipe.model_validate(result.recipe)
+        Recipe.model_validate({**result.recipe, "rewards": rewards})
     except ValidationError as e:
-        own = _own_rewards_only(e, result.recipe)
-        if own is None:
-            raise ConversionError(f"the converted recipe does not validate:\n{format_validation_error(e)}") from None
-        result.notes.append(f"{own}; the recipe is written as converted: `grpo validate` checks the reward where its "
-                            "module can be imported")
+        raise ConversionError(f"the converted recipe does not validate:\n{format_validation_error(e)}") from None
+    if unresolved:
+        result.notes.append(f"cannot check here: {'; '.join(unresolved.values())}; the recipe is written as converted: "
+                            "`grpo validate` checks the reward where its module can be imported")
     text = yaml.safe_dump(result.recipe, sort_keys=False, allow_unicode=True)
     header = f"# converted from {config} (TRL {TRL_VERSION}) by `grpo convert-trl`\n"
     for note in result.notes:
@@ -78,27 +80,17 @@ def command(
         typer.echo(f"wrote {output}", err=True)
 
 
-def _own_rewards_only(err, recipe: dict) -> str | None:
-    """When the only errors are the user's own reward functions that cannot be resolved on this machine (a module
-    not installed here) and the rest of the recipe validates: what to say about them; else None."""
-    import re
+def _unresolved_rewards(recipe: dict) -> dict[int, str]:
+    """The user's reward functions (`module:function`, `file.py:function`) that do not resolve on this machine, by
+    position: what resolving each one said."""
+    from grpo_cli.rewards import check_reward_name
 
-    from pydantic import ValidationError
-
-    from grpo_cli.recipe.schema import Recipe
-
-    rewards, said = list(recipe.get("rewards") or []), []
-    for _ in range(len(rewards)):
-        messages = [e["msg"].removeprefix("Value error, ") for e in err.errors()]
-        found = [re.match(r"rewards\.(\d+)\.name: ", m) for m in messages]
-        if len(messages) != 1 or found[0] is None or ":" not in str(rewards[int(found[0].group(1))].get("name", "")):
-            return None  # something else, or a built-in's error: the converter's to fix, not the machine's
-        said.append(messages[0])
-        rewards[int(found[0].group(1))] = {"name": "accuracy"}  # a stand-in, to check the rest
-        try:
-            Recipe.model_validate({**recipe, "rewards": rewards})
-        except ValidationError as e:
-            err = e
-            continue
-        return "cannot check here: " + "; ".join(said)
-    return None
+    unresolved = {}
+    for i, reward in enumerate(recipe.get("rewards") or []):
+        name = str(reward.get("name", ""))
+        if ":" in name and not name.startswith("model:"):
+            try:
+                check_reward_name(name)
+            except ValueError as e:
+                unresolved[i] = f"rewards.{i}.name: {e}"
+    return unresolved
