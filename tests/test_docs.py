@@ -158,6 +158,7 @@ def test_readme_example_validates_trains_and_evaluates_from_another_directory(pr
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "reward" in m] == [1, 2]
     assert all(m["rewards/brevity/mean"] < 0 for m in metrics if "reward" in m)  # the user's function ran
+    assert all(m["sync/bytes"] == 0 for m in metrics if "reward" in m)  # hf samples with the policy: nothing moves
     assert any("eval/accuracy" in m for m in metrics) and "not held out" not in p.stderr  # held_out.jsonl, at the end
     # `grpo eval` of the run from a third directory, the held-out file named relative to it
     third = elsewhere / "third"

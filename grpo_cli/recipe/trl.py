@@ -9,7 +9,6 @@ Importing this module must not import torch.
 from __future__ import annotations
 
 import re
-
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -34,7 +34,8 @@ class Generator(Protocol):
         """Continue each token sequence by at most its own budget (the turns of multi-turn episodes)."""
 
     def sync_weights(self, model: torch.nn.Module) -> float:
-        """Sample with `model`'s current weights from now on; -> seconds taken."""
+        """Sample with `model`'s current weights from now on; -> seconds taken. Sets `sync_bytes`: what the sync
+        handed over (tensor bytes in the receiver's dtype, or the file sent; 0 where nothing moves)."""
 
     def sleep(self) -> None:
         """Free what sampling holds while the trainer updates (where the backend can)."""

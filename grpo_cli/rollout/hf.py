@@ -119,6 +119,8 @@ class HFGenerator:
     def wake_up(self) -> None:
         pass
 
+    sync_bytes = 0  # nothing moves: this backend samples with the trained model itself
+
     def sync_weights(self, model) -> float:
         """Nothing to do: this backend samples with the trained model itself."""
         return 0.0

@@ -65,8 +65,9 @@ class RolloutSource:
             steps={name: self.procs.gather_rows(col) for name, col in rewards.steps.items()}, metrics=metrics,
         )
 
-    def after_update(self, policy: torch.nn.Module, step: int) -> None:
-        """The policy after step `step`'s update: what samples the next rollouts gets its weights."""
+    def after_update(self, policy: torch.nn.Module, step: int) -> dict[str, int]:
+        """The policy after step `step`'s update: what samples the next rollouts gets its weights. -> what the last
+        sync handed over (`sync/bytes`; 0: the sampler is the policy itself)."""
         if self.pipeline is not None:  # written now, loaded by the server after the batches sampled before it
             self.pipeline.submit_weights(policy, step)
             if step + self.recipe.rollout.max_staleness + 1 <= self.recipe.train.max_steps:
@@ -74,6 +75,7 @@ class RolloutSource:
         else:
             self.generator.wake_up()
             self.generator.sync_weights(policy)
+        return {"sync/bytes": int(getattr(self.generator, "sync_bytes", 0))}
 
     def eval_generator(self, sharded: bool) -> Generator | None:
         """What the run's eval samples with: a backend with its own weights is reused (one vLLM engine per process),

@@ -49,6 +49,7 @@ class VLLMColocateGenerator:
         self.pad_id = pad_id_of(tokenizer, self.eos_ids)
         self.calls = 0  # generate() calls so far: the per-request seeds derive from (seed, calls)
         self.version = 0  # weight syncs so far
+        self.sync_bytes = 0  # handed to vLLM by the last sync
         self.in_process = _prepare_environment(rollout_cfg.vllm.cpu_kv_cache_gib)
         t0 = time.perf_counter()
         self.llm = _build_llm(model_dir, rollout_cfg, seed)
@@ -133,19 +134,22 @@ class VLLMColocateGenerator:
             # Cast one tensor at a time as vLLM consumes them: no second full copy, no dtype warning per weight.
             named = ((k, v.detach().to(self.dtype)) for k, v in state.items())
             self.llm.collective_rpc("grpo_load_weights", args=(named, self.version))
+            self.sync_bytes = sum(v.numel() for v in state.values()) * self.dtype.itemsize
         else:
-            self.sync_weights_through_file(state)
+            self.sync_bytes = self.sync_weights_through_file(state)
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         return time.perf_counter() - t0
 
-    def sync_weights_through_file(self, state: dict[str, torch.Tensor]) -> None:
-        """Load `state` (HF names) through a temporary safetensors file: the way a multiprocess engine gets them."""
+    def sync_weights_through_file(self, state: dict[str, torch.Tensor]) -> int:
+        """Load `state` (HF names) through a temporary safetensors file: the way a multiprocess engine gets them;
+        -> the file's bytes."""
         from safetensors.torch import save_file
 
         with tempfile.TemporaryDirectory(prefix="grpo-weights-") as tmp:
             path = str(Path(tmp) / "weights.safetensors")
             save_file({k: v.detach().to(self.dtype).contiguous().cpu() for k, v in _unique_tensors(state).items()}, path)
             self.llm.collective_rpc("grpo_load_weights_from_file", args=(path, self.version))
+            return os.path.getsize(path)
 
     def state_dict(self) -> dict:
         """What a resumed run needs to sample as this one would have: the request seeds' counter."""

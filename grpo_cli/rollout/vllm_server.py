@@ -71,6 +71,7 @@ class VLLMServerGenerator:
         self.calls = 0  # generate() calls so far: request seeds derive from (seed, calls)
         self.weights_dir: str | None = None  # where the (loopback) server reads weight files from
         self._asked_weights_dir = False
+        self.sync_bytes = 0  # the weight file the last sync sent (by path or uploaded)
         # The server's weights are the trainer's only after a sync: a resumed run must call sync_weights first.
         self.version = int(self.health()["weight_version"])
 
@@ -146,7 +147,7 @@ class VLLMServerGenerator:
 
     def load_weights(self, path: str) -> None:
         """Second half: the server loads the file as version+1 (by path when it can see it, else uploaded)."""
-        version = self.version + 1
+        version, size = self.version + 1, os.path.getsize(path)
         try:
             out = None
             if self.weights_dir is not None and Path(path).parent == Path(self.weights_dir):
@@ -162,7 +163,7 @@ class VLLMServerGenerator:
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(path)
-        self.version = int(out["weight_version"])
+        self.version, self.sync_bytes = int(out["weight_version"]), size
 
     def state_dict(self) -> dict:
         """What a resumed run needs to sample as this one would have: the request seeds' counter."""

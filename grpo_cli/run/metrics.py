@@ -131,6 +131,9 @@ METRICS: list[Metric] = [
         ("time/train", "Seconds computing advantages and updating (reference refresh and reward models included)."),
         ("time/reward_model", "Seconds updating reward models.", "rewards[].update"),
         ("time/sync", "Seconds handing the new weights to what samples next."),
+        ("sync/bytes", "Bytes the last weight sync handed to vLLM (tensors in its dtype, or the file sent to a "
+                       "server; with rollout.max_staleness the last load that finished); 0 for the hf backend, "
+                       "which samples with the policy itself."),
         ("time/step", "Seconds of the whole step."),
         ("time/eval", "Seconds of the step's eval.", "an eval step"),
         ("throughput/gen_tokens_per_s", "Sampled tokens per second of time/generate."),

@@ -160,8 +160,8 @@ class Engine:
             self.reference.after_update(step, policy)  # the outer loop: pi_ref <- pi_theta every M steps
             measured = self.reward_models.observe(step, s)  # the last line: the reward model learns from this step
         with clock("sync"):
-            self.rollouts.after_update(policy, step)  # the next rollouts see the new weights
-        return self.report(step, s, adv, stats, clock, measured | self.reference.metrics())
+            synced = self.rollouts.after_update(policy, step)  # the next rollouts see the new weights (sync/bytes)
+        return self.report(step, s, adv, stats, clock, measured | self.reference.metrics() | synced)
 
     # ----- logging, eval, checkpoints, signals -----------------------------------------------
     def _log(self, step: int, metrics: dict[str, Any]) -> None:

@@ -42,11 +42,13 @@ def vllm_lines(output: str) -> list[tuple[str, str]]:
     return re.findall(r"^\(\w+ pid=\d+\) (\w+) [\d\- :]+ \[[^\]]+\] (.*)$", output, re.M)
 
 
-def check_synced(metrics: list[dict]) -> None:
+def check_synced(metrics: list[dict], sync_bytes: int | None = None) -> None:
     for m in metrics:
         assert m["sampling/sampling_logp_difference/mean"] < 0.02, m
         assert 0.8 < m["sampling/importance_sampling_ratio/mean"] < 1.2, m
         assert m["time/sync"] > 0
+        if sync_bytes is not None:
+            assert m["sync/bytes"] == sync_bytes, m
     assert metrics[-1]["reward"] != metrics[0]["reward"] or metrics[-1]["entropy"] != metrics[0]["entropy"]
 
 
@@ -59,7 +61,11 @@ def test_colocate_trains_and_syncs_every_step(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     metrics = read_jsonl(tmp_path / "run/metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
-    check_synced(metrics)
+    # every tensor of the policy's state dict (a tied lm_head too), in bf16: vLLM's dtype on the CPU
+    from transformers import AutoModelForCausalLM
+
+    state = AutoModelForCausalLM.from_pretrained(tmp_path / "run/checkpoints/step-4").state_dict()
+    check_synced(metrics, sync_bytes=2 * sum(v.numel() for v in state.values()))
     assert [m["frac_reward_zero_std"] for m in metrics] == [0.0] * 4
     assert any(m["dynamic_sampling/rounds"] > 1 for m in metrics)
     assert "eval/accuracy" in metrics[-1]  # eval reused the vLLM engine
@@ -138,6 +144,12 @@ def test_server_mode_trains_survives_a_dead_server_and_resumes(tmp_path, monkeyp
                   GRPO_SERVER_TOKEN=TRAINER_TOKEN)
         assert p.returncode == 0, p.stderr[-3000:]
         check_synced(read_jsonl(run / "metrics.jsonl"))
+        # the weight file each sync sends: every float32 tensor (the tied lm_head copied) and a safetensors header
+        from transformers import AutoModelForCausalLM
+
+        numel = sum(v.numel() for v in AutoModelForCausalLM.from_pretrained(run / "checkpoints/step-3").state_dict()
+                    .values())
+        assert all(4 * numel < m["sync/bytes"] < 4 * numel + 65536 for m in read_jsonl(run / "metrics.jsonl"))
         assert TRAINER_TOKEN not in log.read_text() and TRAINER_TOKEN not in p.stdout + p.stderr
 
         # the server dies: the trainer fails within its request timeout, naming the server; step-3 stays intact
