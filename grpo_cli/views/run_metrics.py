@@ -93,8 +93,8 @@ def reward_windows(records: list[dict[str, Any]]) -> tuple[Optional[RewardWindow
     if not reward:
         return None, None, None
     w = reward_window(len(reward))
-    windows = [RewardWindow(sum(reward[i - w + 1:i + 1]) / w, int(steps[i - w + 1]), int(steps[i]))
-               for i in range(w - 1, len(reward))]
+    ends, means = moving_average(steps, reward, w)
+    windows = [RewardWindow(mean, int(first), int(last)) for mean, first, last in zip(means, steps, ends)]
     return windows[0], windows[-1], max(windows, key=lambda x: x.mean)
 
 
