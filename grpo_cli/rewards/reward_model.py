@@ -58,14 +58,19 @@ def _read_config(source: str) -> dict[str, Any]:
         if not path.is_file():
             raise ValueError(f"{source} has no config.json: not a transformers model folder")
     else:
+        from grpo_cli.run.hub import offline_chosen, unreachable
+
+        # an unreachable hub: the cache only, at once (five retries of the download would take ~25 s)
+        why = "HF_HUB_OFFLINE is set" if offline_chosen() else unreachable()
         try:
             from huggingface_hub import hf_hub_download
 
-            path = Path(hf_hub_download(source, "config.json"))
+            path = Path(hf_hub_download(source, "config.json", local_files_only=why is not None))
         except Exception as e:  # noqa: BLE001 - offline, unknown repo, gated: all mean "cannot use it"
+            where = (f"is not in the local hub cache, and the hub cannot be reached ({why})" if why else
+                     f"could not be read from the hub ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
             raise ValueError(
-                f"reward model {source!r} is not a local folder and its config.json could not be read from the "
-                f"hub ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); give a folder path or a "
+                f"reward model {source!r} is not a local folder and its config.json {where}; give a folder path or a "
                 "hub id that is downloaded or reachable"
             ) from None
     try:

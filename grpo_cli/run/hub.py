@@ -13,6 +13,7 @@ Importing this module imports neither torch nor huggingface_hub: it must run bef
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import sys
@@ -52,7 +53,12 @@ def unreachable(timeout_s: float = 3.0) -> str | None:
     if any(os.environ.get(v) for v in PROXY_VARS):
         return None
     url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    return _connect(url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443), timeout_s)
+
+
+@functools.lru_cache(maxsize=None)
+def _connect(host: str, port: int, timeout_s: float) -> str | None:
+    """Asked once a process per address: the recipe validator and the commands may each want to know."""
     try:
         socket.create_connection((host, port), timeout=timeout_s).close()
     except OSError as e:

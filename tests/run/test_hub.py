@@ -85,3 +85,13 @@ def test_train_with_an_unreachable_hub_says_so_once_and_never_retries(no_hub, tm
         f"({tmp_path / 'hf' / 'hub'}) and the run is offline (the hub cannot be reached, or HF_HUB_OFFLINE is set): "
         "download it where the hub can be reached, or set a local folder"]
     assert "Retrying" not in p.stderr and not run.exists()  # named before the run folder is taken
+
+
+def test_a_hub_reward_model_is_checked_against_the_cache_at_once(no_hub):
+    # the recipe validator read a hub reward model's config.json with five retries (24 s here) before the probe ran
+    p = cli("validate", str(TINY), "rewards=[{name: accuracy}, {name: 'model:me/rm'}]", env=no_hub)
+    assert p.returncode == 2, p.stdout + p.stderr
+    port = no_hub["HF_ENDPOINT"].rsplit(":", 1)[1]
+    assert ("rewards.1.name: reward model 'me/rm' is not a local folder and its config.json is not in the local hub "
+            f"cache, and the hub cannot be reached (127.0.0.1:{port}: Connection refused)") in p.stderr
+    assert "Retrying" not in p.stderr
