@@ -9,12 +9,15 @@ A cache folder is written to a temporary folder that is renamed into place, so o
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import hashlib
 import logging
 import os
 import random
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -99,8 +102,9 @@ def dequantize_gguf(gguf_path: Path, out: Path) -> None:
     t0 = time.perf_counter()
     folder, name = str(gguf_path.parent), gguf_path.name
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        with _gguf_bar_on_terminals_only():
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+            gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     except Exception as e:
         raise ModelLoadError(load_failure_text(str(gguf_path), "GGUF model", e, str(gguf_path.parent))) from e
     # save_pretrained refuses a model loaded from GGUF ("quantized with gguf") although its weights are
@@ -118,6 +122,21 @@ def dequantize_gguf(gguf_path: Path, out: Path) -> None:
     _save_on_this_node(model, out)
     tokenizer.save_pretrained(out)
     log.info("converted %s in %.0f s -> %s", gguf_path.name, time.perf_counter() - t0, out.parent)
+
+
+@contextlib.contextmanager
+def _gguf_bar_on_terminals_only():
+    """transformers' GGUF reader draws its own tqdm bar (its progress-bar switch does not reach it): in a log file it
+    is one long line of carriage returns, and the INFO lines around it already say what happens."""
+    import transformers.modeling_gguf_pytorch_utils as reader
+
+    bar = reader.tqdm
+    if not sys.stderr.isatty():
+        reader.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        reader.tqdm = bar
 
 
 def _tied_keys(model: Any) -> set[str]:

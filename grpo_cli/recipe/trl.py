@@ -42,7 +42,8 @@ def precision_note(asked: str, dtype: str, precision: str, bf16: bool, bf16_give
     """How TRL's dtype and bf16 / fp16 became model.dtype and train.mixed_precision, in one sentence."""
     said = f"dtype {asked}"
     if asked == "auto":
-        said += f" (the checkpoint's own dtype, not read when converting: {dtype} assumed; set model.dtype if it differs)"
+        said += (f" (the checkpoint's own dtype, not read when converting: {dtype} assumed; set model.dtype if it "
+                 "differs)")
     flag = f"bf16 {'true' if bf16 else 'false'}" + ("" if bf16_given else " (TRL's default)")
     if precision == "fp16":
         return f"{said}, fp16 true: {dtype} weights under float16 autocast (train.mixed_precision: fp16)"
@@ -50,7 +51,8 @@ def precision_note(asked: str, dtype: str, precision: str, bf16: bool, bf16_give
         return (f"{said}, {flag}: float32 weights, gradients and AdamW state under bfloat16 autocast "
                 "(train.mixed_precision: bf16), as TRL trains; model.dtype=bfloat16 halves their memory")
     if bf16:
-        return f"{said}, {flag}: the weights are {dtype} already (model.dtype), so no autocast (train.mixed_precision: no)"
+        return (f"{said}, {flag}: the weights are {dtype} already (model.dtype), so no autocast "
+                "(train.mixed_precision: no)")
     return f"{said}, {flag}: {dtype} weights, no autocast (train.mixed_precision: no)"
 
 

@@ -133,9 +133,9 @@ def _signature_mismatch(error: BaseException, name: str) -> bool:
     argument no parameter takes), not a TypeError raised inside it: every call would fail the same way."""
     kind, message = (error.kind, error.message) if isinstance(error, ChildFailure) else (type(error).__name__,
                                                                                         str(error))
-    return kind == "TypeError" and re.match(
-        rf"(\w+\.)*({re.escape(name)}|__call__)\(\) (got an unexpected keyword argument|got multiple values for argument|"
-        r"missing \d+ required (positional|keyword-only) argument)", message) is not None
+    refused = (r"got an unexpected keyword argument|got multiple values for argument|"
+               r"missing \d+ required (positional|keyword-only) argument")
+    return kind == "TypeError" and re.match(rf"(\w+\.)*({re.escape(name)}|__call__)\(\) ({refused})", message) is not None
 
 
 def interpret(

@@ -24,7 +24,8 @@ from grpo_cli.errors import ModelLoadError
 from grpo_cli.models import builtin
 from grpo_cli.models import loading as models
 from grpo_cli.models.loading import (
-    VERBOSE_ENV, ExpectedVllmLines, OncePerMessage, cache_dir, load_model, load_tokenizer, quiet_vllm, resolve_model_source,
+    VERBOSE_ENV, ExpectedVllmLines, OncePerMessage, cache_dir, load_model, load_tokenizer, quiet_vllm,
+    resolve_model_source,
 )
 from grpo_cli.recipe.schema import ModelConfig
 
@@ -234,7 +235,7 @@ def _write_gguf(src: Path, path: Path) -> None:
     w.close()
 
 
-def test_gguf_is_converted_once_into_a_cached_hf_folder(tmp_path, monkeypatch, caplog):
+def test_gguf_is_converted_once_into_a_cached_hf_folder(tmp_path, monkeypatch, caplog, capfd):
     src = Path(resolve_model_source(LLAMA))
     folder = tmp_path / "ggufs"
     folder.mkdir()
@@ -246,6 +247,7 @@ def test_gguf_is_converted_once_into_a_cached_hf_folder(tmp_path, monkeypatch, c
     with caplog.at_level("INFO", logger="grpo_cli.models.builtin"):
         out = Path(resolve_model_source(cfg))
     assert "converting tiny.Q.gguf to a cached HF model" in caplog.text
+    assert "de-quantizing" not in capfd.readouterr().err  # transformers' own bar stays off a non-terminal
     assert out.parent == cache_dir() / "models" and out.name.startswith("tiny.Q-")
     assert (out / "model.safetensors").is_file() and not list(out.glob("*.gguf"))
     assert "quantization_config" not in json.loads((out / "config.json").read_text())
