@@ -69,6 +69,14 @@ def busy_elsewhere(window_s: float = 0.3) -> float | None:
 
 
 SHARED = 0.5  # cores busy elsewhere from which the CPU counts as shared
+# The cores busy elsewhere when the run started, measured once by prepare_openmp: choose_threads and the run's
+# launched workers read it instead of sampling /proc/stat again (0.3 s each, and the workers would see each other).
+BUSY_ENV = "GRPO_CPU_BUSY"
+
+
+def _busy_at_start() -> float | None:
+    seen = os.environ.get(BUSY_ENV)
+    return float(seen) if seen else None
 
 
 def prepare_openmp(setting: int | str | None) -> float | None:
@@ -76,10 +84,14 @@ def prepare_openmp(setting: int | str | None) -> float | None:
     policy (unless OMP_WAIT_POLICY is set already). -> the cores busy elsewhere (None: not measured)."""
     if setting != "auto" or "OMP_WAIT_POLICY" in os.environ or "torch" in sys.modules:
         return None
-    busy = busy_elsewhere()
-    if busy is not None and busy >= SHARED:
+    busy = _busy_at_start()
+    if busy is None:
+        busy = busy_elsewhere()
+        if busy is None:
+            return None
+        os.environ[BUSY_ENV] = f"{busy:.3f}"
+    if busy >= SHARED:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-        os.environ["GRPO_SHARED_CPU"] = f"{busy:.1f}"  # what auto saw, for its start-up line
     return busy
 
 
@@ -98,13 +110,12 @@ def choose_threads(setting: int | str | None, processes: int = 1) -> Threads:
     cores split between them, at least 1."""
     if isinstance(setting, int):
         return Threads(setting, f"train.threads: {setting}")
-    cores = usable_cores()
+    cores, seen = usable_cores(), _busy_at_start()
     if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":  # waiting threads sleep: every core is usable
         count = max(1, cores // max(processes, 1))
-        seen = os.environ.get("GRPO_SHARED_CPU")
-        shared = f"shared CPU ({seen} cores busy elsewhere): " if seen else ""
+        shared = f"shared CPU ({seen:.1f} cores busy elsewhere): " if seen is not None and seen >= SHARED else ""
         return Threads(count, f"auto: {shared}{cores} cores, OMP_WAIT_POLICY=PASSIVE")
-    busy = busy_elsewhere()
+    busy = seen if seen is not None else busy_elsewhere()
     free = cores if busy is None else max(1, cores - round(busy))
     count = max(1, free // max(processes, 1))
     shared = f", split between {processes} processes" if processes > 1 else ""

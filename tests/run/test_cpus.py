@@ -83,3 +83,20 @@ def test_a_shared_cpu_gets_the_passive_wait_policy_and_every_core(competitor):
     assert out.startswith("PASSIVE | auto: shared CPU (") and f"{usable_cores()} cores, OMP_WAIT_POLICY=PASSIVE" in out
     assert _probe("auto", OMP_WAIT_POLICY="ACTIVE").startswith("ACTIVE | auto: ")  # a value set is never overridden
     assert _probe(2).startswith("None | train.threads: 2")  # a number: the user's own choice, nothing changed
+
+
+def test_the_start_measurement_is_reused_not_taken_again(monkeypatch):
+    # prepare_openmp sampled /proc/stat for 0.3 s, then choose_threads sampled it again (and every launched worker)
+    import grpo_cli.run.cpus as cpus
+
+    monkeypatch.setenv(cpus.BUSY_ENV, "1.2")  # what prepare_openmp saw (a launched worker inherits it)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setattr(cpus, "busy_elsewhere", lambda *a: pytest.fail("measured again"))
+    chosen = choose_threads("auto")
+    assert chosen.why == f"auto: shared CPU (1.2 cores busy elsewhere): {usable_cores()} cores, OMP_WAIT_POLICY=PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    free = max(1, usable_cores() - 1)
+    assert choose_threads("auto").why == f"auto: {free} of {usable_cores()} cores free (1.2 busy with other processes)"
+    # a launched worker: prepare_openmp takes the launcher's figure (its siblings would count as busy)
+    assert _probe("auto", GRPO_CPU_BUSY="1.5").startswith("PASSIVE | auto: shared CPU (1.5 cores busy elsewhere): ")
+    assert _probe("auto", GRPO_CPU_BUSY="0.2").startswith("None | auto: ")
