@@ -26,11 +26,11 @@ from grpo_cli.views.run_metrics import (
     fmt_seconds,
     moving_average,
     present_keys,
+    reward_window,
     series,
     stack_layers,
     summary,
 )
-from grpo_cli.views.summary import reward_window
 
 _LINESTYLES = ("-", "--", ":", "-.")
 

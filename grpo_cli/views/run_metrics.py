@@ -11,7 +11,6 @@ from typing import Any, Optional
 
 from grpo_cli.errors import ReportError
 from grpo_cli.run.logs import METRICS, RESUMES, read_records
-from grpo_cli.views.summary import reward_window, step_span
 
 TIME_KEYS = ("time/generate", "time/score", "time/train")
 
@@ -68,6 +67,16 @@ def stack_layers(records: list[dict[str, Any]]) -> tuple[list[float], dict[str, 
 
 def _mean(xs: list[float]) -> Optional[float]:
     return sum(xs) / len(xs) if xs else None
+
+
+def reward_window(n: int, window: int = 10) -> int:
+    """How many steps a reward mean spans, of a run with `n` rewards: `window`, or a quarter of a run shorter
+    than 4 windows (one step below 8). The end-of-run line, the report's table and its moving averages use it."""
+    return max(1, min(window, n // 4 or 1))
+
+
+def step_span(first: int, last: int) -> str:
+    return f"step {first}" if first == last else f"steps {first}-{last}"
 
 
 def moving_average(steps: list[float], values: list[float], w: int) -> tuple[list[float], list[float]]:

@@ -3,46 +3,25 @@ commands that look at it next. Read from the run folder's metrics.jsonl (no torc
 
 from __future__ import annotations
 
-import math
 import shlex
 from pathlib import Path
 from typing import Any
 
 from grpo_cli.run.logs import METRICS, read_records
-
-
-def _mean(values: list[float]) -> float | None:
-    values = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
-    return sum(values) / len(values) if values else None
-
-
-def reward_window(n: int, window: int = 10) -> int:
-    """How many steps a reward mean spans, of a run with `n` rewards: `window`, or a quarter of a run shorter
-    than 4 windows (one step below 8). The end-of-run line, the report's table and its moving averages use it."""
-    return max(1, min(window, n // 4 or 1))
-
-
-def step_span(first: int, last: int) -> str:
-    return f"step {first}" if first == last else f"steps {first}-{last}"
+from grpo_cli.views.run_metrics import RewardWindow, reward_windows, step_span
 
 
 def reward_change(records: list[dict[str, Any]]) -> str | None:
-    """'reward 0.188 (steps 1-10) -> 0.594 (steps 31-40)': the mean of the first and last reward windows."""
-    train = [r for r in records if "reward" in r]
-    if not train:
-        return None
-    w = reward_window(len(train))
-    first, last = train[:w], train[-w:]
-    a, b = _mean([r["reward"] for r in first]), _mean([r["reward"] for r in last])
-    if a is None or b is None:
+    """'reward 0.188 (steps 1-10) -> 0.594 (steps 31-40)': the mean of the first and last reward windows, the same
+    windows `grpo report`'s table gives."""
+    first, last, _ = reward_windows(records)
+    if first is None:
         return None
 
-    def span(rows):
-        return step_span(rows[0]["step"], rows[-1]["step"])
+    def said(w: RewardWindow) -> str:
+        return f"{w.mean:.3f} ({step_span(w.first_step, w.last_step)})"
 
-    if len(train) <= w:
-        return f"reward {b:.3f} ({span(last)})"
-    return f"reward {a:.3f} ({span(first)}) -> {b:.3f} ({span(last)})"
+    return f"reward {said(last)}" if first is last else f"reward {said(first)} -> {said(last)}"
 
 
 def eval_line(records: list[dict[str, Any]]) -> str | None:
