@@ -134,12 +134,12 @@ def _loaded_columns(cfg: DataConfig, field: str, notes: list[str]) -> list[str]:
     the hub cannot serve (and the cache does not hold, offline) is a DataError here, not when train loads it."""
     import datasets
 
+    from grpo_cli.models.loading import quiet_datasets
     from grpo_cli.run.hub import is_hub_id, offline_chosen, work_offline_if_unreachable
 
     if is_hub_id(cfg.dataset):
         work_offline_if_unreachable([cfg.dataset], notes.append)  # the train / validate commands asked already
-    datasets.logging.set_verbosity_error()
-    datasets.disable_progress_bars()
+    quiet_datasets()
     what = f"{field} {cfg.dataset!r}" + (f" (data.config {cfg.config!r})" if cfg.config else "")
     split = cfg.split.split("[", 1)[0]  # train[:1000] -> train
     try:

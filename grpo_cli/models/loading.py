@@ -63,15 +63,23 @@ def quiet_libraries() -> None:
     data files load; all of them with --verbose)."""
     if verbose():
         return
-    import datasets
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    datasets.logging.set_verbosity_error()
-    datasets.disable_progress_bars()
+    quiet_datasets()
     # bitsandbytes (imported by peft) warns on CPU that an optional kernels package is missing; it falls back
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+
+
+def quiet_datasets() -> None:
+    """datasets' progress bars and info logs off (all of them with --verbose); no transformers, no torch imported."""
+    if verbose():
+        return
+    import datasets
+
+    datasets.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
 
 
 class OncePerMessage(logging.Filter):
