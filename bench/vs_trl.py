@@ -20,7 +20,7 @@ instead of RSS; --trl-python runs TRL's side with another interpreter (one that 
 
 Step time: grpo's `time/step` (metrics.jsonl); TRL's on_step_begin -> on_step_end. Generation: grpo's
 `time/generate`; TRL's GRPOTrainer._generate. Training is step - generation on both sides (scoring,
-forward, backward, optimizer, weight sync). Peak RSS: the larger of the trainer's own ru_maxrss at its
+forward, backward, optimizer, weight sync). Peak RSS: the larger of the trainer's own peak RSS (VmHWM) at its
 last step and the summed PSS of its process tree sampled every 0.2 s until the last step ended (vLLM runs
 engine processes; PSS counts the pages they share once); what a process does after its last step
 (grpo's final checkpoint) is not counted.
@@ -226,7 +226,7 @@ def run_grpo(args, folder: Path, prompts: Path, work: Path, steps: int) -> dict:
     cmd = [sys.executable, "-m", "grpo_cli", "train", str(recipe), "-o", str(out), *args.grpo_set]
     tree_peak = run_process(cmd, out / "metrics.jsonl", steps, work / "log.txt", side_env(args))
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    own = metrics[-1]["memory/peak_gib"]  # the CUDA allocator's peak on a GPU, ru_maxrss on the CPU
+    own = metrics[-1]["memory/peak_gib"]  # the CUDA allocator's peak on a GPU, peak RSS (VmHWM) on the CPU
     return {"step": [m["time/step"] for m in metrics], "generate": [m["time/generate"] for m in metrics],
             "length": [m["completions/mean_length"] for m in metrics], "reward": [m["reward"] for m in metrics],
             "peak_gib": own if args.device == "cuda" else max(tree_peak, own), "own_gib": own,
@@ -362,7 +362,7 @@ def main() -> None:
             for side, fn, runs in (("grpo", run_grpo, grpo_runs), ("TRL", run_trl, trl_runs)):
                 t0 = time.perf_counter()
                 runs.append(r := fn(args, folder, prompts, tmp / f"{side.lower()}-{k}", steps))
-                own = "CUDA allocator peak" if args.device == "cuda" else "own ru_maxrss"
+                own = "CUDA allocator peak" if args.device == "cuda" else "own peak RSS"
                 print(f"round {k + 1} {side}: steps {' '.join(f'{s:.2f}' for s in r['step'])} s, mean reward "
                       f"{statistics.fmean(r['reward']):.3f}, peak {memory} "
                       f"{r['peak_gib']:.2f} GiB ({own} {r['own_gib']:.2f}, tree PSS {r['tree_gib']:.2f}), "

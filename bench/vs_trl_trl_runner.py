@@ -21,7 +21,12 @@ from pathlib import Path
 
 
 def rss_gib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+    """Peak RSS of this process, as grpo's memory/peak_gib reads it (VmHWM: ru_maxrss keeps the launcher's peak)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 2**20  # kB
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
 
 
 def cuda_gib() -> float:
