@@ -138,6 +138,15 @@ METRICS: list[Metric] = [
         ("time/eval", "Seconds of the step's eval.", "an eval step"),
         ("throughput/gen_tokens_per_s", "Sampled tokens per second of time/generate."),
         ("memory/peak_gib", "This process's peak memory so far: CUDA allocator peak on a GPU, peak RSS on the CPU."),
+        ("memory/generate_gib", "Peak memory while sampling (as memory/peak_gib counts it; on the CPU, memory an "
+                                "earlier phase freed that the allocator kept counts too)."),
+        ("memory/score_gib", "Peak memory while scoring (reward functions and reward models)."),
+        ("memory/train_gib", "Peak memory of the update: the phases below and what time/train counts besides."),
+        ("memory/reference_gib", "Peak memory of the reference's forwards (and a separate old policy's).",
+         "beta > 0, or mu > 1 with dropout"),
+        ("memory/forward_backward_gib", "Peak memory of a micro-batch's forward and backward (the highest of the step's)."),
+        ("memory/optimizer_gib", "Peak memory of the optimizer step (AdamW's moments are made at the first)."),
+        ("memory/sync_gib", "Peak memory while handing the new weights to what samples next."),
         ("epoch", "The data stream's epoch."),
     ]),
 ]

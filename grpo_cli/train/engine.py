@@ -156,7 +156,7 @@ class Engine:
         with clock("train"):
             adv = step_advantages(s, a.num_generations, a.scale_rewards, a.multi_objective_aggregation)  # [n] or [n, T]
             mask = trained_mask(s.rollout, a.mask_truncated_completions)  # [n, T]: the tokens the policy sampled
-            stats = self.update(s.rollout, adv.local, mask)  # mu clipped policy updates
+            stats = self.update(s.rollout, adv.local, mask, clock.memory)  # mu clipped policy updates
             self.reference.after_update(step, policy)  # the outer loop: pi_ref <- pi_theta every M steps
             measured = self.reward_models.observe(step, s)  # the last line: the reward model learns from this step
         with clock("sync"):

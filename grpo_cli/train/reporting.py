@@ -5,7 +5,6 @@ console (a progress bar with ETA and a compact line every few steps)."""
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -17,30 +16,7 @@ import torch
 from grpo_cli.algo.advantages import Advantages, group_std
 from grpo_cli.datatypes import Processes, StepBatch, group_of
 from grpo_cli.run.logs import METRICS, ROLLOUTS, JsonlLog
-
-
-def peak_memory_gib(device: torch.device) -> float:
-    """Peak memory of this process so far: CUDA allocator peak on a GPU, peak RSS on the CPU."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return peak_rss_gib()
-
-
-def peak_rss_gib() -> float:
-    """This process's peak resident memory: Linux's VmHWM (the high-water mark of its own address space), not
-    ru_maxrss, which keeps the peak of the process that launched it across fork and exec (a run started from a
-    1 GiB notebook or test worker reported 1 GiB however small it was). ru_maxrss off Linux."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 2**20  # kB
-    except OSError:
-        pass
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20  # macOS reports bytes, the BSDs KiB
+from grpo_cli.run.memory import PhasePeaks, peak_memory_gib
 
 
 def settle(device: torch.device) -> None:
@@ -50,23 +26,27 @@ def settle(device: torch.device) -> None:
 
 
 class Clock:
-    """A step's time by region: `with clock("train"): ...` adds the seconds spent in it (GPU kernels waited for) to
-    time/train; `times()` adds time/step, everything since the clock started."""
+    """A step's time and peak memory by region: `with clock("train"): ...` adds the seconds spent in it (GPU kernels
+    waited for) to time/train and records its peak memory as memory/train_gib; `clock.memory("optimizer")` records a
+    phase's peak memory only (grpo_cli/run/memory.py). `times()` adds time/step, everything since the clock started."""
 
     def __init__(self, device: torch.device) -> None:
         self.device, self.start, self.spent = device, time.perf_counter(), {}
+        self.memory = PhasePeaks(device)
 
     @contextmanager
     def __call__(self, region: str) -> Iterator[None]:
         t0 = time.perf_counter()
         try:
-            yield
+            with self.memory(region):
+                yield
         finally:
             settle(self.device)
             self.spent[f"time/{region}"] = self.spent.get(f"time/{region}", 0.0) + time.perf_counter() - t0
 
     def times(self) -> dict[str, float]:
-        return {**self.spent, "time/step": time.perf_counter() - self.start}
+        """time/<region> and memory/<phase>_gib of every region and phase, and time/step."""
+        return {**self.spent, **self.memory.metrics(), "time/step": time.perf_counter() - self.start}
 
 
 def start_line(model_summary: str, recipe, mixed_precision: str, ref_copy: bool, sampling_copy, device,

@@ -87,6 +87,10 @@ class Window:
     entropy_sums: list[float] = field(default_factory=lambda: [0.0, 0.0])  # this optimizer step's entropy, tokens
 
 
+def _unmeasured(phase: str) -> nullcontext:
+    return nullcontext()
+
+
 class PolicyUpdate:
     """mu optimizer steps over one step's rows; -> the sums its metrics are made of."""
 
@@ -102,14 +106,18 @@ class PolicyUpdate:
         a = recipe.algorithm  # the entropy bonus: its coefficient is run state (adaptive control moves it)
         self.entropy = EntropyControl.from_recipe(a) if a.entropy_bonus else None
 
-    def __call__(self, rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor) -> MetricSums:
-        """`adv`: [n] per completion or [n, T] per token; `mask` [n, T]: the tokens trained on."""
+    def __call__(self, rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor, memory=None) -> MetricSums:
+        """`adv`: [n] per completion or [n, T] per token; `mask` [n, T]: the tokens trained on. `memory`: a
+        grpo_cli.run.memory.PhasePeaks, which records the peak memory of the reference's forwards, of forward and
+        backward, and of the optimizer step."""
         a, t = self.recipe.algorithm, self.recipe.train
+        phase = memory if memory is not None else _unmeasured
         slices = [slice(s, s + t.micro_batch_size) for s in range(0, len(rollout), t.micro_batch_size)]
         separate_old = a.num_iterations > 1 and has_dropout(self.accelerator.unwrap_model(self.model))
-        w = Window(rollout, adv.to(mask.device), mask,
-                   old=self._logps_no_grad(self.model, rollout, slices) if separate_old else None,
-                   ref=self._ref_logps(rollout, slices) if self.loss.beta > 0 else None)
+        with phase("reference") if separate_old or self.loss.beta > 0 else nullcontext():
+            w = Window(rollout, adv.to(mask.device), mask,
+                       old=self._logps_no_grad(self.model, rollout, slices) if separate_old else None,
+                       ref=self._ref_logps(rollout, slices) if self.loss.beta > 0 else None)
         if self.loss.global_token_mean:  # every token of the global batch weighs the same; DDP averages over processes
             w.num_active = self.procs.gather(mask.sum().reshape(1).float().cpu()).sum().item()
             w.loss_scale = float(self.procs.count)
@@ -125,13 +133,14 @@ class PolicyUpdate:
                 last = k == len(slices) - 1
                 # DDP/FSDP all-reduce only on the window's last backward; DeepSpeed steps its engine only then
                 self.accelerator.sync_gradients = last
-                with nullcontext() if last else self.accelerator.no_sync(self.model):
+                with nullcontext() if last else self.accelerator.no_sync(self.model), phase("forward_backward"):
                     logps = self._micro_step(w, sl, sums, first=it == 0)
                 if it == 0 and a.num_iterations > 1 and not separate_old:
                     first_logps.append(logps)
             if first_logps:
                 w.old, first_logps = torch.cat(first_logps), []  # [N, T]: the old policy of iterations 1 .. mu-1
-            sums.add_scalar("grad_norm", self._optimizer_step())
+            with phase("optimizer"):
+                sums.add_scalar("grad_norm", self._optimizer_step())
             if self.entropy is not None:  # the controller sees the step's entropy over every process's tokens
                 total, tokens = self.procs.reduce_sum(torch.tensor(w.entropy_sums, dtype=torch.float64)).tolist()
                 self.entropy.step(total / max(tokens, 1.0))

@@ -16,7 +16,7 @@ def test_peak_memory_is_this_process_not_the_one_that_launched_it():
     pytest worker, a notebook) reported at least 1 GiB however small it was. memory/peak_gib is the process's own."""
     held = bytearray(1 << 30)
     held[::4096] = b"\1" * len(held[::4096])  # touched: resident
-    code = ("import torch; from grpo_cli.train.reporting import peak_memory_gib; "
+    code = ("import torch; from grpo_cli.run.memory import peak_memory_gib; "
             "x = torch.ones(64 * 2**20, dtype=torch.uint8); print(peak_memory_gib(torch.device('cpu')))")
     own = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     del held

@@ -1,0 +1,60 @@
+"""Peak memory by phase (grpo_cli/run/memory.py): each phase's own peak, phases nested, the process peak kept."""
+
+import sys
+
+import pytest
+import torch
+
+from grpo_cli.run.memory import PhasePeaks, peak_memory_gib, peak_rss_gib
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM and clear_refs are Linux's")
+CPU = torch.device("cpu")
+MIB = 2**20
+
+
+def hold(mib: int) -> torch.Tensor:
+    return torch.ones(mib * MIB, dtype=torch.uint8)  # written: resident
+
+
+def test_each_phase_reports_its_own_peak_and_the_process_peak_stays():
+    peaks = PhasePeaks(CPU)
+    base = peak_rss_gib()
+    with peaks("big"):
+        x = hold(400)
+        del x  # freed before the phase ends: its peak still counts
+    with peaks("small"):
+        y = hold(40)
+        del y
+    with peaks("outer"):
+        with peaks("inner"):
+            z = hold(200)
+            del z
+        w = hold(20)
+        del w
+    m = peaks.metrics()
+    assert set(m) == {"memory/big_gib", "memory/small_gib", "memory/outer_gib", "memory/inner_gib"}
+    gib = {k.split("/")[1][:-4]: v - base for k, v in m.items()}  # above what was resident before
+    assert 0.37 < gib["big"] < 0.45
+    assert gib["small"] < 0.1  # the 400 MiB freed before it are not its peak
+    assert 0.18 < gib["inner"] < 0.25 and gib["outer"] >= gib["inner"]  # a nested phase counts in both
+    assert peak_memory_gib(CPU) - base > 0.37  # the process peak survives the resets
+
+
+def test_a_step_reports_the_peak_of_each_phase(tmp_path):
+    from grpo_cli.recipe.files import load_recipe
+    from grpo_cli.train.engine import Engine
+
+    from helpers import ROOT, read_jsonl
+
+    torch.set_num_threads(1)
+    r = load_recipe(ROOT / "recipes/ci-tiny.yaml", ["train.max_steps=2", "algorithm.beta=0.04", "logging.rollouts=false",
+                                                    "checkpoint.every_steps=0"])
+    Engine(r, tmp_path / "run").fit()
+
+    for m in read_jsonl(tmp_path / "run/metrics.jsonl"):
+        phases = {k: v for k, v in m.items() if k.startswith("memory/") and k != "memory/peak_gib"}
+        assert set(phases) == {f"memory/{p}_gib" for p in
+                               ("generate", "score", "train", "reference", "forward_backward", "optimizer", "sync")}
+        assert 0.05 < min(phases.values()) and max(phases.values()) <= m["memory/peak_gib"] + 1e-9
+        for inner in ("reference", "forward_backward", "optimizer"):  # phases of the update
+            assert phases[f"memory/{inner}_gib"] <= phases["memory/train_gib"] + 1e-9
