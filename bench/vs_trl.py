@@ -118,7 +118,9 @@ def grpo_recipe(args, folder: Path, prompts: Path, steps: int) -> dict:
     """The settings TRL gets too; everything else stays at grpo's defaults (or --grpo-set)."""
     return {
         "name": "vs-trl",
-        "model": {"name_or_path": str(folder), "dtype": args.dtype},
+        "model": {"name_or_path": str(folder), "dtype": args.dtype,
+                  **({} if args.gradient_checkpointing is None else
+                     {"gradient_checkpointing": args.gradient_checkpointing == "on"})},
         "data": {"files": [str(prompts)], "prompt_column": "prompt", "answer_column": "answer",
                  "chat_template": True, "shuffle": False, "max_prompt_length": None},
         "rewards": [{"name": f"{BENCH / 'vs_trl_reward.py'}:reward", "weight": 1.0}],
@@ -137,7 +139,8 @@ def trl_spec(args, folder: Path, prompts: Path, steps: int) -> dict:
     return {"model": str(folder), "prompts_file": str(prompts), "num_generations": args.G, "prompts_per_step": args.B,
             "micro_batch_size": args.micro_batch, "max_completion_length": args.new_tokens, "temperature": 1.0,
             "learning_rate": args.lr, "adam_beta2": args.adam_beta2, "seed": args.seed, "steps": steps,
-            "threads": args.threads, "device": args.device, "dtype": args.dtype}
+            "threads": args.threads, "device": args.device, "dtype": args.dtype,
+            "gradient_checkpointing": args.gradient_checkpointing}
 
 
 def dedupe(ids: list[list[int]]) -> list[list[int]]:
@@ -229,6 +232,7 @@ def run_grpo(args, folder: Path, prompts: Path, work: Path, steps: int) -> dict:
     own = metrics[-1]["memory/peak_gib"]  # the CUDA allocator's peak on a GPU, peak RSS (VmHWM) on the CPU
     return {"step": [m["time/step"] for m in metrics], "generate": [m["time/generate"] for m in metrics],
             "length": [m["completions/mean_length"] for m in metrics], "reward": [m["reward"] for m in metrics],
+            "phases": [{k: v for k, v in m.items() if k.startswith("memory/")} for m in metrics],
             "peak_gib": own if args.device == "cuda" else max(tree_peak, own), "own_gib": own,
             "tree_gib": tree_peak, "recipe": recipe}
 
@@ -244,7 +248,8 @@ def run_trl(args, folder: Path, prompts: Path, work: Path, steps: int) -> dict:
     lengths = [e["completions/mean_length"] for e in result["logs"] if "completions/mean_length" in e]
     rewards = [e["reward"] for e in result["logs"] if "reward" in e]
     return {"step": [x["time/step"] for x in lines], "generate": [x["time/generate"] for x in lines],
-            "length": lengths, "reward": rewards,
+            "length": lengths, "reward": rewards, "phases": [{k: v for k, v in x.items() if k.startswith("memory/")}
+                                                             for x in lines],
             "peak_gib": lines[-1]["cuda_gib"] if args.device == "cuda" else max(tree_peak, lines[-1]["rss_gib"]),
             "own_gib": lines[-1]["cuda_gib"] if args.device == "cuda" else lines[-1]["rss_gib"], "tree_gib": tree_peak,
             "prompts": json.loads((work / "prompts.json").read_text()), "versions": result}
@@ -293,6 +298,26 @@ def table(grpo: dict, trl: dict, memory: str) -> str:
     return "\n".join(rows)
 
 
+PHASES = [("generate", "sampling"), ("score", "scoring (TRL: sampling and scoring, one method)"),
+          ("reference", "reference / old-policy forwards"), ("forward_backward", "a micro-batch's forward + backward"),
+          ("optimizer", "optimizer step"), ("sync", "weight sync")]
+
+
+def phase_table(grpo_runs: list[dict], trl_runs: list[dict], warmup: int, memory: str) -> str:
+    """Where each side's peak comes from: the highest peak of each phase over the measured steps of every run
+    (grpo_cli/run/memory.py measures both sides), and the process peak."""
+    def peak(runs, phase):
+        values = [p.get(f"memory/{phase}_gib") for r in runs for p in r["phases"][warmup:]]
+        values = [v for v in values if v is not None]
+        return f"{max(values):.2f}" if values else "-"
+
+    rows = [f"| phase (peak {memory} GiB inside it) | grpo | TRL |", "|---|---|---|"]
+    rows += [f"| {name}: {what} | {peak(grpo_runs, name)} | {peak(trl_runs, name)} |" for name, what in PHASES]
+    rows.append(f"| the process, whole run | {max(r['peak_gib'] for r in grpo_runs):.2f} | "
+                f"{max(r['peak_gib'] for r in trl_runs):.2f} |")
+    return "\n".join(rows)
+
+
 def machine(device: str) -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
@@ -332,6 +357,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                     help="weights on both sides (TRL: model_init_kwargs dtype, and bf16=True with bfloat16)")
+    ap.add_argument("--gradient-checkpointing", choices=["on", "off"], default=None,
+                    help="both sides (default: each side's own: TRL on, grpo off)")
     ap.add_argument("--trl-python", default=None, help="interpreter for TRL's side (default: bench/.venv-trl)")
     args = ap.parse_args()
     if (args.B * args.G) % args.micro_batch:
@@ -354,7 +381,8 @@ def main() -> None:
         write_prompts(prompts, args.prompts, args.seed)
         print(f"{MODEL_NAMES[args.model]} ({folder}), {args.prompts} prompts, G={args.G}, B={args.B}, "
               f"micro-batch {args.micro_batch}, {args.new_tokens} new tokens, {args.dtype} on {args.device}, dapo, beta=0, "
-              f"lr {args.lr:g}, {args.threads} threads; {args.rounds} rounds x (grpo, TRL) x ({args.warmup} warm-up + "
+              f"lr {args.lr:g}, {args.threads} threads, gradient checkpointing "
+              f"{args.gradient_checkpointing or 'each side at its default (TRL on, grpo off)'}; {args.rounds} rounds x (grpo, TRL) x ({args.warmup} warm-up + "
               f"{args.steps} measured steps); machine: {machine(args.device)}", flush=True)
         memory = "GPU memory" if args.device == "cuda" else "RSS"
         grpo_runs, trl_runs = [], []
@@ -377,6 +405,7 @@ def main() -> None:
               f"TRL's torch threads {v['threads']}; grpo: {' '.join(args.grpo_set) or 'defaults'}")
         g, t = summarize(grpo_runs, args.warmup), summarize(trl_runs, args.warmup)
         print(table(g, t, f"peak {memory}"))
+        print(phase_table(grpo_runs, trl_runs, args.warmup, memory))
         print(f"grpo/TRL step time {g['step'] / t['step']:.2f}x, peak {memory} {g['peak_gib'] / t['peak_gib']:.2f}x "
               f"({MODEL_NAMES[args.model]}, {args.new_tokens} new tokens, {args.dtype} on {args.device})")
 

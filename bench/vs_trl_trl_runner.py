@@ -3,7 +3,8 @@
     bench/.venv-trl/bin/python bench/vs_trl_trl_runner.py SPEC.json OUT_DIR
 
 SPEC.json (written by vs_trl.py) holds the model folder, prompts file and settings. OUT_DIR gets:
-  steps.jsonl    one line per optimizer step, written as it ends (step, wall time, generation time, RSS so far)
+  steps.jsonl    one line per optimizer step, written as it ends (step, wall time, generation time, peak memory so
+                 far and of each phase, measured by grpo_cli.run.memory as grpo measures its own)
   prompts.json   the prompt token ids TRL generates from: all prompts (TRL's own tokenization) and per step
   result.json    the log lines TRL wrote, TRL's version, peak RSS
 Step time is on_step_begin -> on_step_end (generation, scoring, forward, backward, clipping, optimizer);
@@ -14,25 +15,9 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import sys
 import time
 from pathlib import Path
-
-
-def rss_gib() -> float:
-    """Peak RSS of this process, as grpo's memory/peak_gib reads it (VmHWM: ru_maxrss keeps the launcher's peak)."""
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 2**20  # kB
-    except (OSError, StopIteration):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
-
-
-def cuda_gib() -> float:
-    import torch
-
-    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
 
 
 def main() -> None:
@@ -50,7 +35,10 @@ def main() -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # grpo_cli.run.memory: torch only
     from vs_trl_reward import reward
+
+    from grpo_cli.run.memory import PhasePeaks, peak_memory_gib  # the phases measured as grpo measures its own
 
     transformers.utils.logging.set_verbosity_error()
     G, mb = spec["num_generations"], spec["micro_batch_size"]
@@ -67,6 +55,8 @@ def main() -> None:
         top_p=1.0, top_k=0, shuffle_dataset=False, model_init_kwargs={"dtype": spec.get("dtype", "float32")},
         logging_steps=1, save_strategy="no", eval_strategy="no", report_to="none", disable_tqdm=True,
         dataloader_num_workers=0, log_completions=False,
+        **({} if spec.get("gradient_checkpointing") is None else
+           {"gradient_checkpointing": spec["gradient_checkpointing"] == "on"}),
     )
     tok = AutoTokenizer.from_pretrained(spec["model"], padding_side="left")
     dataset = load_dataset("json", data_files=spec["prompts_file"], split="train")
@@ -87,25 +77,48 @@ def main() -> None:
         step_ids.append(unique)
         return ids, images, fields
 
+    device = torch.device("cuda" if cuda else "cpu")
+    peaks = [PhasePeaks(device)]  # this step's; memory/<phase>_gib in steps.jsonl
+
     def timed_generate(prompts):
         t0 = time.perf_counter()
         try:
-            return generate(prompts)
+            with peaks[0]("generate"):
+                return generate(prompts)
         finally:
             gen_time[0] += time.perf_counter() - t0
 
+    def in_phase(phase, fn):
+        def wrapped(*a, **kw):
+            with peaks[0](phase):
+                return fn(*a, **kw)
+        return wrapped
+
     trainer._tokenize_prompts, trainer._generate = tokenize_and_record, timed_generate
+    # sampling and scoring (TRL does both in one method; generate is measured inside it as well)
+    trainer._generate_and_score_completions = in_phase("score", trainer._generate_and_score_completions)
+    trainer.compute_loss = in_phase("forward_backward", trainer.compute_loss)
+    trainer.accelerator.backward = in_phase("forward_backward", trainer.accelerator.backward)
     logs_seen: list[dict] = []
 
     class Timer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
             self.t0, gen_time[0] = time.perf_counter(), 0.0
+            peaks[0] = PhasePeaks(device)
+
+        def on_pre_optimizer_step(self, args, state, control, **kw):
+            self.optimizer_phase = peaks[0]("optimizer")
+            self.optimizer_phase.__enter__()
+
+        def on_optimizer_step(self, args, state, control, **kw):
+            self.optimizer_phase.__exit__(None, None, None)
 
         def on_step_end(self, args, state, control, **kw):
             if cuda:
                 torch.cuda.synchronize()  # the step's kernels have run, as grpo's logged loss makes them
             line = {"step": state.global_step, "time/step": time.perf_counter() - self.t0,
-                    "time/generate": gen_time[0], "rss_gib": rss_gib(), "cuda_gib": cuda_gib()}
+                    "time/generate": gen_time[0], "rss_gib": peak_memory_gib(torch.device("cpu")),
+                    "cuda_gib": peak_memory_gib(device) if cuda else 0.0, **peaks[0].metrics()}
             with open(out / "steps.jsonl", "a") as f:
                 f.write(json.dumps(line) + "\n")
 
@@ -119,7 +132,7 @@ def main() -> None:
     (out / "prompts.json").write_text(json.dumps({"all": [list(x) for x in all_ids], "steps": step_ids}))
     (out / "result.json").write_text(json.dumps({
         "trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__,
-        "threads": torch.get_num_threads(), "train_s": time.perf_counter() - t0, "peak_rss_gib": rss_gib(),
+        "threads": torch.get_num_threads(), "train_s": time.perf_counter() - t0, "peak_rss_gib": peak_memory_gib(torch.device("cpu")),
         "logs": logs_seen, "pid": os.getpid(),
     }))
 

@@ -16,7 +16,8 @@ from typing import Iterator
 
 import torch
 
-_process_peak = 0.0  # the highest counter value seen before a reset: the process peak is this or the counter's now
+# per device type, the highest counter value seen before a reset: the process peak is this or the counter's now
+_process_peak: dict[str, float] = {}
 
 
 def peak_rss_gib() -> float:
@@ -58,7 +59,7 @@ def _reset(device: torch.device) -> bool:
 
 def peak_memory_gib(device: torch.device) -> float:
     """Peak memory of this process so far: CUDA allocator peak on a GPU, peak RSS on the CPU (phases included)."""
-    return max(_process_peak, _counter(device))
+    return max(_process_peak.get(device.type, 0.0), _counter(device))
 
 
 class PhasePeaks:
@@ -71,11 +72,10 @@ class PhasePeaks:
 
     def _fold(self) -> None:
         """The counter's value into every open phase and the process peak, before it is reset or a phase closes."""
-        global _process_peak
         now = _counter(self.device)
         for name in self.open:
             self.peaks[name] = max(self.peaks.get(name, 0.0), now)
-        _process_peak = max(_process_peak, now)
+        _process_peak[self.device.type] = max(_process_peak.get(self.device.type, 0.0), now)
 
     @contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
