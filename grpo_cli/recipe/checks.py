@@ -57,6 +57,13 @@ def check_generation(ro) -> None:
         except re.error as e:
             raise ValueError(f"rollout.vllm.structured_outputs_regex: not a regular expression ({e})") from None
     refuse_own_keys("rollout.generation_kwargs", ro.generation_kwargs, GENERATION_OWN)
+    compiles = backend_of(ro).compiled_decoding
+    if ro.compile is True and not compiles:
+        raise ValueError("rollout.compile: compiled decoding is the hf backend's (vLLM compiles its own unless "
+                         "rollout.vllm.enforce_eager)")
+    if ro.compile and compiles and ro.cache_implementation is not None:
+        raise ValueError(f"rollout.cache_implementation: {ro.cache_implementation!r} with rollout.compile, which "
+                         "builds its own static cache; leave one of them unset")
     if ro.cache_implementation is not None:
         from transformers.generation.configuration_utils import ALL_CACHE_IMPLEMENTATIONS
 

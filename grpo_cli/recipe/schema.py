@@ -194,6 +194,14 @@ class RolloutConfig(Section):
         None, description="hf backend: the key/value cache `generate` uses, e.g. static (fixed-size, for "
         "torch.compile) or offloaded; None: transformers' dynamic cache.",
     )
+    compile: bool | Literal["auto"] = Field(
+        False, description="hf backend: compiled decoding. One static key/value cache for the run (this process's "
+        "B*G rows x prompt + max_completion_length positions, reset in place between steps) and transformers' "
+        "torch.compile of the decode step (CUDA graphs on a GPU: launch-bound decoding of small models gets "
+        "several times faster); compiled once at start (the time is in the start line), eager again with one line "
+        "if compiling fails. Same sampled tokens as the dynamic cache. auto: on for CUDA. Off by default until "
+        "measured on a GPU (bench/gpu_checks.sh).",
+    )
     max_staleness: int = Field(
         0, ge=0, description="k >= 1: asynchronous rollouts, sampled with the weights of k steps before the "
         "synchronous ones (step t's with those after step t-1-k), so `grpo serve-vllm` samples the next batches "

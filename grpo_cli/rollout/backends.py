@@ -57,6 +57,7 @@ class Backend:
     own_weights: bool  # samples from its own copy of the weights: the policy's are pushed to it after each update
     in_process: bool  # runs in the trainer's process (False: another process samples, so rollouts can run ahead)
     structured_outputs: bool  # can constrain completions to a regular expression
+    compiled_decoding: bool = False  # rollout.compile applies (vLLM compiles its own unless enforce_eager)
 
     @property
     def loads_model_folder(self) -> bool:
@@ -65,7 +66,7 @@ class Backend:
 
 
 BACKENDS: Registry[Backend] = Registry("rollout backend")
-BACKENDS.register("hf")(Backend(own_weights=False, in_process=True, structured_outputs=False))
+BACKENDS.register("hf")(Backend(own_weights=False, in_process=True, structured_outputs=False, compiled_decoding=True))
 BACKENDS.register("vllm-colocate")(Backend(own_weights=True, in_process=True, structured_outputs=True))
 BACKENDS.register("vllm-server")(Backend(own_weights=True, in_process=False, structured_outputs=True))
 

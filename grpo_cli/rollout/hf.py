@@ -53,6 +53,8 @@ class SamplingCopy:
     """The policy in a lower precision, holding memory only while it samples: between `fill` and `free`
     its parameters live on the meta device. Buffers keep their dtype (RoPE frequencies stay float32)."""
 
+    keep = False  # compiled decoding: stay allocated, so that captured graphs keep reading the same tensors
+
     def __init__(self, model, dtype: torch.dtype) -> None:
         # requires_grad as the policy's (generate runs without grad): with frozen weights, torch's matmul copies a
         # [b, hidden, vocab] expansion of the LM head for the non-contiguous last-position hidden states (~1 s)
@@ -66,7 +68,8 @@ class SamplingCopy:
     @torch.no_grad()
     def fill(self, model) -> torch.nn.Module:
         # leaving the meta device unties tied weights (embeddings / LM head): every name is filled
-        self.module.to_empty(device=next(model.parameters()).device)
+        if next(self.module.parameters()).is_meta:
+            self.module.to_empty(device=next(model.parameters()).device)
         for source, target in ((model.named_parameters(remove_duplicate=False), self.module.named_parameters()),
                                (model.named_buffers(remove_duplicate=False), self.module.named_buffers())):
             values = dict(source)
@@ -75,7 +78,8 @@ class SamplingCopy:
         return self.module
 
     def free(self) -> None:
-        self.module.to("meta")
+        if not self.keep:
+            self.module.to("meta")
 
 
 class SamplerLogprobs:
@@ -112,6 +116,22 @@ class HFGenerator:
         self.pad_id = pad_id_of(tokenizer, self.eos_ids)
         dtype = sampler_dtype(cfg.dtype, model, full_model=not synced and not is_peft_model(model))
         self.copy = SamplingCopy(model, dtype) if dtype is not None else None
+        self.static = None  # rollout.compile: the run's static cache (grpo_cli/rollout/static.py), made by prepare
+
+    def prepare(self, rows: int, prompt_width: int | None) -> str | None:
+        """Before step 1, with rollout.compile: the static cache for `rows` rows and the compiled decode step; -> the
+        start line's words about it (None: eager decoding, as configured)."""
+        from grpo_cli.rollout.static import StaticDecoding, compile_wanted
+
+        if not compile_wanted(self.cfg.compile, next(self.model.parameters()).device):
+            return None
+        if self.synced:
+            return "rollout.compile: not with weights sharded over processes (FSDP, ZeRO-3); sampling eagerly"
+        self.static = StaticDecoding(self.model, rows, self.cfg.max_completion_length, prompt_width, compile=True)
+        if self.copy is not None:
+            self.copy.keep = True
+        token = next(t for t in range(16) if t not in self.eos_ids and t != self.pad_id)  # any ordinary token
+        return self.static.warm_up(lambda r, n: self._run(r, greedy=True, max_new_tokens=n, min_new_tokens=n), token)
 
     def sleep(self) -> None:
         """Only the colocated vLLM engine frees memory during the update."""
@@ -165,7 +185,7 @@ class HFGenerator:
         return Samples(tokens, out_logps, finished)
 
     def _run(self, rows: list[list[int]], *, greedy: bool = False, temperature: float | None = None,
-             top_p: float | None = None, max_new_tokens: int | None = None):
+             top_p: float | None = None, max_new_tokens: int | None = None, min_new_tokens: int | None = None):
         """Token rows -> completion ids [n, T] (pad after the EOS), mask [n, T], truncated [n], sampler log-probs."""
         from transformers import GenerationConfig
 
@@ -179,11 +199,15 @@ class HFGenerator:
         if processors:
             temperature = 1.0
         sampling = {} if greedy else dict(temperature=temperature, top_p=1.0, top_k=0, min_p=None)
+        max_new_tokens = max_new_tokens or c.max_completion_length
+        # rollout.compile: the run's static cache when the batch has the run's shape (else the dynamic one)
+        static = self.static.cache_for(len(rows), ids.shape[1], max_new_tokens) if self.static is not None else None
+        extra = dict(c.generation_kwargs) | ({"min_new_tokens": min_new_tokens} if min_new_tokens else {})
         gen_cfg = GenerationConfig(
-            do_sample=not greedy, **sampling, repetition_penalty=c.repetition_penalty,
-            max_new_tokens=max_new_tokens or c.max_completion_length,
+            do_sample=not greedy, **sampling, repetition_penalty=c.repetition_penalty, max_new_tokens=max_new_tokens,
             eos_token_id=self.eos_ids, pad_token_id=self.pad_id, use_cache=True,
-            cache_implementation=c.cache_implementation, **c.generation_kwargs,
+            cache_implementation=c.cache_implementation if static is None else None,
+            **(self.static.generation_settings() if static is not None else {}), **extra,
         )
         # a sampling copy is a different policy: its log-probs go with the rollout (importance sampling)
         recorder = SamplerLogprobs(temperature) if self.copy is not None and not greedy else None
@@ -195,7 +219,8 @@ class HFGenerator:
             with without_autocast(sampler):  # train.mixed_precision autocasts training forwards, not sampling
                 # sharded weights: every process must run the same forwards, so no process-dependent prefill;
                 # rollout.cache_implementation: generate builds that cache itself
-                cache = None if self.synced or c.cache_implementation else shared_prefill(sampler, ids, mask)
+                cache = static if static is not None else (
+                    None if self.synced or c.cache_implementation else shared_prefill(sampler, ids, mask))
                 out = sampler.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg, past_key_values=cache,
                                        synced_gpus=self.synced, logits_processor=processors or None)
         finally:

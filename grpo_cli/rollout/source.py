@@ -37,6 +37,12 @@ class RolloutSource:
         self._in_flight: list[dict] | None = None  # batches in flight at the checkpoint resumed from
 
     # ------------------------------------------------------------------ the run
+    def prepare(self) -> str | None:
+        """Before step 1: what the generator readies once for the run (rollout.compile: the static cache and the
+        compiled decode step); -> the start line's words about it, or None."""
+        prepare = getattr(self.generator, "prepare", None)
+        return prepare(len(self.rows), self.recipe.data.max_prompt_length) if prepare is not None else None
+
     def start(self, step: int) -> None:
         """Before the first step after `step`: with rollout.max_staleness, sample the first k + 1 batches (or take
         those in flight at the checkpoint)."""
