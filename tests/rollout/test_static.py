@@ -4,7 +4,6 @@ samples; the compiled path is checked against eager here on the CPU (inductor) a
 
 import pytest
 import torch
-
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 from grpo_cli.recipe.schema import RolloutConfig
