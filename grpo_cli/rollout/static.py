@@ -41,7 +41,7 @@ class StaticDecoding:
     def __init__(self, model, rows: int, max_new_tokens: int, prompt_width: int | None, compile: bool) -> None:
         from transformers import CompileConfig
 
-        self.rows, self.max_new_tokens, self.compile = rows, max_new_tokens, compile
+        self.rows, self.max_new_tokens = rows, max_new_tokens
         self.capacity = max_new_tokens + _round_up(prompt_width or 1, 64)
         self.config = model.config
         self.cache = None
@@ -51,8 +51,6 @@ class StaticDecoding:
             self.compile_config = CompileConfig(fullgraph=False, dynamic=False,
                                                 mode="reduce-overhead" if cuda else "default")
             self.compile_config._compile_all_devices = True  # transformers compiles on CUDA only unless told
-        self.compile_seconds: float | None = None
-        self.note = ""  # what the start line says about it
 
     def cache_for(self, rows: int, prompt_width: int, max_new_tokens: int):
         """The reset cache for a batch of `rows` prompts `prompt_width` wide, or None: that batch samples eagerly
@@ -90,10 +88,6 @@ class StaticDecoding:
         except Exception as e:  # noqa: BLE001 - any compiler error: decoding still works eagerly
             self.compile_config = None
             reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
-            self.note = f"compiled decoding failed ({reason}); sampling eagerly with the static cache"
-            return self.note
-        self.compile_seconds = time.perf_counter() - t0
+            return f"compiled decoding failed ({reason}); sampling eagerly with the static cache"
         what = "compiled decoding" if self.compile_config is not None else "static cache"
-        self.note = (f"{what} ({self.rows} rows x {self.capacity} positions), ready in "
-                     f"{self.compile_seconds:.1f} s")
-        return self.note
+        return f"{what} ({self.rows} rows x {self.capacity} positions), ready in {time.perf_counter() - t0:.1f} s"
