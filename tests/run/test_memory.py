@@ -1,5 +1,7 @@
-"""Peak memory by phase (grpo_cli/run/memory.py): each phase's own peak, phases nested, the process peak kept."""
+"""Peak memory (grpo_cli/run/memory.py): the process's own, and by phase: each phase's own peak, phases nested, the
+process peak kept."""
 
+import subprocess
 import sys
 
 import pytest
@@ -7,7 +9,7 @@ import torch
 
 from grpo_cli.run.memory import PhasePeaks, peak_memory_gib, peak_rss_gib
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM and clear_refs are Linux's")
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM and clear_refs are Linux's")
 CPU = torch.device("cpu")
 MIB = 2**20
 
@@ -16,6 +18,7 @@ def hold(mib: int) -> torch.Tensor:
     return torch.ones(mib * MIB, dtype=torch.uint8)  # written: resident
 
 
+@linux_only
 def test_each_phase_reports_its_own_peak_and_the_process_peak_stays():
     peaks = PhasePeaks(CPU)
     base = peak_rss_gib()
@@ -40,6 +43,7 @@ def test_each_phase_reports_its_own_peak_and_the_process_peak_stays():
     assert peak_memory_gib(CPU) - base > 0.37  # the process peak survives the resets
 
 
+@linux_only
 def test_a_step_reports_the_peak_of_each_phase(tmp_path):
     from grpo_cli.recipe.files import load_recipe
     from grpo_cli.train.engine import Engine
@@ -58,3 +62,15 @@ def test_a_step_reports_the_peak_of_each_phase(tmp_path):
         assert 0.05 < min(phases.values()) and max(phases.values()) <= m["memory/peak_gib"] + 1e-9
         for inner in ("reference", "forward_backward", "optimizer"):  # phases of the update
             assert phases[f"memory/{inner}_gib"] <= phases["memory/train_gib"] + 1e-9
+
+
+def test_peak_memory_is_this_process_not_the_one_that_launched_it():
+    """Linux's ru_maxrss keeps the launcher's peak across fork and exec: a run started from a 1 GiB process (a
+    pytest worker, a notebook) reported at least 1 GiB however small it was. memory/peak_gib is the process's own."""
+    held = bytearray(1 << 30)
+    held[::4096] = b"\1" * len(held[::4096])  # touched: resident
+    code = ("import torch; from grpo_cli.run.memory import peak_memory_gib; "
+            "x = torch.ones(64 * 2**20, dtype=torch.uint8); print(peak_memory_gib(torch.device('cpu')))")
+    own = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    del held
+    assert 0.06 < own < 0.9  # torch and a 64 MiB tensor, not the 1 GiB held here
