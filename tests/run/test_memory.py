@@ -7,11 +7,18 @@ import sys
 import pytest
 import torch
 
-from grpo_cli.run.memory import PhasePeaks, peak_memory_gib, peak_rss_gib
+from grpo_cli.run.memory import PhasePeaks, peak_memory_gib
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM and clear_refs are Linux's")
 CPU = torch.device("cpu")
 MIB = 2**20
+
+
+def resident_gib() -> float:
+    """What is resident now (VmRSS): the baseline of a phase, whose counter restarts from here. Not the process
+    peak, which an earlier test in the same worker may have set far higher."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 2**20
 
 
 def hold(mib: int) -> torch.Tensor:
@@ -21,7 +28,7 @@ def hold(mib: int) -> torch.Tensor:
 @linux_only
 def test_each_phase_reports_its_own_peak_and_the_process_peak_stays():
     peaks = PhasePeaks(CPU)
-    base = peak_rss_gib()
+    base = resident_gib()
     with peaks("big"):
         x = hold(400)
         del x  # freed before the phase ends: its peak still counts
