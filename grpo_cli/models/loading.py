@@ -250,15 +250,21 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
 
 
 def load_model(cfg: ModelConfig, *, device: Any = None) -> Any:
-    """AutoModelForCausalLM in cfg.dtype, optionally moved to `device`, gradient checkpointing per cfg."""
+    """AutoModelForCausalLM in cfg.dtype, optionally moved to `device`, gradient checkpointing per cfg. Without an
+    attn_implementation of the recipe's, a grouped-query model that transformers puts on sdpa runs `sdpa_grouped`
+    (models/attention.py: the same attention without repeated keys/values)."""
     import torch
     from transformers import AutoModelForCausalLM
+
+    from grpo_cli.models import attention
 
     source = resolve_model_source(cfg)
     _check_local_path(cfg, source)
     kwargs: dict[str, Any] = {"dtype": getattr(torch, cfg.dtype), "trust_remote_code": cfg.trust_remote_code}
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation
+        if cfg.attn_implementation == attention.NAME:
+            attention.register()
     if (revision := _revision(cfg, source)) is not None:
         kwargs["revision"] = revision
     kwargs |= cfg.init_kwargs  # model.init_kwargs (TRL's model_init_kwargs); validation refused the keys above
@@ -276,6 +282,8 @@ def load_model(cfg: ModelConfig, *, device: Any = None) -> Any:
         raise ModelLoadError(load_failure_text(cfg.name_or_path, "model", e, source)) from e
     if device is not None and not cfg.load_in_4bit:
         model.to(device)
+    if not cfg.attn_implementation:
+        attention.use_grouped_sdpa(model)
     for m in model.modules() if cfg.load_in_4bit else ():
         # bitsandbytes on avx512-bf16 CPUs repacks a 4-bit weight for inference at the first no-grad eval
         # forward (generation), and later training forwards then fail in that inference-only kernel

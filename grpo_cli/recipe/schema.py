@@ -42,7 +42,9 @@ class ModelConfig(Section):
     gguf_file: str | None = Field(None, description="GGUF file inside name_or_path; dequantized once and cached.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Dtype of the trained weights.")
     trust_remote_code: bool = Field(False, description="Run model code shipped with a hub repo. Off by default.")
-    attn_implementation: str | None = Field(None, description="eager | sdpa | flash_attention_2; None: transformers' pick.")
+    attn_implementation: str | None = Field(
+        None, description="eager | sdpa | sdpa_grouped | flash_attention_2; None: transformers' pick, and sdpa_grouped "
+        "(sdpa without repeated keys/values) where that is sdpa and the model has grouped query heads.")
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters (peft); r = 0: full fine-tuning.")
     load_in_4bit: bool = Field(False, description="QLoRA: the frozen base in 4-bit NF4 (bitsandbytes, CUDA); needs lora.r > 0.")
