@@ -1,0 +1,127 @@
+"""The lean gated MLP (grpo_cli/models/swiglu.py): the module's own outputs and gradients, two [tokens, intermediate]
+tensors kept for the backward instead of four, and the module's own forward wherever the lean one does not apply."""
+
+import copy
+
+import pytest
+import torch
+
+from grpo_cli.algo.logprobs import token_logprobs
+from grpo_cli.models import swiglu
+from grpo_cli.models.swiglu import GatedDown, lean_forward, use_lean_mlp
+
+I = 64  # the tiny model's intermediate size
+
+
+def model(seed: int = 0, layers: int = 2):
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=97, hidden_size=32, intermediate_size=I, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    return AutoModelForCausalLM.from_config(cfg).float()
+
+
+def batch(rows: int = 4, P: int = 6, T: int = 5):
+    g = torch.Generator().manual_seed(1)
+    p = torch.randint(3, 97, (rows // 2, P), generator=g).repeat_interleave(2, 0)
+    pm = torch.ones(rows, P, dtype=torch.long)
+    pm[:2, :2] = 0
+    c = torch.randint(3, 97, (rows, T), generator=g)
+    return p, pm, c, torch.ones(rows, T, dtype=torch.long)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_gated_down_gradients_are_the_derivatives(bias):
+    torch.manual_seed(0)
+    g = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+    u = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, dtype=torch.float64, requires_grad=True) if bias else None
+    assert torch.autograd.gradcheck(GatedDown.apply, (g, u, w, b))
+    plain = torch.nn.functional.linear(torch.nn.functional.silu(g) * u, w, b)
+    assert torch.allclose(GatedDown.apply(g, u, w, b), plain, atol=1e-12)
+
+
+def test_log_probs_and_gradients_equal_the_modules_own():
+    torch.set_num_threads(1)
+    plain = model()
+    lean = copy.deepcopy(plain)
+    assert use_lean_mlp(lean) == 2
+    out = []
+    for m in (plain, lean):
+        lp, _ = token_logprobs(m, *batch())
+        lp.sum().backward()
+        out.append((lp.detach(), {n: q.grad for n, q in m.named_parameters()}))
+    assert torch.allclose(out[0][0], out[1][0], atol=1e-6, rtol=0)
+    for name, grad in out[0][1].items():
+        assert (grad - out[1][1][name]).norm() <= 1e-5 * grad.norm() + 1e-9, name
+    assert out[0][1]["model.layers.0.mlp.down_proj.weight"].norm() > 1e-3  # a real gradient through the MLP
+
+
+def intermediates_saved(m) -> int:
+    """How many [.., intermediate]-wide tensors autograd keeps for the backward."""
+    params = {q.untyped_storage().data_ptr() for q in m.parameters()}
+    seen = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params and t.shape[-1] == I:
+            seen[t.untyped_storage().data_ptr()] = t.shape
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        token_logprobs(m, *batch(), shared_prompts=False)
+    return len(seen)
+
+
+def test_two_intermediates_are_kept_per_layer_instead_of_four():
+    plain = model()
+    lean = copy.deepcopy(plain)
+    use_lean_mlp(lean)
+    assert intermediates_saved(plain) == 4 * 2 and intermediates_saved(lean) == 2 * 2
+
+
+def test_the_modules_own_forward_where_the_lean_one_does_not_apply(monkeypatch):
+    torch.set_num_threads(1)
+    lean = model()
+    use_lean_mlp(lean)
+    calls = []
+    real = GatedDown.apply
+    monkeypatch.setattr(swiglu.GatedDown, "apply", lambda *a: calls.append(1) or real(*a))
+    p, pm, c, cm = batch()
+    with torch.no_grad():  # generation, the reference's and the old policy's forwards
+        token_logprobs(lean, p, pm, c, cm)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # mixed precision: the module's own, autocast-aware
+        token_logprobs(lean, p, pm, c, cm)
+    assert calls == []
+    token_logprobs(lean, p, pm, c, cm, shared_prompts=False)
+    assert len(calls) == 2  # one per layer
+
+
+def test_a_lora_down_projection_keeps_the_modules_own_forward():
+    from peft import LoraConfig, get_peft_model
+
+    torch.set_num_threads(1)
+    base = model()
+    use_lean_mlp(base)
+    reference = copy.deepcopy(base)
+    peft = get_peft_model(base, LoraConfig(r=4, target_modules=["gate_proj", "down_proj"], init_lora_weights=False))
+    mlp = peft.base_model.model.model.layers[0].mlp
+    assert mlp.forward.__func__ is lean_forward and not swiglu._plain_linear(mlp.down_proj)
+    lp, _ = token_logprobs(peft, *batch())
+    lp.sum().backward()
+    assert mlp.down_proj.lora_A["default"].weight.grad.norm() > 0
+    with torch.no_grad():  # the adapters change the output: they ran
+        assert not torch.allclose(lp, token_logprobs(reference, *batch())[0], atol=1e-4)
+
+
+def test_load_model_installs_it_and_a_copy_keeps_its_own(tmp_path):
+    from grpo_cli.models.loading import load_model
+    from grpo_cli.recipe.schema import ModelConfig
+
+    model().save_pretrained(tmp_path / "m")
+    loaded = load_model(ModelConfig(name_or_path=str(tmp_path / "m")))
+    mlps = [m for m in loaded.modules() if hasattr(m, "down_proj")]
+    assert len(mlps) == 2 and all(m.forward.__func__ is lean_forward for m in mlps)
+    twin = copy.deepcopy(loaded)  # the sampling copy is a deep copy: its MLPs must run on its own weights
+    assert all(m.forward.__self__ is m for m in twin.modules() if hasattr(m, "down_proj"))
