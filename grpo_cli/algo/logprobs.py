@@ -2,7 +2,9 @@
 
 Only completion positions get logits (`logits_to_keep`), and the fp32 log-softmax runs over small
 row chunks under activation checkpointing, so a [b, T, V] fp32 tensor never exists, not even for
-the backward pass (the bf16/fp32 logits of the micro-batch are the only full-vocabulary tensor).
+the backward pass. Where the model's forward returns its LM head's output as it is (`HEAD_CHUNKED`), the LM head
+itself runs inside those chunks (`head_logps`): the micro-batch's [b, T, V] logits never exist either, neither kept
+for the backward nor as their gradient; a chunk's are recomputed in the backward.
 Logits are divided by the sampling temperature: the policy that sampled is pi(. | T), and the
 ratio pi/pi_old must compare the same distribution (TRL does the same). With top-k / top-p / min-p sampling
 the kept set is replayed on these logits first (`truncation`, grpo_cli/algo/sampling.py): the log-probs are of the
@@ -11,6 +13,10 @@ A group's G rows share their prompt: it runs through the model once per micro-ba
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
+from functools import partial
+from typing import Iterator
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -62,23 +68,117 @@ def token_logprobs(
     distribution's at temperature T."""
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     positions = position_ids_from_mask(attention_mask)
-    parts = _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, attention_mask, positions) if shared_prompts else None
+    head = HeadLogps(model, temperature, chunk_rows, truncation, with_entropy or entropy_grad, entropy_grad)
+    parts = (_shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, attention_mask, positions, head)
+             if shared_prompts else None)  # [(logits or head_logps' output, which)]
     if parts is None:
-        out = model(
-            input_ids=torch.cat([prompt_ids, completion_ids], dim=1),
-            attention_mask=attention_mask,
-            position_ids=positions,
-            logits_to_keep=completion_ids.shape[1] + 1,
-            use_cache=False,
-        )
-        parts = [out.logits[:, :-1]]  # [b, T, V]: position t predicts completion token t
-    ids = completion_ids.split([p.shape[1] for p in parts], dim=1)
-    logps = torch.cat([logps_from_logits(lg, i, temperature, chunk_rows, truncation) for lg, i in zip(parts, ids)],
-                      dim=1)
-    entropy = None
-    if with_entropy or entropy_grad:
-        entropy = torch.cat([entropy_from_logits(lg, temperature, chunk_rows, entropy_grad) for lg in parts], dim=1)
-    return logps, entropy
+        # the last kept position predicts past the completion: its target is a placeholder, its result dropped
+        with head(torch.cat([completion_ids, completion_ids[:, :1]], dim=1)):
+            out = model(
+                input_ids=torch.cat([prompt_ids, completion_ids], dim=1),
+                attention_mask=attention_mask,
+                position_ids=positions,
+                logits_to_keep=completion_ids.shape[1] + 1,
+                use_cache=False,
+            )
+        parts = [(out.logits[:, :-1], head.ran)]  # [b, T, V] (or [b, T, 2] from head): position t predicts token t
+    ids = completion_ids.split([p.shape[1] for p, _ in parts], dim=1)
+    logps, entropy = [], []
+    for (part, packed), i in zip(parts, ids):
+        if packed:
+            logps.append(part[..., 0])
+            entropy.append(part[..., 1] if entropy_grad else part[..., 1].detach())
+            continue
+        logps.append(logps_from_logits(part, i, temperature, chunk_rows, truncation))
+        entropy.append(entropy_from_logits(part, temperature, chunk_rows, entropy_grad)
+                       if with_entropy or entropy_grad else None)
+    return torch.cat(logps, dim=1), (torch.cat(entropy, dim=1) if with_entropy or entropy_grad else None)
+
+
+# CausalLM forwards that return `lm_head(hidden)` unchanged (no soft-capping or scaling of the logits after it)
+HEAD_CHUNKED = {"llama", "qwen2", "qwen3", "mistral"}
+
+
+def _head_of(model) -> torch.nn.Module | None:
+    """The LM head `head_logps` may take over: of a HEAD_CHUNKED model, plain or with LoRA adapters, alone or under
+    DistributedDataParallel; None under FSDP or DeepSpeed (whose weights are gathered by module hooks, which a chunk
+    recomputed in the backward would not run)."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model = model.module
+    if any(type(m).__name__ in ("FullyShardedDataParallel", "DeepSpeedEngine") or type(m).__name__.startswith("FSDP")
+           for m in (model, *model.children())):
+        return None
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if getattr(getattr(base, "config", None), "model_type", None) not in HEAD_CHUNKED:
+        return None
+    head = base.get_output_embeddings()
+    weight = getattr(head, "weight", None)
+    if weight is None or type(weight.data) is not torch.Tensor or hasattr(weight, "ds_id"):
+        return None
+    return head
+
+
+class HeadLogps:
+    """`with head(targets): model(...)` runs the model with its LM head's forward replaced, for that call, by
+    `head_logps`: per chunk of rows the logits of the kept positions, their log-probs of `targets` [b, K] (and
+    entropy), and the logits dropped; under autograd each chunk is recomputed in the backward. The model then returns, in place of
+    [b, K, V] logits, [b, K, 2]: log-prob and entropy (0 where not asked). A model whose head cannot be taken over
+    (`_head_of`) runs unchanged and returns logits."""
+
+    def __init__(self, model, temperature: float, chunk_rows: int, truncation: Truncation | None, entropy: bool,
+                 entropy_grad: bool) -> None:
+        self.module = _head_of(model)
+        self.temperature, self.chunk_rows, self.truncation = temperature, chunk_rows, truncation
+        self.entropy, self.entropy_grad = entropy, entropy_grad
+        self.ran = False  # whether the last call's model output came from it
+
+    @contextmanager
+    def __call__(self, targets: torch.Tensor) -> Iterator[None]:
+        head, self.ran = self.module, False
+        if head is None:
+            yield
+            return
+        own = head.__dict__.get("forward")
+        original = head.forward
+        head.forward = partial(self._forward, original, targets)
+        try:
+            yield
+        finally:
+            if own is None:
+                del head.forward
+            else:
+                head.forward = own
+
+    def _forward(self, original, targets: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        self.ran = True
+        return head_logps(original, hidden, targets, self.temperature, self.chunk_rows, self.truncation,
+                          self.entropy, self.entropy_grad)
+
+
+def head_logps(head_forward, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, chunk_rows: int = 1,
+               truncation: Truncation | None = None, entropy: bool = False, entropy_grad: bool = False) -> torch.Tensor:
+    """[b, K, H] hidden states, [b, K] targets -> [b, K, 2] (log-prob, entropy or 0) through the LM head
+    `head_forward`, `chunk_rows` rows at a time: a chunk's [c, K, V] logits exist only inside it, and under autograd
+    are recomputed in the backward (the head's weight gradient accumulates over the chunks)."""
+    chunk = partial(_head_chunk, head_forward, temperature, truncation, entropy, entropy_grad)
+    grad = torch.is_grad_enabled() and hidden.requires_grad
+    out = []
+    for h, tok in zip(hidden.split(chunk_rows), targets.split(chunk_rows)):
+        out.append(checkpoint(chunk, h, tok, use_reentrant=False) if grad else chunk(h, tok))
+    return torch.cat(out)
+
+
+def _head_chunk(head_forward, temperature: float, truncation: Truncation | None, entropy: bool, entropy_grad: bool,
+                hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """[c, K, H] hidden states, [c, K] targets -> [c, K, 2]: log pi(target) and the entropy (0 unless asked; without
+    a gradient unless `entropy_grad`), the [c, K, V] logits only inside."""
+    logits = head_forward(hidden)
+    logps = truncated_logps(logits, ids, temperature, truncation)
+    if not entropy:
+        return torch.stack([logps, torch.zeros_like(logps)], dim=-1)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        ent = _chunk_entropy(logits, temperature)
+    return torch.stack([logps, ent], dim=-1)
 
 
 def distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -91,9 +191,11 @@ def distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, 
     return torch.zeros(len(distinct), dtype=torch.long, device=inverse.device).scatter_(0, inverse, rows), inverse
 
 
-def _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, attention_mask, positions) -> list[torch.Tensor] | None:
-    """Logits of the completion tokens, each distinct prompt run once -> [b, 1, V] and [b, T-1, V];
-    None when every row's prompt differs, or the model returns no key/value cache (gradient checkpointing)."""
+def _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, attention_mask, positions,
+                          head: HeadLogps) -> list[tuple[torch.Tensor, bool]] | None:
+    """Logits of the completion tokens, each distinct prompt run once -> [b, 1, V] and [b, T-1, V] (the second
+    [b, T-1, 2] through `head`); None when every row's prompt differs, or the model returns no key/value cache
+    (gradient checkpointing)."""
     shared = distinct_rows(prompt_ids, prompt_mask)
     if shared is None:
         return None
@@ -105,10 +207,11 @@ def _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, attent
     if cache is None:
         return None
     cache.batch_select_indices(inverse)  # [u, ...] -> [b, ...]; indexing: backward sums the rows' gradients
-    out = model(input_ids=completion_ids, attention_mask=attention_mask, position_ids=positions[:, P:],
-                past_key_values=cache, logits_to_keep=T, use_cache=True)
+    with head(torch.cat([completion_ids[:, 1:], completion_ids[:, :1]], dim=1)):  # the last target: a placeholder
+        out = model(input_ids=completion_ids, attention_mask=attention_mask, position_ids=positions[:, P:],
+                    past_key_values=cache, logits_to_keep=T, use_cache=True)
     # the prompt's last position predicts completion token 0, completion position t token t + 1
-    return [prefix.logits[inverse], out.logits[:, :-1]]
+    return [(prefix.logits[inverse], False), (out.logits[:, :-1], head.ran)]
 
 
 def logps_from_logits(logits: torch.Tensor, ids: torch.Tensor, temperature: float, chunk_rows: int = 1,

@@ -4,6 +4,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from grpo_cli.algo import logprobs as logprobs_module
 from grpo_cli.algo.logprobs import token_logprobs
 
 torch.set_num_threads(1)
@@ -70,3 +71,75 @@ def test_distinct_prompts_take_the_plain_forward_and_checkpointing_falls_back_to
     assert (reference[0] - checkpointed[0]).abs().max() < 1e-5
     for name, g in reference[2].items():
         torch.testing.assert_close(checkpointed[2][name], g, atol=2e-5, rtol=1e-4, msg=name)
+
+
+# ----- the LM head inside the log-prob chunks (logprobs.HeadLogps): no [b, T, V] logits, the same values
+
+HEAD_CHUNKED = frozenset(logprobs_module.HEAD_CHUNKED)  # as shipped, before a test switches it off
+
+
+def run_head(model, shared: bool, args, chunked: bool, monkeypatch, **kw):
+    monkeypatch.setattr(logprobs_module, "HEAD_CHUNKED", set(HEAD_CHUNKED) if chunked else set())
+    assert (logprobs_module._head_of(model) is not None) == chunked
+    model.zero_grad()
+    vocab = model.config.vocab_size
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages = {}  # saved tensors as wide as the vocabulary: their storage's size in rows x positions
+
+    def pack(t):
+        if t.shape and t.shape[-1] == vocab and t.untyped_storage().data_ptr() not in params:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes() // (vocab * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logps, entropy = token_logprobs(model, *args, temperature=0.7, shared_prompts=shared, **kw)
+    loss = (logps * args[3]).sum() + (entropy.sum() if kw.get("entropy_grad") else 0)
+    loss.backward()
+    assert "forward" not in model.get_output_embeddings().__dict__  # the head is the model's own again
+    return (logps.detach(), entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters()},
+            list(storages.values()))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("kw", [dict(with_entropy=True), dict(entropy_grad=True, chunk_rows=5),
+                                dict(with_entropy=True, truncation="top_k")])
+def test_the_head_inside_the_chunks_gives_the_same_logprobs_entropy_and_gradients(shared, kw, monkeypatch):
+    from grpo_cli.algo.sampling import Truncation
+
+    if kw.get("truncation"):
+        kw = {**kw, "truncation": Truncation(top_k=20)}
+    model, args = tiny("qwen2"), batch()
+    plain = run_head(model, shared, args, False, monkeypatch, **kw)
+    chunked = run_head(model, shared, args, True, monkeypatch, **kw)
+    assert (plain[0] - chunked[0]).abs().max() < 1e-5 and (plain[1] - chunked[1]).abs().max() < 1e-4
+    for name, g in plain[2].items():
+        torch.testing.assert_close(chunked[2][name], g, atol=2e-5, rtol=1e-4, msg=name)
+    assert max(g.abs().max() for g in plain[2].values()) > 1e-1
+    rows = B * G
+    # the plain head keeps the micro-batch's logits for the backward; the chunked one none of the completions'
+    # (a shared prompt's last position, [distinct prompts, 1, V], is still the model's own logits)
+    assert max(plain[3]) >= rows * (T - (1 if shared else 0))
+    assert chunked[3] == ([] if not shared else [B]) or max(chunked[3]) <= rows
+
+
+def test_models_whose_head_output_is_changed_after_it_keep_their_logits():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from grpo_cli.algo.logprobs import _head_of
+
+    assert _head_of(tiny("qwen2")) is not None and _head_of(tiny("llama")) is not None
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=300, n_embd=32, n_layer=1, n_head=2))
+    assert _head_of(gpt2) is None  # not in HEAD_CHUNKED: e.g. Gemma 2 soft-caps the head's output
+    args = batch()
+    logps, _ = token_logprobs(gpt2, *args, shared_prompts=False)
+    assert logps.shape == (B * G, T) and logps.max() < 0
+
+
+def test_a_lora_model_chunks_its_base_models_head():
+    from peft import LoraConfig, get_peft_model
+
+    from grpo_cli.algo.logprobs import _head_of
+
+    base = tiny("llama")
+    peft = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    assert _head_of(peft) is base.lm_head
