@@ -57,6 +57,7 @@ def token_logprobs(
     entropy_grad: bool = False,
     shared_prompts: bool = True,
     truncation: Truncation | None = None,
+    chunked_head: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """-> logps [b, T] (fp32) and, if asked, per-token entropy [b, T] (no grad, unless `entropy_grad`).
 
@@ -65,10 +66,12 @@ def token_logprobs(
     (backward sums their gradients), and the completions attend to them, so a group's prompt costs one
     row's forward and backward instead of G. Same function, same gradient (to float rounding).
     `truncation`: the log-probs of the truncated sampling policy (its kept set replayed); the entropy stays the full
-    distribution's at temperature T."""
+    distribution's at temperature T.
+    `chunked_head`: run the LM head inside the row chunks where the model allows it (`HeadLogps`)."""
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     positions = position_ids_from_mask(attention_mask)
-    head = HeadLogps(model, temperature, chunk_rows, truncation, with_entropy or entropy_grad, entropy_grad)
+    head = HeadLogps(model if chunked_head else None, temperature, chunk_rows, truncation, with_entropy or entropy_grad,
+                     entropy_grad)
     parts = (_shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, attention_mask, positions, head)
              if shared_prompts else None)  # [(logits or head_logps' output, which)]
     if parts is None:
@@ -127,7 +130,7 @@ class HeadLogps:
 
     def __init__(self, model, temperature: float, chunk_rows: int, truncation: Truncation | None, entropy: bool,
                  entropy_grad: bool) -> None:
-        self.module = _head_of(model)
+        self.module = _head_of(model) if model is not None else None
         self.temperature, self.chunk_rows, self.truncation = temperature, chunk_rows, truncation
         self.entropy, self.entropy_grad = entropy, entropy_grad
         self.ran = False  # whether the last call's model output came from it
@@ -232,7 +235,7 @@ def logps_from_logits(logits: torch.Tensor, ids: torch.Tensor, temperature: floa
 
 @torch.no_grad()
 def logps_no_grad(model, rollout, slices: list[slice], *, temperature: float, shared_prompts: bool, autocast,
-                  truncation: Truncation | None = None) -> torch.Tensor:
+                  truncation: Truncation | None = None, chunked_head: bool = True) -> torch.Tensor:
     """[N, T] log-probs of a rollout's completion tokens without autograd, micro-batch by micro-batch (`slices`),
     under `autocast()` (the trainer's mixed precision): the old policy's or the reference's."""
     out = []
@@ -240,6 +243,6 @@ def logps_no_grad(model, rollout, slices: list[slice], *, temperature: float, sh
         for sl in slices:
             lp, _ = token_logprobs(model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl],
                                    rollout.completion_mask[sl], temperature=temperature, shared_prompts=shared_prompts,
-                                   truncation=truncation)
+                                   truncation=truncation, chunked_head=chunked_head)
             out.append(lp)
     return torch.cat(out).clone()  # clone: leave inference mode so autograd can use it as a constant

@@ -248,6 +248,12 @@ class TrainConfig(Section):
     adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
     adam_beta2: float = Field(0.99, ge=0, lt=1, description="AdamW beta2.")
     max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the global grad norm; None disables.")
+    chunked_lm_head: bool | Literal["auto"] = Field(
+        "auto", description="Llama/Qwen2/Qwen3/Mistral: run the LM head inside the log-prob row chunks, so the "
+        "micro-batch's [rows, T, vocab] logits never exist, for a second head forward in the backward and a weight-"
+        "gradient product per row (Qwen2.5-0.5B's head over 8 x 256 tokens in bf16: 1969 -> 1119 MiB; SmolLM2 on a "
+        "2-core CPU: 0.12 GiB less for +0.5 s per 8 rows). auto: on CUDA, off on CPUs.",
+    )
     mixed_precision: Literal["no", "auto", "bf16", "fp16"] = Field(
         "no", description="Autocast for forward passes (accelerate); weights, gradients and AdamW stay in model.dtype. "
         "auto: bf16 for float32 weights where the hardware computes bf16 natively (CUDA, CPUs with AVX512-BF16 or AMX), else no.",

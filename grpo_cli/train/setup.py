@@ -51,6 +51,7 @@ class Policy:
     summary: str  # its parameters, for the run's first line
     sharded: bool  # weights split over processes (FSDP, ZeRO-3): every process runs every forward
     shared_prompts: bool  # a group's prompt runs once per training forward
+    chunked_head: bool  # the LM head runs inside the log-prob row chunks (train.chunked_lm_head)
 
 
 def build_policy(recipe, accelerator, checkpoint: Path | None) -> Policy:
@@ -90,7 +91,9 @@ def build_policy(recipe, accelerator, checkpoint: Path | None) -> Policy:
     # off. It pays where compute is the cost (CPU: train 7.9 -> 5.6 s/step); on a GPU the two forwards and the
     # cache gather made a micro-batch's forward + backward 2.2x slower (bench/step_phases.py, H100)
     shared_prompts = not cfg.gradient_checkpointing and accelerator.device.type == "cpu"
-    return Policy(tokenizer, model, reference, optimizer, scheduler, cfg, summary, sharded, shared_prompts)
+    chunked = r.train.chunked_lm_head
+    chunked_head = accelerator.device.type == "cuda" if chunked == "auto" else chunked
+    return Policy(tokenizer, model, reference, optimizer, scheduler, cfg, summary, sharded, shared_prompts, chunked_head)
 
 
 def build_stream(recipe, tokenizer, accelerator):

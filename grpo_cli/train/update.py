@@ -95,11 +95,12 @@ class PolicyUpdate:
     """mu optimizer steps over one step's rows; -> the sums its metrics are made of."""
 
     def __init__(self, recipe, accelerator, procs: Processes, model, optimizer, scheduler, reference: Reference,
-                 shared_prompts: bool) -> None:
+                 shared_prompts: bool, chunked_head: bool) -> None:
         self.recipe, self.accelerator, self.procs = recipe, accelerator, procs
         self.model, self.optimizer, self.scheduler, self.reference = model, optimizer, scheduler, reference
         self.loss = loss_config(recipe)
         self.shared_prompts = shared_prompts  # a group's prompt runs once per forward (grpo_cli/algo/logprobs.py)
+        self.chunked_head = chunked_head  # the LM head inside the log-prob row chunks (same file)
         ro = recipe.rollout  # top-k / top-p / min-p: every log-prob is of the truncated policy that sampled
         truncation = Truncation(ro.top_k, ro.top_p, ro.min_p)
         self.truncation = truncation if truncation.active else None
@@ -156,7 +157,7 @@ class PolicyUpdate:
                 self.model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl],
                 rollout.completion_mask[sl], temperature=self.recipe.rollout.temperature,
                 with_entropy=first or q < 1, entropy_grad=self.entropy is not None, shared_prompts=self.shared_prompts,
-                truncation=self.truncation,
+                truncation=self.truncation, chunked_head=self.chunked_head,
             )
         m = w.mask[sl]
         if first:
@@ -211,7 +212,7 @@ class PolicyUpdate:
         """Old-policy (mu > 1) or reference (beta > 0) log-probs, micro-batch by micro-batch."""
         return logps_no_grad(model, rollout, slices, temperature=self.recipe.rollout.temperature,
                              shared_prompts=self.shared_prompts, autocast=self.accelerator.autocast,
-                             truncation=self.truncation)
+                             truncation=self.truncation, chunked_head=self.chunked_head)
 
     def _optimizer_step(self) -> float:
         # accelerate computes the global norm for DDP, FSDP (sharded grads) and DeepSpeed; inf: measure only

@@ -143,3 +143,33 @@ def test_a_lora_model_chunks_its_base_models_head():
     base = tiny("llama")
     peft = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
     assert _head_of(peft) is base.lm_head
+
+
+def test_train_chunked_lm_head_decides_where_the_head_runs_and_changes_no_number(tmp_path, monkeypatch):
+    """train.chunked_lm_head: auto is off on a CPU (the chunks cost it more time than the memory they save); true
+    runs the training and reference forwards through the chunks, with the same loss, entropy and gradient norm."""
+    import json
+
+    from grpo_cli.recipe.files import load_recipe
+    from grpo_cli.train.engine import Engine
+
+    from helpers import ROOT
+
+    calls = []
+    real = logprobs_module.head_logps
+    monkeypatch.setattr(logprobs_module, "head_logps", lambda *a, **k: calls.append(a[1].requires_grad) or real(*a, **k))
+    runs = {}
+    for setting in ("auto", "true"):
+        calls.clear()
+        r = load_recipe(ROOT / "recipes/ci-tiny.yaml", [
+            "train.max_steps=2", "algorithm.beta=0.04", "logging.rollouts=false", "checkpoint.every_steps=0",
+            f"train.chunked_lm_head={setting}"])
+        Engine(r, tmp_path / setting).fit()
+        runs[setting] = ([json.loads(line) for line in (tmp_path / setting / "metrics.jsonl").read_text().splitlines()],
+                         list(calls))
+    assert runs["auto"][1] == []
+    assert True in runs["true"][1] and False in runs["true"][1]  # the training forward (grad), the reference's (not)
+    for plain, chunked in zip(runs["auto"][0], runs["true"][0]):
+        for key in ("loss", "entropy", "grad_norm", "kl"):
+            assert abs(plain[key] - chunked[key]) <= 1e-5 * max(1.0, abs(plain[key])), key
+    assert runs["auto"][0][0]["grad_norm"] > 0
