@@ -2,17 +2,23 @@
 # The CUDA checks, in one go (a lent GPU machine's time is short). Each part runs under its own time limit, so
 # one that fails or hangs does not cost the others; its log goes to OUT/<part>.log and its tail is printed.
 #
-#   bash bench/gpu_checks.sh OUT [PARTS...]     # parts: smoke vs-trl train-memory (default: all)
+#   bash bench/gpu_checks.sh OUT [PARTS...]
+#       parts: smoke vs-trl train-memory attention compiled goal (default: all, in that order)
 #
 # smoke         `grpo train` of the ci-tiny recipe in bf16 on the GPU: 4 steps straight, 2 + --resume auto to 4
 #               (metrics compared step by step), LoRA + KL, mixed_precision bf16 over fp32 weights, `grpo eval`
 # vs-trl        bench/vs_trl.py on a random Qwen2.5-0.5B-shaped model, bf16, 64 and 128 new tokens (NEW_TOKENS)
 # train-memory  bench/train_memory.py: step time and CUDA peak of full / full + KL / LoRA + KL, bf16
+# attention     bench/attention_decode.py: transformers' sdpa against sdpa_grouped (no repeated keys/values) on the
+#               Qwen2.5-0.5B shape (14 query heads on 2 key/value heads): generate and a forward + backward
+# compiled      bench/vs_trl.py at 64 tokens with rollout.compile=true (static cache + CUDA graphs) against TRL,
+#               then the same with rollout.compile=false and train.chunked_lm_head=false (eager, logits whole)
+# goal          issue 23's goal row: B=16, G=8, 256 new tokens, bf16, grpo with rollout.compile=auto
 # TRL and the packages the GPU image lacks are expected on PYTHONPATH (see bench/RESULTS.md, "GPU").
 set -u
 out=${1:?usage: gpu_checks.sh OUT [PARTS...]}
 shift
-parts=${*:-smoke vs-trl train-memory}
+parts=${*:-smoke vs-trl train-memory attention compiled goal}
 mkdir -p "$out"
 work=$(mktemp -d)
 py=${PYTHON:-python3}
@@ -70,6 +76,23 @@ for p in $parts; do
         ;;
     train-memory)
         part train-memory 240 $py bench/train_memory.py --dtype bfloat16 --steps 3 --new-tokens 64 --threads 4
+        ;;
+    attention)
+        part attention 200 $py bench/attention_decode.py --model qwen2.5-0.5b --device cuda --dtype bfloat16 \
+            --rows 32 --prompt 256 --new-tokens 64 --repeats 3 --threads 4
+        ;;
+    compiled)
+        part compiled-on 300 $py bench/vs_trl.py --model qwen2.5-0.5b --device cuda --dtype bfloat16 \
+            --trl-python "$py" --threads 4 --new-tokens 64 --B 4 --micro-batch 8 --rounds 2 --steps 3 \
+            --grpo-set rollout.compile=true
+        part compiled-off 300 $py bench/vs_trl.py --model qwen2.5-0.5b --device cuda --dtype bfloat16 \
+            --trl-python "$py" --threads 4 --new-tokens 64 --B 4 --micro-batch 8 --rounds 1 --steps 3 \
+            --grpo-set rollout.compile=false train.chunked_lm_head=false
+        ;;
+    goal)
+        part goal 420 $py bench/vs_trl.py --model qwen2.5-0.5b --device cuda --dtype bfloat16 \
+            --trl-python "$py" --threads 4 --new-tokens 256 --B 16 --G 8 --micro-batch 8 --rounds 1 --steps 2 \
+            --grpo-set rollout.compile=auto
         ;;
     *) echo "unknown part $p" ;;
     esac
