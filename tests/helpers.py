@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,6 +24,26 @@ def cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     """`python -m grpo_cli ARGS` from the repo root, output captured."""
     return subprocess.run([sys.executable, "-m", "grpo_cli", *args], capture_output=True, text=True, cwd=ROOT,
                           timeout=timeout, **{"env": os.environ, **kw})
+
+
+@contextmanager
+def saved_for_backward(model):
+    """What autograd saves for the backward inside the block, the model's parameters left out: a list that fills
+    with (storage address, shape, storage bytes, element size), one entry per saved tensor (views of one storage
+    give one entry each)."""
+    import torch
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: list[tuple[int, tuple, int, int]] = []
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved.append((storage.data_ptr(), tuple(t.shape), storage.nbytes(), t.element_size()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield saved
 
 
 def loss_of(loss_type: str, logps, old_logps, advantages, mask, **kw):

@@ -7,6 +7,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from grpo_cli.algo import logprobs as logprobs_module
 from grpo_cli.algo.logprobs import token_logprobs
 
+from helpers import saved_for_backward
+
 torch.set_num_threads(1)
 
 B, G, P, T = 3, 4, 7, 9
@@ -83,16 +85,11 @@ def run_head(model, shared: bool, args, chunked: bool, monkeypatch, **kw):
     assert (logprobs_module._head_of(model) is not None) == chunked
     model.zero_grad()
     vocab = model.config.vocab_size
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    storages = {}  # saved tensors as wide as the vocabulary: their storage's size in rows x positions
-
-    def pack(t):
-        if t.shape and t.shape[-1] == vocab and t.untyped_storage().data_ptr() not in params:
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes() // (vocab * t.element_size())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_for_backward(model) as saved:
         logps, entropy = token_logprobs(model, *args, temperature=0.7, shared_prompts=shared, **kw)
+    # saved tensors as wide as the vocabulary: their storage's size in rows x positions
+    storages = {address: nbytes // (vocab * size) for address, shape, nbytes, size in saved
+                if shape and shape[-1] == vocab}
     loss = (logps * args[3]).sum() + (entropy.sum() if kw.get("entropy_grad") else 0)
     loss.backward()
     assert "forward" not in model.get_output_embeddings().__dict__  # the head is the model's own again

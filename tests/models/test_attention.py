@@ -12,6 +12,8 @@ from grpo_cli.algo.logprobs import token_logprobs
 from grpo_cli.models import attention
 from grpo_cli.models.attention import NAME, fold_mask, use_grouped_sdpa
 
+from helpers import saved_for_backward
+
 
 def gqa_model(heads: int = 6, kv: int = 2, seed: int = 0):
     from transformers import AutoModelForCausalLM, Qwen2Config
@@ -77,16 +79,12 @@ def test_log_probs_and_gradients_equal_sdpa(shared_prompts, kernel):
 
 
 def saved_bytes(model, p, pm, c, cm) -> tuple[int, set]:
-    params = {q.untyped_storage().data_ptr() for q in model.parameters()}
-    seen: dict[int, tuple] = {}
-
-    def pack(t):
-        seen.setdefault(t.untyped_storage().data_ptr(), (t.untyped_storage().nbytes(), tuple(t.shape)))
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    """The bytes of the storages a forward keeps for the backward, and their shapes (as first saved)."""
+    with saved_for_backward(model) as saved:
         token_logprobs(model, p, pm, c, cm, shared_prompts=False)
-    kept = {k: v for k, v in seen.items() if k not in params}
+    kept: dict[int, tuple] = {}
+    for address, shape, nbytes, _ in saved:
+        kept.setdefault(address, (nbytes, shape))
     return sum(n for n, _ in kept.values()), {s for _, s in kept.values()}
 
 

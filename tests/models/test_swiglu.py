@@ -10,6 +10,8 @@ from grpo_cli.algo.logprobs import token_logprobs
 from grpo_cli.models import swiglu
 from grpo_cli.models.swiglu import GatedDown, lean_forward, use_lean_mlp
 
+from helpers import saved_for_backward
+
 I = 64  # the tiny model's intermediate size
 
 
@@ -61,17 +63,9 @@ def test_log_probs_and_gradients_equal_the_modules_own():
 
 def intermediates_saved(m) -> int:
     """How many [.., intermediate]-wide tensors autograd keeps for the backward."""
-    params = {q.untyped_storage().data_ptr() for q in m.parameters()}
-    seen = {}
-
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in params and t.shape[-1] == I:
-            seen[t.untyped_storage().data_ptr()] = t.shape
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_for_backward(m) as saved:
         token_logprobs(m, *batch(), shared_prompts=False)
-    return len(seen)
+    return len({address for address, shape, _, _ in saved if shape and shape[-1] == I})
 
 
 def test_two_intermediates_are_kept_per_layer_instead_of_four():
