@@ -144,10 +144,11 @@ def load_problems(recipe: Recipe, cfg: EvalConfig, tokenizer) -> Problems:
 
 
 def evaluate_model(model, tokenizer, recipe: Recipe, cfg: EvalConfig, problems: Problems, *, progress: bool = False,
-                   generator=None) -> tuple[dict[str, float], list[dict[str, Any]]]:
+                   generator=None, label: str = "") -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Greedy (and n sampled) completions for every problem -> metrics and one record per completion.
 
-    `generator` is any rollout backend (default: transformers generate on `model`). Runs under its
+    `generator` is any rollout backend (default: transformers generate on `model`); `label` names the model in the
+    progress lines. Runs under its
     own RNG (seeded with cfg.seed) and leaves the caller's RNG untouched."""
     import torch
 
@@ -163,7 +164,7 @@ def evaluate_model(model, tokenizer, recipe: Recipe, cfg: EvalConfig, problems: 
     max_len, n = cfg.max_new_tokens or recipe.rollout.max_completion_length, cfg.num_samples
     samples: list[dict[str, Any]] = []
     batches = [list(range(s, min(s + cfg.batch_size, len(problems)))) for s in range(0, len(problems), cfg.batch_size)]
-    with torch.random.fork_rng(devices=[]), _progress(progress, len(problems)) as advance:
+    with torch.random.fork_rng(devices=[]), _progress(progress, len(problems), label) as advance:
         torch.manual_seed(cfg.seed)
         for rows in batches:
             ids, texts = [problems.input_ids[i] for i in rows], [problems.texts[i] for i in rows]
@@ -243,10 +244,11 @@ class _progress:
     """Progress over problems: a rich bar with ETA on a terminal; elsewhere (a log file, a pipe) a plain line at
     every tenth of the problems and at least every 30 s, so a log shows the eval is alive (or nothing)."""
 
-    def __init__(self, enabled: bool, total: int) -> None:
+    def __init__(self, enabled: bool, total: int, label: str = "") -> None:
         import sys
 
         self.enabled, self.total, self.terminal = enabled, total, sys.stderr.isatty()
+        self.name = f"eval {label}".rstrip()  # the model measured: `grpo eval` runs one target after another
 
     def _line(self, k: int) -> None:
         import sys
@@ -258,7 +260,7 @@ class _progress:
         if tenth > self.tenth or now - self.last >= 30 or self.done >= self.total:
             spent = now - self.start
             eta = spent / self.done * (self.total - self.done) if self.done else 0.0
-            print(f"eval: {self.done}/{self.total} problems, {spent:.0f} s, eta {eta:.0f} s", file=sys.stderr,
+            print(f"{self.name}: {self.done}/{self.total} problems, {spent:.0f} s, eta {eta:.0f} s", file=sys.stderr,
                   flush=True)
             self.tenth, self.last = tenth, now
 
@@ -271,9 +273,10 @@ class _progress:
             self.done, self.tenth, self.start = 0, 0, time.monotonic()
             self.last = self.start
             return self._line
+        from rich.markup import escape
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        self.bar = Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TextColumn("eta"),
+        self.bar = Progress(TextColumn(f"[bold]{escape(self.name)}"), BarColumn(), MofNCompleteColumn(), TextColumn("eta"),
                             TimeRemainingColumn(), transient=True)
         task = self.bar.add_task("eval", total=self.total)
         self.bar.start()
@@ -352,7 +355,8 @@ def run_eval(specs: list[str], recipe: Recipe | None, cfg_overrides: dict[str, A
             model, generator = _backend(backend, t, tokenizer, recipe, cfg.seed)
             problems = load_problems(recipe, cfg, tokenizer)
             settings = settings or {**eval_settings(recipe, cfg, problems), "backend": backend}
-            metrics, samples = evaluate_model(model, tokenizer, recipe, cfg, problems, progress=True, generator=generator)
+            metrics, samples = evaluate_model(model, tokenizer, recipe, cfg, problems, progress=True, generator=generator,
+                                              label=t.spec)
             if generator is not None:
                 generator.close()
             f.writelines(json.dumps({"target": t.spec, **s}, ensure_ascii=False) + "\n" for s in samples)
@@ -422,8 +426,9 @@ def print_results(report: dict[str, Any]) -> None:
     data = s.get("eval_data", {})
     if data and not data["held_out"]:
         console.print(f"[bold yellow]not held out:[/] evaluating on {data['note']}", soft_wrap=True)
+    where = s["source"] if "(seed " in s["source"] else f"{s['source']} (seed {s['seed']})"  # a generator's says it
     console.print(
-        f"{s['problems']} problems from {s['source']} (seed {s['seed']}); answers extracted with mode "
+        f"{s['problems']} problems from {where}; answers extracted with mode "
         f"{s['extraction']['mode']!r}; accuracy = greedy pass@1; pass@k/maj@k from n={s['num_samples']} samples "
         f"at temperature {s['temperature']}, top_p {s['top_p']}; max_new_tokens {s['max_new_tokens']}", soft_wrap=True,
     )

@@ -94,8 +94,11 @@ def test_eval_command_on_a_trained_run(tmp_path, monkeypatch):
     assert p.returncode == 0, p.stderr
     assert "1 CPU thread (train.threads: 1)" in p.stderr  # the recipe's train.threads (issue 22: it was ignored)
     # not a terminal: plain progress lines (issue 22: a log file stayed empty for 18 minutes), one per target here
-    assert p.stderr.count("eval: 6/6 problems, ") == 2, p.stderr
+    # each line names the model it measures (the two targets' lines read alike before)
+    assert p.stderr.count("eval base: 6/6 problems, ") == 1, p.stderr
+    assert p.stderr.count(f"eval {run}: 6/6 problems, ") == 1, p.stderr
     assert "greedy pass@1" in p.stdout and "pass@2" in p.stdout
+    assert "(seed 1234) (seed 1234)" not in p.stdout and "generator arithmetic (seed 1234);" in p.stdout
     assert "not held out" in p.stdout  # ci-tiny has no eval set: its generator under eval.seed, said aloud
     report = json.loads((out / "eval.json").read_text())
     assert report["settings"]["eval_data"]["held_out"] is False
