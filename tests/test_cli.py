@@ -86,3 +86,17 @@ def test_help_examples_are_whole_lines_at_any_width():
             shown = [line.strip() for line in p.stdout.splitlines()]
             for example in wanted:
                 assert example in shown, (name, width, example)
+
+
+def test_train_log_lines_are_whole_lines_in_a_log_file():
+    # issue 22's walk: `make demo > log` got "[11/24/26 10:07:42] INFO     converting SmolLM2-135M-Instruct.Q4_1.gguf to a"
+    # and the rest of the sentence on the next line (rich wraps at 80 columns when it does not write to a terminal)
+    code = ("import logging; from grpo_cli.commands.train import setup_logging; setup_logging(); "
+            "logging.getLogger('grpo_cli.models.loading').info('converting ' + 'x' * 150 + ' (once, ~30 s)'); "
+            "logging.getLogger('some_library').info('not shown'); logging.getLogger('some_library').warning('shown')")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    lines = p.stderr.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].endswith("converting " + "x" * 150 + " (once, ~30 s)") and "INFO" in lines[0], lines
+    assert lines[1].endswith("shown") and "WARNING" in lines[1], lines

@@ -86,18 +86,28 @@ def _finished(r, run_dir: Path, resume: Optional[str], start_over: bool) -> int 
     return step if step is not None and step >= r.train.max_steps else None
 
 
-def _train(r, run_dir: Path, resume: Optional[str], start_over: bool, allow_recipe_change: bool) -> None:
-    """Train in this process: logging set up, the engine built and run; interrupts and signals become exit codes."""
+def setup_logging() -> None:
+    """Our own modules speak at INFO (e.g. the one-time GGUF conversion); libraries stay at WARNING, and a library
+    that prints through a handler of its own (huggingface_hub, transformers) is not printed a second time here.
+    On a terminal rich's columns; elsewhere (a log file) one plain line a record, which rich would wrap at 80."""
     import logging
+    import sys
 
-    from rich.logging import RichHandler
+    if sys.stderr.isatty():
+        from rich.logging import RichHandler
 
-    # our own modules speak at INFO (e.g. the one-time GGUF conversion); libraries stay at WARNING, and a library
-    # that prints through a handler of its own (huggingface_hub, transformers) is not printed a second time here
-    handler = RichHandler(show_path=False)
+        handler: logging.Handler = RichHandler(show_path=False)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
     handler.addFilter(lambda record: not logging.getLogger(record.name.split(".")[0]).handlers)
     logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[handler])
     logging.getLogger("grpo_cli").setLevel(logging.INFO)
+
+
+def _train(r, run_dir: Path, resume: Optional[str], start_over: bool, allow_recipe_change: bool) -> None:
+    """Train in this process: logging set up, the engine built and run; interrupts and signals become exit codes."""
+    setup_logging()
     from grpo_cli.errors import UserError
     from grpo_cli.run.checkpoints import latest_checkpoint
     from grpo_cli.train.engine import Engine
