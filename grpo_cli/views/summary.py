@@ -3,7 +3,10 @@ commands that look at it next. Read from the run folder's metrics.jsonl (no torc
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +34,29 @@ def eval_line(records: list[dict[str, Any]]) -> str | None:
     return "eval accuracy " + ", ".join(f"{acc:.3f} (step {step})" for step, acc in evals[-4:])
 
 
+def grpo_command(argv0: str, executable: str, cwd: Path, which=shutil.which) -> str:
+    """How this shell reaches the grpo that runs now: `grpo` when PATH finds it, else the script's path (relative
+    to `cwd` when under it: `.venv/bin/grpo` after `make demo`), else `PYTHON -m grpo_cli`. `argv0` is sys.argv[0]:
+    the script, or the module's __main__.py under `python -m grpo_cli` (the script beside `executable` then)."""
+    script = Path(argv0) if Path(argv0).name == "grpo" else Path(executable).parent / "grpo"
+    on_path = which("grpo")
+    if script.is_file() and on_path and os.path.realpath(on_path) == os.path.realpath(script):
+        return "grpo"
+
+    def shown(path: Path) -> str:
+        path = Path(os.path.abspath(path))
+        return str(path.relative_to(cwd)) if path.is_relative_to(cwd) else str(path)
+
+    if script.is_file():
+        return shlex.quote(shown(script))
+    return f"{shlex.quote(shown(Path(executable)))} -m grpo_cli"
+
+
 def end_of_run(run_dir: Path, steps: int, checkpoint: Path | None) -> str:
     """The lines a finished run ends with. The commands name the run, not the recipe file: its checkpoints hold the
     recipe it trained with, overrides included."""
     records = read_records(run_dir / METRICS).records  # a missing file holds none
-    run = shlex.quote(str(run_dir))
+    run, grpo = shlex.quote(str(run_dir)), grpo_command(sys.argv[0], sys.executable, Path.cwd())
     lines = [f"done: {steps} step{'s' if steps != 1 else ''} in {run_dir}"]
     facts = [x for x in (reward_change(records), eval_line(records)) if x]
     if facts:
@@ -44,9 +65,9 @@ def end_of_run(run_dir: Path, steps: int, checkpoint: Path | None) -> str:
         lines.append(f"  checkpoint {checkpoint}")
     lines.append("next:")
     if checkpoint is not None:
-        lines.append(f"  grpo eval base {run}    # the model before and after, on the same problems")
-    lines += [f"  grpo inspect-rollouts {run}    # what the policy wrote, group by group",
-              f"  grpo report {run}    # curves and tables: {run_dir / 'report' / 'report.html'}"]
+        lines.append(f"  {grpo} eval base {run}    # the model before and after, on the same problems")
+    lines += [f"  {grpo} inspect-rollouts {run}    # what the policy wrote, group by group",
+              f"  {grpo} report {run}    # curves and tables: {run_dir / 'report' / 'report.html'}"]
     if checkpoint is not None:
-        lines.append(f"  grpo export {run} --merge models/{run_dir.name}    # a plain Hugging Face model folder")
+        lines.append(f"  {grpo} export {run} --merge models/{run_dir.name}    # a plain Hugging Face model folder")
     return "\n".join(lines)

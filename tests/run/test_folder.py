@@ -478,3 +478,29 @@ def test_the_summary_of_metrics_by_hand(tmp_path):
     # no checkpoint: nothing to evaluate or export
     assert "grpo eval" not in text and "grpo export" not in text and f"grpo report {tmp_path}" in text
     assert f"grpo eval base {tmp_path}    #" in end_of_run(tmp_path, 1, tmp_path / "checkpoints" / "step-1")
+
+
+def test_next_commands_name_grpo_as_this_shell_reaches_it(tmp_path):
+    # issue 22's walk: after `make demo` the README's user has .venv/bin/grpo, not grpo on PATH, and the summary's
+    # "grpo eval base runs/quickstart" answered "command not found"
+    from grpo_cli.views.summary import grpo_command
+
+    bin_dir = tmp_path / "proj" / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "grpo").write_text("#!/bin/sh\n")
+    (bin_dir / "python").write_text("")
+    script, python = str(bin_dir / "grpo"), str(bin_dir / "python")
+    proj = tmp_path / "proj"
+    # the script on PATH: plain `grpo`
+    assert grpo_command(script, python, proj, which=lambda name: script) == "grpo"
+    # not on PATH (or another grpo first): the path that reaches this one, relative to the working directory
+    assert grpo_command(script, python, proj, which=lambda name: None) == ".venv/bin/grpo"
+    assert grpo_command(script, python, proj, which=lambda name: "/usr/bin/grpo") == ".venv/bin/grpo"
+    assert grpo_command(script, python, tmp_path / "elsewhere", which=lambda name: None) == script
+    # python -m grpo_cli: the grpo script beside that interpreter
+    assert grpo_command(str(ROOT / "grpo_cli/__main__.py"), python, proj, which=lambda name: None) == ".venv/bin/grpo"
+    # no script anywhere: the module through this interpreter
+    (bin_dir / "grpo").unlink()
+    assert grpo_command("-c", python, proj, which=lambda name: None) == ".venv/bin/python -m grpo_cli"
+    assert grpo_command("/x/__main__.py", "/usr/bin/python3", proj, which=lambda name: None) == \
+        "/usr/bin/python3 -m grpo_cli"
