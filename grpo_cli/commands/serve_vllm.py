@@ -21,6 +21,7 @@ def command(
     enforce_eager: Annotated[Optional[bool], typer.Option("--enforce-eager/--compile", help="Skip compilation and CUDA graphs: faster start, slower decode. Default: eager on CPU, compiled on GPU.")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     weights_dir: Annotated[Optional[Path], typer.Option("--weights-dir", help="The only directory /update_weights reads files from (a trainer on this machine writes there). Default: a private temporary directory, announced on GET /info.")] = None,
+    lora_rank: Annotated[int, typer.Option("--lora-rank", min=0, help="Serve LoRA adapters up to this rank (a trainer with model.lora syncs the adapter, not the merged model; rounded up to a rank vLLM takes: 1, 8, 16, 32, ...). 0: off.")] = 0,
     verbose: Annotated[bool, typer.Option("--verbose", help="Every line vLLM logs (default: each distinct line once; vLLM repeats some at every request and weight update).")] = False,
 ) -> None:
     """Serve a vLLM engine for `rollout.backend: vllm` with `rollout.vllm.mode: server`.
@@ -33,6 +34,8 @@ def command(
 
       grpo serve-vllm --model ./my-model --dtype bfloat16 --kv-cache-gib 2
 
+      grpo serve-vllm --model Qwen/Qwen2.5-0.5B-Instruct --lora-rank 16
+
     A secret: python -c 'import secrets; print(secrets.token_urlsafe(32))'. The trainer needs the
     same GRPO_SERVER_TOKEN and rollout.vllm.server_url=http://HOST:PORT. Exit codes: 1 vLLM failed to
     start (the message names the log), 2 refused options, 3 the engine died while serving (/health
@@ -41,4 +44,4 @@ def command(
     from grpo_cli.serve.app import run_server
 
     run_server(model, tp, dp, host, port, gpu_memory_utilization, kv_cache_gib, max_model_len, dtype, enforce_eager,
-               seed, weights_dir, verbose)
+               seed, weights_dir, verbose, lora_rank)

@@ -207,6 +207,9 @@ def check_across_sections(recipe) -> None:
             "which a refresh cannot move without a second copy of the model; train all weights (model.lora.r = 0) "
             "to refresh the reference"
         )
+    if recipe.rollout.vllm.lora_sync == "adapter" and not (recipe.model.lora.r and backend_of(recipe.rollout).adapter_sync):
+        raise ValueError("rollout.vllm.lora_sync adapter syncs LoRA adapters to grpo serve-vllm: it needs "
+                         "model.lora.r > 0 with rollout.backend vllm and rollout.vllm.mode server")
     check_episodes(recipe)
     check_generation(recipe.rollout)
     check_sampler_logprobs(recipe.rollout, recipe.algorithm)

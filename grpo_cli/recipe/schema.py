@@ -155,6 +155,10 @@ class VLLMConfig(Section):
         None, description="Constrain every completion to match this regular expression (vLLM structured outputs; "
         "TRL's vllm_structured_outputs_regex, formerly vllm_guided_decoding_regex).",
     )
+    lora_sync: Literal["auto", "adapter", "merged"] = Field(
+        "auto", description="Server mode with model.lora: `adapter` syncs the LoRA adapter alone (a server started "
+        "with `grpo serve-vllm --lora-rank R`), `merged` the merged weights; auto: the adapter when the server serves "
+        "adapters of that rank, else merged (the start line says which and why).")
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="Share of GPU memory vLLM may take (colocate).")
     max_model_len: int | None = Field(None, ge=1, description="vLLM's context length; default: the model's.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="vLLM weights dtype.")

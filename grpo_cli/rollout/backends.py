@@ -58,6 +58,7 @@ class Backend:
     in_process: bool  # runs in the trainer's process (False: another process samples, so rollouts can run ahead)
     structured_outputs: bool  # can constrain completions to a regular expression
     compiled_decoding: bool = False  # rollout.compile applies (vLLM compiles its own unless enforce_eager)
+    adapter_sync: bool = False  # can take a LoRA adapter instead of merged weights (rollout.vllm.lora_sync)
 
     @property
     def loads_model_folder(self) -> bool:
@@ -68,7 +69,8 @@ class Backend:
 BACKENDS: Registry[Backend] = Registry("rollout backend")
 BACKENDS.register("hf")(Backend(own_weights=False, in_process=True, structured_outputs=False, compiled_decoding=True))
 BACKENDS.register("vllm-colocate")(Backend(own_weights=True, in_process=True, structured_outputs=True))
-BACKENDS.register("vllm-server")(Backend(own_weights=True, in_process=False, structured_outputs=True))
+BACKENDS.register("vllm-server")(Backend(own_weights=True, in_process=False, structured_outputs=True,
+                                         adapter_sync=True))
 
 # `grpo eval --backend`: the rollout settings each choice means
 EVAL_BACKENDS = {"hf": {"backend": "hf"}, "vllm": {"backend": "vllm", "mode": "colocate"}}

@@ -12,6 +12,8 @@ Each generate names the weight version it expects; the server answers 409 instea
 stale weights. Weights go by file when the server is on this machine: the client writes them into
 the directory the server announces (GET /info) and reads files from; when it cannot write there (a
 server run by another user, in a container) or the server cannot see the file, the bytes are uploaded.
+With LoRA and a server started with --lora-rank, only the adapter goes (POST /update_adapter, a few MB instead of
+the merged model; rollout.vllm.lora_sync), the same two ways.
 Sampler log-probs are vLLM's processed log-probs, log pi(token | T) (see serve/server.py).
 The stdlib (urllib) only: no HTTP client to install in the trainer's environment.
 """
@@ -48,6 +50,7 @@ from grpo_cli.rollout.common import (
 from grpo_cli.serve.app import is_loopback
 
 TOKEN_ENV = "GRPO_SERVER_TOKEN"
+ADAPTER_PREFIX = "grpo-adapter-"  # an adapter's file name starts so (load_weights sends it to /update_adapter)
 HEALTH_TIMEOUT_S = 5.0
 MAX_RETRIES = 4
 
@@ -71,7 +74,10 @@ class VLLMServerGenerator:
         self.calls = 0  # generate() calls so far: request seeds derive from (seed, calls)
         self.weights_dir: str | None = None  # where the (loopback) server reads weight files from
         self._asked_weights_dir = False
+        self._info: dict | None = None  # GET /info, asked once
         self.sync_bytes = 0  # the weight file the last sync sent (by path or uploaded)
+        self.adapter_sync: bool | None = None  # LoRA adapter alone (True) or merged weights; chosen at the first sync
+        self.sync_note: str | None = None  # the start line's words about that choice
         # The server's weights are the trainer's only after a sync: a resumed run must call sync_weights first.
         self.version = int(self.health()["weight_version"])
 
@@ -104,6 +110,10 @@ class VLLMServerGenerator:
         return samples_from([s["token_ids"] for s in samples], [s["logprobs"] for s in samples], max_new_tokens,
                             self.eos_ids)
 
+    def prepare(self, rows: int, prompt_width: int | None) -> str | None:
+        """The start line's words about how weights travel (LoRA: the adapter alone or merged, and why)."""
+        return self.sync_note
+
     def sleep(self) -> None:
         """Only the colocated vLLM engine frees memory during the update."""
 
@@ -125,20 +135,22 @@ class VLLMServerGenerator:
         it is on this machine and lets us write there) -> its path, for `load_weights`, which deletes it."""
         from safetensors.torch import save_file
 
-        state = _unshared_cpu_state(model)
+        adapter = self._syncs_adapter(model)
+        state, metadata = _adapter_state(model) if adapter else (_unshared_cpu_state(model), None)
+        prefix = ADAPTER_PREFIX if adapter else "grpo-weights-"
         wdir = self._server_weights_dir() if self.loopback else None
         path = None
         if wdir is not None:
             try:
-                fd, path = tempfile.mkstemp(prefix="grpo-weights-", suffix=".safetensors", dir=wdir)
+                fd, path = tempfile.mkstemp(prefix=prefix, suffix=".safetensors", dir=wdir)
                 os.close(fd)
             except OSError:  # not writable by this user, or gone (a restarted server): ask again next time
                 self._asked_weights_dir, path = False, None
         if path is None:
-            fd, path = tempfile.mkstemp(prefix="grpo-weights-", suffix=".safetensors")
+            fd, path = tempfile.mkstemp(prefix=prefix, suffix=".safetensors")
             os.close(fd)
         try:
-            save_file(state, path)
+            save_file(state, path, metadata=metadata)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(path)
@@ -146,20 +158,22 @@ class VLLMServerGenerator:
         return path
 
     def load_weights(self, path: str) -> None:
-        """Second half: the server loads the file as version+1 (by path when it can see it, else uploaded)."""
+        """Second half: the server loads the file as version+1 (by path when it can see it, else uploaded); an
+        adapter's file (its name says so) goes to /update_adapter."""
         version, size = self.version + 1, os.path.getsize(path)
+        route = "/update_adapter" if Path(path).name.startswith(ADAPTER_PREFIX) else "/update_weights"
         try:
             out = None
             if self.weights_dir is not None and Path(path).parent == Path(self.weights_dir):
                 try:
-                    out = self._request("POST", "/update_weights", doing="updating the weights",
+                    out = self._request("POST", route, doing="updating the weights",
                                         payload={"path": path, "version": version})
                 except VLLMServerError as e:
                     if e.status not in (400, 403):
                         raise
                     self._asked_weights_dir = False  # the server does not see this file (another mount namespace)
             if out is None:
-                out = self._upload(path, version)
+                out = self._upload(path, version, route)
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(path)
@@ -174,16 +188,47 @@ class VLLMServerGenerator:
 
     def _server_weights_dir(self) -> str | None:
         if not self._asked_weights_dir:
-            try:
-                info = self._request("GET", "/info", doing="asking for its weights directory",
-                                     timeout=min(HEALTH_TIMEOUT_S, self.timeout))
-                self.weights_dir = info.get("weights_dir")
-            except VLLMServerError as e:
-                if e.status != 404:  # 404: a server without /info, which takes uploads
-                    raise
-                self.weights_dir = None
+            self.weights_dir = self.info().get("weights_dir")
             self._asked_weights_dir = True
         return self.weights_dir
+
+    def info(self) -> dict:
+        """GET /info, asked once ({} from a server without it, which takes uploads and no adapters)."""
+        if self._info is None:
+            try:
+                self._info = self._request("GET", "/info", doing="asking what it accepts",
+                                           timeout=min(HEALTH_TIMEOUT_S, self.timeout))
+            except VLLMServerError as e:
+                if e.status != 404:
+                    raise
+                self._info = {}
+        return self._info
+
+    def _syncs_adapter(self, model: torch.nn.Module) -> bool:
+        """Whether syncs send the LoRA adapter alone: decided at the first sync (rollout.vllm.lora_sync, the
+        server's --lora-rank, what vLLM can serve); `sync_note` says which and why."""
+        if self.adapter_sync is None:
+            from grpo_cli.models.lora import is_peft_model
+
+            setting = self.cfg.vllm.lora_sync
+            if not is_peft_model(model) or setting == "merged":
+                self.adapter_sync = False
+                if is_peft_model(model):
+                    self.sync_note = "merged weights synced (rollout.vllm.lora_sync: merged)"
+                return False
+            from grpo_cli.serve.adapters import unservable
+
+            info = self.info()
+            why = unservable(model.peft_config["default"].to_dict(), int(info.get("lora_rank") or 0),
+                             bool(info.get("base_replaced")))
+            if why is not None and setting == "adapter":
+                raise VLLMServerError(f"rollout.vllm.lora_sync adapter: grpo serve-vllm at {self.url} cannot take "
+                                      f"this adapter ({why}); start it with --lora-rank "
+                                      f"{model.peft_config['default'].r}, or set rollout.vllm.lora_sync merged")
+            self.adapter_sync = why is None
+            self.sync_note = "the LoRA adapter synced alone" if why is None else \
+                f"merged weights synced ({why}; `grpo serve-vllm --lora-rank R` takes the adapter alone)"
+        return self.adapter_sync
 
     def reset_prefix_cache(self) -> None:
         self._request("POST", "/reset_prefix_cache", doing="resetting the prefix cache", payload={})
@@ -220,11 +265,11 @@ class VLLMServerGenerator:
         headers = {"Content-Type": "application/json"} if data is not None else {}
         return self._send(method, route, data, headers, doing, timeout or self.timeout, idempotent)
 
-    def _upload(self, path: str, version: int) -> dict:
+    def _upload(self, path: str, version: int, route: str = "/update_weights") -> dict:
         size = os.path.getsize(path)
         headers = {"Content-Type": "application/octet-stream", "X-Weight-Version": str(version),
                    "Content-Length": str(size)}
-        return self._send("POST", "/update_weights", lambda: open(path, "rb"), headers,
+        return self._send("POST", route, lambda: open(path, "rb"), headers,
                           "uploading the weights", self.timeout, True)
 
     def _send(self, method, route, data, headers, doing, timeout, idempotent) -> dict:
@@ -288,6 +333,18 @@ class VLLMServerGenerator:
         }.get(e.code, "")
         return VLLMServerError(f"grpo serve-vllm at {self.url} refused a request while {doing} "
                                f"(HTTP {e.code}: {detail or e.reason}){hint}", status=e.code)
+
+
+def _adapter_state(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """peft's adapter tensors on the CPU (its save_pretrained names) and its adapter_config.json as the file's
+    metadata (grpo_cli/serve/adapters.py)."""
+    from peft import get_peft_model_state_dict
+
+    from grpo_cli.serve.adapters import CONFIG_KEY
+
+    state = {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(model).items()}
+    config = model.peft_config["default"].to_dict()
+    return state, {CONFIG_KEY: json.dumps(config, default=lambda x: sorted(x) if isinstance(x, set) else str(x))}
 
 
 def _unshared_cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

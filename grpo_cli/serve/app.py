@@ -11,6 +11,9 @@ variable is set):
                             the raw safetensors bytes (application/octet-stream, headers X-Weight-Version
                             and optionally X-Weight-Partial: true); re-sending the loaded version is a
                             no-op; resets the prefix cache
+  POST /update_adapter      a LoRA adapter instead (servers started with --lora-rank; serve/adapters.py):
+                            {"path": "<weights dir>/adapter.safetensors", "version": v} or its bytes (header
+                            X-Weight-Version); every generate samples base + adapter until the next update
   POST /reset_prefix_cache
 
 Nothing a client sends can break the engine: requests are checked field by field (requests.py) and
@@ -89,7 +92,13 @@ def build_app(engine: "ServedEngine", token: str | None):
     from fastapi.concurrency import run_in_threadpool
     from fastapi.responses import JSONResponse
 
-    from grpo_cli.serve.requests import MAX_BODY_BYTES, GenerateRequest, WeightsFileRequest, parse_json
+    from grpo_cli.serve.requests import (
+        MAX_BODY_BYTES,
+        AdapterFileRequest,
+        GenerateRequest,
+        WeightsFileRequest,
+        parse_json,
+    )
 
     app = FastAPI(title="grpo serve-vllm", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -137,6 +146,13 @@ def build_app(engine: "ServedEngine", token: str | None):
         body = parse_json(await _read_body(request, MAX_BODY_BYTES), WeightsFileRequest)
         return await run_in_threadpool(engine.update_weights, body.path, body.version, body.partial)
 
+    @app.post("/update_adapter", dependencies=guarded)
+    async def update_adapter(request: Request) -> dict:
+        if request.headers.get("content-type", "").startswith("application/octet-stream"):
+            return await _update_from_body(engine, request, run_in_threadpool, adapter=True)
+        body = parse_json(await _read_body(request, MAX_BODY_BYTES), AdapterFileRequest)
+        return await run_in_threadpool(engine.update_adapter, body.path, body.version)
+
     return app
 
 
@@ -154,7 +170,7 @@ async def _read_body(request, limit: int, sink=None) -> bytes:
     return b"".join(chunks)
 
 
-async def _update_from_body(engine: "ServedEngine", request, run_in_threadpool) -> dict:
+async def _update_from_body(engine: "ServedEngine", request, run_in_threadpool, adapter: bool = False) -> dict:
     """Raw safetensors bytes -> a file in the server's upload directory (streamed) -> checked -> loaded."""
     from grpo_cli.serve.requests import weight_upload_headers
 
@@ -165,6 +181,8 @@ async def _update_from_body(engine: "ServedEngine", request, run_in_threadpool) 
     try:
         with os.fdopen(fd, "wb") as f:
             await _read_body(request, engine.limits.max_upload_bytes, sink=f)
+        if adapter:
+            return await run_in_threadpool(engine.update_adapter, path, version, True)
         return await run_in_threadpool(engine.update_weights, path, version, partial, True)
     finally:
         os.unlink(path)
@@ -217,7 +235,7 @@ def serve(engine: "ServedEngine", sock: socket.socket, token: str | None, log_pa
 
 def run_server(model: str, tp: int, dp: int, host: str, port: int, gpu_memory_utilization: float,
                kv_cache_gib: float | None, max_model_len: int | None, dtype: str, enforce_eager: bool | None, seed: int,
-               weights_dir: Path | None, verbose: bool) -> None:
+               weights_dir: Path | None, verbose: bool, lora_rank: int = 0) -> None:
     """`grpo serve-vllm`: refuse bad options before vLLM is imported (UsageError, exit 2), start the engine, serve
     until stopped. Exits the process itself with the code of a failure (vLLM's shutdown would wait on processes
     that failed; they die with this one)."""
@@ -225,6 +243,13 @@ def run_server(model: str, tp: int, dp: int, host: str, port: int, gpu_memory_ut
     problem = bind_problem(host, token, dp)
     if weights_dir is not None and not weights_dir.is_dir():
         problem = f"--weights-dir {weights_dir} is not a directory"
+    if lora_rank:
+        from grpo_cli.serve.adapters import served_rank
+
+        try:
+            lora_rank = served_rank(lora_rank)
+        except ValueError as e:
+            problem = str(e)
     if problem:
         raise UsageError(problem)
     from grpo_cli.errors import UserError
@@ -245,9 +270,10 @@ def run_server(model: str, tp: int, dp: int, host: str, port: int, gpu_memory_ut
     try:
         model = resolve_model_source(ModelConfig(name_or_path=model))  # builtin:..., pkg:... as in recipes
         engine = start_engine(model, tp, gpu_memory_utilization, max_model_len, dtype, enforce_eager, seed,
-                              kv_cache_gib, workdir, wdir, log_path)
+                              kv_cache_gib, workdir, wdir, log_path, lora_rank)
         auth = "bearer token from $GRPO_SERVER_TOKEN" if token else "no authentication (loopback only)"
-        say(f"{model} on http://{host}:{port} ({auth}); weight files are read from {wdir}")
+        adapters = f"; LoRA adapters up to rank {lora_rank} (POST /update_adapter)" if lora_rank else ""
+        say(f"{model} on http://{host}:{port} ({auth}); weight files are read from {wdir}{adapters}")
         code = EXIT_ENGINE_DEAD if serve(engine, sock, token, log_path) else 0
     except UserError as e:  # the work directory goes, and no vLLM shutdown: not the CLI's usual exit
         print(str(e) if str(e).startswith("error:") else f"error: {e}", file=sys.stderr)

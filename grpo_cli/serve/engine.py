@@ -35,11 +35,13 @@ class ServedEngine:
     it accepts. `spec` is None when the model's tensor names could not be read: updates are refused."""
 
     def __init__(self, llm: Any, model: str, limits: Any, spec: Any, weights_dir: Path,
-                 upload_dir: Path, kv_cache_bytes: int | None = None, spec_problem: str = "") -> None:
+                 upload_dir: Path, kv_cache_bytes: int | None = None, spec_problem: str = "", lora_rank: int = 0) -> None:
         self.llm, self.model, self.limits, self.spec = llm, model, limits, spec
         self.weights_dir, self.upload_dir, self.kv_cache_bytes = weights_dir, upload_dir, kv_cache_bytes
-        self.spec_problem = spec_problem
+        self.spec_problem, self.lora_rank = spec_problem, lora_rank  # lora_rank 0: adapters off
         self.version = 0
+        self.adapter: Any = None  # vLLM's LoRARequest of the adapter version `version` samples with, if any
+        self.base_replaced = False  # a full weight update replaced the model folder's weights adapters apply to
         self.lock = threading.Lock()
         self.dead: str | None = None  # why the engine is unusable
 
@@ -48,7 +50,8 @@ class ServedEngine:
         return {"model": self.model, "weight_version": self.version, "weights_dir": str(self.weights_dir),
                 "max_model_len": lim.max_model_len, "vocab_size": lim.vocab_size, "kv_cache_bytes": self.kv_cache_bytes,
                 "max_sequences": lim.max_sequences, "max_body_bytes": lim.max_body_bytes,
-                "max_upload_bytes": lim.max_upload_bytes, "tensors": len(self.spec.shapes) if self.spec else None}
+                "max_upload_bytes": lim.max_upload_bytes, "tensors": len(self.spec.shapes) if self.spec else None,
+                "lora_rank": self.lora_rank, "base_replaced": self.base_replaced}
 
     def dead_reason(self) -> str | None:
         if self.dead is None:
@@ -64,7 +67,8 @@ class ServedEngine:
             self._check_version(req.expected_version)
             prompts = [{"prompt_token_ids": ids} for ids in req.prompt_token_ids]
             params = [_sampling_params(req, seed_offset=i * req.n) for i in range(len(prompts))]
-            outs = self._call("generating", self.llm.generate, prompts, params, use_tqdm=False)
+            outs = self._call("generating", self.llm.generate, prompts, params, use_tqdm=False,
+                              lora_request=self.adapter)
             return {"weight_version": self.version, "outputs": [_completions(o) for o in outs]}
 
     def update_weights(self, path: str, version: int, partial: bool = False, uploaded: bool = False) -> dict:
@@ -84,9 +88,51 @@ class ServedEngine:
             t0 = time.perf_counter()
             self._call("loading weights", self.llm.collective_rpc, "grpo_load_weights_from_file",
                        args=(str(real), version))
+            self._drop_adapter()  # trained on other base weights
+            self.base_replaced = True
             self._call("resetting the prefix cache", self.llm.reset_prefix_cache)  # KV computed with the old weights
             self.version = version
             return {"weight_version": version, "updated": True, "seconds": time.perf_counter() - t0, "tensors": count}
+
+    def update_adapter(self, path: str, version: int, uploaded: bool = False) -> dict:
+        """Serve a LoRA adapter file (adapters.py) on the loaded base weights as weight version `version`: loaded
+        into vLLM now (a bad one fails here, not at the next generate), the previous adapter removed."""
+        from vllm.lora.request import LoRARequest
+
+        from grpo_cli.serve.adapters import check_adapter_file, write_peft_folder
+        from grpo_cli.serve.weights import authorize_path
+
+        with self.lock:
+            self._alive()
+            if version == self.version:
+                return {"weight_version": self.version, "updated": False, "seconds": 0.0}
+            if version < self.version:
+                raise RequestError(409, f"weight version {version} is older than the loaded version {self.version}")
+            real = Path(path) if uploaded else authorize_path(path, self.weights_dir)
+            if self.spec is None:
+                raise RequestError(422, f"adapter updates are off: {self.spec_problem}", "weights")
+            if self.base_replaced:
+                raise RequestError(409, "a full weight update replaced the model's own weights, which an adapter "
+                                        "applies to: sync full weights, or restart the server to sync adapters")
+            config, count = check_adapter_file(real, self.spec.shapes, self.lora_rank)
+            folder = self.upload_dir / f"adapter-{version}"  # the server's own copy: vLLM may read it again
+            write_peft_folder(real, config, folder)
+            t0 = time.perf_counter()
+            request = LoRARequest(f"grpo-{version}", version, str(folder))
+            self._call("loading the adapter", self.llm.llm_engine.add_lora, request)
+            self._drop_adapter()
+            self.adapter = request
+            self._call("resetting the prefix cache", self.llm.reset_prefix_cache)
+            self.version = version
+            return {"weight_version": version, "updated": True, "seconds": time.perf_counter() - t0, "tensors": count}
+
+    def _drop_adapter(self) -> None:
+        import shutil
+
+        if self.adapter is not None:
+            self._call("removing the adapter", self.llm.llm_engine.remove_lora, self.adapter.lora_int_id)
+            shutil.rmtree(self.adapter.lora_path, ignore_errors=True)
+            self.adapter = None
 
     def reset_prefix_cache(self) -> dict:
         with self.lock:
@@ -168,8 +214,9 @@ def _completions(out: Any) -> list[dict]:
 
 def start_engine(model: str, tp: int, gpu_memory_utilization: float, max_model_len: int | None, dtype: str,
                  enforce_eager: bool | None, seed: int, kv_cache_gib: float | None, workdir: Path,
-                 weights_dir: Path, log_path: Path) -> ServedEngine:
-    """Checks that need no vLLM (exit 2), then vLLM with its output in `log_path` (failure: exit 1)."""
+                 weights_dir: Path, log_path: Path, lora_rank: int = 0) -> ServedEngine:
+    """Checks that need no vLLM (exit 2), then vLLM with its output in `log_path` (failure: exit 1). `lora_rank` > 0:
+    LoRA adapters up to that rank (vLLM's max_lora_rank, one adapter at a time) can be synced instead of weights."""
     import psutil
     import torch
 
@@ -196,7 +243,7 @@ def start_engine(model: str, tp: int, gpu_memory_utilization: float, max_model_l
     try:
         with startup.output_to(log_path):
             engine = _load(model, tp, gpu_memory_utilization, max_model_len, dtype, eager_default(enforce_eager),
-                           seed, kv.bytes, workdir, weights_dir)
+                           seed, kv.bytes, workdir, weights_dir, lora_rank)
     except Exception as e:
         raise StartError(startup.start_failure(model, e, log_path), exit_code=1) from None
     engine.kv_cache_bytes = kv.size
@@ -205,7 +252,7 @@ def start_engine(model: str, tp: int, gpu_memory_utilization: float, max_model_l
 
 
 def _load(model, tp, gpu_memory_utilization, max_model_len, dtype, enforce_eager, seed, kv_bytes,
-          workdir: Path, weights_dir: Path) -> ServedEngine:
+          workdir: Path, weights_dir: Path, lora_rank: int = 0) -> ServedEngine:
     from vllm import LLM, SamplingParams
 
     from grpo_cli.serve.requests import ServerLimits
@@ -215,6 +262,7 @@ def _load(model, tp, gpu_memory_utilization, max_model_len, dtype, enforce_eager
         model=model, tensor_parallel_size=tp, gpu_memory_utilization=gpu_memory_utilization,
         max_model_len=max_model_len, dtype=dtype, enforce_eager=enforce_eager, seed=seed,
         worker_extension_cls=WORKER_EXTENSION, logprobs_mode="processed_logprobs", kv_cache_memory_bytes=kv_bytes,
+        **({"enable_lora": True, "max_lora_rank": lora_rank, "max_loras": 1, "max_cpu_loras": 2} if lora_rank else {}),
     )
     # the first request pays for lazy initialisation (seconds on CPU): not the trainer's first, with its timeout
     llm.generate([{"prompt_token_ids": [0]}], SamplingParams(max_tokens=1), use_tqdm=False)
@@ -228,4 +276,4 @@ def _load(model, tp, gpu_memory_utilization, max_model_len, dtype, enforce_eager
                           max_upload_bytes=(spec.numel * 4 if spec else 0) + 16 * 2**20)
     upload_dir = workdir / "uploads"
     upload_dir.mkdir(mode=0o700)
-    return ServedEngine(llm, model, limits, spec, weights_dir, upload_dir, spec_problem=problem)
+    return ServedEngine(llm, model, limits, spec, weights_dir, upload_dir, spec_problem=problem, lora_rank=lora_rank)

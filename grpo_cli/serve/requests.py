@@ -64,6 +64,11 @@ class WeightsFileRequest(_Strict):
     partial: bool = Field(False, description="the file holds only some tensors (whole fused groups)")
 
 
+class AdapterFileRequest(_Strict):
+    path: str = Field(..., min_length=1, max_length=4096)
+    version: int = Field(..., ge=1, le=MAX_VERSION)
+
+
 def parse_json(body: bytes, model: type[_Strict]) -> Any:
     """Raw body -> a validated request; 400 for bytes that are not JSON, 422 for a wrong field."""
     try:

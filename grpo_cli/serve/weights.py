@@ -83,7 +83,7 @@ def authorize_path(path: str, weights_dir: Path) -> Path:
 
 def check_weights_file(path: Path, spec: WeightSpec, partial: bool) -> int:
     """Refuse (422, naming the first bad tensor) a file the engine must not load; -> its tensor count."""
-    header = _read_header(path)
+    header, _ = read_header(path)
     if not header:
         raise RequestError(422, "the file holds no tensors", "weights")
     for name, (dtype, shape) in header.items():
@@ -112,8 +112,8 @@ def check_weights_file(path: Path, spec: WeightSpec, partial: bool) -> int:
     return len(header)
 
 
-def _read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Names -> (dtype, shape) from the safetensors header; the library checks offsets and sizes."""
+def read_header(path: Path) -> tuple[dict[str, tuple[str, tuple[int, ...]]], dict[str, str]]:
+    """Names -> (dtype, shape) from the safetensors header, and its metadata; the library checks offsets and sizes."""
     from safetensors import safe_open
 
     try:
@@ -122,7 +122,7 @@ def _read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
             for name in f.keys():
                 s = f.get_slice(name)
                 out[name] = (s.get_dtype(), tuple(s.get_shape()))
-            return out
+            return out, dict(f.metadata() or {})
     except Exception as e:  # SafetensorError, or OSError for a file that vanished: both the client's doing
         raise RequestError(422, f"not a readable safetensors file ({type(e).__name__}: {str(e)[:200]})",
                            "weights") from None
