@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import threading
 import time
@@ -119,7 +120,14 @@ class ServedEngine:
             write_peft_folder(real, config, folder)
             t0 = time.perf_counter()
             request = LoRARequest(f"grpo-{version}", version, str(folder))
-            self._call("loading the adapter", self.llm.llm_engine.add_lora, request)
+            try:  # vLLM's engine answers a failed add_lora and lives on (a utility call): the client's adapter
+                self.llm.llm_engine.add_lora(request)
+            except Exception as e:
+                shutil.rmtree(folder, ignore_errors=True)
+                if self.dead_reason():
+                    raise RequestError(503, f"{self.dead}; the server is exiting so that it can be restarted") from e
+                raise RequestError(422, f"vLLM refused the adapter ({type(e).__name__}: {str(e)[:300]})",
+                                   "weights") from None
             self._drop_adapter()
             self.adapter = request
             self._call("resetting the prefix cache", self.llm.reset_prefix_cache)
@@ -127,8 +135,6 @@ class ServedEngine:
             return {"weight_version": version, "updated": True, "seconds": time.perf_counter() - t0, "tensors": count}
 
     def _drop_adapter(self) -> None:
-        import shutil
-
         if self.adapter is not None:
             self._call("removing the adapter", self.llm.llm_engine.remove_lora, self.adapter.lora_int_id)
             shutil.rmtree(self.adapter.lora_path, ignore_errors=True)

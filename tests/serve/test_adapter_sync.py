@@ -54,14 +54,14 @@ def _client(server, **vllm):
     return VLLMServerGenerator(AutoTokenizer.from_pretrained(server["model_dir"]), cfg, seed=0)
 
 
-def _lora(server, r: int, seed: int):
+def _lora(server, r: int, seed: int, targets=("q_proj", "v_proj", "up_proj", "down_proj")):
     """The tiny model with fresh LoRA adapters whose B is random (peft starts it at 0: no change)."""
     import peft
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(server["model_dir"], dtype=torch.float32).eval()
     model = peft.get_peft_model(base, peft.LoraConfig(r=r, lora_alpha=2 * r, task_type="CAUSAL_LM",
-                                                      target_modules=["q_proj", "v_proj", "up_proj", "down_proj"]))
+                                                      target_modules=list(targets)))
     torch.manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -154,6 +154,9 @@ def test_uploaded_adapters_and_refusals(server):
     # an adapter over the server's rank: refused before vLLM sees it, the served one stays
     big = _lora(server, r=16, seed=3)
     assert _post_adapter(server, client.info()["weights_dir"], big, client.version + 1) == 422
+    # one that passes grpo's checks but not vLLM's (a QALoRA config): vLLM's refusal is a 422, the engine lives on
+    assert _post_adapter(server, client.info()["weights_dir"], model, client.version + 1, use_qalora=True) == 422
+    assert _post_adapter(server, client.info()["weights_dir"], big, client.version + 1) == 422
     r = client.generate(PROMPTS, ["a", "b"], n=4)
     assert _distance(_merged(model), r) < 1e-3
 
@@ -187,13 +190,14 @@ def test_uploaded_adapters_and_refusals(server):
     assert merged_client.adapter_sync is False and "lora_sync: merged" in merged_client.sync_note
 
 
-def _post_adapter(server, weights_dir: str, model, version: int) -> int:
-    """POST /update_adapter of `model`'s adapter by path -> the HTTP status."""
+def _post_adapter(server, weights_dir: str, model, version: int, **config) -> int:
+    """POST /update_adapter of `model`'s adapter by path (`config`: changes to its adapter_config) -> the HTTP status."""
     from safetensors.torch import save_file
 
     from grpo_cli.rollout.vllm_server import _adapter_state
 
     state, metadata = _adapter_state(model)
+    metadata = {"adapter_config": json.dumps({**json.loads(metadata["adapter_config"]), **config})}
     path = os.path.join(weights_dir, "posted.safetensors")
     save_file(state, path, metadata=metadata)
     req = urllib.request.Request(server["url"] + "/update_adapter", method="POST",
