@@ -74,17 +74,12 @@ class ServedEngine:
 
     def update_weights(self, path: str, version: int, partial: bool = False, uploaded: bool = False) -> dict:
         """Load a safetensors file as weight version `version` once it passed every check (weights.py)."""
-        from grpo_cli.serve.weights import authorize_path, check_weights_file
+        from grpo_cli.serve.weights import check_weights_file
 
         with self.lock:
-            self._alive()
-            if version == self.version:
+            real = self._incoming(path, version, uploaded, "weight")
+            if real is None:
                 return {"weight_version": self.version, "updated": False, "seconds": 0.0}
-            if version < self.version:
-                raise RequestError(409, f"weight version {version} is older than the loaded version {self.version}")
-            real = Path(path) if uploaded else authorize_path(path, self.weights_dir)
-            if self.spec is None:
-                raise RequestError(422, f"weight updates are off: {self.spec_problem}", "weights")
             count = check_weights_file(real, self.spec, partial)
             t0 = time.perf_counter()
             self._call("loading weights", self.llm.collective_rpc, "grpo_load_weights_from_file",
@@ -101,17 +96,11 @@ class ServedEngine:
         from vllm.lora.request import LoRARequest
 
         from grpo_cli.serve.adapters import check_adapter_file, write_peft_folder
-        from grpo_cli.serve.weights import authorize_path
 
         with self.lock:
-            self._alive()
-            if version == self.version:
+            real = self._incoming(path, version, uploaded, "adapter")
+            if real is None:
                 return {"weight_version": self.version, "updated": False, "seconds": 0.0}
-            if version < self.version:
-                raise RequestError(409, f"weight version {version} is older than the loaded version {self.version}")
-            real = Path(path) if uploaded else authorize_path(path, self.weights_dir)
-            if self.spec is None:
-                raise RequestError(422, f"adapter updates are off: {self.spec_problem}", "weights")
             if self.base_replaced:
                 raise RequestError(409, "a full weight update replaced the model's own weights, which an adapter "
                                         "applies to: sync full weights, or restart the server to sync adapters")
@@ -133,6 +122,21 @@ class ServedEngine:
             self._call("resetting the prefix cache", self.llm.reset_prefix_cache)
             self.version = version
             return {"weight_version": version, "updated": True, "seconds": time.perf_counter() - t0, "tensors": count}
+
+    def _incoming(self, path: str, version: int, uploaded: bool, what: str) -> Path | None:
+        """Under the lock: the file of an update to `version` -> its real path (a client-named one must lie in the
+        weights directory); None when that version is loaded already (a re-sent update is a no-op)."""
+        from grpo_cli.serve.weights import authorize_path
+
+        self._alive()
+        if version == self.version:
+            return None
+        if version < self.version:
+            raise RequestError(409, f"weight version {version} is older than the loaded version {self.version}")
+        real = Path(path) if uploaded else authorize_path(path, self.weights_dir)
+        if self.spec is None:
+            raise RequestError(422, f"{what} updates are off: {self.spec_problem}", "weights")
+        return real
 
     def _drop_adapter(self) -> None:
         if self.adapter is not None:
