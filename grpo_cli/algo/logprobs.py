@@ -102,6 +102,14 @@ def token_logprobs(
 HEAD_CHUNKED = {"llama", "qwen2", "qwen3", "mistral"}
 
 
+def whole_tensor(p: torch.Tensor | None) -> bool:
+    """A parameter holding its whole value here as a plain tensor: not a DTensor shard (FSDP2) or another tensor
+    subclass, and not a DeepSpeed ZeRO-3 partition (a plain tensor marked `ds_id`, gathered whole only in the
+    pre-forward hook of the module that owns it). Code that reads a module's weight without calling the module
+    (the chunked LM head here, models/swiglu.py's lean MLP) needs it."""
+    return p is not None and type(p.data) is torch.Tensor and not hasattr(p, "ds_id")
+
+
 def _head_of(model) -> torch.nn.Module | None:
     """The LM head `head_logps` may take over: of a HEAD_CHUNKED model, plain or with LoRA adapters, alone or under
     DistributedDataParallel; None under FSDP or DeepSpeed (whose weights are gathered by module hooks, which a chunk
@@ -115,10 +123,7 @@ def _head_of(model) -> torch.nn.Module | None:
     if getattr(getattr(base, "config", None), "model_type", None) not in HEAD_CHUNKED:
         return None
     head = base.get_output_embeddings()
-    weight = getattr(head, "weight", None)
-    if weight is None or type(weight.data) is not torch.Tensor or hasattr(weight, "ds_id"):
-        return None
-    return head
+    return head if whole_tensor(getattr(head, "weight", None)) else None
 
 
 class HeadLogps:

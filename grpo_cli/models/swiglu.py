@@ -9,8 +9,9 @@ The forward computes what the model's own does, in the same order; the gradients
 same values.
 
 Installed by `use_lean_mlp` on every module with `gate_proj`, `up_proj`, `down_proj` and a SiLU `act_fn`. It runs only
-under autograd without autocast, and with a down projection that is a plain `nn.Linear` over plain tensors; otherwise
-(generation, reference forwards, autocast, a LoRA or quantized or sharded down projection) the module's own forward.
+under autograd without autocast, and with a down projection that is a plain `nn.Linear` holding its whole weight
+(algo/logprobs.py whole_tensor); otherwise (generation, reference forwards, autocast, a LoRA, quantized, sharded or ZeRO-3
+partitioned down projection) the module's own forward.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from grpo_cli.algo.logprobs import whole_tensor
 
 
 class GatedDown(torch.autograd.Function):
@@ -48,8 +51,8 @@ class GatedDown(torch.autograd.Function):
 
 
 def _plain_linear(layer: Any) -> bool:
-    return (type(layer) is torch.nn.Linear and type(layer.weight.data) is torch.Tensor
-            and (layer.bias is None or type(layer.bias.data) is torch.Tensor))
+    return (type(layer) is torch.nn.Linear and whole_tensor(layer.weight)
+            and (layer.bias is None or whole_tensor(layer.bias)))
 
 
 def lean_forward(self, x: torch.Tensor) -> torch.Tensor:

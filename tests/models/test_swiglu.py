@@ -119,3 +119,21 @@ def test_load_model_installs_it_and_a_copy_keeps_its_own(tmp_path):
     assert len(mlps) == 2 and all(m.forward.__func__ is lean_forward for m in mlps)
     twin = copy.deepcopy(loaded)  # the sampling copy is a deep copy: its MLPs must run on its own weights
     assert all(m.forward.__self__ is m for m in twin.modules() if hasattr(m, "down_proj"))
+
+
+def test_a_zero3_partitioned_down_projection_keeps_the_modules_own_forward():
+    # DeepSpeed ZeRO-3 keeps a parameter as a plain tensor holding its partition (ds_id marks it) and gathers the whole
+    # weight only in the pre-forward hook of the module that owns it; the lean path reads down_proj.weight without
+    # calling down_proj, so it must not run then (the chunked LM head already refused such a weight: one rule now)
+    torch.set_num_threads(1)
+    base = model()
+    use_lean_mlp(base)
+    mlp = base.model.layers[0].mlp
+    assert swiglu._plain_linear(mlp.down_proj)
+    mlp.down_proj.weight.ds_id = 7
+    assert not swiglu._plain_linear(mlp.down_proj)
+    calls = []
+    mlp.down_proj.register_forward_hook(lambda *a: calls.append(1))
+    lp, _ = token_logprobs(base, *batch(), shared_prompts=False)
+    lp.sum().backward()
+    assert calls == [1]  # down_proj ran as a module (one forward), its hooks with it
