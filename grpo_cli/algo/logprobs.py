@@ -70,8 +70,8 @@ def token_logprobs(
     `chunked_head`: run the LM head inside the row chunks where the model allows it (`HeadLogps`)."""
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     positions = position_ids_from_mask(attention_mask)
-    head = HeadLogps(model if chunked_head else None, temperature, chunk_rows, truncation, with_entropy or entropy_grad,
-                     entropy_grad)
+    head = HeadLogps(_head_of(model) if chunked_head else None, temperature, chunk_rows, truncation,
+                     with_entropy or entropy_grad, entropy_grad)
     parts = (_shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, attention_mask, positions, head)
              if shared_prompts else None)  # [(logits or head_logps' output, which)]
     if parts is None:
@@ -127,15 +127,15 @@ def _head_of(model) -> torch.nn.Module | None:
 
 
 class HeadLogps:
-    """`with head(targets): model(...)` runs the model with its LM head's forward replaced, for that call, by
-    `head_logps`: per chunk of rows the logits of the kept positions, their log-probs of `targets` [b, K] (and
-    entropy), and the logits dropped; under autograd each chunk is recomputed in the backward. The model then returns, in place of
-    [b, K, V] logits, [b, K, 2]: log-prob and entropy (0 where not asked). A model whose head cannot be taken over
-    (`_head_of`) runs unchanged and returns logits."""
+    """`with head(targets): model(...)` runs the model with its LM head (`module`, from `_head_of`) replaced, for that
+    call, by `head_logps`: per chunk of rows the logits of the kept positions, their log-probs of `targets` [b, K]
+    (and entropy), and the logits dropped; under autograd each chunk is recomputed in the backward. The model then
+    returns, in place of [b, K, V] logits, [b, K, 2]: log-prob and entropy (0 where not asked). With `module` None
+    (a head that cannot be taken over, or train.chunked_lm_head off) the model runs unchanged and returns logits."""
 
-    def __init__(self, model, temperature: float, chunk_rows: int, truncation: Truncation | None, entropy: bool,
-                 entropy_grad: bool) -> None:
-        self.module = _head_of(model) if model is not None else None
+    def __init__(self, module: torch.nn.Module | None, temperature: float, chunk_rows: int,
+                 truncation: Truncation | None, entropy: bool, entropy_grad: bool) -> None:
+        self.module = module
         self.temperature, self.chunk_rows, self.truncation = temperature, chunk_rows, truncation
         self.entropy, self.entropy_grad = entropy, entropy_grad
         self.ran = False  # whether the last call's model output came from it
