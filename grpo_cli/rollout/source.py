@@ -39,7 +39,8 @@ class RolloutSource:
     # ------------------------------------------------------------------ the run
     def prepare(self) -> str | None:
         """Before step 1: what the generator readies once for the run (rollout.compile: the static cache and the
-        compiled decode step); -> the start line's words about it, or None."""
+        compiled decode step; a grpo serve-vllm client: how LoRA weights travel); -> the start line's words about
+        it, or None."""
         prepare = getattr(self.generator, "prepare", None)
         return prepare(len(self.rows), self.recipe.data.max_prompt_length) if prepare is not None else None
 

@@ -121,10 +121,10 @@ class Engine:
         step, completed = self.start_step, False
         if self.checkpoint_path:
             self.console.print(f"resumed from {self.checkpoint_path} at step {step}")
-        decoding = self.rollouts.prepare()  # rollout.compile: compiled here, once
+        readied = self.rollouts.prepare()  # once: rollout.compile's compiled decoding; a server's LoRA sync choice
         self.console.print(start_line(self.model_summary, self.recipe, self.mixed_precision,
                                       self.reference.model is not None, getattr(self.rollouts.generator, "copy", None),
-                                      self.accelerator.device, self.threads, decoding))
+                                      self.accelerator.device, self.threads, readied))
         slow = SlowSteps(torch.get_num_threads(), self.accelerator.device.type)
         self.rollouts.start(step)
         try:
