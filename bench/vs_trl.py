@@ -366,6 +366,19 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+GOALS = {"cpu": (0.5, 0.8), "cuda": (0.4, 0.8)}  # grpo/TRL step time, peak memory: issue 23's targets
+
+
+def against_goals(time_ratio: float, memory_ratio: float, device: str, memory: str) -> str:
+    """One line: each ratio against its goal on this device, with the margin it is met or missed by."""
+    def verdict(ratio: float, goal: float) -> str:
+        return f"met ({goal - ratio:.2f}x under)" if ratio <= goal else f"missed by {ratio - goal:.2f}x"
+
+    time_goal, memory_goal = GOALS[device]
+    return (f"goals on {device}: step time {time_ratio:.2f}x <= {time_goal}x: {verdict(time_ratio, time_goal)}; "
+            f"peak {memory} {memory_ratio:.2f}x <= {memory_goal}x: {verdict(memory_ratio, memory_goal)}")
+
+
 def main() -> None:
     args = parse_args()
     if args.setup:
@@ -406,6 +419,7 @@ def main() -> None:
         g, t = summarize(grpo_runs, args.warmup), summarize(trl_runs, args.warmup)
         print(table(g, t, f"peak {memory}"))
         print(phase_table(grpo_runs, trl_runs, args.warmup, memory))
+        print(against_goals(g["step"] / t["step"], g["peak_gib"] / t["peak_gib"], args.device, memory))
         print(f"grpo/TRL step time {g['step'] / t['step']:.2f}x, peak {memory} {g['peak_gib'] / t['peak_gib']:.2f}x "
               f"({MODEL_NAMES[args.model]}, {args.new_tokens} new tokens, {args.dtype} on {args.device})")
 
