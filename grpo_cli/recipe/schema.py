@@ -268,6 +268,13 @@ class TrainConfig(Section):
         "run starts (its affinity minus what other processes keep busy), split between the run's processes; threads "
         "that outnumber the free cores wait on each other (a step can take 20x longer). None keeps torch's choice.",
     )
+    stall_timeout_s: float | None = Field(
+        900, gt=0, description="No silent hang: a phase of the run (generation, a reward, a collective across "
+        "processes, a server request, a checkpoint write) that makes no progress for this long stops the run with an "
+        "error naming the phase and the process, after writing every thread's stack of every process into "
+        "RUN/stalls/; the last checkpoint stays intact. Progress: a decoded token (transformers generation), a "
+        "micro-batch, a reward call, a finished request. None: never.",
+    )
 
     @field_validator("threads")
     @classmethod

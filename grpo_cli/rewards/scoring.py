@@ -43,6 +43,7 @@ from grpo_cli.rewards.builtin import REWARDS
 from grpo_cli.rewards.kwargs import check_kwargs
 from grpo_cli.rewards.outcomes import ChildFailure, Outcome, RewardSpec, interpret, user_frame
 from grpo_cli.rewards.steps import step_mean
+from grpo_cli.run.watchdog import phase
 from grpo_cli.usercode import children, objects
 from grpo_cli.usercode.children import become_subreaper
 
@@ -253,14 +254,18 @@ def score(
                 started[i] = _start_child(s.name, kwargs[i], s.timeout_s, log_names[i])
         local = [i for i in range(len(specs)) if i not in started]
         for i in (i for i in local if not _is_async(fns[i])):
-            values[i] = interpret(specs[i], log_names[i], _run_sync(fns[i], kwargs[i]), n, step, counts, fns[i], lengths,
-                                   kwargs[i])
+            with phase(f"reward {log_names[i]!r}"):  # the watchdog names a reward that never returns
+                outcome = _run_sync(fns[i], kwargs[i])
+            values[i] = interpret(specs[i], log_names[i], outcome, n, step, counts, fns[i], lengths, kwargs[i])
         async_ids = [i for i in local if _is_async(fns[i])]
-        for i, out in zip(async_ids, _run_async([(fns[i], kwargs[i]) for i in async_ids])):
+        with phase(f"rewards {', '.join(repr(log_names[i]) for i in async_ids)} (async)"):
+            outcomes = _run_async([(fns[i], kwargs[i]) for i in async_ids])
+        for i, out in zip(async_ids, outcomes):
             values[i] = interpret(specs[i], log_names[i], out, n, step, counts, fns[i], lengths, kwargs[i])
         for i, child in started.items():
-            values[i] = interpret(specs[i], log_names[i], _outcome_of(child), n, step, counts, lengths=lengths,
-                                   passed=kwargs[i])
+            with phase(f"reward {log_names[i]!r} (its own process)"):
+                outcome = _outcome_of(child)
+            values[i] = interpret(specs[i], log_names[i], outcome, n, step, counts, lengths=lengths, passed=kwargs[i])
     finally:  # on an error above, no child outlives this call
         for child in started.values():
             child.reader.close()

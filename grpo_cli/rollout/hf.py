@@ -102,6 +102,21 @@ class SamplerLogprobs:
         return torch.cat([*self.steps, self.previous.gather(1, completion_ids[:, -1:])], dim=1)
 
 
+def progress_criteria():
+    """A stopping criterion that never stops: each decoding step tells the watchdog (grpo_cli/run/watchdog.py) that
+    generation moves on, so a long generate is not taken for a stalled one."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    from grpo_cli.run import watchdog
+
+    class DecodedToken(StoppingCriteria):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+            watchdog.tick()
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    return StoppingCriteriaList([DecodedToken()])
+
+
 class HFGenerator:
     """Sampling with transformers `generate`: with the policy itself, or a lower-precision copy of it
     (rollout.dtype) filled from the policy before every call, so nothing needs syncing after an update."""
@@ -222,7 +237,8 @@ class HFGenerator:
                 cache = static if static is not None else (
                     None if self.synced or c.cache_implementation else shared_prefill(sampler, ids, mask))
                 out = sampler.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg, past_key_values=cache,
-                                       synced_gpus=self.synced, logits_processor=processors or None)
+                                       synced_gpus=self.synced, logits_processor=processors or None,
+                                       stopping_criteria=progress_criteria())
         finally:
             if self.copy is not None:
                 self.copy.free()

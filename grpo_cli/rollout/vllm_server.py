@@ -47,6 +47,7 @@ from grpo_cli.rollout.common import (
     request_seed,
     samples_from,
 )
+from grpo_cli.run.watchdog import phase
 from grpo_cli.serve.app import is_loopback
 
 TOKEN_ENV = "GRPO_SERVER_TOKEN"
@@ -277,7 +278,8 @@ class VLLMServerGenerator:
         start, delay = time.monotonic(), 0.25
         for attempt in range(MAX_RETRIES + 1):
             try:
-                return self._once(method, route, data, headers, timeout, doing)
+                with phase(f"server request {method} {route} ({doing})"):  # the watchdog names a server that went quiet
+                    return self._once(method, route, data, headers, timeout, doing)
             except (_NotSent, TimeoutError, ConnectionError, urllib.error.URLError, OSError) as e:
                 retry = idempotent or isinstance(e, _NotSent)
                 if not retry or attempt == MAX_RETRIES or time.monotonic() - start + delay > timeout:

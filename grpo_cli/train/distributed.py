@@ -8,6 +8,7 @@ import os
 import torch
 
 from grpo_cli.errors import SetupError
+from grpo_cli.run.watchdog import COLLECTIVE, phase
 
 
 def is_fsdp(accelerator) -> bool:
@@ -56,7 +57,8 @@ class Collectives:
         """Every process's `x`, concatenated in process order, on the CPU (x itself with one process)."""
         if self.count == 1:
             return x
-        return self.accelerator.gather(x.to(self.accelerator.device)).cpu()
+        with phase(f"{COLLECTIVE}gather"):
+            return self.accelerator.gather(x.to(self.accelerator.device)).cpu()
 
     def gather_rows(self, rows: list) -> list:
         """Every process's list (picklable objects), concatenated in process order."""
@@ -64,7 +66,8 @@ class Collectives:
             return rows
         from accelerate.utils import gather_object
 
-        return gather_object(rows)
+        with phase(f"{COLLECTIVE}gather objects"):
+            return gather_object(rows)
 
     def total(self, x: float) -> float:
         return self.gather(torch.tensor([float(x)])).sum().item()
@@ -77,7 +80,8 @@ class Collectives:
         """The element-wise sum of `x` over processes, on the CPU."""
         if self.count == 1:
             return x
-        return self.accelerator.reduce(x.to(self.accelerator.device), reduction="sum").cpu()
+        with phase(f"{COLLECTIVE}sum"):
+            return self.accelerator.reduce(x.to(self.accelerator.device), reduction="sum").cpu()
 
 
 def full_optimizer_state(model, optimizer) -> dict:

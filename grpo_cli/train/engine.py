@@ -114,14 +114,23 @@ class Engine:
 
     # ----- the loop ---------------------------------------------------------------------------
     def fit(self) -> int:
-        """Train to train.max_steps; returns the last completed step. SIGINT/SIGTERM stop after a checkpoint."""
+        """Train to train.max_steps; returns the last completed step. SIGINT/SIGTERM stop after a checkpoint; a
+        phase without progress for train.stall_timeout_s stops the process with its stacks written
+        (grpo_cli/run/watchdog.py)."""
+        from grpo_cli.run.watchdog import Watchdog, phase
         from grpo_cli.train.reporting import start_line
 
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         step, completed = self.start_step, False
+        limit = self.recipe.train.stall_timeout_s
+        dog = Watchdog(self.run_dir, limit, process=self.procs.index, processes=self.procs.count) if limit else None
+        if dog is not None:
+            dog.step = step
+            dog.arm()
         if self.checkpoint_path:
             self.console.print(f"resumed from {self.checkpoint_path} at step {step}")
-        readied = self.rollouts.prepare()  # once: rollout.compile's compiled decoding; a server's LoRA sync choice
+        with phase("prepare"):  # once: rollout.compile's compiled decoding; a server's LoRA sync choice
+            readied = self.rollouts.prepare()
         self.console.print(start_line(self.model_summary, self.recipe, self.mixed_precision,
                                       self.reference.model is not None, getattr(self.rollouts.generator, "copy", None),
                                       self.accelerator.device, self.threads, readied))
@@ -130,20 +139,26 @@ class Engine:
         try:
             while step < self.recipe.train.max_steps:
                 step += 1
+                if dog is not None:
+                    dog.step = step
                 metrics = self.train_step(step)
                 if self._should_eval(step):
-                    metrics.update(self.evaluate())
+                    with phase("eval"):
+                        metrics.update(self.evaluate())
                 self._log(step, metrics)
                 if (warning := slow(step, metrics["time/step"])) and self.procs.is_main:
                     self.console.print(warning)
                 self.stop_requested = self.procs.any(self.stop_requested)  # a signal may reach one process: all stop
                 if self._should_save(step):
-                    self.save(step)
+                    with phase("checkpoint"):
+                        self.save(step)
                 if self.stop_requested:
                     self.console.print(f"stopped by signal after step {step}; resume with --resume auto")
                     break
             completed = True
         finally:
+            if dog is not None:
+                dog.disarm()
             for s, h in previous.items():
                 signal.signal(s, h)
             self.close(end_distributed=completed)

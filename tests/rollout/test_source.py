@@ -175,6 +175,55 @@ def test_server_mode_trains_survives_a_dead_server_and_resumes(tmp_path, monkeyp
         server.wait()
 
 
+@pytest.mark.vllm
+def test_server_mode_stops_when_the_server_goes_quiet_mid_request(tmp_path, monkeypatch):
+    """No silent hang: the server stops answering (SIGSTOP: connections are accepted, requests never answered) while
+    its request timeout is 10 minutes; train.stall_timeout_s stops the trainer naming the request, with its stacks
+    written, and the last checkpoint resumes once the server answers again."""
+    from grpo_cli.run.checkpoints import latest_checkpoint, verify_checkpoint
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("GRPO_CACHE_DIR", str(cache))
+    from grpo_cli.models.loading import resolve_model_source
+    from grpo_cli.recipe.schema import ModelConfig
+
+    model_dir = resolve_model_source(ModelConfig(name_or_path="builtin:tiny-qwen2"))
+    port, log, run = free_port(), tmp_path / "server.log", tmp_path / "run"
+    url = f"rollout.vllm.server_url=http://127.0.0.1:{port}"
+    args = ["rollout.vllm.mode=server", url, "train.max_steps=4", "checkpoint.every_steps=1", "checkpoint.keep_last=null",
+            "rollout.vllm.request_timeout_s=600", "train.stall_timeout_s=8"]
+    server = start_server(model_dir, port, cache, log)
+    try:
+        trainer = subprocess.Popen([sys.executable, "-m", "grpo_cli", "train", str(TINY), "-o", str(run), *COMMON, *args],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                                   env=train_env(cache, GRPO_SERVER_TOKEN=TRAINER_TOKEN))
+        deadline = time.monotonic() + 240
+        while not (run / "checkpoints/step-1").is_dir():
+            assert trainer.poll() is None and time.monotonic() < deadline, trainer.communicate()[1][-3000:]
+            time.sleep(0.02)
+        server.send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        out, err = trainer.communicate(timeout=180)
+        assert trainer.returncode == 1, err[-3000:]
+        assert time.monotonic() - t0 < 90, err[-3000:]  # 8 s without an answer, not the 600 s request timeout
+        assert re.search(r"error: stalled: process 0 of 1 .* made no progress for \d+ s in (generate|sync) > "
+                         r"server request (POST|GET) /\w+", err), err[-3000:]
+        last = latest_checkpoint(run)
+        verify_checkpoint(last)  # complete, every file's hash as written
+        assert f"the last checkpoint ({last.name}) is intact" in err
+        report = (run / "stalls/process-0.txt").read_text()
+        assert "server request" in report and "_once" in report  # where it waited: the request to the server
+
+        server.send_signal(signal.SIGCONT)  # it answers again: the run goes on from that checkpoint
+        p = train(run, cache, *args, "--resume", "auto", GRPO_SERVER_TOKEN=TRAINER_TOKEN)
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3, 4]
+    finally:
+        server.send_signal(signal.SIGCONT)
+        server.kill()
+        server.wait()
+
+
 EPISODES = ["rollout.environment=tests/envs.py:Echo", "rollout.max_turns=3", "rollout.environment_kwargs={turns: 3}",
             "rollout.max_completion_length=24", "train.max_steps=2", "train.learning_rate=1e-3",
             "rewards=[{name: environment}, {name: recipes/rewards/toy.py:digit_fraction}]"]
