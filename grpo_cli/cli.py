@@ -12,7 +12,9 @@ from typing import Any, Callable
 
 import typer
 
-from grpo_cli.commands import convert_trl, export, inspect_rollouts, print_recipe, report, serve_vllm, train, validate
+from grpo_cli.commands import (
+    audit, convert_trl, export, inspect_rollouts, print_recipe, report, serve_vllm, train, validate,
+)
 from grpo_cli.commands import eval as eval_
 
 COMMANDS = {  # name -> module; the order of `grpo --help`
@@ -22,6 +24,7 @@ COMMANDS = {  # name -> module; the order of `grpo --help`
     "eval": eval_,
     "inspect-rollouts": inspect_rollouts,
     "report": report,
+    "audit": audit,
     "export": export,
     "convert-trl": convert_trl,
     "serve-vllm": serve_vllm,

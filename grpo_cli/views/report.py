@@ -259,18 +259,36 @@ def skipped_text(skipped: list[Panel]) -> str:
 
 _CSS = ("body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:1em 0}"
         "td,th{border:1px solid #ccc;padding:4px 10px;text-align:right}td:first-child,th:first-child{text-align:left}"
-        "th{background:#f3f3f3}figure{margin:2em 0}img{max-width:100%}.note{color:#666}")
+        "th{background:#f3f3f3}figure{margin:2em 0}img{max-width:100%}.note{color:#666}"
+        ".fail td{background:#fde8e8}.warn td{background:#fff6dd}.ok td{color:#666}td.evidence{text-align:left;"
+        "font-size:90%}")
+
+
+def audit_html(audits: list[tuple[str, list]]) -> str:
+    """`grpo audit`'s verdicts of each run (grpo_cli/views/audit.py), worst first; checks without data left out."""
+    e = html.escape
+    rows = []
+    for label, verdicts in audits:
+        for v in verdicts:
+            if v.severity == "skip":
+                continue
+            detail = "<br>".join(e(x) for x in v.evidence) + (f"<br><b>try:</b> {e(v.advice)}" if v.advice else "")
+            rows.append(f"<tr class='{e(v.severity)}'><td>{e(label)}</td><td>{e(v.severity.upper())}</td>"
+                        f"<td>{e(v.check)}</td><td>{e(v.finding)}</td><td class='evidence'>{detail}</td></tr>")
+    return ("<h2>Audit</h2><table><tr><th>run</th><th>verdict</th><th>check</th><th>finding</th><th>evidence</th></tr>"
+            + "".join(rows) + "</table>") if rows else ""
 
 
 def render_html(rows: list[list[str]], images: list[tuple[Panel, bytes]], skipped: list[Panel],
-                sources: list[Path]) -> str:
-    """One page, no external files: the summary table, then every PNG as a base64 data URI."""
+                sources: list[Path], audits: list[tuple[str, list]] | None = None) -> str:
+    """One page, no external files: the audit's verdicts, the summary table, then every PNG as a base64 data URI."""
     e = html.escape
     head = "".join(f"<th>{e(c)}</th>" for c in SUMMARY_COLUMNS)
     body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in rows)
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>grpo report</title>",
              f"<style>{_CSS}</style></head><body><h1>grpo report</h1>",
              "<p class='note'>" + "<br>".join(e(str(p / "metrics.jsonl")) for p in sources) + "</p>",
+             audit_html(audits or []),
              f"<h2>Summary</h2><table><tr>{head}</tr>{body}</table>"]
     if skipped:
         parts.append(f"<p class='note'>Not plotted, no run logged them: {e(skipped_text(skipped))}</p>")
@@ -289,8 +307,10 @@ def text_table(rows: list[list[str]]) -> str:
                      for r in table)
 
 
-def write_report(runs: list[Run], out: Path) -> tuple[list[Path], list[Panel], list[list[str]]]:
-    """Write one PNG per panel and report.html into `out`; return (files written, skipped panels, table rows)."""
+def write_report(runs: list[Run], out: Path, audits: list[tuple[str, list]] | None = None
+                 ) -> tuple[list[Path], list[Panel], list[list[str]]]:
+    """Write one PNG per panel and report.html into `out` (`audits`: each run's label and `grpo audit` verdicts, shown
+    first); return (files written, skipped panels, table rows)."""
     keys = present_keys(runs)
     kept, skipped = select_panels(candidate_panels(keys), keys)
     rows = [summary_row(r.label, summary(r.records)) for r in runs]
@@ -302,5 +322,5 @@ def write_report(runs: list[Run], out: Path) -> tuple[list[Path], list[Panel], l
         files[-1].write_bytes(png)
         images.append((panel, png))
     files.append(out / "report.html")
-    files[-1].write_text(render_html(rows, images, skipped, [r.path for r in runs]), encoding="utf-8")
+    files[-1].write_text(render_html(rows, images, skipped, [r.path for r in runs], audits), encoding="utf-8")
     return files, skipped, rows
