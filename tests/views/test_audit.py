@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from grpo_cli.views.audit import audit, exit_code
+
 from helpers import ROOT, cli
 
 QUICKSTART = ROOT / "tests/fixtures/quickstart-run"
