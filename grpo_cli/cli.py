@@ -12,9 +12,18 @@ from typing import Any, Callable
 
 import typer
 
-from grpo_cli.commands import audit, convert_trl, export, inspect_rollouts, print_recipe, report, serve_vllm, train
+from grpo_cli.commands import (
+    audit,
+    convert_trl,
+    export,
+    inspect_rollouts,
+    print_recipe,
+    report,
+    serve_vllm,
+    train,
+    validate,
+)
 from grpo_cli.commands import eval as eval_
-from grpo_cli.commands import validate
 
 COMMANDS = {  # name -> module; the order of `grpo --help`
     "train": train,
