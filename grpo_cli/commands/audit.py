@@ -26,7 +26,7 @@ def command(
 
       grpo audit runs/quickstart --json
     """
-    from grpo_cli.views.audit import audit, exit_code, text
+    from grpo_cli.views.audit import audit, audit_text, exit_code
     from grpo_cli.views.run_metrics import load_run_records
 
     verdicts = audit(run_dir)
@@ -35,5 +35,5 @@ def command(
         typer.echo(json.dumps({"run": str(run_dir), "exit_code": code, "verdicts": [v.to_json() for v in verdicts]},
                               indent=1))
     else:
-        typer.echo(text(verdicts, run_dir, max(r["step"] for r in load_run_records(run_dir))))
+        typer.echo(audit_text(verdicts, run_dir, max(r["step"] for r in load_run_records(run_dir))))
     raise typer.Exit(code)

@@ -304,6 +304,9 @@ class LoggingConfig(Section):
         default_factory=list, description="accelerate trackers to report to."
     )
     rollouts: bool = Field(True, description="Write rollouts.jsonl (every completion with its rewards).")
+    replay: bool = Field(True, description="Record each step's batch exactly (token ids, masks, sampler log-probs, "
+                         "rewards) in RUN/replay/ for `grpo replay`; records older than the oldest kept checkpoint "
+                         "are deleted with it.")
     num_completions_to_print: int = Field(
         0, ge=0, description="Print this many of each logged step's completions (prompt, completion, reward, "
         "advantage) to the console, as TRL's log_completions; 0: none.",

@@ -40,7 +40,8 @@ from grpo_cli.run.logs import RESUMES, read_records
 
 LOGS = ("metrics.jsonl", "rollouts.jsonl")
 RECIPE_CHANGES = "recipe_changes.jsonl"
-OUTPUTS = (*LOGS, CHECKPOINTS, "recipe.yaml", RECIPE_CHANGES, RESUMES)  # what --start-over deletes, nothing else
+# what --start-over deletes, nothing else (replay/: grpo_cli/run/replays.py; stalls/: grpo_cli/run/watchdog.py)
+OUTPUTS = (*LOGS, CHECKPOINTS, "recipe.yaml", RECIPE_CHANGES, RESUMES, "replay", "stalls")
 # Fields a resume may change without --allow-recipe-change: how long to train, where and how often to save,
 # log and evaluate, where the vLLM server is and how many CPU threads to use.
 RESUMABLE = ("train.max_steps", "train.threads", "checkpoint.", "logging.", "eval.", "rollout.vllm.server_url",
@@ -131,13 +132,14 @@ def remove_outputs(run_dir: Path) -> list[str]:
     removed = []
     for name in OUTPUTS:
         path = run_dir / name
-        if path.is_dir():
+        folder = path.is_dir()
+        if folder:
             shutil.rmtree(path)
         elif path.exists():
             path.unlink()
         else:
             continue
-        removed.append(name + ("/" if name == CHECKPOINTS else ""))
+        removed.append(name + ("/" if folder else ""))
     return removed
 
 

@@ -18,8 +18,11 @@ import torch
 
 from grpo_cli.algo.advantages import step_advantages
 from grpo_cli.algo.losses import trained_mask
+from grpo_cli.datatypes import StepBatch
 from grpo_cli.recipe.schema import Recipe
 from grpo_cli.run.cpus import SlowSteps, apply_threads
+from grpo_cli.run.replays import record_step
+from grpo_cli.run.watchdog import phase
 from grpo_cli.train.reporting import Clock
 
 
@@ -117,7 +120,7 @@ class Engine:
         """Train to train.max_steps; returns the last completed step. SIGINT/SIGTERM stop after a checkpoint; a
         phase without progress for train.stall_timeout_s stops the process with its stacks written
         (grpo_cli/run/watchdog.py)."""
-        from grpo_cli.run.watchdog import Watchdog, phase
+        from grpo_cli.run.watchdog import Watchdog
         from grpo_cli.train.reporting import start_line
 
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -169,6 +172,7 @@ class Engine:
         a, policy = self.recipe.algorithm, self.accelerator.unwrap_model(self.policy)
         clock = Clock(self.accelerator.device)
         s = self.rollouts.next(step, clock)  # StepBatch: this process's rows, every row's rewards (time/generate, /score)
+        self.record(step, s)  # the batch exactly as the update sees it, for `grpo replay` (logging.replay)
         with clock("train"):
             adv = step_advantages(s, a.num_generations, a.scale_rewards, a.multi_objective_aggregation)  # [n] or [n, T]
             mask = trained_mask(s.rollout, a.mask_truncated_completions)  # [n, T]: the tokens the policy sampled
@@ -180,6 +184,11 @@ class Engine:
         return self.report(step, s, adv, stats, clock, measured | self.reference.metrics() | synced)
 
     # ----- logging, eval, checkpoints, signals -----------------------------------------------
+    def record(self, step: int, s: StepBatch) -> None:
+        if self.recipe.logging.replay:
+            with phase("record for replay"):
+                record_step(self.run_dir, step, s, self.procs.index, self.procs.count)
+
     def _log(self, step: int, metrics: dict[str, Any]) -> None:
         if self.metrics_log is not None:
             self.metrics_log.write({"step": step, **metrics})
@@ -210,6 +219,12 @@ class Engine:
 
         save_run(self.run_dir, step, self.procs, self.accelerator, policy=self.policy, tokenizer=self.tokenizer,
                  recipe=self.recipe, state=self.state, sharded=self.sharded, say=self.console.print)
+        if self.recipe.logging.replay and self.recipe.checkpoint.keep_last is not None and self.procs.is_main:
+            from grpo_cli.run.checkpoints import list_checkpoints, step_of
+            from grpo_cli.run.replays import prune
+
+            kept = list_checkpoints(self.run_dir)  # a step replays from a checkpoint before it: none precedes these
+            prune(self.run_dir, step_of(kept[0]) if kept else 0)
 
     def _on_signal(self, signum, frame) -> None:
         if self.stop_requested:  # second signal: leave now, the last checkpoint is intact

@@ -180,7 +180,8 @@ def step_metrics(s: StepBatch, adv: Advantages, sums: MetricSums, times: dict[st
     m["advantages/abs_mean"] = procs.gather(adv.per_completion(rollout.trained_mask())[1].cpu()).mean().item()
     m.update(_finite(sums.means(procs)))
     m.update(times)
-    m["throughput/gen_tokens_per_s"] = lengths.sum().item() / max(times["time/generate"], 1e-9)
+    if "time/generate" in times:  # (a replayed step samples nothing)
+        m["throughput/gen_tokens_per_s"] = lengths.sum().item() / max(times["time/generate"], 1e-9)
     return m
 
 

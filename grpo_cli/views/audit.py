@@ -324,7 +324,7 @@ def exit_code(verdicts: list[Verdict]) -> int:
     return max((SEVERITY[v.severity] for v in verdicts), default=0)
 
 
-def text(verdicts: list[Verdict], run_dir: Path, steps: int) -> str:
+def audit_text(verdicts: list[Verdict], run_dir: Path, steps: int) -> str:
     worst = exit_code(verdicts)
     head = {0: "no problem found", 1: "warnings", 2: "failures"}[worst]
     lines = [f"audit of {run_dir} ({steps} steps): {head}"]
