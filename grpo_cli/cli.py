@@ -15,6 +15,7 @@ import typer
 from grpo_cli.commands import (
     audit,
     convert_trl,
+    doctor,
     export,
     inspect_rollouts,
     print_recipe,
@@ -29,6 +30,7 @@ from grpo_cli.commands import eval as eval_
 COMMANDS = {  # name -> module; the order of `grpo --help`
     "train": train,
     "validate": validate,
+    "doctor": doctor,
     "print-recipe": print_recipe,
     "eval": eval_,
     "inspect-rollouts": inspect_rollouts,

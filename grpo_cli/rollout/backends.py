@@ -65,6 +65,11 @@ class Backend:
         """Starts from the model folder itself (a colocated vLLM engine), not from the trainer's tensors."""
         return self.own_weights and self.in_process
 
+    @property
+    def imports_vllm(self) -> bool:
+        """Needs the vllm package in the trainer's environment (a server's client speaks HTTP)."""
+        return self.own_weights and self.in_process
+
 
 BACKENDS: Registry[Backend] = Registry("rollout backend")
 BACKENDS.register("hf")(Backend(own_weights=False, in_process=True, structured_outputs=False, compiled_decoding=True))

@@ -325,9 +325,13 @@ def exit_code(verdicts: list[Verdict]) -> int:
 
 
 def audit_text(verdicts: list[Verdict], run_dir: Path, steps: int) -> str:
-    worst = exit_code(verdicts)
-    head = {0: "no problem found", 1: "warnings", 2: "failures"}[worst]
-    lines = [f"audit of {run_dir} ({steps} steps): {head}"]
+    return verdicts_text(f"audit of {run_dir} ({steps} steps)", verdicts)
+
+
+def verdicts_text(title: str, verdicts: list[Verdict]) -> str:
+    """`title: <worst outcome>`, then each verdict, its evidence and what to try (grpo audit, grpo doctor)."""
+    head = {0: "no problem found", 1: "warnings", 2: "failures"}[exit_code(verdicts)]
+    lines = [f"{title}: {head}"]
     for v in verdicts:
         lines.append(f"{v.severity.upper():4} {v.check}: {v.finding}")
         lines.extend(f"       {e}" for e in v.evidence)

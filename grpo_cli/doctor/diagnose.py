@@ -1,0 +1,65 @@
+"""`grpo doctor RECIPE`: every preflight check in order; a check that cannot run says why instead."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from grpo_cli.errors import UserError
+from grpo_cli.views.audit import SEVERITY, Verdict
+
+
+def diagnose(recipe_path: Path, overrides: list[str], processes: int = 1, resume_steps: int = 0,
+             say=lambda line: None) -> list[Verdict]:
+    from grpo_cli.data.checks import check_data
+    from grpo_cli.doctor.preflight import check_batch, check_prompt, probe_rewards
+    from grpo_cli.doctor.versions import check_versions
+    from grpo_cli.recipe.files import load_recipe
+    from grpo_cli.rollout.backends import backend_of
+    from grpo_cli.run.hub import hub_names, work_offline_if_unreachable
+
+    try:
+        r = load_recipe(recipe_path, overrides)
+        work_offline_if_unreachable(hub_names(r), say)
+        notes = check_data(r)
+    except UserError as e:  # the run would stop here: nothing else can be checked
+        return [Verdict("recipe", "fail", str(e), advice="`grpo validate` names the same field")]
+    verdicts = [Verdict("recipe", "ok", f"{r.name}: {r.algorithm.loss_type}, G={r.algorithm.num_generations}, "
+                                        f"{r.train.max_steps} steps", notes),
+                check_versions(backend_of(r.rollout).imports_vllm)]
+    try:
+        tokenizer, config, dataset, batch = _inputs(r)
+    except UserError as e:
+        return [*verdicts, Verdict("model and data", "fail", str(e))]
+    verdicts += [check_batch(r, processes, len(dataset)), check_prompt(r, batch, tokenizer, config),
+                 probe_rewards(r, batch, tokenizer)]
+    if resume_steps:
+        from grpo_cli.doctor.resume_check import resume_check
+
+        say(f"resume check: {resume_steps} steps straight, then {resume_steps // 2} + resume + the rest ...")
+        verdicts.append(resume_check(recipe_path, overrides, resume_steps))
+    return sorted(verdicts, key=lambda v: -SEVERITY[v.severity] - (v.severity != "skip"))
+
+
+def _inputs(r):
+    """The tokenizer, the model's config (for its context length; None if unreadable), the rows, and the first
+    PROBE_ROWS prompts the run will see."""
+    from grpo_cli.data.prompts import PromptStream, load_rows
+    from grpo_cli.doctor.preflight import PROBE_ROWS
+    from grpo_cli.models.loading import load_tokenizer, resolve_model_source
+
+    tokenizer = load_tokenizer(r.model)
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(resolve_model_source(r.model), trust_remote_code=r.model.trust_remote_code)
+    except Exception:  # a GGUF file or an unusual folder: the context check is skipped
+        config = None
+    seed = r.data.seed if r.data.seed is not None else r.train.seed
+    dataset = load_rows(r.data, seed)
+    tools = None
+    if r.rollout.tools:
+        from grpo_cli.agents.tools import schemas
+
+        tools = schemas(r.rollout.tools)
+    stream = PromptStream(dataset, r.data, tokenizer, r.train.prompts_per_step, seed, tools=tools)
+    return tokenizer, config, dataset, stream.batch_of(stream.epoch_order(0)[:PROBE_ROWS])  # step 1's prompts first

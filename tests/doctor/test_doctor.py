@@ -1,0 +1,71 @@
+"""`grpo doctor` through the CLI, on the tiny recipe: each check ok and planted to warn or fail."""
+
+import json
+import os
+import re
+
+import pytest
+
+from helpers import cli
+
+pytestmark = pytest.mark.usefixtures("model_cache")
+TINY = "recipes/ci-tiny.yaml"
+
+
+def doctor(*args: str, env: dict | None = None):
+    p = cli("doctor", TINY, "--json", *args, env={**os.environ, **(env or {})})
+    out = json.loads(p.stdout)
+    assert p.returncode == out["exit_code"], p.stderr[-3000:]
+    return p.returncode, {v["check"]: v for v in out["verdicts"]}
+
+
+def test_the_tiny_recipe_checks_out_but_for_its_format_reward():
+    code, v = doctor()
+    assert code == 1  # warnings
+    assert v["recipe"]["severity"] == v["versions"]["severity"] == v["batch"]["severity"] == "ok"
+    assert "torch 2." in v["versions"]["evidence"][0] and "a CPU build" in v["versions"]["evidence"][1]
+    assert v["batch"]["finding"] == "8 completions a step, 2 micro-batch(es) per process, 0.03 epoch(s)"
+    assert "at most 640 tokens a step (8 x (64 prompt + 16 completion))" in v["batch"]["evidence"]
+    prompt = v["first prompt"]
+    assert prompt["severity"] == "ok" and re.match(r"\d+ tokens \(data.max_prompt_length 64", prompt["finding"])
+    assert "<|im_start|>assistant" in prompt["evidence"] and any("Answer with a number." in e for e in prompt["evidence"])
+    probe = v["reward probe"]  # accuracy tells right from wrong; digit_fraction pays for any digits
+    assert probe["severity"] == "warn"
+    assert probe["finding"].startswith("digit_fraction gives a wrong answer as much as the right one (rows ")
+    assert all(re.search(r"right 1, wrong \('\d+'\) 0$", e) for e in probe["evidence"] if e.startswith("accuracy"))
+
+
+def test_a_reward_that_never_pays_fails_and_a_batch_that_does_not_split_fails():
+    code, v = doctor("rewards=[{name: 'tests/probe_rewards.py:always_zero'}]")
+    assert code == 2 and v["reward probe"]["severity"] == "fail"
+    assert "always_zero gives the right answer 0 (rows " in v["reward probe"]["finding"]
+    code, v = doctor("--num-processes", "3")
+    assert code == 2 and v["batch"]["severity"] == "fail"
+    assert v["batch"]["finding"] == "8 completions do not split into 3 process(es) x micro-batches of 4"
+
+
+def test_a_prompt_cut_by_the_limit_and_a_bad_field():
+    code, v = doctor("data.max_prompt_length=8")
+    assert v["first prompt"]["severity"] == "warn"
+    assert re.match(r"\d+ tokens, cut to data.max_prompt_length = 8 from the left", v["first prompt"]["finding"])
+    p = cli("doctor", TINY, "algorithm.epsilon=-1")
+    assert p.returncode == 2 and "FAIL recipe: invalid recipe" in p.stdout and "algorithm.epsilon" in p.stdout
+
+
+def test_an_installed_package_declaring_other_versions_is_named(tmp_path):
+    info = tmp_path / "trl-0.0.1.dist-info"  # a real distribution's metadata, as pip writes it
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: trl\nVersion: 0.0.1\nRequires-Dist: transformers<5\n")
+    code, v = doctor(env={"PYTHONPATH": str(tmp_path)})
+    assert v["versions"]["severity"] == "warn"
+    assert re.search(r"trl 0.0.1 requires transformers<5, installed 5\.", v["versions"]["finding"])
+
+
+def test_the_resume_check_proves_exact_resume_and_catches_a_reward_it_cannot_restore():
+    code, v = doctor("--resume-check", "4")
+    check = v["resume check"]
+    assert check["severity"] == "ok" and check["finding"].startswith("exact: the same metrics at every step")
+    assert "26 weight tensors compared" in check["evidence"][0]
+    code, v = doctor("--resume-check", "2", "rewards=[{name: accuracy}, {name: 'tests/probe_rewards.py:unseeded'}]")
+    check = v["resume check"]
+    assert code == 2 and check["severity"] == "fail" and check["finding"].startswith("a resumed run differs")
