@@ -11,6 +11,7 @@ from grpo_cli.views.audit import SEVERITY, Verdict
 def diagnose(recipe_path: Path, overrides: list[str], processes: int = 1, resume_steps: int = 0,
              say=lambda line: None) -> list[Verdict]:
     from grpo_cli.data.checks import check_data
+    from grpo_cli.doctor.memory import check_memory
     from grpo_cli.doctor.preflight import check_batch, check_prompt, probe_rewards
     from grpo_cli.doctor.versions import check_versions
     from grpo_cli.recipe.files import load_recipe
@@ -31,7 +32,7 @@ def diagnose(recipe_path: Path, overrides: list[str], processes: int = 1, resume
     except UserError as e:
         return [*verdicts, Verdict("model and data", "fail", str(e))]
     verdicts += [check_batch(r, processes, len(dataset)), check_prompt(r, batch, tokenizer, config),
-                 probe_rewards(r, batch, tokenizer)]
+                 check_memory(r, config, processes, len(batch.input_ids[0])), probe_rewards(r, batch, tokenizer)]
     if resume_steps:
         from grpo_cli.doctor.resume_check import resume_check
 

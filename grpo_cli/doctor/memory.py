@@ -1,0 +1,175 @@
+"""The memory plan of `grpo doctor`: a step's peak, part by part, from the model's config (no weights loaded), against
+the device's free memory, with the first setting to change when it does not fit.
+
+What it counts, in the model's dtype unless said otherwise:
+- runtime: on the CPU, this process's resident memory with torch and transformers imported (the trainer holds as
+  much before its first tensor); on a GPU nothing (the CUDA allocator's peak counts tensors only);
+- weights; their gradients and the optimizer's state (AdamW: two moments; 8-bit AdamW: two bytes; Adafactor:
+  factored rows and columns) for what trains (every weight, or LoRA's adapters); a second copy for the reference
+  (beta > 0 with full fine-tuning);
+- sampling: the KV cache of this process's rows over prompt + completion positions, the sampling copy
+  (rollout.dtype), the last position's logits in float32;
+- a micro-batch's forward and backward: per token and layer, what a Llama-style block keeps for its backward
+  (grpo's lean gated MLP and grouped attention: 8 x hidden + 2 x key/value width + 2 x intermediate values; with
+  gradient checkpointing one hidden state a layer and one layer's whole set), over the completion tokens and each
+  group's prompt once; the logits and their gradient in float32 (the LM head's chunks instead: one weight gradient).
+The peak is the runtime, the weights, the reference, the optimizer state and the gradients, plus the larger of
+sampling and the backward.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from grpo_cli.views.audit import Verdict
+
+GIB = 2**30
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 4}
+
+
+@dataclass
+class Part:
+    name: str
+    bytes: float
+    change: str  # the setting that makes it smaller
+
+
+@dataclass
+class Shape:
+    params: int
+    linear: list[tuple[str, int, int]]  # (name, in, out) of every nn.Linear but the LM head
+    layers: int
+    hidden: int
+    intermediate: int
+    kv_width: int  # key/value heads x head size
+    vocab: int
+
+
+def model_sizes(config: Any) -> Shape:
+    """Parameters and sizes from the config alone: the model built on the meta device (no memory, no download)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    params = sum(p.numel() for p in model.parameters())
+    head = model.get_output_embeddings()
+    linear = [(n, m.in_features, m.out_features) for n, m in model.named_modules()
+              if isinstance(m, torch.nn.Linear) and m is not head]
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    kv = getattr(text, "num_key_value_heads", None) or heads
+    return Shape(params, linear, text.num_hidden_layers, text.hidden_size,
+                 getattr(text, "intermediate_size", 4 * text.hidden_size), kv * head_dim, text.vocab_size)
+
+
+def runtime_bytes() -> float:
+    """This process's resident memory now (Linux), after the imports a trainer makes."""
+    import accelerate  # noqa: F401  (the trainer imports it too)
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, runtime: float) -> list[Part]:
+    m, t, a, ro = recipe.model, recipe.train, recipe.algorithm, recipe.rollout
+    width = BYTES.get(m.dtype, 4)
+    lora = m.lora.r > 0
+    trainable = (sum(m.lora.r * (i + o) for _, i, o in shape.linear if _targeted(_, m.lora.target_modules))
+                 if lora else shape.params)
+    optimizer = {"adamw": 2 * width, "adamw_8bit": 2, "paged_adamw_8bit": 2, "adafactor": 0.1 * width}[t.optimizer]
+    rows = recipe.generation_batch_size // processes
+    positions = prompt_tokens + ro.max_completion_length
+    sampling_copy = shape.params * 2 if ro.dtype == "bfloat16" or (ro.dtype == "auto" and device == "cuda"
+                                                                   and width == 4 and not lora) else 0
+    sampling = rows * shape.layers * 2 * shape.kv_width * positions * (2 if sampling_copy else width) \
+        + sampling_copy + 2 * rows * shape.vocab * 4
+    mbs, G = t.micro_batch_size, a.num_generations
+    tokens = mbs * ro.max_completion_length + math.ceil(mbs / G) * prompt_tokens
+    per_token_layer = 8 * shape.hidden + 2 * shape.kv_width + 2 * shape.intermediate
+    compute = 2 if t.mixed_precision in ("bf16", "fp16") else width
+    if m.gradient_checkpointing:
+        activations = tokens * (shape.layers * shape.hidden + per_token_layer) * compute
+    else:
+        activations = tokens * shape.layers * per_token_layer * compute
+    chunked = t.chunked_lm_head is True or (t.chunked_lm_head == "auto" and device == "cuda")
+    logits = shape.vocab * shape.hidden * 4 if chunked else 2 * mbs * ro.max_completion_length * shape.vocab * 4
+    parts = [
+        Part("runtime", runtime, ""),
+        Part("weights", shape.params * width, "model.dtype=bfloat16, or a smaller model"),
+        Part("reference", shape.params * width if a.beta > 0 and not lora else 0.0,
+             "algorithm.beta=0, or LoRA (model.lora.r=16: the base with adapters off is the reference)"),
+        Part("optimizer state", trainable * optimizer, "model.lora.r=16, or train.optimizer=adamw_8bit"),
+        Part("gradients", trainable * width, "model.lora.r=16"),
+        Part("sampling (KV cache, logits" + (", bf16 copy)" if sampling_copy else ")"), sampling,
+             "rollout.max_completion_length, or fewer rows a process (train.prompts_per_step, --num-processes)"),
+        Part("forward + backward (activations, logits)", activations + logits,
+             "train.micro_batch_size, or model.gradient_checkpointing=true"),
+    ]
+    return parts
+
+
+def _targeted(name: str, targets: list[str] | str) -> bool:
+    if targets == "all-linear":
+        return True
+    names = [targets] if isinstance(targets, str) else targets
+    return name.rsplit(".", 1)[-1] in names
+
+
+def peak(parts: list[Part]) -> float:
+    fixed = sum(p.bytes for p in parts if not p.name.startswith(("sampling", "forward")))
+    return fixed + max(p.bytes for p in parts if p.name.startswith(("sampling", "forward")))
+
+
+def free_bytes(device: str) -> float | None:
+    if device == "cuda":
+        import torch
+
+        return float(torch.cuda.mem_get_info()[0])
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        return float(info["MemAvailable"])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def check_memory(recipe, config: Any, processes: int, prompt_tokens: int) -> Verdict:
+    import torch
+
+    if config is None:
+        return Verdict("memory plan", "skip", "the model's config could not be read")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    parts = plan(recipe, model_sizes(config), processes, prompt_tokens, device,
+                 0.0 if device == "cuda" else runtime_bytes())
+    total, free = peak(parts), free_bytes(device)
+    per = f" per process ({processes} on this machine)" if processes > 1 and device == "cpu" else ""
+    evidence = [f"{p.name}: {_size(p.bytes)}" for p in parts if p.bytes] + [
+        f"peak: {total / GIB:.2f} GiB{per} (the fixed parts + the larger of sampling and forward + backward)"]
+    need = total * (processes if device == "cpu" else 1)
+    if free is not None:
+        evidence.append(f"free on this machine's {device}: {free / GIB:.1f} GiB (MemAvailable or cudaMemGetInfo)")
+    if free is not None and need > free:
+        biggest = max((p for p in parts if p.change and p.bytes), key=lambda p: p.bytes)
+        return Verdict("memory plan", "fail", f"needs about {need / GIB:.1f} GiB, {free / GIB:.1f} GiB free: "
+                       f"the largest part is {biggest.name} ({biggest.bytes / GIB:.1f} GiB)", evidence,
+                       biggest.change)
+    if free is not None and need > 0.85 * free:
+        return Verdict("memory plan", "warn", f"needs about {need / GIB:.1f} GiB of {free / GIB:.1f} GiB free",
+                       evidence, "leave room: other processes and the allocator's cache need some")
+    return Verdict("memory plan", "ok", f"about {total / GIB:.2f} GiB at its peak" + per, evidence)
+
+
+def _size(n: float) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB / 10 else f"{n / 2**20:.1f} MiB"
