@@ -8,7 +8,8 @@ What it counts, in the model's dtype unless said otherwise:
   factored rows and columns) for what trains (every weight, or LoRA's adapters); a second copy for the reference
   (beta > 0 with full fine-tuning);
 - sampling: the KV cache of this process's rows over prompt + completion positions, the sampling copy
-  (rollout.dtype), the last position's logits in float32;
+  (rollout.dtype), the last position's logits in float32; with a colocated vLLM engine instead its share
+  (rollout.vllm.gpu_memory_utilization of the GPU, or on the CPU its own weights and rollout.vllm.cpu_kv_cache_gib);
 - a micro-batch's forward and backward: per token and layer, what a Llama-style block keeps for its backward
   (grpo's lean gated MLP and grouped attention: 8 x hidden + 2 x key/value width + 2 x intermediate values; with
   gradient checkpointing one hidden state a layer and one layer's whole set), over the completion tokens and each
@@ -82,7 +83,11 @@ def runtime_bytes() -> float:
     return 0.0
 
 
-def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, runtime: float) -> list[Part]:
+def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, runtime: float,
+         device_total: float = 0.0) -> list[Part]:
+    """The parts of a step's memory; `device_total`: the GPU's memory (a colocated vLLM takes a share of it)."""
+    from grpo_cli.rollout.backends import backend_of
+
     m, t, a, ro = recipe.model, recipe.train, recipe.algorithm, recipe.rollout
     width = BYTES.get(m.dtype, 4)
     lora = m.lora.r > 0
@@ -95,6 +100,11 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
                                                                    and width == 4 and not lora) else 0
     sampling = rows * shape.layers * 2 * shape.kv_width * positions * (2 if sampling_copy else width) \
         + sampling_copy + 2 * rows * shape.vocab * 4
+    vllm = 0.0
+    if backend_of(ro).loads_model_folder:  # a vLLM engine in this process: its share instead of transformers' cache
+        sampling = 0.0
+        vllm = (ro.vllm.gpu_memory_utilization * device_total if device == "cuda"
+                else shape.params * width + max(1, round(ro.vllm.cpu_kv_cache_gib)) * GIB)
     mbs, G = t.micro_batch_size, a.num_generations
     tokens = mbs * ro.max_completion_length + math.ceil(mbs / G) * prompt_tokens
     per_token_layer = 8 * shape.hidden + 2 * shape.kv_width + 2 * shape.intermediate
@@ -112,6 +122,9 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
              "algorithm.beta=0, or LoRA (model.lora.r=16: the base with adapters off is the reference)"),
         Part("optimizer state", trainable * optimizer, "model.lora.r=16, or train.optimizer=adamw_8bit"),
         Part("gradients", trainable * width, "model.lora.r=16"),
+        Part("vLLM's share (colocated: " + ("rollout.vllm.gpu_memory_utilization)" if device == "cuda" else
+                                            "its weights and rollout.vllm.cpu_kv_cache_gib)"), vllm,
+             "rollout.vllm.gpu_memory_utilization, or rollout.vllm.mode=server (vLLM on other GPUs)"),
         Part("sampling (KV cache, logits" + (", bf16 copy)" if sampling_copy else ")"), sampling,
              "rollout.max_completion_length, or fewer rows a process (train.prompts_per_step, --num-processes)"),
         Part("forward + backward (activations, logits)", activations + logits,
@@ -151,8 +164,9 @@ def check_memory(recipe, config: Any, processes: int, prompt_tokens: int) -> Ver
     if config is None:
         return Verdict("memory plan", "skip", "the model's config could not be read")
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    total_memory = float(torch.cuda.mem_get_info()[1]) if device == "cuda" else 0.0
     parts = plan(recipe, model_sizes(config), processes, prompt_tokens, device,
-                 0.0 if device == "cuda" else runtime_bytes())
+                 0.0 if device == "cuda" else runtime_bytes(), total_memory)
     total, free = peak(parts), free_bytes(device)
     per = f" per process ({processes} on this machine)" if processes > 1 and device == "cpu" else ""
     evidence = [f"{p.name}: {_size(p.bytes)}" for p in parts if p.bytes] + [

@@ -53,3 +53,19 @@ def test_a_model_that_does_not_fit_names_the_setting_to_change():
     parts = {p.name: p.bytes for p in lora}
     assert parts["weights"] == shape.params * 2 and parts["optimizer state"] < 0.02 * parts["weights"]  # 40M adapter weights
     assert peak(lora) < 20 * GIB
+
+
+def test_a_colocated_vllm_engine_counts_its_share_instead_of_transformers_cache():
+    from transformers import Qwen2Config
+
+    shape = model_sizes(Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                    num_attention_heads=14, num_key_value_heads=2, vocab_size=151936))  # 0.5B
+    hf = {p.name: p.bytes for p in plan(load_recipe(ROOT / "recipes/ci-tiny.yaml"), shape, 1, 64, "cuda", 0.0, 80 * GIB)}
+    colocate = load_recipe(ROOT / "recipes/ci-tiny.yaml", ["rollout.backend=vllm", "rollout.vllm.mode=colocate",
+                                                           "rollout.vllm.gpu_memory_utilization=0.25"])
+    parts = {p.name: p.bytes for p in plan(colocate, shape, 1, 64, "cuda", 0.0, 80 * GIB)}
+    assert parts["vLLM's share (colocated: rollout.vllm.gpu_memory_utilization)"] == 20 * GIB
+    assert hf["vLLM's share (colocated: rollout.vllm.gpu_memory_utilization)"] == 0.0
+    assert parts["sampling (KV cache, logits)"] == 0.0 < hf["sampling (KV cache, logits)"]
+    cpu = {p.name: p.bytes for p in plan(colocate, shape, 1, 64, "cpu", 0.0)}  # its own weights + the KV cache
+    assert cpu["vLLM's share (colocated: its weights and rollout.vllm.cpu_kv_cache_gib)"] == shape.params * 4 + GIB
