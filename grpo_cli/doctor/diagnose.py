@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from grpo_cli.errors import UserError
-from grpo_cli.views.audit import SEVERITY, Verdict
+from grpo_cli.views.audit import Verdict, worst_first
 
 
 def diagnose(recipe_path: Path, overrides: list[str], processes: int = 1, resume_steps: int = 0,
@@ -38,7 +38,7 @@ def diagnose(recipe_path: Path, overrides: list[str], processes: int = 1, resume
 
         say(f"resume check: {resume_steps} steps straight, then {resume_steps // 2} + resume + the rest ...")
         verdicts.append(resume_check(recipe_path, overrides, resume_steps))
-    return sorted(verdicts, key=lambda v: -SEVERITY[v.severity] - (v.severity != "skip"))
+    return worst_first(verdicts)
 
 
 def _inputs(r):

@@ -73,14 +73,9 @@ def runtime_bytes() -> float:
     import torch  # noqa: F401
     import transformers  # noqa: F401
 
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0.0
+    from grpo_cli.run.memory import status_kib
+
+    return (status_kib("VmRSS") or 0) * 1024.0
 
 
 def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, runtime: float,
@@ -91,7 +86,7 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
     m, t, a, ro = recipe.model, recipe.train, recipe.algorithm, recipe.rollout
     width = BYTES.get(m.dtype, 4)
     lora = m.lora.r > 0
-    trainable = (sum(m.lora.r * (i + o) for _, i, o in shape.linear if _targeted(_, m.lora.target_modules))
+    trainable = (sum(m.lora.r * (i + o) for name, i, o in shape.linear if _targeted(name, m.lora.target_modules))
                  if lora else shape.params)
     optimizer = {"adamw": 2 * width, "adamw_8bit": 2, "paged_adamw_8bit": 2, "adafactor": 0.1 * width}[t.optimizer]
     rows = recipe.generation_batch_size // processes

@@ -19,19 +19,19 @@ def _train(recipe: Path, out: Path, overrides: list[str], *extra: str) -> subpro
 
 
 def _metrics(run: Path) -> list[dict]:
-    import json
+    from grpo_cli.run.logs import METRICS
+    from grpo_cli.views.run_metrics import load_metrics
 
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith(VOLATILE)}
-            for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in load_metrics(run / METRICS)]
 
 
 def _weights(checkpoint: Path) -> dict:
     from safetensors.torch import load_file
 
-    for name in ("model.safetensors", "adapter_model.safetensors"):
-        if (checkpoint / name).is_file():
-            return load_file(str(checkpoint / name))
-    return {}
+    from grpo_cli.models.lora import weights_file
+
+    path = weights_file(checkpoint)
+    return load_file(str(path)) if path is not None else {}
 
 
 def resume_check(recipe: Path, overrides: list[str], steps: int, work: Path | None = None) -> Verdict:

@@ -135,3 +135,11 @@ def load_policy(cfg, model_cfg, checkpoint_path, device):
         return load_adapter_model(checkpoint_path, model_cfg, trainable=True, device=device)
     model = load_model(cfg, device=device if model_cfg.load_in_4bit else None)
     return wrap_lora(model, model_cfg) if model_cfg.lora.r else model
+
+
+def weights_file(checkpoint: str | Path) -> Path | None:
+    """The file of a checkpoint's trained tensors: the model's, or with LoRA the adapter's (None: neither)."""
+    for name in ("model.safetensors", "adapter_model.safetensors"):
+        if (Path(checkpoint) / name).is_file():
+            return Path(checkpoint) / name
+    return None

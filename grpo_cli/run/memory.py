@@ -22,18 +22,26 @@ from grpo_cli.run import watchdog
 _process_peak: dict[str, float] = {}
 
 
+def status_kib(field: str) -> int | None:
+    """A memory field of Linux's /proc/self/status (VmRSS, VmHWM, ...) in KiB; None elsewhere."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(f"{field}:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
 def peak_rss_gib() -> float:
     """This process's peak resident memory since its counter was last reset: Linux's VmHWM (the high-water mark of
     its own address space), not ru_maxrss, which keeps the peak of the process that launched it across fork and
     exec (a run started from a 1 GiB notebook or test worker reported 1 GiB however small it was). ru_maxrss off
     Linux."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 2**20  # kB
-    except OSError:
-        pass
+    hwm = status_kib("VmHWM")
+    if hwm is not None:
+        return hwm / 2**20
     import resource
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -96,16 +96,19 @@ def load_step(run_dir: str | Path, step: int, process: int, device: torch.device
     rollout = Rollout(**{k: tensors[k].to(device) if k in tensors else None for k in TENSORS},
                       prompts=ro["prompts"], completions=ro["completions"], weight_step=ro["weight_step"], turns=ro["turns"])
     rw = rest["rewards"]
-    steps = {k: [[tuple(x) for x in row] if row is not None else None for row in v] for k, v in rest["steps"].items()}
     rewards = RewardResult(total=rw["total"], per_function=rw["per_function"], errors=rw["errors"], timeouts=rw["timeouts"],
-                           nonfinite=rw["nonfinite"],
-                           steps={k: [[tuple(x) for x in row] if row is not None else None for row in v]
-                                  for k, v in rw["steps"].items()})
+                           nonfinite=rw["nonfinite"], steps=_step_rewards(rw["steps"]))
     pb = rest["prompts"]
     return StepBatch(prompts=PromptBatch(texts=pb["texts"], input_ids=pb["input_ids"], columns=pb["columns"],
                                          indices=pb["indices"]),
                      rollout=rollout, rewards=rewards, rows=range(*rest["rows"]), total=tensors["total"],
-                     per_function=tensors["per_function"], weights=rest["weights"], steps=steps, metrics=rest["metrics"])
+                     per_function=tensors["per_function"], weights=rest["weights"], steps=_step_rewards(rest["steps"]),
+                     metrics=rest["metrics"])
+
+
+def _step_rewards(saved: dict) -> dict:
+    """Step rewards as JSON saved them ([token_index, reward] lists) -> (token_index, reward) tuples again."""
+    return {k: [[tuple(x) for x in row] if row is not None else None for row in v] for k, v in saved.items()}
 
 
 def processes_of(run_dir: str | Path, step: int) -> int:

@@ -120,9 +120,11 @@ def compare_weights(policy, run_dir: Path, step: int) -> tuple[str, bool | None]
     import torch
     from safetensors.torch import load_file
 
-    folder = run_dir / "checkpoints" / f"step-{step}"
-    files = [folder / "model.safetensors", folder / "adapter_model.safetensors"]
-    saved_file = next((f for f in files if f.is_file()), None)
+    from grpo_cli.models.lora import weights_file
+    from grpo_cli.run.checkpoints import CHECKPOINTS
+
+    folder = run_dir / CHECKPOINTS / f"step-{step}"
+    saved_file = weights_file(folder)
     if saved_file is None:
         return f"no checkpoint at step {step} to compare the weights with", None
     saved = load_file(str(saved_file))

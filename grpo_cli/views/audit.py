@@ -11,13 +11,14 @@ collapse. Likewise groups without signal because every completion was right (the
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from grpo_cli.run.logs import ROLLOUTS
+from grpo_cli.views.rollouts import load_records
 from grpo_cli.views.run_metrics import load_run_records, reward_window, series, step_span
 
 SEVERITY = {"skip": 0, "ok": 0, "warn": 1, "fail": 2}  # the exit code is the worst verdict's
@@ -60,11 +61,11 @@ class Windows:
         return f"{self.first:.3f} ({self.first_span}) -> {self.last:.3f} ({self.last_span})"
 
 
-def windows(records: list[dict], key: str, span: Optional[int] = None) -> Optional[Windows]:
+def windows(records: list[dict], key: str) -> Optional[Windows]:
     steps, values = series(records, key)
     if len(values) < 2:
         return None
-    w = span or reward_window(len(values))
+    w = reward_window(len(values))
     a, b = values[:w], values[-w:]
 
     def var(xs: list[float]) -> float:
@@ -78,17 +79,9 @@ def windows(records: list[dict], key: str, span: Optional[int] = None) -> Option
 
 def read_groups(run_dir: Path) -> dict[int, list[list[dict]]]:
     """rollouts.jsonl -> per step, its groups' records (completion, reward); {} without the file."""
-    path = run_dir / "rollouts.jsonl"
-    if not path.is_file():
-        return {}
     groups: dict[tuple[int, int], list[dict]] = defaultdict(list)
-    with open(path) as f:
-        for line in f:
-            try:
-                r = json.loads(line)
-                groups[(int(r["step"]), int(r["group"]))].append(r)
-            except (ValueError, KeyError, TypeError):
-                continue  # a line being written, or another tool's
+    for r in load_records(run_dir / ROLLOUTS)[0]:  # a line being written, or not a record, is skipped
+        groups[(r["step"], r["group"])].append(r)
     out: dict[int, list[list[dict]]] = defaultdict(list)
     for (step, _), rows in sorted(groups.items()):
         out[step].append(rows)
@@ -97,7 +90,7 @@ def read_groups(run_dir: Path) -> dict[int, list[list[dict]]]:
 
 # ------------------------------------------------------------------------------------------------ the checks
 
-def check_reward_vs_eval(records: list[dict], reward: Optional[Windows]) -> Verdict:
+def check_reward_vs_eval(records: list[dict]) -> Verdict:
     name = "reward vs eval accuracy"
     evals = [(int(r["step"]), float(r["eval/accuracy"]), int(r.get("eval/num_problems") or 0))
              for r in records if isinstance(r.get("eval/accuracy"), (int, float))]
@@ -315,8 +308,13 @@ def audit(run_dir: Path) -> list[Verdict]:
     reward = windows(records, "reward")
     signal_verdict, signal = check_signal(records, groups)
     components = check_components(records)
-    verdicts = [check_reward_vs_eval(records, reward), components, check_entropy(records, reward, signal, components),
+    verdicts = [check_reward_vs_eval(records), components, check_entropy(records, reward, signal, components),
                 check_length(records), signal_verdict, check_ranges(records), check_identical(records, groups)]
+    return worst_first(verdicts)
+
+
+def worst_first(verdicts: list[Verdict]) -> list[Verdict]:
+    """Failures, warnings, ok, then the checks that could not run."""
     return sorted(verdicts, key=lambda v: -SEVERITY[v.severity] - (v.severity != "skip"))
 
 

@@ -15,16 +15,16 @@ from helpers import cli, read_jsonl
 
 
 @pytest.fixture(scope="module")
-def model_cache_dir(tmp_path_factory) -> dict:
+def cache_env(tmp_path_factory) -> dict:
     """The environment of the CLI runs: the session's builtin-model cache (conftest's model_cache, for a module)."""
     return {**os.environ, "GRPO_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "grpo-cache")}
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, model_cache_dir) -> Path:
+def run(tmp_path_factory, cache_env) -> Path:
     folder = tmp_path_factory.mktemp("replay") / "run"
     p = cli("train", "recipes/ci-tiny.yaml", "-o", str(folder), "train.max_steps=4", "checkpoint.every_steps=2",
-            "checkpoint.keep_last=null", "eval=null", env=model_cache_dir)
+            "checkpoint.keep_last=null", "eval=null", env=cache_env)
     assert p.returncode == 0, p.stderr[-3000:]
     return folder
 
@@ -50,8 +50,8 @@ def test_every_step_is_recorded_compactly(run):
     assert info["rollout"]["completions"] == [r["completion"] for r in records]
 
 
-def test_a_replayed_step_equals_the_original_byte_for_byte(run, tmp_path, model_cache_dir):
-    p = cli("replay", str(run), "--step", "4", "--out", str(tmp_path / "r4"), env=model_cache_dir)
+def test_a_replayed_step_equals_the_original_byte_for_byte(run, tmp_path, cache_env):
+    p = cli("replay", str(run), "--step", "4", "--out", str(tmp_path / "r4"), env=cache_env)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.startswith(f"replayed steps 3-4 of {run} from step-2, nothing generated")
     table = rows(p.stdout)
@@ -66,15 +66,15 @@ def test_a_replayed_step_equals_the_original_byte_for_byte(run, tmp_path, model_
         assert replayed[step]["grad_norm"] == original[step]["grad_norm"]
 
     # step 1 replays from the base model (no checkpoint precedes it)
-    p = cli("replay", str(run), "--step", "1", "--out", str(tmp_path / "r1"), env=model_cache_dir)
+    p = cli("replay", str(run), "--step", "1", "--out", str(tmp_path / "r1"), env=cache_env)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.startswith(f"replayed step 1 of {run} from the base model")
     assert rows(p.stdout)["loss"][2] == "equal" and "no checkpoint at step 1 to compare" in p.stdout
 
 
-def test_overrides_show_how_the_same_data_would_have_moved_the_model(run, tmp_path, model_cache_dir):
+def test_overrides_show_how_the_same_data_would_have_moved_the_model(run, tmp_path, cache_env):
     p = cli("replay", str(run), "--step", "3", "algorithm.loss_type=grpo", "algorithm.beta=0.04",
-            "--out", str(tmp_path / "grpo"), env=model_cache_dir)
+            "--out", str(tmp_path / "grpo"), env=cache_env)
     assert p.returncode == 0, p.stderr[-3000:]
     table = rows(p.stdout)
     assert table["loss"][2] != "equal" and table["grad_norm"][2] != "equal"
@@ -84,7 +84,7 @@ def test_overrides_show_how_the_same_data_would_have_moved_the_model(run, tmp_pa
     assert head.endswith("nothing generated; overrides: algorithm.loss_type=grpo algorithm.beta=0.04")
 
 
-def test_a_record_that_differs_from_what_was_trained_is_caught(run, tmp_path, model_cache_dir):
+def test_a_record_that_differs_from_what_was_trained_is_caught(run, tmp_path, cache_env):
     import shutil
 
     bad = tmp_path / "run"
@@ -93,7 +93,7 @@ def test_a_record_that_differs_from_what_was_trained_is_caught(run, tmp_path, mo
     tensors = load_file(str(path))
     tensors["completion_ids"][0, :4] = (tensors["completion_ids"][0, :4] + 1) % 200  # other tokens than were trained
     save_file(tensors, str(path))
-    p = cli("replay", str(bad), "--step", "4", "--out", str(tmp_path / "r"), env=model_cache_dir)
+    p = cli("replay", str(bad), "--step", "4", "--out", str(tmp_path / "r"), env=cache_env)
     assert p.returncode == 1, p.stdout + p.stderr[-3000:]
     # the loss's value at ratio 1 is the advantages' mean whatever the tokens; its gradient is not
     assert rows(p.stdout)["grad_norm"][2] != "equal"
@@ -101,29 +101,29 @@ def test_a_record_that_differs_from_what_was_trained_is_caught(run, tmp_path, mo
     assert "error: the replay did not reproduce the original step" in p.stderr
 
 
-def test_records_follow_the_checkpoints_and_a_missing_one_is_named(tmp_path, model_cache_dir):
+def test_records_follow_the_checkpoints_and_a_missing_one_is_named(tmp_path, cache_env):
     run = tmp_path / "kept"
     p = cli("train", "recipes/ci-tiny.yaml", "-o", str(run), "train.max_steps=4", "checkpoint.every_steps=1",
-            "checkpoint.keep_last=2", "eval=null", env=model_cache_dir)
+            "checkpoint.keep_last=2", "eval=null", env=cache_env)
     assert p.returncode == 0, p.stderr[-3000:]
     assert sorted(c.name for c in (run / "checkpoints").iterdir()) == ["step-3", "step-4"]
     assert recorded_steps(run) == [4]  # steps 1-3 have no kept checkpoint before them
-    p = cli("replay", str(run), "--step", "2", env=model_cache_dir)
+    p = cli("replay", str(run), "--step", "2", env=cache_env)
     assert p.returncode == 2 and f"error: {run} has no record of step 2 to replay (it holds steps 4-4)" in p.stderr
-    p = cli("replay", str(run), "--step", "4", "--out", str(tmp_path / "r"), env=model_cache_dir)
+    p = cli("replay", str(run), "--step", "4", "--out", str(tmp_path / "r"), env=cache_env)
     assert p.returncode == 0 and "from step-3" in p.stdout and "byte for byte" in p.stdout, p.stderr[-3000:]
     off = tmp_path / "off"
     p = cli("train", "recipes/ci-tiny.yaml", "-o", str(off), "train.max_steps=1", "logging.replay=false", "eval=null",
-            env=model_cache_dir)
+            env=cache_env)
     assert p.returncode == 0 and not (off / "replay").exists()
 
 
-def test_a_lora_step_replays_to_the_same_adapter(tmp_path, model_cache_dir):
+def test_a_lora_step_replays_to_the_same_adapter(tmp_path, cache_env):
     run = tmp_path / "lora"
     p = cli("train", "recipes/ci-tiny.yaml", "-o", str(run), "train.max_steps=2", "checkpoint.every_steps=1",
-            "checkpoint.keep_last=null", "eval=null", "model.lora.r=4", env=model_cache_dir)
+            "checkpoint.keep_last=null", "eval=null", "model.lora.r=4", env=cache_env)
     assert p.returncode == 0, p.stderr[-3000:]
-    p = cli("replay", str(run), "--step", "2", "--out", str(tmp_path / "r"), env=model_cache_dir)
+    p = cli("replay", str(run), "--step", "2", "--out", str(tmp_path / "r"), env=cache_env)
     assert p.returncode == 0, p.stderr[-3000:]
     assert rows(p.stdout)["grad_norm"][2] == "equal"
     assert re.search(r"weights: equal to step-2's, byte for byte \(\d+ tensors\)", p.stdout)  # the adapter's
