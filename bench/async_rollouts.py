@@ -100,7 +100,7 @@ def main() -> None:
     ap.add_argument("--trainer-core", type=int, default=1)
     args = ap.parse_args()
 
-    from grpo_cli.train.launch import free_port
+    from grpo_cli.trainer.launch import free_port
 
     with tempfile.TemporaryDirectory(prefix="grpo-async-") as tmp_name:
         tmp = Path(tmp_name)

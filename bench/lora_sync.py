@@ -43,7 +43,7 @@ def main() -> None:
     from grpo_cli.models.loading import resolve_model_source
     from grpo_cli.recipe.schema import ModelConfig, RolloutConfig
     from grpo_cli.rollout.vllm_server import VLLMServerGenerator
-    from grpo_cli.train.launch import free_port
+    from grpo_cli.trainer.launch import free_port
 
     from servers import max_diff, trainer_logps, wait_healthy
 

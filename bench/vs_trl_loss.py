@@ -122,9 +122,9 @@ def ours(c: dict, x: dict, run_dir: Path) -> list[dict]:
 
     from grpo_cli.datatypes import Rollout
     from grpo_cli.recipe.files import load_recipe
-    from grpo_cli.train.engine import Engine
-    from grpo_cli.train.reporting import MetricSums
-    from grpo_cli.train.update import Window
+    from grpo_cli.trainer.engine import Engine
+    from grpo_cli.trainer.reporting import MetricSums
+    from grpo_cli.trainer.update import Window
 
     N = B * G
     recipe = load_recipe("recipes/ci-tiny.yaml", [

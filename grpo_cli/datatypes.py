@@ -186,7 +186,7 @@ class StepBatch:
 
 
 class Processes(Protocol):
-    """The trainer's processes as the parts of a step see them (grpo_cli/train/distributed.py's `Collectives`)."""
+    """The trainer's processes as the parts of a step see them (grpo_cli/trainer/distributed.py's `Collectives`)."""
 
     count: int  # how many
     index: int  # this one's

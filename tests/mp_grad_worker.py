@@ -18,7 +18,7 @@ from safetensors.torch import save_file  # noqa: E402
 from grpo_cli.algo.advantages import compute_advantages  # noqa: E402
 from grpo_cli.datatypes import Rollout  # noqa: E402
 from grpo_cli.recipe.files import load_recipe  # noqa: E402
-from grpo_cli.train.engine import Engine  # noqa: E402
+from grpo_cli.trainer.engine import Engine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 B, G, P, T = 3, 4, 7, 9  # 12 rows: with 2 processes group 1 (rows 4-7) spans both

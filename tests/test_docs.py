@@ -84,7 +84,7 @@ def heading_anchors(page: Path) -> set[str]:
 
 
 def test_the_home_page_shows_the_engines_train_step_as_it_is():
-    source = (ROOT / "grpo_cli/train/engine.py").read_text()
+    source = (ROOT / "grpo_cli/trainer/engine.py").read_text()
     cls = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "Engine")
     step = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "train_step")
     code = "\n".join(line[4:] for line in source.splitlines()[step.lineno - 1: step.end_lineno])

@@ -1,4 +1,4 @@
-"""`grpo replay RUN --step N [key=value ...]`: step N's update again from its recorded batch (grpo_cli/train/replay.py)."""
+"""`grpo replay RUN --step N [key=value ...]`: step N's update again from its recorded batch (grpo_cli/trainer/replay.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def command(
 
       grpo replay runs/quickstart --step 12 algorithm.loss_type=grpo algorithm.beta=0.04
     """
-    from grpo_cli.train.replay import replay, replay_text
+    from grpo_cli.trainer.replay import replay, replay_text
 
     result = replay(run_dir, step, list(overrides or []), out)
     typer.echo(replay_text(result, run_dir, list(overrides or [])))

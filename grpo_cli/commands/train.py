@@ -45,7 +45,7 @@ def command(
     from grpo_cli.run import lock
     from grpo_cli.run.cpus import prepare_openmp
     from grpo_cli.run.hub import hub_names, work_offline_if_unreachable
-    from grpo_cli.train.launch import launched_by_torchrun, relaunch
+    from grpo_cli.trainer.launch import launched_by_torchrun, relaunch
 
     r = load_recipe(recipe, overrides or [])
     prepare_openmp(r.train.threads)  # before torch is imported: a shared CPU gets OpenMP's passive wait policy
@@ -110,7 +110,7 @@ def _train(r, run_dir: Path, resume: Optional[str], start_over: bool, allow_reci
     setup_logging()
     from grpo_cli.errors import UserError
     from grpo_cli.run.checkpoints import latest_checkpoint
-    from grpo_cli.train.engine import Engine
+    from grpo_cli.trainer.engine import Engine
     from grpo_cli.views.summary import end_of_run
 
     try:

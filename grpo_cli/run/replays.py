@@ -1,4 +1,4 @@
-"""Each step's batch recorded exactly, for `grpo replay` (grpo_cli/train/replay.py): what the update consumed, so
+"""Each step's batch recorded exactly, for `grpo replay` (grpo_cli/trainer/replay.py): what the update consumed, so
 that the update can run again without generating.
 
     RUN/replay/step-N/process-I.safetensors   the rollout's tensors as the update saw them (token ids, masks,

@@ -36,7 +36,7 @@ from typing import Iterator
 STALLS_DIR = "stalls"
 MARKER = "stalled.json"
 EXIT_CODE = 1  # a run that failed on the way (grpo_cli/errors.py)
-COLLECTIVE = "collective: "  # the phases in which a process waits for the others (grpo_cli/train/distributed.py)
+COLLECTIVE = "collective: "  # the phases in which a process waits for the others (grpo_cli/trainer/distributed.py)
 PEER_WAIT_S = 10.0  # how long the first stalled process waits for the other processes' stack files
 
 _armed: "Watchdog | None" = None

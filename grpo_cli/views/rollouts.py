@@ -1,6 +1,6 @@
 """`grpo inspect-rollouts`: read a run's rollouts.jsonl and show what the policy actually wrote.
 
-One record per completion (written by `grpo train`, see grpo_cli/train/reporting.py): step, group (the
+One record per completion (written by `grpo train`, see grpo_cli/trainer/reporting.py): step, group (the
 prompt's index within the step), sample (0..G-1), prompt, answer, completion, rewards (one score per
 reward function, null when it failed), reward (the weighted total; a step-level reward counts its mean step
 reward), advantage (as trained: with step rewards, the mean over the completion's tokens), length, truncated.

@@ -148,7 +148,7 @@ def test_train_chunked_lm_head_decides_where_the_head_runs_and_changes_no_number
     import json
 
     from grpo_cli.recipe.files import load_recipe
-    from grpo_cli.train.engine import Engine
+    from grpo_cli.trainer.engine import Engine
 
     from helpers import ROOT
 

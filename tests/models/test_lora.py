@@ -8,7 +8,7 @@ import torch
 
 from grpo_cli.errors import RecipeError
 from grpo_cli.recipe.files import load_recipe
-from grpo_cli.train.engine import Engine
+from grpo_cli.trainer.engine import Engine
 
 from helpers import cli, read_jsonl, stable
 

@@ -244,7 +244,7 @@ def test_converted_recipes_train_the_tiny_model(config, tmp_path, local_data, tu
 @pytest.mark.vllm
 def test_converted_server_config_trains_against_grpo_serve_vllm(tmp_path, local_data, turn_model, model_cache):
     pytest.importorskip("vllm")
-    from grpo_cli.train.launch import free_port
+    from grpo_cli.trainer.launch import free_port
 
     port = free_port()
     small = {**SERVER, "model_name_or_path": turn_model, "dataset_name": local_data, "max_completion_length": 8,

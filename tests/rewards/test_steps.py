@@ -8,7 +8,7 @@ from grpo_cli.errors import RecipeError, RewardError
 from grpo_cli.recipe.files import load_recipe
 from grpo_cli.rewards import REWARDS
 from grpo_cli.rewards.steps import check_steps, step_mean, token_at, token_end_offsets
-from grpo_cli.train.engine import Engine
+from grpo_cli.trainer.engine import Engine
 
 from helpers import read_jsonl, stable
 

@@ -133,7 +133,7 @@ def test_async_training_on_a_real_server_is_deterministic_and_resumes_exactly(tm
     pytest.importorskip("vllm")
     from grpo_cli.models.loading import resolve_model_source
     from grpo_cli.recipe.schema import ModelConfig
-    from grpo_cli.train.launch import free_port
+    from grpo_cli.trainer.launch import free_port
 
     from servers import TRAINER_TOKEN, start_server, train_env
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from grpo_cli.recipe.files import load_recipe
-from grpo_cli.train.engine import Engine
-from grpo_cli.train.launch import free_port
+from grpo_cli.trainer.engine import Engine
+from grpo_cli.trainer.launch import free_port
 
 from helpers import read_jsonl, stable
 from servers import TRAINER_TOKEN, start_server, train_env

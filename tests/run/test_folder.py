@@ -155,7 +155,7 @@ def test_drift_is_refused_unless_allowed(tmp_path, model):
 
 
 def test_changed_optimizer_settings_reach_the_restored_optimizer(tmp_path):
-    from grpo_cli.train.setup import make_scheduler
+    from grpo_cli.trainer.setup import make_scheduler
 
     model = tiny_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)

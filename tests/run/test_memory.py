@@ -53,7 +53,7 @@ def test_each_phase_reports_its_own_peak_and_the_process_peak_stays():
 @linux_only
 def test_a_step_reports_the_peak_of_each_phase(tmp_path):
     from grpo_cli.recipe.files import load_recipe
-    from grpo_cli.train.engine import Engine
+    from grpo_cli.trainer.engine import Engine
 
     from helpers import ROOT, read_jsonl
 

@@ -9,12 +9,12 @@ import pytest
 
 from grpo_cli.recipe.files import load_recipe
 from grpo_cli.run.metrics import METRICS, describe
-from grpo_cli.train.engine import Engine
+from grpo_cli.trainer.engine import Engine
 
 from helpers import ROOT, build_reward_model, read_jsonl
 
 # the modules that put keys into a step's metrics, and the prefix the engine adds to theirs
-EMITTERS = {"train/reporting.py": "", "train/update.py": "", "rollout/source.py": "", "algo/losses.py": "",
+EMITTERS = {"trainer/reporting.py": "", "trainer/update.py": "", "rollout/source.py": "", "algo/losses.py": "",
             "algo/advantages.py": "", "algo/dynamic_sampling.py": "", "rewards/rm_update.py": "",
             "eval/evaluate.py": "eval/", "run/memory.py": ""}
 SUMS = {"add_tokens", "add_weighted", "add_scalar", "add_extremes"}

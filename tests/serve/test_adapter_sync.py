@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from grpo_cli.recipe.schema import RolloutConfig
-from grpo_cli.train.launch import free_port
+from grpo_cli.trainer.launch import free_port
 
 from helpers import ROOT
 from servers import PROMPTS, TRAINER_TOKEN, make_model, max_diff, train_env, trainer_logps, wait_healthy

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from grpo_cli.recipe.schema import RolloutConfig
-from grpo_cli.train.launch import free_port
+from grpo_cli.trainer.launch import free_port
 
 from helpers import ROOT, cli
 from servers import PROMPTS, make_model, max_diff, trainer_logps, wait_healthy

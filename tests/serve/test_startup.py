@@ -20,7 +20,7 @@ import torch
 from grpo_cli.errors import StartError
 from grpo_cli.serve import startup
 from grpo_cli.serve.startup import ModelShape, check_tp, plan_kv_cache
-from grpo_cli.train.launch import free_port
+from grpo_cli.trainer.launch import free_port
 
 from servers import make_model, wait_healthy
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import torch
 
 from grpo_cli.datatypes import Processes
-from grpo_cli.train.distributed import full_optimizer_state, is_deepspeed, is_fsdp, load_full_optimizer_state
+from grpo_cli.trainer.distributed import full_optimizer_state, is_deepspeed, is_fsdp, load_full_optimizer_state
 
 FILE_PARTS = ("optimizer", "scheduler")  # parts with files of their own (trainer/optimizer.json, scheduler.json)
 

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from grpo_cli.algo.advantages import compute_advantages
 from grpo_cli.errors import LaunchError
-from grpo_cli.train.launch import free_port, gpu_count, launch_argv
+from grpo_cli.trainer.launch import free_port, gpu_count, launch_argv
 
 from helpers import read_jsonl, stable
 

@@ -1,6 +1,6 @@
 """What a step reports: the console's step line."""
 
-from grpo_cli.train.reporting import format_step_line
+from grpo_cli.trainer.reporting import format_step_line
 
 
 def test_step_line_shows_rewards_and_eval():

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from grpo_cli.algo.advantages import compute_advantages
-from grpo_cli.train.launch import free_port
+from grpo_cli.trainer.launch import free_port
 
 from helpers import read_jsonl, stable
 

@@ -36,7 +36,7 @@ def replay(run_dir: Path, step: int, overrides: list[str], out: Path | None = No
     from grpo_cli.recipe.files import load_recipe
     from grpo_cli.run.checkpoints import list_checkpoints, step_of
     from grpo_cli.run.replays import processes_of, recorded_steps
-    from grpo_cli.train.engine import Engine
+    from grpo_cli.trainer.engine import Engine
     from grpo_cli.views.run_metrics import load_run_records
 
     run_dir = Path(run_dir)

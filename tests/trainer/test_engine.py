@@ -13,7 +13,7 @@ import torch
 from grpo_cli.algo.advantages import normalize_then_sum
 from grpo_cli.errors import SetupError
 from grpo_cli.recipe.files import load_recipe
-from grpo_cli.train.engine import Engine
+from grpo_cli.trainer.engine import Engine
 
 from helpers import cli, read_jsonl, stable
 
@@ -106,7 +106,7 @@ def test_micro_batches_equal_one_big_batch(tmp_path, loss_type):
 
 def count_no_grad_forwards(monkeypatch) -> list[int]:
     """Micro-batches the updates run without autograd (old policy, reference), counted where the update calls them."""
-    import grpo_cli.train.update as update_module
+    import grpo_cli.trainer.update as update_module
 
     counted, real = [], update_module.logps_no_grad
     monkeypatch.setattr(update_module, "logps_no_grad",
@@ -115,7 +115,7 @@ def count_no_grad_forwards(monkeypatch) -> list[int]:
 
 
 def test_mu_2_takes_the_old_policy_from_iteration_0_without_a_forward_of_its_own(tmp_path, monkeypatch):
-    import grpo_cli.train.update as update_module
+    import grpo_cli.trainer.update as update_module
 
     r = load_recipe(TINY, ["train.max_steps=2", "checkpoint.every_steps=0", "logging.rollouts=false",
                            "algorithm.num_iterations=3", "train.micro_batch_size=4", "train.learning_rate=3e-3"])

@@ -23,7 +23,7 @@ from grpo_cli.recipe.schema import Recipe
 from grpo_cli.run.cpus import SlowSteps, apply_threads
 from grpo_cli.run.replays import record_step
 from grpo_cli.run.watchdog import phase
-from grpo_cli.train.reporting import Clock
+from grpo_cli.trainer.reporting import Clock
 
 
 class Engine:
@@ -48,18 +48,18 @@ class Engine:
             raise
 
     def _setup(self, resume: str | None, start_over: bool, allow_recipe_change: bool) -> None:
-        """Everything a step needs, in the order that fixes what every RNG draws (grpo_cli/train/setup.py)."""
+        """Everything a step needs, in the order that fixes what every RNG draws (grpo_cli/trainer/setup.py)."""
         from accelerate import Accelerator
 
         from grpo_cli.models.loading import quiet_libraries, resolve_mixed_precision
         from grpo_cli.rewards.rm_update import RewardModelUpdates
         from grpo_cli.rollout.source import build_rollout_source
         from grpo_cli.run.statefiles import seed_process
-        from grpo_cli.train.distributed import Collectives, process_rows
-        from grpo_cli.train.reporting import StepReport, open_run_logs
-        from grpo_cli.train.setup import build_policy, build_stream, start_from
-        from grpo_cli.train.state import restore_run
-        from grpo_cli.train.update import PolicyUpdate, Reference
+        from grpo_cli.trainer.distributed import Collectives, process_rows
+        from grpo_cli.trainer.reporting import StepReport, open_run_logs
+        from grpo_cli.trainer.setup import build_policy, build_stream, start_from
+        from grpo_cli.trainer.state import restore_run
+        from grpo_cli.trainer.update import PolicyUpdate, Reference
 
         quiet_libraries()
         r, t = self.recipe, self.recipe.train
@@ -101,7 +101,7 @@ class Engine:
 
     def _run_state(self):
         """Every stateful part of the run, by the name it is saved under."""
-        from grpo_cli.train.state import OptimizerState, ProcessRNG, RunState
+        from grpo_cli.trainer.state import OptimizerState, ProcessRNG, RunState
 
         parts: dict[str, Any] = {"optimizer": OptimizerState(self.accelerator, self.policy, self.optimizer),
                                  "scheduler": self.scheduler, "data": self.stream}
@@ -121,7 +121,7 @@ class Engine:
         phase without progress for train.stall_timeout_s stops the process with its stacks written
         (grpo_cli/run/watchdog.py)."""
         from grpo_cli.run.watchdog import Watchdog
-        from grpo_cli.train.reporting import start_line
+        from grpo_cli.trainer.reporting import start_line
 
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         step, completed = self.start_step, False
@@ -215,7 +215,7 @@ class Engine:
         return step == self.recipe.train.max_steps or self.stop_requested or (every > 0 and step % every == 0)
 
     def save(self, step: int) -> None:
-        from grpo_cli.train.state import save_run
+        from grpo_cli.trainer.state import save_run
 
         save_run(self.run_dir, step, self.procs, self.accelerator, policy=self.policy, tokenizer=self.tokenizer,
                  recipe=self.recipe, state=self.state, sharded=self.sharded, say=self.console.print)

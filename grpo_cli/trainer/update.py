@@ -23,7 +23,7 @@ from grpo_cli.algo.reference import mix_into
 from grpo_cli.algo.sampling import Truncation
 from grpo_cli.datatypes import Processes, Rollout
 from grpo_cli.models.loading import has_dropout
-from grpo_cli.train.reporting import MetricSums
+from grpo_cli.trainer.reporting import MetricSums
 
 
 def loss_config(recipe) -> LossConfig:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from grpo_cli.errors import RunFolderError, SetupError
-from grpo_cli.train.distributed import is_deepspeed, is_fsdp
+from grpo_cli.trainer.distributed import is_deepspeed, is_fsdp
 
 
 def start_from(run_dir: Path, resume: str | None, start_over: bool, allow_recipe_change: bool, recipe,
