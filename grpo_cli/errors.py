@@ -75,6 +75,13 @@ class RewardError(UserError):
     exit_code = 1
 
 
+class StallError(UserError):
+    """A run made no progress for train.stall_timeout_s (raised where the run was started from Python; the command
+    line's processes exit with the same message, grpo_cli/run/watchdog.py)."""
+
+    exit_code = 1
+
+
 class VLLMServerError(UserError):
     """`grpo serve-vllm` could not be reached or refused a request. `status`: the HTTP status of a refusal,
     None when the server was not reached."""

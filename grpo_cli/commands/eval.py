@@ -46,6 +46,7 @@ def command(
         raise UsageError("give --dataset or --file, not both")
     from grpo_cli.eval.evaluate import run_eval
     from grpo_cli.recipe.files import load_recipe
+    from grpo_cli.run.folder import run_folder_of
 
     r = load_recipe(recipe) if recipe else None
     from grpo_cli.run.hub import hub_names, is_hub_id, work_offline_if_unreachable
@@ -59,7 +60,7 @@ def command(
     # an empty value (not None) replaces the recipe's other eval source
     held_out = ({"dataset": dataset, "files": []} if dataset else
                 {"files": [str(f.resolve()) for f in files], "dataset": ""} if files else {})
-    out = output or _run_folder(targets) / "eval" / time.strftime("%Y%m%d-%H%M%S")
+    out = output or run_folder_of(targets) / "eval" / time.strftime("%Y%m%d-%H%M%S")
     overrides = dict(split=split, limit=limit, num_samples=num_samples, temperature=temperature, top_p=top_p,
                      max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size, **held_out)
     if threads is not None and threads != "auto" and not (threads.isdigit() and int(threads) >= 1):
@@ -68,14 +69,3 @@ def command(
              threads=None if threads is None else threads if threads == "auto" else int(threads))
     typer.echo(f"wrote {out}/eval.json and {out}/samples.jsonl")
 
-
-def _run_folder(targets: list[str]) -> Path:
-    """The run folder of the first target that is a run or one of its checkpoints (its eval/ goes there); else the
-    working directory."""
-    for t in targets:
-        path = Path(t)
-        if path.parent.name == "checkpoints" and path.name.startswith("step-"):
-            return path.parent.parent
-        if (path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file():
-            return path
-    return Path(".")

@@ -22,7 +22,7 @@ def command(
     num_processes: Optional[int] = typer.Option(None, "--num-processes", min=1, help="Train on N processes (one per GPU; gloo DDP on CPU) through accelerate launch."),
     accelerate_config: Optional[Path] = typer.Option(None, "--accelerate-config", help="accelerate config file, e.g. recipes/accelerate/fsdp2.yaml (DDP, FSDP2, DeepSpeed)."),
     start_over: bool = typer.Option(False, "--start-over", help="Delete the run folder's logs and checkpoints and train from step 1."),
-    allow_recipe_change: bool = typer.Option(False, "--allow-recipe-change", help="On resume, accept changes to fields that change what the run learns (model, data, algorithm, optimizer, ...); train.max_steps, train.threads, checkpoint.*, logging.*, eval.* and the vLLM server address may change without it. Recorded in recipe_changes.jsonl."),
+    allow_recipe_change: bool = typer.Option(False, "--allow-recipe-change", help="On resume, accept changes to fields that change what the run learns (model, data, algorithm, optimizer, ...); train.max_steps, train.threads, train.stall_timeout_s, checkpoint.*, logging.*, eval.* and the vLLM server address may change without it. Recorded in recipe_changes.jsonl."),
     verbose: bool = typer.Option(False, "--verbose", help="Show every log line of vLLM and transformers (default: vLLM's warnings only, each distinct one once; transformers' errors)."),
 ) -> None:
     """Train with GRPO. Writes metrics.jsonl, rollouts.jsonl and checkpoints/step-N/ under the run folder.
@@ -44,6 +44,7 @@ def command(
     from grpo_cli.recipe.files import load_recipe
     from grpo_cli.run import lock
     from grpo_cli.run.cpus import prepare_openmp
+    from grpo_cli.run.folder import finished_step
     from grpo_cli.run.hub import hub_names, work_offline_if_unreachable
     from grpo_cli.trainer.launch import launched_by_torchrun, relaunch
 
@@ -59,7 +60,7 @@ def command(
     launching = (accelerate_config or (num_processes or 1) > 1) and not launched_by_torchrun()
     if launching or (os.environ.get("RANK", "0") == "0" and not lock.inherited(run_dir)):
         lock.acquire(run_dir)  # before torch is imported or anything written: a second trainer is turned away in a second
-    done = _finished(r, run_dir, resume, start_over)
+    done = finished_step(r, run_dir, resume, start_over)
     if done is not None:  # nothing to train: no model loaded, no processes launched, no recipe change recorded
         from grpo_cli.run.checkpoints import latest_checkpoint
         from grpo_cli.views.summary import end_of_run
@@ -75,15 +76,6 @@ def command(
         os.environ[lock.HOLDER_ENV] = f"{os.getpid()}:{run_dir.resolve()}"  # the workers' lock is ours
         raise typer.Exit(relaunch(num_processes, accelerate_config, args + (["--resume", resume] if resume else [])))
     _train(r, run_dir, resume, start_over, allow_recipe_change)
-
-
-def _finished(r, run_dir: Path, resume: Optional[str], start_over: bool) -> int | None:
-    """The step of a run that `--resume auto` would find already at train.max_steps (nothing to train), else None."""
-    from grpo_cli.run.checkpoints import latest_checkpoint, step_of
-
-    newest = latest_checkpoint(run_dir) if resume == "auto" and not start_over else None
-    step = step_of(newest) if newest is not None else None
-    return step if step is not None and step >= r.train.max_steps else None
 
 
 def setup_logging() -> None:

@@ -241,13 +241,15 @@ def _majority_correct(xs: list[dict[str, Any]], match: Callable[[str, str], bool
 
 
 class _progress:
-    """Progress over problems: a rich bar with ETA on a terminal; elsewhere (a log file, a pipe) a plain line at
-    every tenth of the problems and at least every 30 s, so a log shows the eval is alive (or nothing)."""
+    """Progress over problems: a rich bar with ETA on a terminal or in Jupyter; elsewhere (a log file, a pipe) a plain
+    line at every tenth of the problems and at least every 30 s, so a log shows the eval is alive (or nothing)."""
 
     def __init__(self, enabled: bool, total: int, label: str = "") -> None:
-        import sys
+        from rich.console import Console
 
-        self.enabled, self.total, self.terminal = enabled, total, sys.stderr.isatty()
+        from grpo_cli.views.summary import live_bar_works
+
+        self.enabled, self.total, self.terminal = enabled, total, live_bar_works(Console(stderr=True))
         self.name = f"eval {label}".rstrip()  # the model measured: `grpo eval` runs one target after another
 
     def _line(self, k: int) -> None:

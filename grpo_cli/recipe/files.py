@@ -42,8 +42,6 @@ def load_raw(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> d
     Relative paths written in the file start at the file's folder; those given as overrides at the
     working directory (see `resolve_paths`)."""
     import yaml
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
     path = Path(path)
     if not path.is_file():
@@ -52,12 +50,21 @@ def load_raw(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> d
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
         raise RecipeError(f"{path}: not valid YAML: {e}") from None
+    return apply_overrides(data, overrides, path.resolve().parent, str(path))
+
+
+def apply_overrides(data: Any, overrides: list[str] | tuple[str, ...], recipe_dir: Path, where: str) -> dict[str, Any]:
+    """A recipe mapping (read from `where`, a file or `a recipe dict`) + dotlist overrides -> plain dict with
+    interpolations resolved and local paths made absolute (written ones from `recipe_dir`)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     if not isinstance(data, dict):
-        raise RecipeError(f"{path}: a recipe is a YAML mapping of sections, got {type(data).__name__}")
+        raise RecipeError(f"{where}: a recipe is a mapping of sections, got {type(data).__name__}")
     try:
         cfg = OmegaConf.create(data)
     except OmegaConfBaseException as e:
-        raise RecipeError(f"{path}: {str(e).splitlines()[0]}") from None
+        raise RecipeError(f"{where}: {str(e).splitlines()[0]}") from None
     overridden = []
     for o in overrides:
         key, sep, value = o.partition("=")
@@ -72,8 +79,8 @@ def load_raw(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> d
     try:
         raw = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as e:
-        raise RecipeError(f"{path}: {str(e).splitlines()[0]}") from None
-    return resolve_paths(raw, path.resolve().parent, overridden)  # type: ignore[arg-type]
+        raise RecipeError(f"{where}: {str(e).splitlines()[0]}") from None
+    return resolve_paths(raw, recipe_dir, overridden)  # type: ignore[arg-type]
 
 
 def _absolute(value: str, base: Path) -> str:
@@ -166,13 +173,32 @@ def format_validation_error(err: ValidationError) -> str:
     return "invalid recipe:\n  " + "\n  ".join(lines)
 
 
-def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
-    """Read, override and validate a recipe. Raises RecipeError with a message for people."""
-    raw = load_raw(path, overrides)
+def raw_recipe(source: str | Path | dict[str, Any] | Recipe, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """`load_recipe`'s plain dict before validation: a YAML file, a dict of sections (relative paths start at the
+    working directory) or a `Recipe`, with the overrides applied."""
+    if isinstance(source, Recipe):
+        return apply_overrides(source.model_dump(mode="json"), overrides, Path.cwd(), "a Recipe")
+    if isinstance(source, dict):
+        import copy
+
+        return apply_overrides(copy.deepcopy(source), overrides, Path.cwd(), "a recipe dict")
+    if isinstance(source, (str, Path)):
+        return load_raw(source, overrides)
+    raise RecipeError(f"a recipe is a YAML file's path, a dict of sections or a Recipe, not {type(source).__name__}")
+
+
+def validated(raw: dict[str, Any]) -> Recipe:
+    """A raw recipe dict validated into a `Recipe`; RecipeError naming every bad field."""
     try:
         return Recipe.model_validate(raw)
     except ValidationError as e:
         raise RecipeError(format_validation_error(e)) from None
+
+
+def load_recipe(source: str | Path | dict[str, Any] | Recipe, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
+    """Read, override and validate a recipe: a YAML file, a dict of sections (relative paths start at the working
+    directory) or a `Recipe` (overrides give a new one). Raises RecipeError with a message for people."""
+    return validated(raw_recipe(source, overrides))
 
 
 def recipe_to_yaml(recipe: Recipe) -> str:

@@ -93,6 +93,9 @@ def check_reward(name: str, kwargs: dict[str, Any], timeout_s: float | None = No
         fn = resolve_reward(name)
     except ValueError as e:
         raise ValueError(f"name: {e}") from None
+    if objects.is_in_process(name) and timeout_s is not None:
+        raise ValueError(f"timeout_s: reward {name!r} is a function of this Python process; a reward with timeout_s "
+                         "runs in a child process that imports it by name: put it in a file (path/to/file.py:fn)")
     declared = getattr(fn, "reward_level", None)
     if declared is not None and declared != level:
         raise ValueError(f"level: reward {name!r} is {declared}-level: set level: {declared}")

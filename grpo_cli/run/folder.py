@@ -43,9 +43,9 @@ RECIPE_CHANGES = "recipe_changes.jsonl"
 # what --start-over deletes, nothing else (replay/: grpo_cli/run/replays.py; stalls/: grpo_cli/run/watchdog.py)
 OUTPUTS = (*LOGS, CHECKPOINTS, "recipe.yaml", RECIPE_CHANGES, RESUMES, "replay", "stalls")
 # Fields a resume may change without --allow-recipe-change: how long to train, where and how often to save,
-# log and evaluate, where the vLLM server is and how many CPU threads to use.
-RESUMABLE = ("train.max_steps", "train.threads", "checkpoint.", "logging.", "eval.", "rollout.vllm.server_url",
-             "rollout.vllm.request_timeout_s")  # a trailing dot: the section and every field in it
+# log and evaluate, where the vLLM server is, how many CPU threads to use and how long a stall may last.
+RESUMABLE = ("train.max_steps", "train.threads", "train.stall_timeout_s", "checkpoint.", "logging.", "eval.",
+             "rollout.vllm.server_url", "rollout.vllm.request_timeout_s")  # a trailing dot: the section and its fields
 UNSET = "<unset>"
 
 
@@ -231,3 +231,24 @@ def apply_optimizer_changes(optimizer: Any, scheduler: Any, changed: set[str], t
         for g, base, factor in zip(groups, scheduler.base_lrs, scheduler.lr_lambdas):
             g["initial_lr"], g["lr"] = base, base * factor(scheduler.last_epoch)
         scheduler._last_lr = [g["lr"] for g in groups]
+
+
+def finished_step(recipe: Any, run_dir: Path, resume: str | None, start_over: bool) -> int | None:
+    """The step of a run that `--resume auto` would find already at train.max_steps (nothing to train), else None."""
+    from grpo_cli.run.checkpoints import latest_checkpoint, step_of
+
+    newest = latest_checkpoint(run_dir) if resume == "auto" and not start_over else None
+    step = step_of(newest) if newest is not None else None
+    return step if step is not None and step >= recipe.train.max_steps else None
+
+
+def run_folder_of(targets: list[str]) -> Path:
+    """The run folder of the first target that is a run or one of its checkpoints (an eval's output goes there);
+    else the working directory."""
+    for t in targets:
+        path = Path(t)
+        if path.parent.name == "checkpoints" and path.name.startswith("step-"):
+            return path.parent.parent
+        if (path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file():
+            return path
+    return Path(".")

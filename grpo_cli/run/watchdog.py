@@ -17,13 +17,18 @@ written to a temporary folder and moved into place (grpo_cli/run/checkpoints.py)
 intact and `--resume auto` takes it. Reports older than the run's start are an earlier run's and are ignored.
 
 Stopping is `os._exit`: a thread blocked in C (a collective, a socket read, `time.sleep` in a reward) cannot be
-interrupted from Python. Importing this module must not import torch.
+interrupted from Python. One exception: a one-process run started from Python (grpo_cli.train, a notebook whose
+kernel should live on) is stopped with a signal to its main thread, whose handler raises `StallInterrupt` (a
+BaseException, like KeyboardInterrupt: a reward's `except Exception` cannot swallow it); the API turns it into a
+`StallError`. A blocked `time.sleep` or socket read wakes for a signal; a main thread that has not left the run
+within GRACE_S still ends the process. Importing this module must not import torch.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -38,6 +43,12 @@ MARKER = "stalled.json"
 EXIT_CODE = 1  # a run that failed on the way (grpo_cli/errors.py)
 COLLECTIVE = "collective: "  # the phases in which a process waits for the others (grpo_cli/trainer/distributed.py)
 PEER_WAIT_S = 10.0  # how long the first stalled process waits for the other processes' stack files
+INTERRUPT = signal.SIGUSR1  # sent to the main thread of a run started from Python (`interrupt=True`)
+GRACE_S = 30.0  # how long that main thread has to leave the run before the process ends anyway
+
+
+class StallInterrupt(BaseException):
+    """Raised in the main thread of a run started from Python when it stalled; the message is the error's."""
 
 _armed: "Watchdog | None" = None
 
@@ -93,9 +104,13 @@ class Watchdog:
     guards (`with Watchdog(...):`). `step` (settable) goes into the error message and the stack file."""
 
     def __init__(self, run_dir: str | Path, timeout_s: float, *, process: int = 0, processes: int = 1,
-                 poll_s: float | None = None, say=None) -> None:
+                 poll_s: float | None = None, say=None, interrupt: bool = False) -> None:
+        """`interrupt`: a one-process run in the main thread raises StallInterrupt there instead of exiting."""
         self.run_dir, self.timeout_s = Path(run_dir), float(timeout_s)
         self.process, self.processes = process, processes
+        self.interrupt = interrupt and processes == 1 and threading.current_thread() is threading.main_thread()
+        self._previous_handler = None
+        self.error = ""
         self.poll_s = poll_s if poll_s is not None else min(1.0, max(0.05, self.timeout_s / 20))
         self.say = say or (lambda text: print(text, file=sys.stderr, flush=True))
         self.step = 0
@@ -112,9 +127,14 @@ class Watchdog:
         self.armed_at = time.time()  # files in stalls/ older than this are an earlier run's (this one resumed it)
         _threads.clear()
         _armed = self
+        if self.interrupt:
+            self._previous_handler = signal.signal(INTERRUPT, self._raise)
         self._thread = threading.Thread(target=self._watch, name="grpo-watchdog", daemon=True)
         self._thread.start()
         return self
+
+    def _raise(self, signum, frame) -> None:
+        raise StallInterrupt(self.error)
 
     def disarm(self) -> None:
         global _armed
@@ -123,6 +143,9 @@ class Watchdog:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+        if self._previous_handler is not None:
+            signal.signal(INTERRUPT, self._previous_handler)
+            self._previous_handler = None
         _threads.clear()
 
     def __enter__(self) -> "Watchdog":
@@ -165,12 +188,24 @@ class Watchdog:
         root = min(stalled, key=lambda r: (r["phase"].split(" > ")[-1].startswith(COLLECTIVE), r["since"]), default=info)
         if root["process"] == self.process:
             _write_json(self.stalls / MARKER, root)
-            self.say(self.message(root, stacks, [r["process"] for r in reports]))
+            text = self.message(root, stacks, [r["process"] for r in reports])
+            if self.interrupt:
+                self._interrupt_main(text.removeprefix("error: "))
+                return
+            self.say(text)
         else:
             self.say(f"error: process {self.process} stopped: process {root['process']} (pid {root['pid']} on "
                      f"{root['host']}) made no progress for {root['idle_s']:.0f} s in {root['phase']}; this process "
                      f"was in {mine}; its stacks: {stacks}")
         os._exit(EXIT_CODE)
+
+    def _interrupt_main(self, error: str) -> None:
+        """StallInterrupt(error) in the main thread; the process ends if the run is not left within GRACE_S."""
+        self.error = error
+        signal.pthread_kill(threading.main_thread().ident, INTERRUPT)
+        if not self._stop.wait(GRACE_S):  # disarm() sets it as the main thread leaves the run
+            self.say(f"error: {error}; the main thread did not stop within {GRACE_S:.0f} s of the signal: exiting")
+            os._exit(EXIT_CODE)
 
     def _reports(self) -> list[dict]:
         """This run's stall reports, one per process that has written one."""

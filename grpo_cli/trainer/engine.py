@@ -116,17 +116,21 @@ class Engine:
         return RunState(parts, per_process={"rng_per_rank": ProcessRNG(), "generator_per_rank": self.rollouts.generator})
 
     # ----- the loop ---------------------------------------------------------------------------
-    def fit(self) -> int:
+    def fit(self, *, raise_on_stall: bool = False) -> int:
         """Train to train.max_steps; returns the last completed step. SIGINT/SIGTERM stop after a checkpoint; a
         phase without progress for train.stall_timeout_s stops the process with its stacks written
-        (grpo_cli/run/watchdog.py)."""
+        (grpo_cli/run/watchdog.py), or with `raise_on_stall` (a run started from Python) raises StallInterrupt."""
+        import threading
+
         from grpo_cli.run.watchdog import Watchdog
         from grpo_cli.trainer.reporting import start_line
 
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)} if main_thread else {}
         step, completed = self.start_step, False
         limit = self.recipe.train.stall_timeout_s
-        dog = Watchdog(self.run_dir, limit, process=self.procs.index, processes=self.procs.count) if limit else None
+        dog = Watchdog(self.run_dir, limit, process=self.procs.index, processes=self.procs.count,
+                       interrupt=raise_on_stall) if limit else None
         if dog is not None:
             dog.step = step
             dog.arm()

@@ -246,13 +246,17 @@ class Console:
             BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
         )
 
+        from grpo_cli.views.summary import live_bar_works
+
         self.console = RichConsole(stderr=True)
         self.progress = Progress(
             TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("eta"), TimeRemainingColumn(), console=self.console, transient=True,
         )
         self.task = self.progress.add_task("train", total=max_steps, completed=start_step)
-        self.progress.start()
+        self.live = live_bar_works(self.console)
+        if self.live:
+            self.progress.start()
 
     def print(self, text: str) -> None:
         if self.enabled:
@@ -280,7 +284,7 @@ class Console:
             self.console.print(format_step_line(step, self.max_steps, metrics), highlight=False, soft_wrap=True)
 
     def close(self) -> None:
-        if self.enabled:
+        if self.enabled and self.live:
             self.progress.stop()
 
 

@@ -1,5 +1,8 @@
 """Objects a recipe names: `module:attr` (an importable module) or `path/to/file.py:attr` (a file; in a recipe
-relative to its folder, load_recipe makes it absolute). Rewards, environments and tools are named so.
+relative to its folder, load_recipe makes it absolute). Rewards, environments and tools are named so. A third
+form, `python:NAME`, names a function handed over in this process (`grpo_cli.train(rewards=[fn])` registers it by
+its `__name__`): the recipe saved with the run records the name, and another process (the CLI resuming the run)
+is told which function it lacks and how to give it.
 
 A file is loaded once per process (keyed by its absolute path) under a module name of its own, registered in
 sys.modules so pickle and dataclasses inside it find their module. Errors are ValueErrors for people, naming
@@ -20,6 +23,8 @@ from typing import Any
 FORMS = ("`module:{what}` (an importable module) or `path/to/file.py:{what}` (in a recipe file: relative "
          "to its folder; in a command-line override: to the current directory)")
 _FILE_MODULES: dict[str, ModuleType] = {}  # absolute path -> module
+IN_PROCESS = "python:"
+_IN_PROCESS: dict[str, Any] = {}  # __name__ -> the function registered last under it (a notebook cell run again)
 
 
 def forms(what: str = "function") -> str:
@@ -93,8 +98,42 @@ def attribute(module: ModuleType, attr: str, where: str, name: str, kind: str = 
     return obj
 
 
+def register_in_process(obj: Any, kind: str = "reward") -> str:
+    """`python:NAME` for a callable handed over in this process, registered under its `__name__` (a function
+    defined again under the same name replaces the earlier one). ValueError when it has no usable name."""
+    name = getattr(obj, "__name__", None)
+    if not callable(obj):
+        raise ValueError(f"a {kind} must be a function, got {type(obj).__name__}")
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"a {kind} is logged under its function's name, and {obj!r} has none that can be "
+                         "(a lambda or a functools.partial): define it with `def name(...)`")
+    _IN_PROCESS[name] = obj
+    return f"{IN_PROCESS}{name}"
+
+
+def is_in_process(name: str) -> bool:
+    return name.startswith(IN_PROCESS)
+
+
+def in_process(name: str, kind: str = "reward") -> Any:
+    """The callable `python:NAME` stands for; ValueError saying how to give it when this process has none."""
+    fn = _IN_PROCESS.get(name.removeprefix(IN_PROCESS))
+    if fn is None:
+        short = name.removeprefix(IN_PROCESS)
+        raise ValueError(
+            f"{kind} {name!r} is a Python function handed to grpo_cli.train(rewards=[...]) by the process that "
+            f"started this run, and this process has none named {short!r}: run it from Python with "
+            f"grpo_cli.train(..., rewards=[{short}]), or put the function in a file and name it "
+            f"path/to/file.py:{short} (for a resume from the command line: an override of this reward's name "
+            "with --allow-recipe-change)"
+        )
+    return fn
+
+
 def resolve(name: str, kind: str = "reward", what: str = "function") -> Any:
-    """The object `module:attr` or `path/file.py:attr` names."""
+    """The object `module:attr`, `path/file.py:attr` or `python:NAME` names."""
+    if is_in_process(name):
+        return in_process(name, kind)
     target, attr = split(name, kind, what)
     module = load_file(target, name, kind) if is_file(target) else import_module(target, name, kind, what)
     return attribute(module, attr, target, name, kind, what)

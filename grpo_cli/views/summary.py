@@ -1,5 +1,6 @@
 """What `grpo train` says when a run ends: how far the reward moved, the eval accuracy, where the run is, and the
-commands that look at it next. Read from the run folder's metrics.jsonl (no torch)."""
+commands that look at it next. Read from the run folder's metrics.jsonl (no torch). And whether a live progress bar
+can be shown where the run prints."""
 
 from __future__ import annotations
 
@@ -12,6 +13,16 @@ from typing import Any
 
 from grpo_cli.run.logs import METRICS, read_records
 from grpo_cli.views.run_metrics import RewardWindow, reward_windows, step_span
+
+
+def live_bar_works(console: Any) -> bool:
+    """A rich `console` can redraw a progress bar in place: a terminal, or Jupyter with ipywidgets (rich draws it in
+    an Output widget there; without ipywidgets it would only warn). Elsewhere (a log file, a pipe) print lines."""
+    if console.is_jupyter:
+        import importlib.util
+
+        return importlib.util.find_spec("ipywidgets") is not None
+    return console.is_terminal
 
 
 def reward_change(records: list[dict[str, Any]]) -> str | None:

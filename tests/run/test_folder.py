@@ -138,6 +138,7 @@ def test_drift_classifies_and_lists_fields():
     assert {k for k in changes if resumable(k)} == {"train.max_steps", "checkpoint.keep_last"} | {
         k for k in changes if k.startswith("eval")}
     assert not resumable("train.learning_rate") and not resumable("evaluation") and resumable("eval.limit")
+    assert resumable("train.stall_timeout_s")  # a stall stopped the run: raise the limit and resume
 
 
 def test_drift_is_refused_unless_allowed(tmp_path, model):
