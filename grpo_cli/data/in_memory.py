@@ -29,8 +29,8 @@ def to_dataset(rows: Any, what: str = "dataset"):
     elif isinstance(rows, DatasetDict):
         raise DataError(f"{what}: a DatasetDict holds splits ({', '.join(rows)}); pass one of them, e.g. ds['train']")
     elif isinstance(rows, IterableDataset):
-        raise DataError(f"{what}: an IterableDataset is read as it streams: save its rows as JSONL or Parquet files "
-                        "and name them in data.files with data.streaming: true")
+        raise DataError(f"{what}: an IterableDataset is not saved with the run; write its rows to JSONL or Parquet "
+                        "files and name them in data.files")
     elif isinstance(rows, (list, tuple)) and all(isinstance(r, dict) for r in rows):
         try:
             ds = Dataset.from_list(list(rows))

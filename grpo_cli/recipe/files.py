@@ -60,7 +60,7 @@ def apply_overrides(data: Any, overrides: list[str] | tuple[str, ...], recipe_di
     from omegaconf.errors import OmegaConfBaseException
 
     if not isinstance(data, dict):
-        raise RecipeError(f"{where}: a recipe is a mapping of sections, got {type(data).__name__}")
+        raise RecipeError(f"{where}: a recipe is a YAML mapping of sections, got {type(data).__name__}")
     try:
         cfg = OmegaConf.create(data)
     except OmegaConfBaseException as e:

@@ -300,8 +300,10 @@ class LoggingConfig(Section):
         "and verl), not to the recipe file.",
     )
     every_steps: int = Field(1, ge=1, description="Print a console line every N steps (metrics.jsonl gets every step).")
-    trackers: list[Literal["tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml"]] = Field(
-        default_factory=list, description="accelerate trackers to report to."
+    trackers: list[Literal["tensorboard", "wandb", "mlflow", "trackio", "comet_ml", "aim", "clearml"]] = Field(
+        default_factory=list, description="Trackers to report to (through accelerate; pip install -e \".[trackers]\" "
+        "for the first four): every step's metrics and the resolved recipe as config; a resumed run continues the "
+        "same tracker run (ids in RUN/trackers.json).",
     )
     rollouts: bool = Field(True, description="Write rollouts.jsonl (every completion with its rewards).")
     replay: bool = Field(True, description="Record each step's batch exactly (token ids, masks, sampler log-probs, "

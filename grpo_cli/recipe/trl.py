@@ -301,7 +301,7 @@ def convert(config: dict[str, Any], *, num_processes: int = 1, name: str | None 
     r["checkpoint"] = {"every_steps": every, "keep_last": cfg["save_total_limit"]}
     report = cfg["report_to"]
     report = [] if report in (None, "none", ["none"]) else ([report] if isinstance(report, str) else list(report))
-    trackers = [t for t in report if t in ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml")]
+    trackers = [t for t in report if t in ("tensorboard", "wandb", "mlflow", "trackio", "comet_ml", "aim", "clearml")]
     for t in report:
         if t not in trackers and t != "all":
             out.unmapped.append(("report_to", t, "not one of accelerate's trackers"))

@@ -37,11 +37,12 @@ from grpo_cli.run.checkpoints import (
     verify_checkpoint,
 )
 from grpo_cli.run.logs import RESUMES, read_records
+from grpo_cli.run.trackers import OUTPUTS as TRACKER_OUTPUTS
 
 LOGS = ("metrics.jsonl", "rollouts.jsonl")
 RECIPE_CHANGES = "recipe_changes.jsonl"
 # what --start-over deletes, nothing else (replay/: grpo_cli/run/replays.py; stalls/: grpo_cli/run/watchdog.py)
-OUTPUTS = (*LOGS, CHECKPOINTS, "recipe.yaml", RECIPE_CHANGES, RESUMES, "replay", "stalls")
+OUTPUTS = (*LOGS, CHECKPOINTS, "recipe.yaml", RECIPE_CHANGES, RESUMES, "replay", "stalls", *TRACKER_OUTPUTS)
 # Fields a resume may change without --allow-recipe-change: how long to train, where and how often to save,
 # log and evaluate, where the vLLM server is, how many CPU threads to use and how long a stall may last.
 RESUMABLE = ("train.max_steps", "train.threads", "train.stall_timeout_s", "checkpoint.", "logging.", "eval.",

@@ -51,6 +51,8 @@ class Engine:
         """Everything a step needs, in the order that fixes what every RNG draws (grpo_cli/trainer/setup.py)."""
         from accelerate import Accelerator
 
+        from grpo_cli.run.trackers import tracker_folders
+
         from grpo_cli.models.loading import quiet_libraries, resolve_mixed_precision
         from grpo_cli.rewards.rm_update import RewardModelUpdates
         from grpo_cli.rollout.source import build_rollout_source
@@ -67,7 +69,7 @@ class Engine:
         self.threads = apply_threads(t.threads, local) if t.threads is not None else None
         self.mixed_precision = resolve_mixed_precision(t.mixed_precision, r.model.dtype)
         self.accelerator = acc = Accelerator(mixed_precision=self.mixed_precision, log_with=r.logging.trackers or None,
-                                             project_dir=str(self.run_dir))
+                                             project_config=tracker_folders(self.run_dir))
         self.procs = Collectives(acc)
         self.rows = process_rows(acc, r)  # this process's slice of the B*G completion rows
         self.checkpoint_path, self.recipe_changes = start_from(self.run_dir, resume, start_over, allow_recipe_change,

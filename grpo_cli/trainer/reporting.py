@@ -310,6 +310,9 @@ def open_run_logs(run_dir: Path, recipe, start_step: int, checkpoint_path: Path 
             if log is not None and log.dropped:  # written after the checkpoint by the run that was interrupted
                 print(f"{log.path.name}: dropped {log.dropped} lines of steps after {start_step}, "
                       f"logged after the checkpoint {checkpoint_path} was saved")
-    if recipe.logging.trackers:
-        accelerator.init_trackers(recipe.name, config=flat_config(recipe.model_dump(mode="json")))
+    if recipe.logging.trackers:  # the same tracker runs as before a resume (grpo_cli/run/trackers.py)
+        from grpo_cli.run.trackers import start_trackers
+
+        start_trackers(accelerator, recipe.name, flat_config(recipe.model_dump(mode="json")), run_dir, start_step,
+                       recipe.logging.trackers)
     return metrics_log, rollout_log, Console(recipe.train.max_steps, start_step, recipe.logging.every_steps, main)
