@@ -136,7 +136,7 @@ def train(recipe: RecipeLike, *, overrides: Sequence[str] | None = None, rewards
     if os.environ.get("WORLD_SIZE", "1") != "1":
         raise UsageError("grpo_cli.train runs in one process; for several, use `grpo train --num-processes N`")
     r = recipe_with(recipe, overrides, rewards)
-    run_dir = Path(output_dir or r.output_dir)
+    run_dir, resume = Path(output_dir or r.output_dir), str(resume) if resume else None
     key = lock.acquire(run_dir)  # before the dataset is written into the folder
     try:
         if dataset is not None:
@@ -144,12 +144,12 @@ def train(recipe: RecipeLike, *, overrides: Sequence[str] | None = None, rewards
         prepare_openmp(r.train.threads)  # takes effect only when torch is not imported yet
         work_offline_if_unreachable(hub_names(r), print)
         check_data(r)
-        done = finished_step(r, run_dir, str(resume) if resume else None, start_over)
+        done = finished_step(r, run_dir, resume, start_over)
         if done is not None:
             print(f"{run_dir} has finished: step {done} of train.max_steps {r.train.max_steps} (raise "
                   "train.max_steps to train on, or start_over=True to train again)")
             return _result(run_dir, done, stopped=False)
-        step, stopped = _fit(r, run_dir, str(resume) if resume else None, start_over, allow_recipe_change)
+        step, stopped = _fit(r, run_dir, resume, start_over, allow_recipe_change)
         return _result(run_dir, step, stopped)
     finally:
         lock.release(key)

@@ -21,18 +21,20 @@ def brevity(completions, **_):  # the notebook's reward; tests/api_rewards.py ho
     return [1.0 / (1 + len(c)) for c in completions]
 
 
-@pytest.fixture(scope="module")
-def cache_env(tmp_path_factory) -> dict:
-    """The session's builtin-model cache (conftest's model_cache), for this module's in-process runs and CLI runs."""
-    env = {**os.environ, "GRPO_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "grpo-cache")}
-    os.environ["GRPO_CACHE_DIR"] = env["GRPO_CACHE_DIR"]
-    return env
+@pytest.fixture(scope="module", autouse=True)
+def cache_env(tmp_path_factory):
+    """The session's builtin-model cache (conftest's model_cache) and the repo root as working directory, for this
+    module's in-process runs, its CLI runs and the notebook's kernel; both restored after the module."""
+    cache = str(tmp_path_factory.getbasetemp() / "grpo-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GRPO_CACHE_DIR", cache)
+        mp.chdir(ROOT)
+        yield {**os.environ, "GRPO_CACHE_DIR": cache}
 
 
 @pytest.fixture(scope="module")
 def python_run(tmp_path_factory, cache_env):
     """2 steps from Python: a function reward at weight 0.5 next to a built-in one, rows given as a list of dicts."""
-    os.chdir(ROOT)
     out = tmp_path_factory.mktemp("api") / "run"
     return grpo_cli.train("recipes/ci-tiny.yaml", rewards=["accuracy", (brevity, 0.5)], dataset=ROWS,
                           overrides=TINY, output_dir=out)

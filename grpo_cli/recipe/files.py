@@ -178,10 +178,8 @@ def raw_recipe(source: str | Path | dict[str, Any] | Recipe, overrides: list[str
     working directory) or a `Recipe`, with the overrides applied."""
     if isinstance(source, Recipe):
         return apply_overrides(source.model_dump(mode="json"), overrides, Path.cwd(), "a Recipe")
-    if isinstance(source, dict):
-        import copy
-
-        return apply_overrides(copy.deepcopy(source), overrides, Path.cwd(), "a recipe dict")
+    if isinstance(source, dict):  # OmegaConf reads a copy: the caller's dict stays as it was
+        return apply_overrides(source, overrides, Path.cwd(), "a recipe dict")
     if isinstance(source, (str, Path)):
         return load_raw(source, overrides)
     raise RecipeError(f"a recipe is a YAML file's path, a dict of sections or a Recipe, not {type(source).__name__}")

@@ -51,12 +51,11 @@ class Engine:
         """Everything a step needs, in the order that fixes what every RNG draws (grpo_cli/trainer/setup.py)."""
         from accelerate import Accelerator
 
-        from grpo_cli.run.trackers import tracker_folders
-
         from grpo_cli.models.loading import quiet_libraries, resolve_mixed_precision
         from grpo_cli.rewards.rm_update import RewardModelUpdates
         from grpo_cli.rollout.source import build_rollout_source
         from grpo_cli.run.statefiles import seed_process
+        from grpo_cli.run.trackers import tracker_folders
         from grpo_cli.trainer.distributed import Collectives, process_rows
         from grpo_cli.trainer.reporting import StepReport, open_run_logs
         from grpo_cli.trainer.setup import build_policy, build_stream, start_from

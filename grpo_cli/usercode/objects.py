@@ -117,9 +117,9 @@ def is_in_process(name: str) -> bool:
 
 def in_process(name: str, kind: str = "reward") -> Any:
     """The callable `python:NAME` stands for; ValueError saying how to give it when this process has none."""
-    fn = _IN_PROCESS.get(name.removeprefix(IN_PROCESS))
+    short = name.removeprefix(IN_PROCESS)
+    fn = _IN_PROCESS.get(short)
     if fn is None:
-        short = name.removeprefix(IN_PROCESS)
         raise ValueError(
             f"{kind} {name!r} is a Python function handed to grpo_cli.train(rewards=[...]) by the process that "
             f"started this run, and this process has none named {short!r}: run it from Python with "
