@@ -262,11 +262,16 @@ def lines(path: Path) -> int:
 
 
 @pytest.mark.slow
-def test_a_second_trainer_on_a_busy_folder_exits_2_naming_the_first(tmp_path):
-    run = tmp_path / "run"
-    first = popen_train(TINY, "-o", str(run), "train.max_steps=30", "checkpoint.every_steps=5")
+def test_a_second_trainer_on_a_busy_folder_exits_2_naming_the_first(tmp_path, monkeypatch):
+    run, gate = tmp_path / "run", tmp_path / "gate"
+    # the first trainer holds in its first reward call until the three attempts are done (it once finished its 30
+    # steps before the last attempt on a loaded machine, which then found the folder free)
+    gate.touch()
+    monkeypatch.setenv("GRPO_TEST_GATE", str(gate))
+    first = popen_train(TINY, "-o", str(run), "train.max_steps=30", "checkpoint.every_steps=5",
+                        "rewards.1.name=tests/stall_rewards.py:waits_at_gate")
     try:
-        wait_for(lambda: lines(run / "metrics.jsonl") >= 1, proc=first)
+        wait_for(lambda: Path(f"{gate}.reached").exists(), proc=first)
         for extra in ([], ["--resume", "auto"], ["--start-over"]):
             t0 = time.monotonic()
             second = cli("train", TINY, "-o", str(run), *extra, timeout=120)
@@ -276,6 +281,7 @@ def test_a_second_trainer_on_a_busy_folder_exits_2_naming_the_first(tmp_path):
             assert f"run folder {run.resolve()} is in use by another trainer (pid {first.pid} on host " \
                    f"{socket.gethostname()}" in second.stderr
             assert "Traceback" not in second.stderr and took < 60
+        gate.unlink()
         out, err = first.communicate(timeout=300)
     finally:
         first.kill()
