@@ -1,10 +1,11 @@
 """Early data checks for `grpo validate` and `grpo train`: what can be known without loading a model.
 
-Reads only the first rows of data files (JSON Lines / JSON / CSV headers / parquet schema), a few
-generated problems, or the feature list of a `save_to_disk` folder, and checks that the prompt column,
-the template's placeholders and the answer column exist. Hub datasets are not reachable offline: they
-are skipped with a note. Every failure is a `DataError` naming the field, the columns there are and a
-close match; the CLI exits 2 with it, in `validate` and `train` alike.
+Reads the first rows of data files (JSON Lines / JSON / CSV headers / parquet schema), a few generated
+problems, or the feature list of a `save_to_disk` folder, and checks that the prompt column, the template's
+placeholders and the answer column exist; for the accuracy reward, that the rows of local files have reference
+answers (every row, or each file's first STREAM_CHECK_ROWS with data.streaming). Hub datasets are not reachable
+offline: they are skipped with a note. Every failure is a `DataError` naming the field, the columns there are and
+a close match; the CLI exits 2 with it, in `validate` and `train` alike.
 
 Importing this module must not import torch, transformers or datasets (`grpo validate` stays fast).
 """
@@ -13,10 +14,12 @@ from __future__ import annotations
 
 import csv
 import json
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpo_cli.data.generators import GENERATORS
+from grpo_cli.data.paths import expand_files
 from grpo_cli.data.prompts import FILE_BUILDERS, check_columns, reward_columns
 from grpo_cli.errors import DataError
 
@@ -24,6 +27,7 @@ if TYPE_CHECKING:
     from grpo_cli.recipe.schema import DataConfig, Recipe
 
 PREVIEW_ROWS = 20
+STREAM_CHECK_ROWS = 1000  # data.streaming: the rows whose answers are checked (all rows of loaded data)
 
 
 def _json_rows(path: Path, n: int | None = None) -> list[dict]:
@@ -166,7 +170,7 @@ def source_columns(cfg: DataConfig, seed: int, section: str = "data",
                    notes: list[str] | None = None) -> tuple[list[str], str]:
     """(the columns, a description of the source); `notes` gets a line when the hub cannot be reached."""
     if cfg.files:
-        return files_columns(cfg.files, f"{section}.files"), f"{section}.files"
+        return files_columns(expand_files(cfg.files, f"{section}.files"), f"{section}.files"), f"{section}.files"
     if cfg.generator:
         return _generated_columns(cfg, seed), f"data.generator {cfg.generator!r}"
     folder = Path(cfg.dataset).expanduser()
@@ -204,33 +208,40 @@ def check_data(recipe: Recipe) -> list[str]:
         check_columns(cfg, columns, source, needs_answer(recipe))
         check_reward_parameters(recipe, cfg, columns, source)
         if cfg.files and cfg.answer_column in columns and needs_answer(recipe):
-            check_answers(cfg.files, cfg.answer_column, f"{section}.files")
+            check_answers(expand_files(cfg.files, f"{section}.files"), cfg.answer_column, f"{section}.files",
+                          STREAM_CHECK_ROWS if cfg.streaming else None)
     return notes
 
 
-def _column_values(path: Path, column: str) -> list:
-    """Every row's value of `column` in one local data file (None where a row lacks it)."""
+def _column_values(path: Path, column: str, n: int | None = None) -> list:
+    """The value of `column` in the first n rows (None: every row) of one local data file (None where a row lacks
+    it); a streamed file is read only that far."""
     suffix = path.suffix.lower()
     if suffix == ".csv":
         with open(path, newline="", encoding="utf-8") as f:
-            return [row.get(column) for row in csv.DictReader(f)]
+            return [row.get(column) for row in islice(csv.DictReader(f), n)]
     if suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        return pq.read_table(path, columns=[column]).column(column).to_pylist()
-    return [row.get(column) for row in _json_rows(path)]
+        if n is None:
+            return pq.read_table(path, columns=[column]).column(column).to_pylist()
+        batch = next(pq.ParquetFile(path).iter_batches(batch_size=n, columns=[column]), None)
+        return batch.column(column).to_pylist() if batch is not None else []
+    return [row.get(column) for row in _json_rows(path, n)]
 
 
-def check_answers(files: list[str], column: str, field: str) -> None:
+def check_answers(files: list[str], column: str, field: str, first: int | None = None) -> None:
     """DataError naming the rows whose reference answer is missing or empty: they would train with no accuracy
-    reward at all (scored by the other rewards alone), which is nearly always a data error."""
+    reward at all (scored by the other rewards alone), which is nearly always a data error. `first`: check only
+    each file's first rows (data.streaming: the files are not read in full before training)."""
     for f in files:
-        values = _column_values(Path(f), column)
+        values = _column_values(Path(f), column, first)
         missing = [i for i, v in enumerate(values, start=1) if v is None or (isinstance(v, str) and not v.strip())]
         if missing:
             shown = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
+            of = f"the first {len(values)}" if first is not None and len(values) == first else f"{len(values)}"
             raise DataError(
-                f"{field}: {len(missing)} of {len(values)} rows of {f} have no {column!r} (rows {shown}; row 1 is "
+                f"{field}: {len(missing)} of {of} rows of {f} have no {column!r} (rows {shown}; row 1 is "
                 "the first data row): the accuracy reward would score them as missing and they would train on the "
                 "other rewards alone; fill or drop them")
 

@@ -29,8 +29,9 @@ def to_dataset(rows: Any, what: str = "dataset"):
     elif isinstance(rows, DatasetDict):
         raise DataError(f"{what}: a DatasetDict holds splits ({', '.join(rows)}); pass one of them, e.g. ds['train']")
     elif isinstance(rows, IterableDataset):
-        raise DataError(f"{what}: an IterableDataset is not saved with the run; write its rows to JSONL or Parquet "
-                        "files and name them in data.files")
+        raise DataError(f"{what}: an IterableDataset cannot be saved with the run for a resume; name its files "
+                        "(JSONL or Parquet shards) in data.files, or its hub name in data.dataset, and set "
+                        "data.streaming: true")
     elif isinstance(rows, (list, tuple)) and all(isinstance(r, dict) for r in rows):
         try:
             ds = Dataset.from_list(list(rows))

@@ -1,9 +1,10 @@
 """Datasets -> prompts: load rows, render templates (+ chat template), tokenize, stream seeded batches.
 
 Rows come from a hub or local dataset, local .json/.jsonl/.parquet/.csv files, or an offline problem
-generator (`grpo_cli/data/generators.py`). A prompt is `data.template` formatted with the row's columns, or the row's
-`data.prompt_column` (a string, or a TRL-style conversation: a list of {"role", "content"} dicts).
-`PromptStream` hands out endless, seeded, resumable batches of `PromptBatch`.
+generator (`grpo_cli/data/generators.py`), loaded, or read as a stream with data.streaming (`grpo_cli/data/streaming.py`).
+A prompt is `data.template` formatted with the row's columns, or the row's `data.prompt_column` (a string, or a
+TRL-style conversation: a list of {"role", "content"} dicts). `PromptStream` hands out endless, seeded, resumable
+batches of `PromptBatch`.
 
 Importing this module must not import torch, transformers or datasets (`grpo validate` checks data
 through it); heavy imports live inside the functions that need them.
@@ -16,11 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpo_cli.data.generators import GENERATORS
+from grpo_cli.data.paths import expand_files
 from grpo_cli.errors import DataError
 from grpo_cli.registry import did_you_mean
 
 if TYPE_CHECKING:
-    from datasets import Dataset
+    from datasets import Dataset, IterableDataset
 
     from grpo_cli.datatypes import PromptBatch
     from grpo_cli.recipe.schema import DataConfig
@@ -31,17 +33,23 @@ FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv
 # ---------------------------------------------------------------- loading
 
 
-def load_rows(cfg: DataConfig, seed: int) -> Dataset:
-    """The rows to train on, from data.dataset, data.files or data.generator, cut to data.limit."""
+def load_rows(cfg: DataConfig, seed: int) -> Dataset | IterableDataset:
+    """The rows to train on, from data.dataset, data.files or data.generator, cut to data.limit; with data.streaming
+    an IterableDataset, opened and its columns checked but not read (the stream applies data.limit)."""
     if cfg.generator:
         ds = _generated_rows(cfg, seed)
         source = f"data.generator {cfg.generator!r}"
     elif cfg.files:
-        ds = _file_rows(cfg.files)
+        ds = _file_rows(expand_files(cfg.files, "data.files"), cfg.streaming)
         source = f"data.files {cfg.files}"
     else:
         ds = _dataset_rows(cfg)
         source = f"data.dataset {cfg.dataset!r}"
+    if cfg.streaming:
+        from grpo_cli.data.streaming import stream_columns
+
+        check_columns(cfg, stream_columns(ds, source), source)
+        return ds
     if cfg.limit is not None:
         ds = ds.select(range(min(cfg.limit, len(ds))))
     if len(ds) == 0:
@@ -71,7 +79,7 @@ def _generated_rows(cfg: DataConfig, seed: int) -> Dataset:
     return Dataset.from_list(rows)
 
 
-def _file_rows(files: list[str]) -> Dataset:
+def _file_rows(files: list[str], streaming: bool) -> Dataset | IterableDataset:
     from datasets import load_dataset
 
     paths = [Path(f).expanduser() for f in files]
@@ -82,18 +90,28 @@ def _file_rows(files: list[str]) -> Dataset:
         if not p.is_file():
             raise DataError(f"data.files: {p} does not exist; fix the path (relative paths in a recipe start at "
                             "its folder, in an override at the working directory)")
-        if p.stat().st_size == 0:
+        if p.stat().st_size == 0 or (p.suffix.lower() == ".parquet" and _parquet_rows(p) == 0):
             raise DataError(f"data.files: {p} is empty; remove it from data.files or fill it")
         builders.add(FILE_BUILDERS[p.suffix.lower()])
     if len(builders) > 1:
         raise DataError(f"data.files mixes formats ({', '.join(sorted(builders))}); convert them to one format")
     try:
-        return load_dataset(builders.pop(), data_files=[str(p) for p in paths], split="train")
+        return load_dataset(builders.pop(), data_files=[str(p) for p in paths], split="train", streaming=streaming)
     except Exception as e:
         raise DataError(f"data.files: could not read {files}: {type(e).__name__}: {e}") from e
 
 
-def _dataset_rows(cfg: DataConfig) -> Dataset:
+def _parquet_rows(path: Path) -> int | None:
+    """The rows a Parquet file's footer counts (None if it cannot be read: the loader says why)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except Exception:  # noqa: BLE001 - not Parquet: datasets' error names the file
+        return None
+
+
+def _dataset_rows(cfg: DataConfig) -> Dataset | IterableDataset:
     from datasets import DatasetDict, load_dataset, load_from_disk
 
     folder = Path(cfg.dataset).expanduser()
@@ -104,8 +122,8 @@ def _dataset_rows(cfg: DataConfig) -> Dataset:
                 if cfg.split not in ds:
                     raise DataError(f"data.split {cfg.split!r} not in {cfg.dataset}; splits: {', '.join(ds)}")
                 ds = ds[cfg.split]
-            return ds
-        return load_dataset(cfg.dataset, cfg.config, split=cfg.split)
+            return ds.to_iterable_dataset(num_shards=max(1, len(ds.cache_files))) if cfg.streaming else ds
+        return load_dataset(cfg.dataset, cfg.config, split=cfg.split, streaming=cfg.streaming)
     except DataError:
         raise
     except Exception as e:
@@ -113,6 +131,8 @@ def _dataset_rows(cfg: DataConfig) -> Dataset:
             f"data.dataset {cfg.dataset!r} (config {cfg.config!r}, split {cfg.split!r}) could not be loaded: "
             f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}; check the name, "
             "data.config and data.split, that it is in the hub cache when offline, or use data.files / data.generator"
+            + ("; data.streaming reads a hub dataset from the hub itself, not from the cache: offline, set "
+               "data.streaming: false or stream local files" if cfg.streaming else "")
         ) from e
 
 
@@ -266,24 +286,13 @@ def reward_columns(columns: dict[str, Any], answer_column: str | None) -> dict[s
     return out
 
 
-class PromptStream:
-    """Endless, seeded, resumable batches of prompts.
+class DatasetRows:
+    """An in-memory dataset's rows, epoch after epoch: epoch e visits every row once, in the order of a permutation
+    drawn from numpy's Generator seeded with (seed, e) (dataset order without data.shuffle). A row's index is its
+    row in the dataset. The state is {"epoch", "index"}: the next row is position `index` of epoch `epoch`."""
 
-    Epoch e visits every row once, in the order of a permutation drawn from numpy's Generator seeded
-    with (seed, e) (or in dataset order without data.shuffle); a batch may run into the next epoch.
-    The shuffle seed is data.seed when set, else `seed`. `state_dict()` is {"epoch", "index"}: the
-    next prompt is position `index` of epoch `epoch`, so a restored stream continues identically.
-    """
-
-    def __init__(self, dataset: Dataset, cfg: DataConfig, tokenizer: Any, batch_size: int, seed: int,
-                 tools: list[dict] | None = None) -> None:
-        if len(dataset) == 0:
-            raise DataError("the dataset has no rows")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.dataset, self.cfg, self.tokenizer, self.batch_size = dataset, cfg, tokenizer, batch_size
-        self.tools = tools  # rollout.tools' schemas: every prompt describes them
-        self.seed = cfg.seed if cfg.seed is not None else seed
+    def __init__(self, dataset: Dataset, shuffle: bool, seed: int) -> None:
+        self.dataset, self.shuffle, self.seed = dataset, shuffle, seed
         self.epoch, self.index = 0, 0
         self._order: list[int] | None = None  # permutation of the current epoch
 
@@ -291,6 +300,8 @@ class PromptStream:
         return {"epoch": self.epoch, "index": self.index}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        if "index" not in state:
+            raise ValueError(f"the data position {state} was saved by a streamed run (data.streaming)")
         epoch, index = int(state["epoch"]), int(state["index"])
         if epoch < 0 or not 0 <= index <= len(self.dataset):
             raise ValueError(f"prompt stream state {state} does not fit a dataset of {len(self.dataset)} rows")
@@ -301,36 +312,88 @@ class PromptStream:
         import numpy as np
 
         n = len(self.dataset)
-        if not self.cfg.shuffle:
+        if not self.shuffle:
             return list(range(n))
         rng = np.random.default_rng([self.seed % 2**63, epoch])  # SeedSequence needs non-negative entries
         return rng.permutation(n).tolist()
 
-    def _next_indices(self) -> list[int]:
-        picked = []
-        while len(picked) < self.batch_size:
+    def take(self, n: int) -> list[int]:
+        """The indices of the next n rows (a batch may run into the next epoch); the stream moves past them."""
+        picked: list[int] = []
+        while len(picked) < n:
             if self.index >= len(self.dataset):
                 self.epoch, self.index, self._order = self.epoch + 1, 0, None
             if self._order is None:
                 self._order = self.epoch_order(self.epoch)
-            take = min(self.batch_size - len(picked), len(self._order) - self.index)
+            take = min(n - len(picked), len(self._order) - self.index)
             picked += self._order[self.index : self.index + take]
             self.index += take
         return picked
 
+    def columns(self, indices: list[int]) -> dict[str, list]:
+        return self.dataset[indices]  # column -> list, in the order of `indices`
+
+    def close(self) -> None:
+        pass
+
+
+class PromptStream:
+    """Endless, seeded, resumable batches of prompts from a dataset's rows: `DatasetRows` for a loaded dataset,
+    `streaming.StreamedRows` for an IterableDataset (data.streaming); both tell the epoch in their state.
+
+    The shuffle seed is data.seed when set, else `seed`. `state_dict()` is the rows' position: a restored stream
+    continues identically. `in_flight`: batches handed out whose rows `batch_of` must still give back (the batches
+    a checkpoint holds in flight: rollout.max_staleness + 1).
+    """
+
+    def __init__(self, dataset: Dataset | IterableDataset, cfg: DataConfig, tokenizer: Any, batch_size: int, seed: int,
+                 tools: list[dict] | None = None, in_flight: int = 1) -> None:
+        from datasets import IterableDataset
+
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.cfg, self.tokenizer, self.batch_size = cfg, tokenizer, batch_size
+        self.tools = tools  # rollout.tools' schemas: every prompt describes them
+        self.seed = cfg.seed if cfg.seed is not None else seed
+        if isinstance(dataset, IterableDataset):
+            from grpo_cli.data.streaming import StreamedRows
+
+            self.rows: DatasetRows | StreamedRows = StreamedRows(dataset, cfg, self.seed, keep=batch_size * in_flight)
+        elif len(dataset) == 0:
+            raise DataError("the dataset has no rows")
+        else:
+            self.rows = DatasetRows(dataset, cfg.shuffle, self.seed)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.rows.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rows.load_state_dict(state)
+
     def next_batch(self) -> PromptBatch:
-        return self.batch_of(self._next_indices())
+        return self.batch_of(self.rows.take(self.batch_size))
+
+    def upcoming(self, n: int) -> PromptBatch:
+        """The next n prompts, without moving the stream (a fresh stream's: step 1's first)."""
+        state = self.rows.state_dict()
+        batch = self.batch_of(self.rows.take(n))
+        self.rows.load_state_dict(state)
+        return batch
 
     def batch_of(self, indices: list[int]) -> PromptBatch:
-        """The prompts of dataset rows `indices`, rendered and tokenized (the stream does not move)."""
+        """The prompts of rows `indices`, rendered and tokenized (the stream does not move)."""
         from grpo_cli.datatypes import PromptBatch
 
-        columns = self.dataset[indices]  # column -> list, in the order of `indices`
+        columns = self.rows.columns(indices)
         rows = [{k: v[i] for k, v in columns.items()} for i in range(len(indices))]
         texts = [render_prompt(row, self.cfg, self.tokenizer, tools=self.tools) for row in rows]
         input_ids = encode_prompts(texts, self.tokenizer, self.cfg.max_prompt_length)
         return PromptBatch(texts=texts, input_ids=input_ids, columns=reward_columns(columns, self.cfg.answer_column),
                            indices=indices)
+
+    def close(self) -> None:
+        """Close the stream's open reader, if any."""
+        self.rows.close()
 
     def __iter__(self) -> PromptStream:
         return self

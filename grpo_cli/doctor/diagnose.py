@@ -31,7 +31,7 @@ def diagnose(recipe_path: Path, overrides: list[str], processes: int = 1, resume
         tokenizer, config, dataset, batch = _inputs(r)
     except UserError as e:
         return [*verdicts, Verdict("model and data", "fail", str(e))]
-    verdicts += [check_batch(r, processes, len(dataset)), check_prompt(r, batch, tokenizer, config),
+    verdicts += [check_batch(r, processes, None if r.data.streaming else len(dataset)), check_prompt(r, batch, tokenizer, config),
                  check_memory(r, config, processes, len(batch.input_ids[0])), probe_rewards(r, batch, tokenizer)]
     if resume_steps:
         from grpo_cli.doctor.resume_check import resume_check
@@ -63,4 +63,4 @@ def _inputs(r):
 
         tools = schemas(r.rollout.tools)
     stream = PromptStream(dataset, r.data, tokenizer, r.train.prompts_per_step, seed, tools=tools)
-    return tokenizer, config, dataset, stream.batch_of(stream.epoch_order(0)[:PROBE_ROWS])  # step 1's prompts first
+    return tokenizer, config, dataset, stream.upcoming(PROBE_ROWS)  # step 1's prompts first

@@ -11,15 +11,15 @@ from grpo_cli.views.audit import Verdict
 PROBE_ROWS = 4  # the data's first rows the rewards are probed on
 
 
-def check_batch(recipe, processes: int, rows: int) -> Verdict:
-    """B x G, micro-batches, processes, tokens per step, steps per epoch."""
+def check_batch(recipe, processes: int, rows: int | None) -> Verdict:
+    """B x G, micro-batches, processes, tokens per step, steps per epoch (`rows` None: a stream, size unknown)."""
     t, a, ro, d = recipe.train, recipe.algorithm, recipe.rollout, recipe.data
     N = recipe.generation_batch_size
     per = N // processes if N % processes == 0 else None
     micro = per // t.micro_batch_size if per is not None and per % t.micro_batch_size == 0 else None
     prompt = d.max_prompt_length or 0
     tokens = N * (prompt + ro.max_completion_length)
-    epochs = t.max_steps * t.prompts_per_step / rows
+    epochs = t.max_steps * t.prompts_per_step / rows if rows else None
     evidence = [
         f"{t.prompts_per_step} prompts x G={a.num_generations} = {N} completions a step, over {processes} process(es)"
         + (f": {per} each, {micro} micro-batch(es) of {t.micro_batch_size} (gradient accumulation {micro})"
@@ -28,7 +28,9 @@ def check_batch(recipe, processes: int, rows: int) -> Verdict:
         f"{t.max_steps * a.num_iterations} optimizer steps",
         f"at most {tokens:,} tokens a step ({N} x ({prompt} prompt + {ro.max_completion_length} completion))",
         f"{rows:,} prompts in the data: an epoch is {rows / t.prompts_per_step:.1f} steps; "
-        f"{t.max_steps} steps are {epochs:.2f} epoch(s)",
+        f"{t.max_steps} steps are {epochs:.2f} epoch(s)" if rows else
+        f"data.streaming: the number of prompts is not known ahead; {t.max_steps} steps read "
+        f"{t.max_steps * t.prompts_per_step:,} of them",
     ]
     if per is None or micro is None:
         return Verdict("batch", "fail", f"{N} completions do not split into {processes} process(es) x micro-batches of "
@@ -37,11 +39,11 @@ def check_batch(recipe, processes: int, rows: int) -> Verdict:
     if a.num_generations < 2:
         return Verdict("batch", "fail", "G = 1: a group of one has no relative advantage", evidence,
                        "algorithm.num_generations >= 2 (8 or 16 is usual)")
-    if epochs > 3:
+    if epochs is not None and epochs > 3:
         return Verdict("batch", "warn", f"{epochs:.1f} epochs over {rows} prompts: the policy will see each prompt "
                        "many times", evidence, "more data, or fewer steps")
-    return Verdict("batch", "ok", f"{N} completions a step, {micro} micro-batch(es) per process, {epochs:.2f} epoch(s)",
-                   evidence)
+    return Verdict("batch", "ok", f"{N} completions a step, {micro} micro-batch(es) per process"
+                   + (f", {epochs:.2f} epoch(s)" if epochs is not None else ", streamed data"), evidence)
 
 
 def check_prompt(recipe, batch, tokenizer, model_config: Any) -> Verdict:

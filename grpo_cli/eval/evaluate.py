@@ -131,6 +131,10 @@ def load_problems(recipe: Recipe, cfg: EvalConfig, tokenizer) -> Problems:
 
     data = eval_data_config(recipe, cfg)
     rows = load_rows(data, cfg.seed)
+    if data.streaming:  # the first eval.limit rows of the stream, not the whole of it
+        from grpo_cli.data.streaming import head_rows
+
+        rows = head_rows(rows, data.limit)
     columns = {k: list(v) for k, v in rows.to_dict().items()}
     if data.answer_column and data.answer_column != "answer" and data.answer_column in columns:
         columns["answer"] = columns.pop(data.answer_column)

@@ -70,8 +70,9 @@ class DataConfig(Section):
     config: str | None = Field(None, description="Dataset config name, e.g. `main` for openai/gsm8k.")
     split: str = Field("train", description="Split to train on.")
     files: list[str] | None = Field(
-        None, description="Local .json/.jsonl/.parquet/.csv file(s) instead of `dataset`: one path or a list; "
-        "relative paths start at the recipe file's folder (at the working directory when given as an override).",
+        None, description="Local .json/.jsonl/.parquet/.csv file(s) instead of `dataset`: one path or a list, or "
+        "glob patterns (`shards/train-*.parquet`, the matches in name order); relative paths start at the recipe "
+        "file's folder (at the working directory when given as an override).",
     )
     generator: str | None = Field(None, description="Offline problem generator, e.g. `arithmetic`.")
     generator_kwargs: dict[str, Any] = Field(default_factory=dict, description="Arguments of the generator.")
@@ -88,6 +89,15 @@ class DataConfig(Section):
     limit: int | None = Field(None, ge=1, description="Use only the first N rows (before shuffling).")
     shuffle: bool = Field(True, description="Shuffle each epoch (seeded).")
     seed: int | None = Field(None, description="Shuffle seed; defaults to train.seed.")
+    streaming: bool = Field(
+        False, description="Read data.files or data.dataset as a stream (datasets' IterableDataset) instead of loading "
+        "it: memory stays flat whatever the size, nothing is written to the datasets cache, step 1 starts at once. "
+        "Resumes exactly (the stream's position is in the checkpoint). See data.shuffle_buffer.",
+    )
+    shuffle_buffer: int = Field(
+        1000, ge=1, description="data.streaming: rows read ahead and shuffled together. Each block of this many rows "
+        "is handed out in a seeded random order, and the shards (files) in a seeded order each epoch.",
+    )
 
     _files_list = field_validator("files", mode="before")(_one_or_list)
 
@@ -96,6 +106,9 @@ class DataConfig(Section):
         given = [n for n in ("dataset", "files", "generator") if getattr(self, n)]
         if len(given) != 1:
             raise ValueError(f"set exactly one of data.dataset, data.files, data.generator (got {given or 'none'})")
+        if self.streaming and self.generator:
+            raise ValueError("data.streaming reads data.files or data.dataset; data.generator makes its rows in memory "
+                             "(set data.streaming: false)")
         return self
 
 

@@ -239,7 +239,7 @@ class Engine:
                            "(send it again to exit at once)")
 
     def close(self, end_distributed: bool = False) -> None:
-        """Logs, rollouts, trackers and the run lock; `end_distributed` (a run every process finished) also
+        """Logs, rollouts, the data stream, trackers and the run lock; `end_distributed` (a run every process finished) also
         destroys the process group: left to interpreter exit, gloo's worker threads can abort the process."""
         self.console.close()
         for log in self._logs:
@@ -247,6 +247,8 @@ class Engine:
                 log.close()
         if getattr(self, "rollouts", None) is not None:
             self.rollouts.close()
+        if getattr(self, "stream", None) is not None:
+            self.stream.close()
         if end_distributed:  # not after an error: a process still inside a collective would hang the others
             self.accelerator.end_training()  # trackers finish; the process group is destroyed
         elif self.recipe.logging.trackers:

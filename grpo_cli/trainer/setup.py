@@ -109,7 +109,8 @@ def build_stream(recipe, tokenizer, accelerator):
         from grpo_cli.agents.tools import schemas
 
         tools = schemas(recipe.rollout.tools)
-    return PromptStream(dataset, d, tokenizer, recipe.train.prompts_per_step, data_seed, tools=tools)
+    return PromptStream(dataset, d, tokenizer, recipe.train.prompts_per_step, data_seed, tools=tools,
+                        in_flight=recipe.rollout.max_staleness + 1)
 
 
 def build_optimizer(params, t, *, fused: bool, device: torch.device | None = None) -> torch.optim.Optimizer:

@@ -181,6 +181,43 @@ def test_rows_without_an_answer_are_counted_and_named(folder):
         check_data(_recipe("data.files=rows.csv"))
 
 
+def test_a_streamed_file_has_its_first_rows_checked_not_the_whole_of_it(folder):
+    """data.streaming: validate reads each file's first STREAM_CHECK_ROWS rows (the file may not fit in memory);
+    the same columns checks as for loaded data."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from grpo_cli.data.checks import STREAM_CHECK_ROWS
+
+    n = STREAM_CHECK_ROWS + 500
+
+    def write(rows):
+        (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        pq.write_table(pa.Table.from_pylist(rows), folder / "rows.parquet", row_group_size=300)
+
+    for name in ("rows.jsonl", "rows.parquet"):
+        rows = [{"question": f"What is {i} + 1?", "solution": None if i in (7, n - 3) else str(i + 1)} for i in range(n)]
+        write(rows)
+        with pytest.raises(DataError, match=rf"data.files: 2 of {n} rows of .*{name} have no 'solution' .rows 8, {n - 2};"):
+            check_data(_recipe(f"data.files={name}"))
+        with pytest.raises(DataError, match=rf"data.files: 1 of the first {STREAM_CHECK_ROWS} rows of .*{name} have no "
+                                            r"'solution' .rows 8;"):
+            check_data(_recipe(f"data.files={name}", "data.streaming=true"))
+        rows[7]["solution"] = "8"
+        write(rows)
+        assert check_data(_recipe(f"data.files={name}", "data.streaming=true")) == []  # row n - 2 is not read
+    with pytest.raises(DataError, match=r"data.template uses column\(s\) \['questoin'\] \(did you mean 'question'\?\)"):
+        check_data(_recipe("data.files=rows.parquet", "data.streaming=true", "data.template={questoin}"))
+
+
+def test_validate_names_a_generator_that_is_asked_to_stream(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "grpo_cli", "validate", str(TINY), "data.streaming=true"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert "data.streaming reads data.files or data.dataset; data.generator makes its rows in memory" in p.stdout + p.stderr
+    assert "Traceback" not in p.stderr
+
+
 def test_the_columns_a_reward_receives_are_one_rule_for_validate_and_train():
     from grpo_cli.data.prompts import reward_columns
 

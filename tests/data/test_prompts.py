@@ -235,7 +235,7 @@ def test_stream_covers_every_row_once_per_epoch_with_fresh_orders(tok):
     assert all(sorted(e) == list(range(12)) for e in epochs)
     assert len({tuple(e) for e in epochs}) == 3 and epochs[0] != list(range(12))
     assert s.state_dict() == {"epoch": 2, "index": 12}
-    assert s.next_batch().indices == s.epoch_order(3)[:4]
+    assert s.next_batch().indices == s.rows.epoch_order(3)[:4]
 
 
 def test_stream_is_deterministic_and_seeded(tok):

@@ -69,3 +69,28 @@ def test_the_resume_check_proves_exact_resume_and_catches_a_reward_it_cannot_res
     code, v = doctor("--resume-check", "2", "rewards=[{name: accuracy}, {name: 'tests/probe_rewards.py:unseeded'}]")
     check = v["resume check"]
     assert code == 2 and check["severity"] == "fail" and check["finding"].startswith("a resumed run differs")
+
+
+@pytest.mark.slow
+def test_a_streamed_recipe_is_checked_on_its_first_rows_and_resumes_exactly(tmp_path):
+    """data.streaming over 3 JSON Lines shards: the batch check says the size is not known ahead, the prompt and
+    reward checks run on the stream's first rows (step 1's), and the resume check proves the stream resumes exactly."""
+    from grpo_cli.data.generators import GENERATORS
+
+    problems = GENERATORS["arithmetic"](n=30, seed=2, min_value=0, max_value=20)
+    files = [tmp_path / f"part-{s}.jsonl" for s in range(3)]
+    for s, f in enumerate(files):
+        f.write_text("".join(json.dumps(r) + "\n" for r in problems[s * 10:(s + 1) * 10]))
+    stream = ["data.generator=null", f"data.files=[{','.join(map(str, files))}]", "data.streaming=true",
+              "data.shuffle_buffer=6"]
+    code, v = doctor(*stream, "--resume-check", "4")
+    assert v["batch"]["severity"] == "ok"
+    assert v["batch"]["finding"] == "8 completions a step, 2 micro-batch(es) per process, streamed data"
+    assert "data.streaming: the number of prompts is not known ahead; 4 steps read 8 of them" in v["batch"]["evidence"]
+    first = v["first prompt"]["evidence"][0]
+    assert first.startswith("first prompt (data row 0), ")  # the stream's first row, as step 1 takes it
+    shown = "\n".join(v["first prompt"]["evidence"])
+    assert sum(f"{p['prompt']} Answer with a number." in shown for p in problems) >= 1
+    assert v["reward probe"]["severity"] == "warn" and "digit_fraction" in v["reward probe"]["finding"]
+    check = v["resume check"]
+    assert check["severity"] == "ok" and check["finding"].startswith("exact: the same metrics at every step")
