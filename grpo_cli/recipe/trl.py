@@ -137,11 +137,13 @@ def convert(config: dict[str, Any], *, num_processes: int = 1, name: str | None 
         data["chat_template_kwargs"] = cfg["chat_template_kwargs"]
     if cfg.get("data_seed") is not None:
         data["seed"] = cfg["data_seed"]
+    if cfg.get("dataset_streaming"):
+        data["streaming"] = True
     if config.get("max_prompt_length") is not None:  # TRL < 1.0 truncated prompts to it (from the left)
         data["max_prompt_length"] = int(config["max_prompt_length"])
     r["data"] = data
     take("dataset_name", "dataset_config", "dataset_train_split", "shuffle_dataset", "train_sampling_strategy",
-         "chat_template_kwargs", "data_seed")
+         "chat_template_kwargs", "data_seed", "dataset_streaming")
 
     # rewards
     rewards = []

@@ -44,7 +44,8 @@ HOMES: dict[str, tuple[str | None, str]] = {
     "dataset_config": ("data.config", _SAME),
     "dataset_train_split": ("data.split", _SAME),
     "dataset_test_split": ("eval.split", "an eval section is written"),
-    "dataset_streaming": (None, "datasets are loaded in full"),
+    "dataset_streaming": ("data.streaming", "same meaning; shuffled in blocks of data.shuffle_buffer rows (1000, "
+                          "datasets' default buffer) and resumed exactly"),
     "ignore_bias_buffers": (None, "a DDP workaround grpo does not need"),
     "shuffle_dataset": ("data.shuffle", _SAME),
     "chat_template_kwargs": ("data.chat_template_kwargs", _SAME),

@@ -214,10 +214,12 @@ def train_two_steps(tmp_path, *overrides: str, env=None):
 
 VESPO_ENTROPY = {**DOC, "loss_type": "vespo", "use_adaptive_entropy": True, "entropy_target": 100.0}
 LUSPO = {**DOC, "loss_type": "luspo"}
+STREAMING = {**DOC, "dataset_streaming": True}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", [DOC, LORA, VESPO_ENTROPY, LUSPO], ids=["documentation", "lora", "vespo", "luspo"])
+@pytest.mark.parametrize("config", [DOC, LORA, VESPO_ENTROPY, LUSPO, STREAMING],
+                         ids=["documentation", "lora", "vespo", "luspo", "streaming"])
 def test_converted_recipes_train_the_tiny_model(config, tmp_path, local_data, turn_model, model_cache):
     small = {**config, "model_name_or_path": turn_model, "dataset_name": local_data, "max_completion_length": 8,
              "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "num_generations": 4,
@@ -236,6 +238,7 @@ def test_converted_recipes_train_the_tiny_model(config, tmp_path, local_data, tu
     assert [m["step"] for m in metrics] == [1, 2] and len(read_jsonl(tmp_path / "run" / "rollouts.jsonl")) == 2 * 8
     recipe = yaml.safe_load((tmp_path / "recipe.yaml").read_text())
     assert recipe["train"]["mixed_precision"] == ("bf16" if config is DOC else "no")
+    assert recipe["data"].get("streaming", False) is (config is STREAMING)  # the data folder read as a stream
     if config is VESPO_ENTROPY:  # the entropy stays below 100 nats: the coefficient rises by 0.005 a step
         assert [round(m["entropy_coef"], 6) for m in metrics] == [0.005, 0.01]
         assert all(m["vespo/phi_seq_mean"] > 0 for m in metrics)
