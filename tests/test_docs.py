@@ -181,3 +181,31 @@ def test_readme_example_typo_exits_2_before_loading_a_model(project):
         assert "data.answer_column 'solutoin' (did you mean 'solution'?) is not a column of data.files" in p.stderr
         assert "columns: question, solution" in p.stderr and "Traceback" not in p.stderr
     assert not (elsewhere / "runs").exists()  # train stopped before making a run folder
+
+
+STREAMING = re.search(r"## Data larger than memory.*?```yaml\n(.*?)```", SECTION, re.S).group(1)
+
+
+@pytest.mark.slow
+def test_the_streaming_example_validates_and_trains_on_its_shards(project):
+    """The data section of "Data larger than memory" in the example's recipe, over the problems cut into two
+    JSON Lines shards: validate passes, train streams them (step 1's prompts are the stream's first rows)."""
+    folder, elsewhere, env = project
+    rows = FILES["problems.jsonl"].strip().splitlines()
+    (folder / "shards").mkdir()
+    for i in range(2):
+        (folder / f"shards/train-0000{i}.jsonl").write_text("\n".join(rows[2 * i:2 * i + 2]) + "\n")
+    recipe = yaml.safe_load(FILES["recipe.yaml"])
+    recipe["data"] = yaml.safe_load(STREAMING)["data"]
+    (folder / "streaming.yaml").write_text(yaml.safe_dump(recipe))
+    p = grpo("validate", str(folder / "streaming.yaml"), SMALL[0], cwd=elsewhere, env=env)
+    assert p.returncode == 0 and ": ok (my-first-run" in p.stdout, p.stderr
+    p = grpo("train", str(folder / "streaming.yaml"), *SMALL, "-o", "runs/streamed", cwd=elsewhere, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    run = elsewhere / "runs/streamed"
+    saved = yaml.safe_load((run / "recipe.yaml").read_text())["data"]
+    assert saved["files"] == [str(folder / "shards/train-*.jsonl")] and saved["streaming"] is True
+    rollouts = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    assert sorted({r["data_index"] for r in rollouts}) == [0, 1, 2, 3]  # 2 steps x 2 prompts: the whole stream
+    questions = {json.loads(r)["question"] for r in rows}
+    assert {q for q in questions if any(q in r["prompt"] for r in rollouts)} == questions
