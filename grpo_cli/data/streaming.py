@@ -198,8 +198,8 @@ class StreamedRows:
                     continue
             except Exception as e:  # noqa: BLE001 - a bad row deep in a file: say where
                 self._live = None
-                raise DataError(f"{self._source(order[shard])}: reading row {row + 1} failed: {type(e).__name__}: "
-                                f"{_first_line(e)}") from e
+                raise DataError(f"{self._source(order[shard])}: reading on from row {row + 1} failed (a chunk of rows is "
+                                f"parsed at a time): {type(e).__name__}: {_first_line(e)}") from e
             self._live = (order[shard], row, it)
         return rows, (shard, row)
 

@@ -187,7 +187,7 @@ def test_a_bad_line_deep_in_a_shard_names_the_file_and_row(shards, tmp_path):
     cfg = DataConfig(files=[good[0], str(bad)], prompt_column="question", streaming=True, shuffle=False,
                      shuffle_buffer=4)
     r = rows(cfg)
-    with pytest.raises(DataError, match=r"data.files: .*part-bad.jsonl: reading row \d+ failed"):
+    with pytest.raises(DataError, match=r"data.files: .*part-bad.jsonl: reading on from row \d+ failed"):
         r.take(ROWS)
 
 
