@@ -62,18 +62,19 @@ again.close()
 deep = (3 * rows // 4) // cfg.shuffle_buffer
 if streaming:
     at = deep * cfg.shuffle_buffer
-    state = {"epoch": 0, "taken": 0, "shards": 1, "blocks": [{"epoch": 0, "number": deep, "shard": 0, "row": at, "read": at, "first": at}]}
+    block = {"epoch": 0, "number": deep, "shard": 0, "row": at, "read": at, "first": at}
+    far_state = {"epoch": 0, "taken": 0, "shards": 1, "blocks": [block]}
 else:
-    state = {"epoch": 0, "index": deep * cfg.shuffle_buffer}
+    far_state = {"epoch": 0, "index": deep * cfg.shuffle_buffer}
 t0 = time.perf_counter()
 far = PromptStream(load_rows(cfg, 0), cfg, tok, batch, 0)
-far.load_state_dict(state)
+far.load_state_dict(far_state)
 far.next_batch()
 t_deep = time.perf_counter() - t0
 far.close()
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps({"base_mb": base, "peak_mb": peak, "first_s": t_first, "per_batch_ms": 1000 * t_rest / max(1, batches - 1),
-                  "resume_s": t_resume, "deep_s": t_deep, "state_bytes": len(json.dumps(state)), "first_prompt": first.texts[0][-80:]}))
+                  "resume_s": t_resume, "deep_s": t_deep, "state_bytes": len(json.dumps(state))}))
 """
 
 
@@ -140,7 +141,8 @@ def main() -> None:
           f"{'resume':>8} {'at 3/4':>8} {'state':>8} {'datasets cache':>15}")
     for name, r in results.items():
         print(f"{name:10} {r['peak_mb']:7.0f} MB {r['base_mb']:11.0f} MB {r['peak_mb'] - r['base_mb']:7.0f} MB "
-              f"{r['first_s']:8.1f} s {r['per_batch_ms']:7.1f} ms {r['resume_s']:6.1f} s {r['deep_s']:6.1f} s {r['state_bytes']:6d} B "
+              f"{r['first_s']:8.1f} s {r['per_batch_ms']:7.1f} ms {r['resume_s']:6.1f} s {r['deep_s']:6.1f} s "
+              f"{r['state_bytes']:6d} B "
               f"{r['cache_gb']:12.2f} GB")
     lo, st = results["loaded"], results["streamed"]
     print(f"streamed / loaded peak memory: {st['peak_mb']:.0f} / {lo['peak_mb']:.0f} MB = "

@@ -31,7 +31,8 @@ def diagnose(recipe_path: Path, overrides: list[str], processes: int = 1, resume
         tokenizer, config, dataset, batch = _inputs(r)
     except UserError as e:
         return [*verdicts, Verdict("model and data", "fail", str(e))]
-    verdicts += [check_batch(r, processes, None if r.data.streaming else len(dataset)), check_prompt(r, batch, tokenizer, config),
+    rows = None if r.data.streaming else len(dataset)  # a stream's size is not known ahead
+    verdicts += [check_batch(r, processes, rows), check_prompt(r, batch, tokenizer, config),
                  check_memory(r, config, processes, len(batch.input_ids[0])), probe_rewards(r, batch, tokenizer)]
     if resume_steps:
         from grpo_cli.doctor.resume_check import resume_check
