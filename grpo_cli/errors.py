@@ -10,6 +10,13 @@ torch.
 """
 
 
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message, stripped ("" when it has none): a library's error said in one line
+    of ours."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else ""
+
+
 class UserError(Exception):
     """A failure meant for people: the message names what is wrong and what to change."""
 

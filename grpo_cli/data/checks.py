@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from grpo_cli.data.generators import GENERATORS
 from grpo_cli.data.paths import expand_files
 from grpo_cli.data.prompts import FILE_BUILDERS, check_columns, reward_columns
-from grpo_cli.errors import DataError
+from grpo_cli.errors import DataError, first_line
 
 if TYPE_CHECKING:
     from grpo_cli.recipe.schema import DataConfig, Recipe
@@ -157,10 +157,9 @@ def _loaded_columns(cfg: DataConfig, field: str, notes: list[str]) -> list[str]:
     except DataError:
         raise
     except Exception as e:  # noqa: BLE001 - whatever the loader raises, said in one line
-        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
         where = ("offline: it is not in the local cache (HF_HOME), and the hub cannot be reached or HF_HUB_OFFLINE is "
                  "set" if offline_chosen() and is_hub_id(cfg.dataset) else "check the name, data.config and data.split")
-        raise DataError(f"{what} could not be read: {type(e).__name__}: {text}; {where}") from None
+        raise DataError(f"{what} could not be read: {type(e).__name__}: {first_line(e)}; {where}") from None
     if row is None:
         raise DataError(f"{what}: split {split!r} holds no rows")
     return list(row)

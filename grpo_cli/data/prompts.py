@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpo_cli.data.generators import GENERATORS
 from grpo_cli.data.paths import expand_files
-from grpo_cli.errors import DataError
+from grpo_cli.errors import DataError, first_line
 from grpo_cli.registry import did_you_mean
 
 if TYPE_CHECKING:
@@ -129,8 +129,8 @@ def _dataset_rows(cfg: DataConfig) -> Dataset | IterableDataset:
     except Exception as e:
         raise DataError(
             f"data.dataset {cfg.dataset!r} (config {cfg.config!r}, split {cfg.split!r}) could not be loaded: "
-            f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}; check the name, "
-            "data.config and data.split, that it is in the hub cache when offline, or use data.files / data.generator"
+            f"{type(e).__name__}: {first_line(e)}; check the name, data.config and data.split, that it is in the hub "
+            "cache when offline, or use data.files / data.generator"
             + ("; data.streaming reads a hub dataset from the hub itself, not from the cache: offline, set "
                "data.streaming: false or stream local files" if cfg.streaming else "")
         ) from e

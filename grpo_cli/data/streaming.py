@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Iterator
 
-from grpo_cli.errors import DataError
+from grpo_cli.errors import DataError, first_line
 
 if TYPE_CHECKING:
     from datasets import Dataset, IterableDataset
@@ -41,7 +41,7 @@ def stream_columns(dataset: IterableDataset, source: str) -> list[str]:
     try:
         first = next(iter(dataset.take(1)), None)
     except Exception as e:  # noqa: BLE001 - whatever the reader raises, said in one line
-        raise DataError(f"{source} could not be read: {type(e).__name__}: {_first_line(e)}") from e
+        raise DataError(f"{source} could not be read: {type(e).__name__}: {first_line(e)}") from e
     if first is None:
         raise DataError(f"{source} has no rows; check the split or the files")
     return list(dataset.features or first)
@@ -51,13 +51,7 @@ def head_rows(dataset: IterableDataset, n: int | None) -> Dataset:
     """The first n rows of a stream (all with None) as an in-memory Dataset (an eval's problems)."""
     from datasets import Dataset
 
-    rows = list(islice(dataset, n))
-    return Dataset.from_list(rows, features=dataset.features) if dataset.features else Dataset.from_list(rows)
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else ""
+    return Dataset.from_list(list(islice(dataset, n)), features=dataset.features)
 
 
 @dataclass
@@ -199,7 +193,7 @@ class StreamedRows:
             except Exception as e:  # noqa: BLE001 - a bad row deep in a file: say where
                 self._live = None
                 raise DataError(f"{self._source(order[shard])}: reading on from row {row + 1} failed (a chunk of rows is "
-                                f"parsed at a time): {type(e).__name__}: {_first_line(e)}") from e
+                                f"parsed at a time): {type(e).__name__}: {first_line(e)}") from e
             self._live = (order[shard], row, it)
         return rows, (shard, row)
 
@@ -215,12 +209,10 @@ class StreamedRows:
         from grpo_cli.data.paths import expand_files
 
         files = expand_files(self.cfg.files, "data.files") if self.cfg.files else []
-        if shard is None:
-            return f"data.files {files}" if files else f"data.dataset {self.cfg.dataset!r}"
-        if len(files) == self.shards:
+        if shard is not None and len(files) == self.shards:  # one shard per file: the file
             return f"data.files: {files[shard]}"
-        return f"data.dataset {self.cfg.dataset!r}, shard {shard} of {self.shards}" if not files else \
-            f"data.files {files}, shard {shard} of {self.shards}"
+        what = f"data.files {files}" if files else f"data.dataset {self.cfg.dataset!r}"
+        return what if shard is None else f"{what}, shard {shard} of {self.shards}"
 
     def close(self) -> None:
         """Close the open reader (a generator left open warns when the interpreter ends)."""

@@ -25,6 +25,8 @@ import time
 
 import torch
 
+from grpo_cli.errors import first_line
+
 
 def compile_wanted(setting: bool | str, device: torch.device) -> bool:
     """`rollout.compile` -> whether to compile: true, or auto on CUDA."""
@@ -87,7 +89,7 @@ class StaticDecoding:
                 generate(rows, min(4, self.max_new_tokens))  # the first decode step compiles, the next replay
         except Exception as e:  # noqa: BLE001 - any compiler error: decoding still works eagerly
             self.compile_config = None
-            reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+            reason = f"{type(e).__name__}: {first_line(e)[:200]}"
             return f"compiled decoding failed ({reason}); sampling eagerly with the static cache"
         what = "compiled decoding" if self.compile_config is not None else "static cache"
         return f"{what} ({self.rows} rows x {self.capacity} positions), ready in {time.perf_counter() - t0:.1f} s"

@@ -43,7 +43,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from grpo_cli.errors import CheckpointError, UsageError
+from grpo_cli.errors import CheckpointError, UsageError, first_line
 from grpo_cli.run.statefiles import (
     decode_parts, encode_parts, load_state, require, restore_rng, rng_state, save_optimizer, save_scheduler, save_state,
 )
@@ -385,18 +385,14 @@ def save_checkpoint(
     except (OSError, SafetensorError, RuntimeError) as e:  # a full disk is a SafetensorError from safetensors
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(
-            f"could not save checkpoint step-{step} to {root}: {_first_line(e)} ({_free_space(root)}); "
-            "free disk space or check permissions (the previous checkpoints are untouched)"
+            f"could not save checkpoint step-{step} to {root}: {first_line(e) or type(e).__name__} "
+            f"({_free_space(root)}); free disk space or check permissions (the previous checkpoints are untouched)"
         ) from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     apply_retention(run_dir, keep_last, protect=final)
     return final
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def _free_space(path: Path) -> str:
