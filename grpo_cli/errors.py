@@ -89,6 +89,12 @@ class StallError(UserError):
     exit_code = 1
 
 
+class NonFiniteError(UserError):
+    """train.max_nonfinite_steps steps in a row had a NaN or infinite loss or gradient (grpo_cli/trainer/nonfinite.py)."""
+
+    exit_code = 1
+
+
 class VLLMServerError(UserError):
     """`grpo serve-vllm` could not be reached or refused a request. `status`: the HTTP status of a refusal,
     None when the server was not reached."""

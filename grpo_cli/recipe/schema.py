@@ -265,6 +265,13 @@ class TrainConfig(Section):
     adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
     adam_beta2: float = Field(0.99, ge=0, lt=1, description="AdamW beta2.")
     max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the global grad norm; None disables.")
+    max_nonfinite_steps: int | None = Field(
+        3, ge=1, description="An optimizer step whose loss or gradient norm is NaN or infinite on any process is "
+        "skipped on every process (weights, AdamW moments and the schedule untouched), logged as "
+        "nonfinite/skipped_updates and named in a warning (the loss, the largest reward, the first parameter whose "
+        "gradient is not finite). This many steps in a row with a skipped update stop the run with an error (the "
+        "last checkpoint intact); None: never stop. A checkpoint is never written with non-finite weights.",
+    )
     chunked_lm_head: bool | Literal["auto"] = Field(
         "auto", description="Llama/Qwen2/Qwen3/Mistral: run the LM head inside the log-prob row chunks, so the "
         "micro-batch's [rows, T, vocab] logits never exist, for a second head forward in the backward and a weight-"

@@ -8,6 +8,8 @@ import torch
 
 from grpo_cli.algo.sampling import TruncatedSampling, Truncation
 from grpo_cli.datatypes import Rollout
+from grpo_cli.errors import NonFiniteError
+from grpo_cli.models.finite import nonfinite_weights
 from grpo_cli.models.loading import native_bf16, without_autocast
 from grpo_cli.recipe.schema import RolloutConfig
 from grpo_cli.rollout.common import Samples, build_rollout, completion_mask_from_eos, eos_token_ids, left_pad, pad_id_of
@@ -239,6 +241,13 @@ class HFGenerator:
                 out = sampler.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg, past_key_values=cache,
                                        synced_gpus=self.synced, logits_processor=processors or None,
                                        stopping_criteria=progress_criteria())
+        except RuntimeError as e:  # torch.multinomial on NaN probabilities: name the cause, not the sampler's line
+            if "probability tensor contains" not in str(e):
+                raise
+            raise NonFiniteError(f"sampling failed: the policy's next-token probabilities are NaN or infinite "
+                                 f"({nonfinite_weights(sampler) or 'its weights are finite: the logits overflowed'}); "
+                                 "lower train.learning_rate and resume from the last checkpoint with --resume auto "
+                                 "--allow-recipe-change") from None
         finally:
             if self.copy is not None:
                 self.copy.free()

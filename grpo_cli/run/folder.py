@@ -44,9 +44,10 @@ RECIPE_CHANGES = "recipe_changes.jsonl"
 # what --start-over deletes, nothing else (replay/: grpo_cli/run/replays.py; stalls/: grpo_cli/run/watchdog.py)
 OUTPUTS = (*LOGS, CHECKPOINTS, "recipe.yaml", RECIPE_CHANGES, RESUMES, "replay", "stalls", *TRACKER_OUTPUTS)
 # Fields a resume may change without --allow-recipe-change: how long to train, where and how often to save,
-# log and evaluate, where the vLLM server is, how many CPU threads to use and how long a stall may last.
-RESUMABLE = ("train.max_steps", "train.threads", "train.stall_timeout_s", "checkpoint.", "logging.", "eval.",
-             "rollout.vllm.server_url", "rollout.vllm.request_timeout_s")  # a trailing dot: the section and its fields
+# log and evaluate, where the vLLM server is, how many CPU threads to use, how long a stall may last and how many
+# non-finite steps in a row stop the run.
+RESUMABLE = ("train.max_steps", "train.threads", "train.stall_timeout_s", "train.max_nonfinite_steps", "checkpoint.",
+             "logging.", "eval.", "rollout.vllm.server_url", "rollout.vllm.request_timeout_s")  # a trailing dot: the section and its fields
 UNSET = "<unset>"
 
 

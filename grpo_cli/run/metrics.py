@@ -80,6 +80,10 @@ METRICS: list[Metric] = [
         ("off_policy_mask/masked_token_fraction", "Share of tokens left out by the off-policy sequence mask.",
          "algorithm.off_policy_mask_threshold"),
         ("ref_model/syncs", "Reference refreshes so far.", "algorithm.sync_ref_model"),
+        ("nonfinite/skipped_updates", "Optimizer steps of this step skipped because the loss or a gradient was NaN or "
+                                      "infinite on some process (the warning line names it); 0 on a healthy step."),
+        ("nonfinite/skipped_total", "Optimizer steps skipped so far in the run (train.max_nonfinite_steps steps in a "
+                                    "row with a skip stop it)."),
     ]),
     *_group("sampling", [
         ("sampling/sampling_logp_difference/mean", "Mean |log pi_train_old - log pi_sampler| per token.",

@@ -95,7 +95,7 @@ class Engine:
             self.start_step = 0
         self.metrics_log, rollout_log, self.console = open_run_logs(
             self.run_dir, r, self.start_step, self.checkpoint_path, self.recipe_changes, acc)
-        self.report = StepReport(r, self.procs, acc.device, self.stream, rollout_log, self.console)
+        self.report = StepReport(r, self.procs, acc.device, self.stream, rollout_log, self.console, self.update.nonfinite)
         self._logs = (self.metrics_log, rollout_log)
         self.stop_requested, self.stop_signal = False, None
         self._eval_cache: dict = {}  # the eval problems, loaded by the first eval
@@ -105,7 +105,7 @@ class Engine:
         from grpo_cli.trainer.state import OptimizerState, ProcessRNG, RunState
 
         parts: dict[str, Any] = {"optimizer": OptimizerState(self.accelerator, self.policy, self.optimizer),
-                                 "scheduler": self.scheduler, "data": self.stream}
+                                 "scheduler": self.scheduler, "data": self.stream, "nonfinite": self.update.nonfinite}
         if self.recipe.rollout.max_staleness:
             parts["in_flight"] = self.rollouts  # the batches sampled ahead, with weights that are gone
         if self.recipe.algorithm.sync_ref_model:
@@ -154,6 +154,7 @@ class Engine:
                     with phase("eval"):
                         metrics.update(self.evaluate())
                 self._log(step, metrics)
+                self.update.nonfinite.stop_if_over(step, self.run_dir)  # train.max_nonfinite_steps in a row: an error
                 if (warning := slow(step, metrics["time/step"])) and self.procs.is_main:
                     self.console.print(warning)
                 self.stop_requested = self.procs.any(self.stop_requested)  # a signal may reach one process: all stop
@@ -220,8 +221,10 @@ class Engine:
         return step == self.recipe.train.max_steps or self.stop_requested or (every > 0 and step % every == 0)
 
     def save(self, step: int) -> None:
+        from grpo_cli.trainer.nonfinite import check_weights
         from grpo_cli.trainer.state import save_run
 
+        check_weights(self.accelerator.unwrap_model(self.policy), self.procs, step)  # never NaN or infinite weights
         save_run(self.run_dir, step, self.procs, self.accelerator, policy=self.policy, tokenizer=self.tokenizer,
                  recipe=self.recipe, state=self.state, sharded=self.sharded, say=self.console.print)
         if self.recipe.logging.replay and self.recipe.checkpoint.keep_last is not None and self.procs.is_main:

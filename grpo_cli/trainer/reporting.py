@@ -17,6 +17,7 @@ from grpo_cli.algo.advantages import Advantages, group_std
 from grpo_cli.datatypes import Processes, StepBatch, group_of
 from grpo_cli.run.logs import METRICS, ROLLOUTS, JsonlLog
 from grpo_cli.run.memory import PhasePeaks, peak_memory_gib
+from grpo_cli.trainer.nonfinite import NonFiniteSteps, largest
 
 
 def settle(device: torch.device) -> None:
@@ -111,9 +112,9 @@ class StepReport:
     console's table of the first few)."""
 
     def __init__(self, recipe, procs: Processes, device: torch.device, stream, rollout_log: JsonlLog | None,
-                 console: Console) -> None:
+                 console: Console, nonfinite: NonFiniteSteps) -> None:
         self.recipe, self.procs, self.device, self.stream = recipe, procs, device, stream
-        self.rollout_log, self.console = rollout_log, console
+        self.rollout_log, self.console, self.nonfinite = rollout_log, console, nonfinite
         self.G = recipe.algorithm.num_generations
 
     def __call__(self, step: int, s: StepBatch, adv: Advantages, sums: MetricSums, clock: Clock,
@@ -124,6 +125,9 @@ class StepReport:
         m["epoch"] = self.stream.state_dict()["epoch"]
         m |= adv.stats | s.metrics | extra
         m["memory/peak_gib"] = peak_memory_gib(self.device)  # this process's
+        m |= self.nonfinite.end_step(step)  # optimizer steps skipped for a NaN or infinite loss or gradient
+        if warning := self.nonfinite.warning(step, self.recipe.algorithm.num_iterations, largest(s, adv.outcome)):
+            self.console.print(warning)
         logging = self.recipe.logging
         if logging.rollouts or logging.num_completions_to_print:  # every process gathers; the main one writes
             records = rollout_records(step, s, adv, self.G, self.procs)

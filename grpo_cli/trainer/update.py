@@ -23,6 +23,7 @@ from grpo_cli.algo.reference import mix_into
 from grpo_cli.algo.sampling import Truncation
 from grpo_cli.datatypes import Processes, Rollout
 from grpo_cli.models.loading import has_dropout
+from grpo_cli.trainer.nonfinite import NonFiniteSteps
 from grpo_cli.trainer.reporting import MetricSums
 
 
@@ -85,6 +86,7 @@ class Window:
     loss_scale: float = 1.0  # what each micro-batch's loss is multiplied by before backward
     micro_batches: int = 1  # per optimizer step
     entropy_sums: list[float] = field(default_factory=lambda: [0.0, 0.0])  # this optimizer step's entropy, tokens
+    nonfinite_loss: str | None = None  # this optimizer step's first non-finite loss, on this process
 
 
 def _unmeasured(phase: str) -> nullcontext:
@@ -106,6 +108,11 @@ class PolicyUpdate:
         self.truncation = truncation if truncation.active else None
         a = recipe.algorithm  # the entropy bonus: its coefficient is run state (adaptive control moves it)
         self.entropy = EntropyControl.from_recipe(a) if a.entropy_bonus else None
+        # a NaN or infinite loss or gradient skips the optimizer step on every process (grpo_cli/trainer/nonfinite.py);
+        # fp16's scaled gradients overflow by design (the scaler skips those) and DeepSpeed's live in its engine
+        unscaled = accelerator.scaler is None and accelerator.distributed_type.name != "DEEPSPEED"
+        self.nonfinite = NonFiniteSteps(recipe.train.max_nonfinite_steps, procs, check_grads=unscaled)
+        self.named = [(n, p) for n, p in accelerator.unwrap_model(model).named_parameters() if p.requires_grad]
 
     def __call__(self, rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor, memory=None) -> MetricSums:
         """`adv`: [n] per completion or [n, T] per token; `mask` [n, T]: the tokens trained on. `memory`: a
@@ -127,6 +134,7 @@ class PolicyUpdate:
         w.micro_batches = len(slices)
         sums = MetricSums()
         sums.add_scalar("learning_rate", self.scheduler.get_last_lr()[0])
+        self.nonfinite.new_step()
         self.model.train()
         first_logps: list[torch.Tensor] = []
         for it in range(a.num_iterations):
@@ -141,10 +149,13 @@ class PolicyUpdate:
             if first_logps:
                 w.old, first_logps = torch.cat(first_logps), []  # [N, T]: the old policy of iterations 1 .. mu-1
             with phase("optimizer"):
-                sums.add_scalar("grad_norm", self._optimizer_step())
+                norm = self._optimizer_step(w)
+            if norm is not None:  # (a skipped step has no norm to average)
+                sums.add_scalar("grad_norm", norm)
             if self.entropy is not None:  # the controller sees the step's entropy over every process's tokens
                 total, tokens = self.procs.reduce_sum(torch.tensor(w.entropy_sums, dtype=torch.float64)).tolist()
-                self.entropy.step(total / max(tokens, 1.0))
+                if norm is not None:
+                    self.entropy.step(total / max(tokens, 1.0))
                 sums.add_scalar("entropy_coef", self.entropy.coef)
                 w.entropy_sums = [0.0, 0.0]
         return sums
@@ -183,7 +194,10 @@ class PolicyUpdate:
         n_tok = m.sum().item()
         for key, value in lm.items():
             sums.add_weighted(key, value.item(), n_tok)
-        sums.add_scalar("loss", loss.item())
+        value = loss.item()
+        sums.add_scalar("loss", value)
+        if w.nonfinite_loss is None and not math.isfinite(value):
+            w.nonfinite_loss = f"the loss is {value} (rows {sl.start}-{sl.stop - 1} of this process)"
         return logps.detach()
 
     def _sampler_weights(self, rollout, sl, old, mask, sums) -> torch.Tensor | None:
@@ -214,11 +228,22 @@ class PolicyUpdate:
                              shared_prompts=self.shared_prompts, autocast=self.accelerator.autocast,
                              truncation=self.truncation, chunked_head=self.chunked_head)
 
-    def _optimizer_step(self) -> float:
+    def _optimizer_step(self, w: Window) -> float | None:
+        """Clip and step; -> the gradient norm before clipping, or None where the step was skipped (a NaN or infinite
+        loss or gradient on any process: nothing moves, not even the schedule)."""
+        loss, w.nonfinite_loss = w.nonfinite_loss, None
+        if self.nonfinite.skip(loss, self.named):
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
         # accelerate computes the global norm for DDP, FSDP (sharded grads) and DeepSpeed; inf: measure only
         max_norm = self.recipe.train.max_grad_norm or math.inf
-        norm = self.accelerator.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], max_norm)
+        norm = self.accelerator.clip_grad_norm_([p for _, p in self.named], max_norm)
+        norm = float(norm) if norm is not None else math.nan  # DeepSpeed reports no norm before its first step
+        if self.nonfinite.check_grads and self.nonfinite.overflowed(norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
         self.optimizer.step()
-        self.scheduler.step()
+        if not getattr(self.optimizer, "step_was_skipped", False):  # fp16: the loss scaler skipped an overflow
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(norm) if norm is not None else math.nan  # DeepSpeed reports no norm before its first step
+        return norm

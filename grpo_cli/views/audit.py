@@ -23,6 +23,7 @@ from grpo_cli.views.run_metrics import load_run_records, reward_window, series, 
 
 SEVERITY = {"skip": 0, "ok": 0, "warn": 1, "fail": 2}  # the exit code is the worst verdict's
 ACCURACY_WORDS = ("accuracy", "correct")  # a reward function so named measures the task itself
+NONFINITE = "nonfinite/skipped_updates"  # optimizer steps the trainer skipped for a NaN or infinite loss or gradient
 
 
 @dataclass
@@ -267,17 +268,29 @@ def check_ranges(records: list[dict]) -> Verdict:
         evidence.append(f"{key}: {w}")
         if bad(w.last):
             problems.append(f"{what} {w.last:.3g} in the last steps")
-    bad_steps = [r["step"] for r in records if isinstance(r.get("grad_norm"), float) and not math.isfinite(r["grad_norm"])]
-    if bad_steps:  # (series() drops non-finite values)
-        problems.append("a non-finite gradient norm")
-        evidence.append(f"grad_norm not finite at {step_span(bad_steps[0], bad_steps[-1])} ({len(bad_steps)} steps)")
+    skipped = [(r["step"], r[NONFINITE]) for r in records if isinstance(r.get(NONFINITE), (int, float)) and r[NONFINITE]]
+    if skipped:  # the trainer skipped these updates: a NaN or infinite loss or gradient (grpo_cli/trainer/nonfinite.py)
+        problems.append(f"non-finite loss or gradient at {len(skipped)} step(s)")
+        evidence.append(f"{NONFINITE} at {spans([s for s, _ in skipped])}: {sum(n for _, n in skipped):g} optimizer "
+                        "steps skipped (the warnings in the run's log name the loss or the parameter)")
     if not evidence:
         return Verdict(name, "skip", "none of these metrics logged")
     if not problems:
         return Verdict(name, "ok", "within range", evidence)
-    return Verdict(name, "fail" if "a non-finite gradient norm" in problems else "warn", "; ".join(problems), evidence,
+    return Verdict(name, "fail" if skipped else "warn", "; ".join(problems), evidence,
                    "a lower learning rate; for importance ratios, check the sampler's weights sync "
                    "(sync/bytes) and rollout.importance_sampling; for KL, a larger algorithm.beta")
+
+
+def spans(steps: list[int]) -> str:
+    """[2, 3, 4, 9] -> 'steps 2-4, step 9'."""
+    runs: list[list[int]] = []
+    for s in steps:
+        if runs and s == runs[-1][-1] + 1:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    return ", ".join(step_span(r[0], r[-1]) for r in runs)
 
 
 def check_identical(records: list[dict], groups: dict[int, list[list[dict]]]) -> Verdict:

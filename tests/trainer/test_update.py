@@ -93,7 +93,7 @@ def _grads_of_one_update(tmp_path, *overrides, adv_scale=0.0):
     s = eng.rollouts.next(1, Clock(torch.device("cpu")))
     seen = {}
 
-    def capture():
+    def capture(*_):  # (the window the step closes)
         seen.update({n: p.grad.clone() for n, p in eng.policy.named_parameters()})
         eng.optimizer.zero_grad(set_to_none=True)
         return 0.0

@@ -128,8 +128,11 @@ def test_ratios_and_kl_out_of_range(tmp_path):
                                             "sampling/importance_sampling_ratio/max": 1.5, "kl": lambda s: 0.05 * s})
     v = by_check(run)["clipping, importance ratios, KL"]
     assert v.severity == "warn" and "smallest importance ratio" in v.finding and "KL to the reference" in v.finding, v
-    nan = write_run(tmp_path / "nan", grad_norm=lambda s: float("nan") if s == 30 else 1.0)
-    assert by_check(nan)["clipping, importance ratios, KL"].severity == "fail"
+    # what the trainer writes for a step whose update it skipped (a NaN or infinite loss or gradient)
+    nan = write_run(tmp_path / "nan", **{"nonfinite/skipped_updates": lambda s: 1 if s in (30, 31, 35) else 0})
+    v = by_check(nan)["clipping, importance ratios, KL"]
+    assert v.severity == "fail" and "non-finite loss or gradient at 3 step(s)" in v.finding, v
+    assert "nonfinite/skipped_updates at steps 30-31, step 35: 3 optimizer steps skipped" in v.evidence[-1], v
 
 
 def test_identical_completions_collapsed_or_converged(tmp_path):
