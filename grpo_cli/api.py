@@ -117,7 +117,7 @@ def reward_entries(rewards: Sequence[RewardLike]) -> list[dict[str, Any]]:
 
 def train(recipe: RecipeLike, *, overrides: Sequence[str] | None = None, rewards: Sequence[RewardLike] | None = None,
           dataset: Any = None, output_dir: str | Path | None = None, resume: str | Path | None = None,
-          start_over: bool = False, allow_recipe_change: bool = False) -> TrainResult:
+          start_over: bool = False, allow_recipe_change: bool = False, rewind: bool = False) -> TrainResult:
     """Train with GRPO in this process, as `grpo train` does; returns the run's folder and metrics.
 
     recipe: a YAML path, a dict of sections or a Recipe. overrides: `key=value` strings as on the command line.
@@ -125,7 +125,7 @@ def train(recipe: RecipeLike, *, overrides: Sequence[str] | None = None, rewards
     names) replacing the recipe's list; each is logged under its `__name__`. dataset: a `datasets.Dataset` or a
     list of dicts replacing the recipe's data source (saved in the run folder). output_dir: the run folder
     (default logging.output_dir or runs/<name>). resume: "auto" or a checkpoint path. start_over,
-    allow_recipe_change: the command line's --start-over and --allow-recipe-change.
+    allow_recipe_change, rewind: the command line's --start-over, --allow-recipe-change and --rewind.
     """
     from grpo_cli.data.checks import check_data
     from grpo_cli.run import lock
@@ -149,7 +149,7 @@ def train(recipe: RecipeLike, *, overrides: Sequence[str] | None = None, rewards
             print(f"{run_dir} has finished: step {done} of train.max_steps {r.train.max_steps} (raise "
                   "train.max_steps to train on, or start_over=True to train again)")
             return _result(run_dir, done, stopped=False)
-        step, stopped = _fit(r, run_dir, resume, start_over, allow_recipe_change)
+        step, stopped = _fit(r, run_dir, resume, start_over, allow_recipe_change, rewind)
         return _result(run_dir, step, stopped)
     finally:
         lock.release(key)
@@ -166,7 +166,8 @@ def _with_rows(r: Recipe, dataset: Any, run_dir: Path) -> Recipe:
     return validated(raw)
 
 
-def _fit(r: Recipe, run_dir: Path, resume: str | None, start_over: bool, allow_recipe_change: bool) -> tuple[int, bool]:
+def _fit(r: Recipe, run_dir: Path, resume: str | None, start_over: bool, allow_recipe_change: bool,
+         rewind: bool) -> tuple[int, bool]:
     from accelerate.state import AcceleratorState
 
     from grpo_cli.errors import StallError
@@ -175,7 +176,8 @@ def _fit(r: Recipe, run_dir: Path, resume: str | None, start_over: bool, allow_r
 
     # an earlier run in this process (a notebook's previous cell) may have set up accelerate with other settings
     AcceleratorState._reset_state(reset_partial_state=True)
-    engine = Engine(r, run_dir, resume=resume, start_over=start_over, allow_recipe_change=allow_recipe_change)
+    engine = Engine(r, run_dir, resume=resume, start_over=start_over, allow_recipe_change=allow_recipe_change,
+                    rewind=rewind)
     try:
         step = engine.fit(raise_on_stall=True)
     except StallInterrupt as e:  # the kernel lives on; the last checkpoint is intact

@@ -26,6 +26,19 @@ def cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
                           timeout=timeout, **{"env": os.environ, **kw})
 
 
+def wait_for(predicate, timeout: float = 120, proc: subprocess.Popen | None = None) -> None:
+    """Poll `predicate` until it holds; AssertionError with its stderr when `proc` exits first."""
+    import time
+
+    t0 = time.monotonic()
+    while not predicate():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"exited early with {proc.returncode}: {proc.stderr.read()[-3000:]}")
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError
+        time.sleep(0.1)
+
+
 @contextmanager
 def saved_for_backward(model):
     """What autograd saves for the backward inside the block, the model's parameters left out: a list that fills

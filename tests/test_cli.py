@@ -77,7 +77,7 @@ def test_help_examples_are_whole_lines_at_any_width():
             **{name: module.command.__doc__ or "" for name, module in COMMANDS.items()}}
     examples = {name: [line.strip() for line in doc.splitlines() if line.strip().startswith("grpo ")]
                 for name, doc in docs.items()}
-    assert len(examples["train"]) == 4 and len(examples["eval"]) == 3
+    assert len(examples["train"]) == 5 and len(examples["eval"]) == 3
     for width in (60, 200):
         for name, wanted in examples.items():
             p = subprocess.run([sys.executable, "-m", "grpo_cli", *([name] if name else []), "--help"],

@@ -22,7 +22,8 @@ def command(
     num_processes: Optional[int] = typer.Option(None, "--num-processes", min=1, help="Train on N processes (one per GPU; gloo DDP on CPU) through accelerate launch."),
     accelerate_config: Optional[Path] = typer.Option(None, "--accelerate-config", help="accelerate config file, e.g. recipes/accelerate/fsdp2.yaml (DDP, FSDP2, DeepSpeed)."),
     start_over: bool = typer.Option(False, "--start-over", help="Delete the run folder's logs and checkpoints and train from step 1."),
-    allow_recipe_change: bool = typer.Option(False, "--allow-recipe-change", help="On resume, accept changes to fields that change what the run learns (model, data, algorithm, optimizer, ...); train.max_steps, train.threads, train.stall_timeout_s, checkpoint.*, logging.*, eval.* and the vLLM server address may change without it. Recorded in recipe_changes.jsonl."),
+    rewind: bool = typer.Option(False, "--rewind", help="With --resume CHECKPOINT before the run folder's newest: move the later checkpoints, replay records and log lines aside into RUN/abandoned/ (kept) and continue from it; without it such a resume is refused."),
+    allow_recipe_change: bool = typer.Option(False, "--allow-recipe-change", help="On resume, accept changes to fields that change what the run learns (model, data, algorithm, optimizer, ...); train.max_steps, train.threads, train.stall_timeout_s, train.max_nonfinite_steps, checkpoint.*, logging.*, eval.* and the vLLM server address may change without it. Recorded in recipe_changes.jsonl."),
     verbose: bool = typer.Option(False, "--verbose", help="Show every log line of vLLM and transformers (default: vLLM's warnings only, each distinct one once; transformers' errors)."),
 ) -> None:
     """Train with GRPO. Writes metrics.jsonl, rollouts.jsonl and checkpoints/step-N/ under the run folder.
@@ -37,6 +38,8 @@ def command(
       grpo train recipes/ci-tiny.yaml -o runs/try --resume auto train.max_steps=10
 
       grpo train recipes/ci-tiny.yaml -o runs/try --resume auto --allow-recipe-change train.learning_rate=3e-4
+
+      grpo train recipes/ci-tiny.yaml -o runs/try --resume runs/try/checkpoints/step-2 --rewind
 
       grpo train recipes/gsm8k.yaml --num-processes 8 --accelerate-config recipes/accelerate/fsdp2.yaml
     """
@@ -71,11 +74,12 @@ def command(
             typer.echo(end_of_run(run_dir, done, latest_checkpoint(run_dir)))
         return
     if launching:
-        flags = [f for f, on in (("--start-over", start_over), ("--allow-recipe-change", allow_recipe_change)) if on]
+        flags = [f for f, on in (("--start-over", start_over), ("--allow-recipe-change", allow_recipe_change),
+                                 ("--rewind", rewind)) if on]
         args = ["train", str(recipe), *(overrides or []), "--output-dir", str(run_dir), *flags]
         os.environ[lock.HOLDER_ENV] = f"{os.getpid()}:{run_dir.resolve()}"  # the workers' lock is ours
         raise typer.Exit(relaunch(num_processes, accelerate_config, args + (["--resume", resume] if resume else [])))
-    _train(r, run_dir, resume, start_over, allow_recipe_change)
+    _train(r, run_dir, resume, start_over, allow_recipe_change, rewind)
 
 
 def setup_logging() -> None:
@@ -97,7 +101,7 @@ def setup_logging() -> None:
     logging.getLogger("grpo_cli").setLevel(logging.INFO)
 
 
-def _train(r, run_dir: Path, resume: Optional[str], start_over: bool, allow_recipe_change: bool) -> None:
+def _train(r, run_dir: Path, resume: Optional[str], start_over: bool, allow_recipe_change: bool, rewind: bool) -> None:
     """Train in this process: logging set up, the engine built and run; interrupts and signals become exit codes."""
     setup_logging()
     from grpo_cli.errors import UserError
@@ -106,7 +110,8 @@ def _train(r, run_dir: Path, resume: Optional[str], start_over: bool, allow_reci
     from grpo_cli.views.summary import end_of_run
 
     try:
-        engine = Engine(r, run_dir, resume=resume, start_over=start_over, allow_recipe_change=allow_recipe_change)
+        engine = Engine(r, run_dir, resume=resume, start_over=start_over, allow_recipe_change=allow_recipe_change,
+                        rewind=rewind)
         step = engine.fit()
     except OSError as e:  # e.g. a full disk while logging: say what, not where in the code
         raise UserError(f"{e}; the last checkpoint is intact (resume with --resume auto)") from None

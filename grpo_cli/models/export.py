@@ -21,9 +21,8 @@ def export_checkpoint(checkpoint: Path, out: Path, dtype: str | None = None) -> 
     from grpo_cli.models.loading import load_model, load_tokenizer, quiet_libraries
     from grpo_cli.models.lora import is_adapter_checkpoint, load_adapter_model
     from grpo_cli.recipe.files import load_recipe
-    from grpo_cli.run.checkpoints import (
-        is_checkpoint, make_readable, newest_if_run_folder, recipe_path, verify_checkpoint,
-    )
+    from grpo_cli.run.checkpoint_io import make_readable
+    from grpo_cli.run.checkpoints import is_checkpoint, newest_if_run_folder, recipe_path, verify_checkpoint
 
     quiet_libraries()
     checkpoint = newest_if_run_folder(checkpoint)

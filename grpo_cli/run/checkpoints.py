@@ -1,5 +1,5 @@
-"""Checkpoints: save / list / verify / resume / retention, atomic and without pickle (the state files inside are
-statefiles.py's).
+"""Checkpoints in a run folder: their layout, listing, verifying, resuming, retention, and what is set aside rather
+than deleted. Writing one and reading its trainer state back: checkpoint_io.py (the state files: statefiles.py).
 
 A checkpoint folder is a Hugging Face model folder: `vllm serve`, `grpo serve-vllm --model`, `grpo eval`
 and `AutoModelForCausalLM.from_pretrained` load it unchanged (vLLM reads every top-level *.safetensors,
@@ -26,7 +26,11 @@ A save writes everything into `checkpoints/.tmp-step-N-<pid>/`, fsyncs every fil
 then renames the folder into place, so a crash at any point leaves the previous checkpoints untouched and
 a `step-N` folder either complete (manifest present) or an interrupted copy, which is never listed.
 Files are made world-readable like any other output (safetensors writes 0600). One trainer per run
-folder (grpo_cli/run/lock.py): leftover `.tmp-*` folders of dead runs are deleted only by the lock holder.
+folder (grpo_cli/run/lock.py): leftover `.tmp-*` folders of dead runs are deleted only by the lock holder, and only
+without a manifest: a complete one (a save killed between its renames) is moved into place at the next start
+(`recover_saves`). A folder with a complete manifest is never deleted for its name or its place: a step saved again
+sets the old one aside in `RUN/abandoned/` (as a rewind does, grpo_cli/run/rewind.py), and retention deletes only
+checkpoints older than the one just saved. Importing this module does not import torch.
 """
 
 from __future__ import annotations
@@ -37,16 +41,8 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
 
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
-
-from grpo_cli.errors import CheckpointError, UsageError, first_line
-from grpo_cli.run.statefiles import (
-    decode_parts, encode_parts, load_state, require, restore_rng, rng_state, save_optimizer, save_scheduler, save_state,
-)
+from grpo_cli.errors import CheckpointError, UsageError
 
 FORMAT = 2
 FORMATS = (1, 2)  # what this version reads
@@ -54,8 +50,9 @@ MANIFEST = "manifest.json"
 STATE_DIR = "trainer"  # the trainer's state inside a checkpoint (format 2)
 RECIPE = "recipe.yaml"
 CHECKPOINTS = "checkpoints"
+ABANDONED = "abandoned"  # RUN/abandoned/<time>-<why>/: checkpoints and logs a rewind or a re-save set aside
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-_TMP_PREFIX = ".tmp-"
+TMP_PREFIX = ".tmp-"
 
 
 # ---------------------------------------------------------------------------------------------- fsync helpers
@@ -75,7 +72,7 @@ def fsync_dir(path: str | Path) -> None:
         os.close(fd)
 
 
-def _write_synced(path: Path, data: bytes) -> None:
+def write_synced(path: Path, data: bytes) -> None:
     with open(path, "wb") as f:
         f.write(data)
         f.flush()
@@ -87,20 +84,11 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        _write_synced(tmp, text.encode("utf-8"))
+        write_synced(tmp, text.encode("utf-8"))
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     fsync_dir(path.parent)
-
-
-def _sha256_and_fsync(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-        os.fsync(f.fileno())
-    return h.hexdigest()
 
 
 def _sha256(path: Path) -> str:
@@ -244,73 +232,18 @@ def resolve_resume(run_dir: str | Path, resume: str) -> Path | None:
     return path
 
 
-# ----------------------------------------------------------------------------------------------- save / load
+# ------------------------------------------------------------------------------- a step saved again, retention
 
 
-def _umask() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return umask
-
-
-def make_readable(folder: Path) -> None:
-    """Files 0666 and folders 0777 minus the umask, as `open()` and `mkdir` would make them (safetensors
-    writes 0600, and a checkpoint is meant to be served, copied and evaluated by others)."""
-    umask = _umask()
-    for p in [folder, *folder.rglob("*")]:
-        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~umask)
-
-
-def _write_manifest(folder: Path, step: int) -> None:
-    """sha256 (and fsync) every file, then write trainer/manifest.json last: its presence marks a complete save."""
-    files: dict[str, str] = {}
-    for p in sorted(folder.rglob("*")):
-        if p.is_file() and p.name != MANIFEST:
-            files[p.relative_to(folder).as_posix()] = _sha256_and_fsync(p)
-    for d in sorted({p.parent for p in folder.rglob("*")} | {folder}, reverse=True):
-        fsync_dir(d)
-    doc = {"step": step, "files": files, "format": FORMAT}
-    _write_synced(folder / STATE_DIR / MANIFEST, json.dumps(doc, indent=1).encode("utf-8"))
-    os.chmod(folder / STATE_DIR / MANIFEST, 0o666 & ~_umask())
-    fsync_dir(folder / STATE_DIR)
-
-
-def _write_contents(
-    folder: Path, *, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any, recipe_yaml: str, trainer_state: dict,
-    extra_json: dict[str, dict] | None = None, state_dict: dict | None = None, optimizer_state: dict | None = None,
-    scheduler_state: dict | None = None,
-) -> None:
-    # one process's own RNGs unless the caller gathered every process's; TensorFiles go to trainer/<name>.safetensors
-    parts, tensors = encode_parts({"rng_per_rank": [rng_state()], **trainer_state})
-    # the model folder: what from_pretrained and vLLM read. state_dict / optimizer_state: gathered by the
-    # caller when the live ones are sharded (FSDP, ZeRO-3)
-    model.save_pretrained(str(folder), safe_serialization=True, **({"state_dict": state_dict} if state_dict else {}))
-    if tokenizer is not None:
-        tokenizer.save_pretrained(str(folder))
-    for name, doc in (extra_json or {}).items():  # e.g. base_model.json of a LoRA adapter
-        (folder / name).write_text(json.dumps(doc, indent=1))
-    state = folder / STATE_DIR  # the trainer's own files, out of vLLM's sight
-    state.mkdir()
-    (state / RECIPE).write_text(recipe_yaml)
-    if optimizer_state is not None:
-        save_state(state, "optimizer", optimizer_state, tensor_file=True)
-    elif optimizer is not None:
-        save_optimizer(state, optimizer)
-    if scheduler_state is not None:
-        save_state(state, "scheduler", scheduler_state, tensor_file=False)
-    elif scheduler is not None:
-        save_scheduler(state, scheduler)
-    for name, file_tensors in tensors.items():  # e.g. a refreshed reference model's weights
-        save_file(file_tensors, str(state / f"{name}.safetensors"))
-    (state / "trainer_state.json").write_text(json.dumps(parts, indent=1))
-    make_readable(folder)
-
-
-def _move_into_place(tmp: Path, final: Path) -> None:
-    """Rename `tmp` to `final`; an existing `final` is renamed aside first and deleted once replaced."""
+def move_into_place(tmp: Path, final: Path) -> None:
+    """Rename `tmp` to `final`. An existing complete `final` (a step saved again) is set aside, never deleted
+    (`set_aside`); an interrupted copy without a manifest is renamed out of the way first and deleted once replaced.
+    A crash between the two renames leaves `tmp` complete: `recover_saves` moves it into place at the next start."""
+    if final.exists() and manifest_path(final).is_file():
+        set_aside(final, f"replaced-{final.name}")
     aside = None
     if final.exists():
-        aside = final.with_name(f"{_TMP_PREFIX}old-{final.name}-{os.getpid()}")
+        aside = final.with_name(f"{TMP_PREFIX}old-{final.name}-{os.getpid()}")
         if aside.exists():
             shutil.rmtree(aside)
         os.rename(final, aside)
@@ -320,22 +253,83 @@ def _move_into_place(tmp: Path, final: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
-def apply_retention(run_dir: str | Path, keep_last: int | None, *, protect: Path | None = None) -> list[Path]:
-    """Delete leftover `.tmp-*` folders and all but the newest `keep_last` complete checkpoints.
+def set_aside(checkpoint: Path, why: str) -> Path:
+    """Move a complete checkpoint out of checkpoints/ into RUN/abandoned/<time>-<why>/checkpoints/, where no resume
+    or retention looks; -> where it went."""
+    dest = abandoned_folder(checkpoint.parent.parent, why) / CHECKPOINTS / checkpoint.name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(checkpoint, dest)
+    fsync_dir(checkpoint.parent)
+    return dest
 
-    The newest complete checkpoint and `protect` (the one just saved) are never deleted; incomplete
-    `step-N` folders are left alone (they are not ours to judge). Other processes' `.tmp-*` folders are
-    deleted only by the holder of the run folder's lock (they are then a dead run's). Returns the deleted paths.
+
+def abandoned_folder(run_dir: Path, why: str) -> Path:
+    """RUN/abandoned/<YYYYmmdd-HHMMSS>-<why>/ (a new one: a suffix where the name is taken)."""
+    import time
+
+    base = Path(run_dir) / ABANDONED / f"{time.strftime('%Y%m%d-%H%M%S')}-{why}"
+    folder, k = base, 1
+    while folder.exists():
+        k += 1
+        folder = base.with_name(f"{base.name}-{k}")
+    return folder
+
+
+def recover_saves(run_dir: str | Path, say=print) -> None:
+    """Finish what a save killed between its renames began (the lock holder, at start): a complete
+    `.tmp-step-N-<pid>` whose `step-N` is missing is moved into place; a complete leftover whose step exists is set
+    aside. Incomplete `.tmp-*` folders are left for retention to delete."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return
+    for tmp in sorted(root.glob(f"{TMP_PREFIX}*")):
+        if not tmp.is_dir() or not manifest_path(tmp).is_file():
+            continue
+        step = _manifest_step(tmp)
+        final = root / f"step-{step}"
+        if step is not None and not final.exists() and not tmp.name.startswith(f"{TMP_PREFIX}old-"):
+            os.rename(tmp, final)
+            fsync_dir(root)
+            say(f"{final.name}: its save was complete when the run stopped ({tmp.name}); moved into place")
+        else:
+            dest = abandoned_folder(Path(run_dir), f"leftover-{tmp.name.lstrip('.')}") / CHECKPOINTS / tmp.name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(tmp, dest)
+            say(f"{tmp.name}: a complete checkpoint left by an interrupted save; kept in {dest}")
+
+
+def _manifest_step(folder: Path) -> int | None:
+    try:
+        return int(json.loads(manifest_path(folder).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def checkpoint_step(checkpoint: Path) -> int | None:
+    """The step a checkpoint was saved at: its manifest's, else its folder name's."""
+    step = _manifest_step(checkpoint)
+    return step if step is not None else step_of(checkpoint)
+
+
+def apply_retention(run_dir: str | Path, keep_last: int | None, *, protect: Path | None = None) -> list[Path]:
+    """Delete leftover `.tmp-*` folders without a manifest and all but the newest `keep_last` complete checkpoints
+    of the running branch: those up to `protect` (the one just saved), which is never deleted, nor is the newest
+    complete checkpoint or any later one. Incomplete `step-N` folders are left alone (they are not ours to judge),
+    and so is a `.tmp-*` folder with a manifest (a complete save: `recover_saves`). Other processes' `.tmp-*`
+    folders are deleted only by the holder of the run folder's lock (they are then a dead run's). Returns the
+    deleted paths.
     """
     from grpo_cli.run import lock
     if keep_last is not None and keep_last < 1:
         raise CheckpointError(f"checkpoint.keep_last must be >= 1 or None (got {keep_last})")
     root = Path(run_dir) / CHECKPOINTS
     ours = lock.holds(run_dir)
-    removed = [p for p in root.glob(f"{_TMP_PREFIX}*")
-               if p.is_dir() and (ours or p.name.endswith(f"-{os.getpid()}"))] if root.is_dir() else []
+    removed = [p for p in root.glob(f"{TMP_PREFIX}*") if p.is_dir() and not manifest_path(p).is_file()
+               and (ours or p.name.endswith(f"-{os.getpid()}"))] if root.is_dir() else []
     if keep_last is not None:
         ckpts = list_checkpoints(run_dir)
+        if protect is not None:  # a later checkpoint is not this branch's past: never a candidate
+            ckpts = [p for p in ckpts if step_of(p) <= step_of(protect)]
         removed += [p for p in ckpts[: max(len(ckpts) - keep_last, 0)] if p != protect]
     for p in removed:
         shutil.rmtree(p, ignore_errors=True)
@@ -344,101 +338,3 @@ def apply_retention(run_dir: str | Path, keep_last: int | None, *, protect: Path
     return removed
 
 
-def save_checkpoint(
-    run_dir: str | Path,
-    step: int,
-    *,
-    model: Any,
-    tokenizer: Any,
-    optimizer: Any,
-    scheduler: Any,
-    recipe_yaml: str,
-    trainer_state: dict,
-    keep_last: int | None,
-    extra_json: dict[str, dict] | None = None,
-    state_dict: dict | None = None,
-    optimizer_state: dict | None = None,
-    scheduler_state: dict | None = None,
-) -> Path:
-    """Save `RUN_DIR/checkpoints/step-N/` atomically, then apply retention. Returns the checkpoint folder.
-    `trainer_state`: the run's state by part name, JSON values with tensors anywhere (see `encode_parts`)."""
-    if keep_last is not None and keep_last < 1:
-        raise CheckpointError(f"checkpoint.keep_last must be >= 1 or None (got {keep_last})")
-    root = Path(run_dir) / CHECKPOINTS
-    final = root / f"step-{int(step)}"
-    tmp = root / f"{_TMP_PREFIX}step-{int(step)}-{os.getpid()}"
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        _write_contents(
-            tmp, model=model, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
-            recipe_yaml=recipe_yaml, trainer_state=trainer_state, extra_json=extra_json, state_dict=state_dict,
-            optimizer_state=optimizer_state, scheduler_state=scheduler_state,
-        )
-        _write_manifest(tmp, int(step))
-        _move_into_place(tmp, final)
-    except CheckpointError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    except (OSError, SafetensorError, RuntimeError) as e:  # a full disk is a SafetensorError from safetensors
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(
-            f"could not save checkpoint step-{step} to {root}: {first_line(e) or type(e).__name__} "
-            f"({_free_space(root)}); free disk space or check permissions (the previous checkpoints are untouched)"
-        ) from e
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    apply_retention(run_dir, keep_last, protect=final)
-    return final
-
-
-def _free_space(path: Path) -> str:
-    """"12.3 MiB free on that file system" for the nearest existing folder of `path`."""
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    try:
-        return f"{shutil.disk_usage(path).free / 2**20:.1f} MiB free on that file system"
-    except OSError:
-        return "free space unknown"
-
-
-def load_training_state(path: str | Path, *, optimizer: Any, scheduler: Any, load_optimizer: Any = None,
-                        rank: int = 0, world: int = 1) -> dict:
-    """Restore optimizer, scheduler and this process's RNG states (process `rank` of `world`) from a checkpoint;
-    return its trainer_state dict, RNGs replaced by "rng_restored" (False: none saved for `world` processes).
-
-    Optimizer tensors are handed to `optimizer.load_state_dict`, which moves them to the device and dtype
-    of the parameters (keeping `step` as saved), as torch does for its own checkpoints.
-    """
-    path = state_dir(path)
-    if optimizer is not None:
-        state = load_state(path, "optimizer")
-        try:
-            (load_optimizer or optimizer.load_state_dict)(state)  # load_optimizer: e.g. FSDP2's by-name loader
-        except (ValueError, KeyError, RuntimeError) as e:
-            raise CheckpointError(
-                f"{path / 'optimizer.json'} does not fit this optimizer ({e}); the model, LoRA or optimizer "
-                "settings of the recipe must match those the checkpoint was trained with"
-            ) from None
-    if scheduler is not None:
-        scheduler.load_state_dict(load_state(path, "scheduler"))
-    require(path, "trainer_state.json")
-    try:
-        state = json.loads((path / "trainer_state.json").read_text())
-    except ValueError as e:
-        raise CheckpointError(
-            f"{path / 'trainer_state.json'} is not valid JSON ({e}); the checkpoint is corrupted"
-        ) from None
-    state = decode_parts(path, state)
-    state["rng_restored"] = restore_rng(path, state.pop("rng_per_rank", None) or [], rank, world)
-    return state
-
-
-def load_trainer_tensors(path: str | Path, name: str) -> dict[str, torch.Tensor]:
-    """trainer/<name>.safetensors of a checkpoint, as saved."""
-    folder = state_dir(path)
-    require(folder, f"{name}.safetensors")
-    return load_file(str(folder / f"{name}.safetensors"))

@@ -5,7 +5,8 @@ Where to start (`start_point`):
   --resume auto          the newest complete checkpoint; `step-N` folders without a manifest (interrupted
                          saves) are skipped by name; a folder with earlier output but no complete
                          checkpoint is refused instead of silently starting again at step 1
-  --resume PATH          that checkpoint
+  --resume PATH          that checkpoint; one before the folder's newest is refused unless --rewind sets the later
+                         checkpoints, replay records and log lines aside (grpo_cli/run/rewind.py)
   --start-over           deletes the run's logs and checkpoints (named), then trains from step 1
 Refusals raise RunFolderError (the CLI exits 2) saying what the folder holds and which flag to pass.
 
@@ -28,21 +29,26 @@ from typing import Any
 from grpo_cli.errors import RunFolderError
 from grpo_cli.recipe.files import flatten
 from grpo_cli.run.checkpoints import (
+    ABANDONED,
     CHECKPOINTS,
+    checkpoint_step,
     incomplete_checkpoints,
     list_checkpoints,
     recipe_path,
+    recover_saves,
     resolve_resume,
     step_of,
     verify_checkpoint,
 )
 from grpo_cli.run.logs import RESUMES, read_records
+from grpo_cli.run.rewind import finish_pending, later_checkpoints
 from grpo_cli.run.trackers import OUTPUTS as TRACKER_OUTPUTS
 
 LOGS = ("metrics.jsonl", "rollouts.jsonl")
 RECIPE_CHANGES = "recipe_changes.jsonl"
-# what --start-over deletes, nothing else (replay/: grpo_cli/run/replays.py; stalls/: grpo_cli/run/watchdog.py)
-OUTPUTS = (*LOGS, CHECKPOINTS, "recipe.yaml", RECIPE_CHANGES, RESUMES, "replay", "stalls", *TRACKER_OUTPUTS)
+# what --start-over deletes, nothing else (replay/: grpo_cli/run/replays.py; stalls/: grpo_cli/run/watchdog.py;
+# abandoned/: what rewinds and re-saves set aside, grpo_cli/run/rewind.py)
+OUTPUTS = (*LOGS, CHECKPOINTS, "recipe.yaml", RECIPE_CHANGES, RESUMES, "replay", "stalls", ABANDONED, *TRACKER_OUTPUTS)
 # Fields a resume may change without --allow-recipe-change: how long to train, where and how often to save,
 # log and evaluate, where the vLLM server is, how many CPU threads to use, how long a stall may last and how many
 # non-finite steps in a row stop the run.
@@ -81,14 +87,20 @@ def contents(run_dir: str | Path) -> RunContents:
     return RunContents(list_checkpoints(run_dir), incomplete_checkpoints(run_dir), logs)
 
 
-def start_point(run_dir: str | Path, resume: str | None, *, start_over: bool = False,
+def start_point(run_dir: str | Path, resume: str | None, *, start_over: bool = False, rewind: bool = False,
                 say: Callable[[str], None] = print, delete: bool = True) -> Path | None:
     """The checkpoint to resume from, or None for step 1; RunFolderError where that would lose or hide work.
 
-    `delete`: whether this process carries out --start-over (the main one of a multi-process run)."""
+    `delete`: whether this process carries out --start-over and finishes an interrupted rewind or save (the main
+    one of a multi-process run). `rewind`: a checkpoint before the folder's newest may be resumed (the caller then
+    sets the later ones aside, grpo_cli/run/rewind.py)."""
     run_dir = Path(run_dir)
     if start_over and resume is not None:
         raise RunFolderError("--start-over trains from step 1 and --resume continues a run: pass one of them")
+    if rewind and resume in (None, "auto"):
+        raise RunFolderError("--rewind goes with --resume CHECKPOINT: the checkpoint to continue the run from")
+    if delete and not start_over:
+        finish_interrupted(run_dir, say)
     found = contents(run_dir)
     if start_over:
         if delete:
@@ -110,7 +122,17 @@ def start_point(run_dir: str | Path, resume: str | None, *, start_over: bool = F
             )
         return None
     if resume != "auto":
-        return resolve_resume(run_dir, resume)
+        checkpoint = resolve_resume(run_dir, resume)
+        later = later_checkpoints(run_dir, checkpoint) if checkpoint is not None else []
+        if later and not rewind:
+            raise RunFolderError(
+                f"--resume {resume} goes back to step {checkpoint_step(checkpoint)}, but {run_dir} holds later "
+                f"checkpoints ({', '.join(p.name for p in later)}): a later --resume auto would continue them, not this "
+                "run. Pass --rewind to move them, their replay records and log lines aside (into "
+                f"{run_dir / ABANDONED}, kept), --resume auto to continue from the newest, or --output-dir to branch "
+                "into a new folder"
+            )
+        return checkpoint
     if not found.complete:
         if found.earlier_output:
             raise RunFolderError(
@@ -127,6 +149,12 @@ def start_point(run_dir: str | Path, resume: str | None, *, start_over: bool = F
             f"resuming from {newest.name}")
     verify_checkpoint(newest)  # a corrupted newest checkpoint is refused, never silently passed over
     return newest
+
+
+def finish_interrupted(run_dir: Path, say: Callable[[str], None] = print) -> None:
+    """Finish what a kill interrupted before anything reads the folder: a rewind's moves, a save's last rename."""
+    finish_pending(run_dir, say)
+    recover_saves(run_dir, say)
 
 
 def remove_outputs(run_dir: Path) -> list[str]:
@@ -236,9 +264,14 @@ def apply_optimizer_changes(optimizer: Any, scheduler: Any, changed: set[str], t
 
 
 def finished_step(recipe: Any, run_dir: Path, resume: str | None, start_over: bool) -> int | None:
-    """The step of a run that `--resume auto` would find already at train.max_steps (nothing to train), else None."""
+    """The step of a run that `--resume auto` would find already at train.max_steps (nothing to train), else None.
+    The lock holder first finishes an interrupted rewind or save (`finish_interrupted`): the newest checkpoint is the
+    one after."""
+    from grpo_cli.run import lock
     from grpo_cli.run.checkpoints import latest_checkpoint, step_of
 
+    if resume == "auto" and not start_over and lock.holds(run_dir):
+        finish_interrupted(run_dir)
     newest = latest_checkpoint(run_dir) if resume == "auto" and not start_over else None
     step = step_of(newest) if newest is not None else None
     return step if step is not None and step >= recipe.train.max_steps else None

@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from grpo_cli.datatypes import PromptBatch, RewardResult, Rollout, StepBatch
-from grpo_cli.run.checkpoints import make_readable
+from grpo_cli.run.checkpoint_io import make_readable
 
 FOLDER = "replay"
 TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated", "sampling_logps",

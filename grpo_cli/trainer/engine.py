@@ -30,8 +30,8 @@ class Engine:
     """One training run: its policy, rollouts, update, logs and checkpoints."""
 
     def __init__(self, recipe: Recipe, run_dir: str | Path, resume: str | None = None, *, start_over: bool = False,
-                 allow_recipe_change: bool = False) -> None:
-        """`start_over`, `allow_recipe_change`: the CLI's --start-over and --allow-recipe-change
+                 allow_recipe_change: bool = False, rewind: bool = False) -> None:
+        """`start_over`, `allow_recipe_change`, `rewind`: the CLI's --start-over, --allow-recipe-change and --rewind
         (grpo_cli/run/folder.py)."""
         import os
 
@@ -42,12 +42,12 @@ class Engine:
         main = os.environ.get("RANK", "0") == "0"
         self._lock = lock.acquire(self.run_dir) if main and not lock.inherited(self.run_dir) else None
         try:
-            self._setup(resume, start_over, allow_recipe_change)
+            self._setup(resume, start_over, allow_recipe_change, rewind)
         except BaseException:
             self._release_lock()
             raise
 
-    def _setup(self, resume: str | None, start_over: bool, allow_recipe_change: bool) -> None:
+    def _setup(self, resume: str | None, start_over: bool, allow_recipe_change: bool, rewind: bool) -> None:
         """Everything a step needs, in the order that fixes what every RNG draws (grpo_cli/trainer/setup.py)."""
         from accelerate import Accelerator
 
@@ -72,7 +72,7 @@ class Engine:
         self.procs = Collectives(acc)
         self.rows = process_rows(acc, r)  # this process's slice of the B*G completion rows
         self.checkpoint_path, self.recipe_changes = start_from(self.run_dir, resume, start_over, allow_recipe_change,
-                                                                r, acc)
+                                                                r, acc, rewind)
         torch.manual_seed(t.seed)  # fresh LoRA adapters (peft draws lora_A at random): same on every run and rank
         p = build_policy(r, acc, self.checkpoint_path)
         self.policy, self.optimizer, self.scheduler, self.tokenizer = p.model, p.optimizer, p.scheduler, p.tokenizer

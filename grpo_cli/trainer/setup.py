@@ -20,14 +20,17 @@ from grpo_cli.trainer.distributed import is_deepspeed, is_fsdp
 
 
 def start_from(run_dir: Path, resume: str | None, start_over: bool, allow_recipe_change: bool, recipe,
-                accelerator) -> tuple[Path | None, dict[str, tuple[Any, Any]]]:
+               accelerator, rewind: bool = False) -> tuple[Path | None, dict[str, tuple[Any, Any]]]:
     """The checkpoint to continue from (None: step 1) and the recipe fields that differ from its; RunFolderError for
-    a folder that would be rewound or overwritten silently, or a change a resume may not make."""
+    a folder that would be rewound or overwritten silently, or a change a resume may not make. `rewind`: the later
+    checkpoints of the folder are set aside once the resume is known to go ahead (grpo_cli/run/rewind.py)."""
     from grpo_cli.run.folder import check_drift, start_point
+    from grpo_cli.run.rewind import rewind as set_aside_later
 
+    main = accelerator.is_main_process
+    say = print if main else (lambda _: None)
     with accelerator.main_process_first():  # the main process carries out --start-over before the others look
-        checkpoint = start_point(run_dir, resume, start_over=start_over, delete=accelerator.is_main_process,
-                                 say=print if accelerator.is_main_process else lambda _: None)
+        checkpoint = start_point(run_dir, resume, start_over=start_over, rewind=rewind, delete=main, say=say)
     if checkpoint is None:
         return None, {}
     changes = check_drift(checkpoint, recipe.model_dump(mode="json"), allow_recipe_change)
@@ -35,6 +38,8 @@ def start_from(run_dir: Path, resume: str | None, start_over: bool, allow_recipe
         old, new = changes["train.optimizer"]
         raise RunFolderError(f"train.optimizer cannot change on resume ({old} -> {new}): the checkpoint holds {old}'s "
                              f"state. Start a new run from its weights instead: model.name_or_path={checkpoint}")
+    if rewind and main:
+        set_aside_later(Path(run_dir), checkpoint, say)
     return checkpoint, changes
 
 

@@ -72,7 +72,7 @@ def save_run(run_dir: Path, step: int, procs: Processes, accelerator, *, policy,
     """Checkpoint step `step` (collective: every process calls it; the main one writes)."""
     from grpo_cli.models.lora import BASE_MODEL, base_identity, is_peft_model
     from grpo_cli.recipe.files import recipe_to_yaml
-    from grpo_cli.run.checkpoints import save_checkpoint
+    from grpo_cli.run.checkpoint_io import save_checkpoint
 
     per_process = {name: procs.gather_rows([part.state_dict()]) for name, part in state.per_process.items()}
     weights = accelerator.get_state_dict(policy) if sharded else None  # every process takes part in gathering
@@ -96,7 +96,7 @@ def restore_run(checkpoint: Path, procs: Processes, state: RunState, *, changes:
     """Every part of `state` from `checkpoint` (this process's own per-process parts), then the optimizer settings
     the resume changed (--allow-recipe-change); -> the checkpoint's step."""
     from grpo_cli.errors import CheckpointError
-    from grpo_cli.run.checkpoints import load_training_state
+    from grpo_cli.run.checkpoint_io import load_training_state
     from grpo_cli.run.folder import apply_optimizer_changes
 
     optimizer, scheduler = (state.parts.get(name) for name in FILE_PARTS)
@@ -129,7 +129,7 @@ def restore_run(checkpoint: Path, procs: Processes, state: RunState, *, changes:
 def legacy_parts(checkpoint: Path, saved: dict) -> dict:
     """Checkpoints written before the run's state was saved by part name: the refresh count of the reference was
     `ref_model_syncs`, and a reward model's part did not name its weights file (the files are the same)."""
-    from grpo_cli.run.checkpoints import load_trainer_tensors
+    from grpo_cli.run.checkpoint_io import load_trainer_tensors
 
     if "ref_model" not in saved and saved.get("ref_model_syncs"):
         saved["ref_model"] = {"syncs": saved["ref_model_syncs"], "weights": load_trainer_tensors(checkpoint, "ref_model")}

@@ -15,15 +15,14 @@ torch.set_num_threads(1)
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
 from grpo_cli.errors import CheckpointError  # noqa: E402
-from grpo_cli.run import checkpoints as ck  # noqa: E402
+from grpo_cli.run import checkpoint_io as ck  # noqa: E402
 from grpo_cli.run import statefiles  # noqa: E402
+from grpo_cli.run.checkpoint_io import load_training_state, save_checkpoint  # noqa: E402
 from grpo_cli.run.checkpoints import (  # noqa: E402
     atomic_write_text,
     latest_checkpoint,
     list_checkpoints,
-    load_training_state,
     resolve_resume,
-    save_checkpoint,
     verify_checkpoint,
 )
 from grpo_cli.run.statefiles import rng_state, set_rng_state  # noqa: E402
@@ -252,13 +251,43 @@ def test_retention_keeps_newest_complete(tmp_path, model):
     (root / "step-6").mkdir()  # an interrupted copy: no manifest
     (root / "step-6" / "model.safetensors").write_bytes(b"x")
     assert latest_checkpoint(tmp_path) == root / "step-5"
-    save(tmp_path, 3, model, keep_last=1)  # an older step saved later is kept, and so is the newest
-    assert sorted(p.name for p in root.iterdir()) == ["step-3", "step-5", "step-6"]
-    save(tmp_path, 5, model, keep_last=1)  # replacing an existing step
+    # an older step saved later is kept, and retention deletes nothing newer than it: those are not its branch's past
+    save(tmp_path, 3, model, keep_last=1)
+    assert sorted(p.name for p in root.iterdir()) == ["step-3", "step-4", "step-5", "step-6"]
+    save(tmp_path, 5, model, keep_last=1)  # replacing an existing step: the old one is set aside, never deleted
     assert sorted(p.name for p in root.iterdir()) == ["step-5", "step-6"]
     verify_checkpoint(root / "step-5")
+    (aside,) = (tmp_path / "abandoned").iterdir()
+    assert aside.name.endswith("-replaced-step-5")
+    verify_checkpoint(aside / "checkpoints/step-5")
     with pytest.raises(CheckpointError, match="keep_last"):
         save(tmp_path, 8, model, keep_last=0)
+
+
+def test_a_complete_save_left_under_a_tmp_name_is_kept_and_recovered(tmp_path, model):
+    from grpo_cli.run import lock as runlock
+    from grpo_cli.run.checkpoints import recover_saves
+
+    root = tmp_path / "checkpoints"
+    for step in (2, 3, 7):
+        save(tmp_path, step, model)
+    (root / "step-7").rename(root / ".tmp-step-7-999")  # killed before its rename into place
+    (root / "step-3").rename(root / ".tmp-old-step-2-999")  # a complete copy whose step-2 exists (an older version's)
+    (root / ".tmp-step-8-999").mkdir()  # an interrupted save: no manifest
+    key = runlock.acquire(tmp_path)
+    try:
+        save(tmp_path, 4, model, keep_last=1)  # retention, as the lock holder: only the folder without a manifest goes
+        assert sorted(p.name for p in root.iterdir()) == [".tmp-old-step-2-999", ".tmp-step-7-999", "step-4"]
+        said = []
+        recover_saves(tmp_path, said.append)
+    finally:
+        runlock.release(key)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-4", "step-7"]
+    verify_checkpoint(root / "step-7")
+    assert "step-7: its save was complete when the run stopped (.tmp-step-7-999); moved into place" in said
+    (aside,) = (tmp_path / "abandoned").iterdir()
+    verify_checkpoint(aside / "checkpoints/.tmp-old-step-2-999")
+    assert any(f"kept in {aside / 'checkpoints/.tmp-old-step-2-999'}" in line for line in said), said
 
 
 def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, model, monkeypatch):

@@ -23,7 +23,8 @@ import torch
 from grpo_cli.errors import CheckpointError, RunFolderError
 from grpo_cli.recipe.files import load_recipe, recipe_to_yaml
 from grpo_cli.run import lock as runlock
-from grpo_cli.run.checkpoints import list_checkpoints, load_training_state, save_checkpoint, verify_checkpoint
+from grpo_cli.run.checkpoint_io import load_training_state, save_checkpoint
+from grpo_cli.run.checkpoints import list_checkpoints, verify_checkpoint
 from grpo_cli.run.folder import (
     RECIPE_CHANGES,
     apply_optimizer_changes,
@@ -34,7 +35,7 @@ from grpo_cli.run.folder import (
     start_point,
 )
 
-from helpers import RECIPE, ROOT, batch, cli, make_opt, read_jsonl, tiny_model, tiny_tokenizer, train_step
+from helpers import RECIPE, ROOT, batch, cli, make_opt, read_jsonl, tiny_model, tiny_tokenizer, train_step, wait_for
 
 TINY = ROOT / "recipes/ci-tiny.yaml"
 
@@ -245,16 +246,6 @@ def copy_run(base: Path, dst: Path) -> Path:
 def popen_train(*args: str, **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "grpo_cli", "train", *args], cwd=ROOT, env=os.environ,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
-
-
-def wait_for(predicate, timeout: float = 120, proc: subprocess.Popen | None = None) -> None:
-    t0 = time.monotonic()
-    while not predicate():
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"exited early with {proc.returncode}: {proc.stderr.read()[-3000:]}")
-        if time.monotonic() - t0 > timeout:
-            raise TimeoutError
-        time.sleep(0.1)
 
 
 def lines(path: Path) -> int:
