@@ -292,8 +292,9 @@ class TrainConfig(Section):
         900, gt=0, description="No silent hang: a phase of the run (generation, a reward, a collective across "
         "processes, a server request, a checkpoint write) that makes no progress for this long stops the run with an "
         "error naming the phase and the process, after writing every thread's stack of every process into "
-        "RUN/stalls/; the last checkpoint stays intact. Progress: a decoded token (transformers generation), a "
-        "micro-batch, a reward call, a finished request. None: never.",
+        "RUN/stalls/; the last checkpoint stays intact. Progress: a decoded token (transformers generation), a vLLM "
+        "engine step (colocated, or a server's, seen through its /health while a request runs), a synced tensor, a "
+        "micro-batch, a reward call, a checkpoint's files growing and each block of them hashed. None: never.",
     )
 
     @field_validator("threads")

@@ -20,7 +20,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -37,7 +37,23 @@ from grpo_cli.rollout.common import (
     samples_from,
 )
 
+from grpo_cli.run.watchdog import progress_of, tick
+
 WORKER_EXTENSION = "grpo_cli.rollout.vllm_worker.WeightSyncExtension"
+
+
+def on_every_step(llm: Any, callback: Callable[[], None]) -> None:
+    """Call `callback` after each step of `llm`'s engine (one decode step of every running request): the
+    watchdog's progress during a long generate, where requests that all finish near the end would give none."""
+    engine = llm.llm_engine
+    step = engine.step
+
+    def counted_step(*args, **kwargs):
+        out = step(*args, **kwargs)
+        callback()
+        return out
+
+    engine.step = counted_step  # LLM._run_engine calls self.llm_engine.step() until no request is left
 
 
 class VLLMColocateGenerator:
@@ -53,6 +69,7 @@ class VLLMColocateGenerator:
         self.in_process = _prepare_environment(rollout_cfg.vllm.cpu_kv_cache_gib)
         t0 = time.perf_counter()
         self.llm = _build_llm(model_dir, rollout_cfg, seed)
+        on_every_step(self.llm, tick)  # a generate (or an eval) that runs past train.stall_timeout_s is not a stall
         self.startup_s = time.perf_counter() - t0
         self.dtype = self.llm.llm_engine.model_config.dtype  # vLLM's weights (CPU: fp32 checkpoints run in bf16)
         self.sleep_enabled = rollout_cfg.vllm.sleep_mode and torch.cuda.is_available()
@@ -131,8 +148,9 @@ class VLLMColocateGenerator:
         # HF checkpoint names, what reload_weights(is_checkpoint_format=True) reads; LoRA adapters merged
         state = export_state_dict(model)
         if self.in_process:
-            # Cast one tensor at a time as vLLM consumes them: no second full copy, no dtype warning per weight.
-            named = ((k, v.detach().to(self.dtype)) for k, v in state.items())
+            # Cast one tensor at a time as vLLM consumes them: no second full copy, no dtype warning per weight;
+            # each tensor handed over is progress for the watchdog
+            named = ((k, _ticked(v.detach().to(self.dtype))) for k, v in state.items())
             self.llm.collective_rpc("grpo_load_weights", args=(named, self.version))
             self.sync_bytes = sum(v.numel() for v in state.values()) * self.dtype.itemsize
         else:
@@ -147,7 +165,9 @@ class VLLMColocateGenerator:
 
         with tempfile.TemporaryDirectory(prefix="grpo-weights-") as tmp:
             path = str(Path(tmp) / "weights.safetensors")
-            save_file({k: v.detach().to(self.dtype).contiguous().cpu() for k, v in _unique_tensors(state).items()}, path)
+            with progress_of(lambda: os.path.getsize(path)):  # a slow disk: the file grows all the while
+                save_file({k: v.detach().to(self.dtype).contiguous().cpu() for k, v in _unique_tensors(state).items()},
+                          path)
             self.llm.collective_rpc("grpo_load_weights_from_file", args=(path, self.version))
             return os.path.getsize(path)
 
@@ -178,6 +198,11 @@ class VLLMColocateGenerator:
         import gc
 
         gc.collect()
+
+
+def _ticked(t: torch.Tensor) -> torch.Tensor:
+    tick()
+    return t
 
 
 def structured_outputs(regex: str | None) -> dict:

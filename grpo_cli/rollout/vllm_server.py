@@ -47,7 +47,7 @@ from grpo_cli.rollout.common import (
     request_seed,
     samples_from,
 )
-from grpo_cli.run.watchdog import phase
+from grpo_cli.run.watchdog import phase, progress_of, tick
 from grpo_cli.serve.app import is_loopback
 
 TOKEN_ENV = "GRPO_SERVER_TOKEN"
@@ -151,7 +151,8 @@ class VLLMServerGenerator:
             fd, path = tempfile.mkstemp(prefix=prefix, suffix=".safetensors")
             os.close(fd)
         try:
-            save_file(state, path, metadata=metadata)
+            with progress_of(lambda: os.path.getsize(path)):  # a slow disk: the file grows all the while
+                save_file(state, path, metadata=metadata)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(path)
@@ -270,7 +271,7 @@ class VLLMServerGenerator:
         size = os.path.getsize(path)
         headers = {"Content-Type": "application/octet-stream", "X-Weight-Version": str(version),
                    "Content-Length": str(size)}
-        return self._send("POST", route, lambda: open(path, "rb"), headers,
+        return self._send("POST", route, lambda: _TickingReader(open(path, "rb")), headers,
                           "uploading the weights", self.timeout, True)
 
     def _send(self, method, route, data, headers, doing, timeout, idempotent) -> dict:
@@ -278,7 +279,9 @@ class VLLMServerGenerator:
         start, delay = time.monotonic(), 0.25
         for attempt in range(MAX_RETRIES + 1):
             try:
-                with phase(f"server request {method} {route} ({doing})"):  # the watchdog names a server that went quiet
+                # the watchdog names a server that went quiet; one still sampling or loading shows its activity
+                with phase(f"server request {method} {route} ({doing})"), \
+                        progress_of(self._activity) if route != "/health" else contextlib.nullcontext():
                     return self._once(method, route, data, headers, timeout, doing)
             except (_NotSent, TimeoutError, ConnectionError, urllib.error.URLError, OSError) as e:
                 retry = idempotent or isinstance(e, _NotSent)
@@ -287,6 +290,11 @@ class VLLMServerGenerator:
                 time.sleep(delay)
                 delay *= 2
         raise AssertionError("unreachable")
+
+    def _activity(self) -> int | None:
+        """The server's count of engine steps and weight loads (GET /health answers while a request runs)."""
+        with urllib.request.urlopen(self.url + "/health", timeout=HEALTH_TIMEOUT_S) as resp:
+            return json.loads(resp.read()).get("activity")
 
     def _once(self, method, route, data, headers, timeout, doing) -> dict:
         body = data() if callable(data) else data  # a file is reopened on each attempt
@@ -360,3 +368,17 @@ def _unshared_cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         out[k] = t.clone() if ptr in seen else t
         seen.add(ptr)
     return out
+
+
+class _TickingReader:
+    """A weight file as an upload body: each block http.client reads is progress for the watchdog."""
+
+    def __init__(self, f) -> None:
+        self.f = f
+
+    def read(self, n: int = -1) -> bytes:
+        tick()
+        return self.f.read(n)
+
+    def close(self) -> None:
+        self.f.close()

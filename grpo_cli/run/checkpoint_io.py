@@ -24,6 +24,7 @@ from grpo_cli.run.checkpoints import (
 from grpo_cli.run.statefiles import (
     decode_parts, encode_parts, load_state, require, restore_rng, rng_state, save_optimizer, save_scheduler, save_state,
 )
+from grpo_cli.run.watchdog import folder_bytes, progress_of, tick
 
 
 def _sha256_and_fsync(path: Path) -> str:
@@ -31,7 +32,9 @@ def _sha256_and_fsync(path: Path) -> str:
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
+            tick()  # a block hashed: a slow file system is not a stall
         os.fsync(f.fileno())
+    tick()
     return h.hexdigest()
 
 
@@ -122,11 +125,12 @@ def save_checkpoint(
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
-        _write_contents(
-            tmp, model=model, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
-            recipe_yaml=recipe_yaml, trainer_state=trainer_state, extra_json=extra_json, state_dict=state_dict,
-            optimizer_state=optimizer_state, scheduler_state=scheduler_state,
-        )
+        with progress_of(lambda: folder_bytes(tmp)):  # the files grow inside safetensors: progress all the same
+            _write_contents(
+                tmp, model=model, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
+                recipe_yaml=recipe_yaml, trainer_state=trainer_state, extra_json=extra_json, state_dict=state_dict,
+                optimizer_state=optimizer_state, scheduler_state=scheduler_state,
+            )
         _write_manifest(tmp, int(step))
         move_into_place(tmp, final)
     except CheckpointError:

@@ -2,8 +2,10 @@
 and the process, after writing the stack of every thread of every process into the run folder.
 
 Code marks where it is with `phase(name)` (phases nest: "score > reward 'sleepy'") and says it moved on with
-`tick()` (a decoded token, a scored batch, a micro-batch's backward); entering or leaving a phase counts as
-progress too. Both cost a dict write and are no-ops while no watchdog is armed, so library code calls them
+`tick()` (a decoded token, a vLLM engine step, a synced tensor, a block of a checkpoint hashed, a scored batch, a
+micro-batch's backward); entering or leaving a phase counts as progress too. Work the thread cannot see move (a
+file written inside a C library, a request a server is answering) is watched by `progress_of(measure)`: the bytes
+on disk growing, the server's count of engine steps rising. Both cost a dict write and are no-ops while no watchdog is armed, so library code calls them
 freely. Each thread keeps its own phases: a thread inside a phase that has not progressed for the limit has
 stalled, whatever the other threads do; a thread outside every phase (idle, or waiting on one that is inside
 one) is not watched.
@@ -36,7 +38,7 @@ import time
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 STALLS_DIR = "stalls"
 MARKER = "stalled.json"
@@ -97,6 +99,57 @@ def tick() -> None:
         rec = _threads.get(threading.get_ident())
         if rec is not None:
             rec.last = time.monotonic()
+
+
+def _tick_thread(ident: int) -> None:
+    rec = _threads.get(ident)
+    if rec is not None:
+        rec.last = time.monotonic()
+
+
+@contextmanager
+def progress_of(measure: Callable[[], object]) -> Iterator[None]:
+    """For work whose progress the calling thread cannot report itself (a write inside a C library, a request a
+    server is answering): while the block runs, a daemon thread reads `measure()` (bytes written so far, a
+    server's count of finished engine steps) every quarter of the armed limit, and each change is progress of the
+    calling thread. A `measure` that raises counts as no change. A no-op while no watchdog is armed."""
+    dog = _armed
+    if dog is None:
+        yield
+        return
+    owner, stop = threading.get_ident(), threading.Event()
+    interval = max(0.05, min(5.0, dog.timeout_s / 4))
+
+    def poll() -> None:
+        last: object = None
+        while not stop.wait(interval):
+            try:
+                value = measure()
+            except Exception:  # e.g. a server that does not answer this poll: no progress seen
+                continue
+            if value is not None and value != last:
+                last = value
+                _tick_thread(owner)
+
+    poller = threading.Thread(target=poll, name="grpo-progress", daemon=True)
+    poller.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        poller.join(timeout=interval + 1)
+
+
+def folder_bytes(path: str | Path) -> int:
+    """The bytes of every file under `path` so far (a folder being written; 0 when it is not there yet)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name)).st_size
+            except OSError:  # renamed or removed meanwhile
+                pass
+    return total
 
 
 class Watchdog:

@@ -2,8 +2,10 @@
 
 Routes (JSON; every route but /health needs `Authorization: Bearer $GRPO_SERVER_TOKEN` when the
 variable is set):
-  GET  /health              200 {"status": "ok", "model": ..., "weight_version": v}; 503 {"status": "dead"}
-                            once the engine died (the server then exits with code 3)
+  GET  /health              200 {"status": "ok", "model": ..., "weight_version": v, "activity": k}; 503
+                            {"status": "dead"} once the engine died (the server then exits with code 3).
+                            `activity` counts engine steps and weight loads: it answers while a request
+                            runs, so a client's watchdog sees a long generate progress
   GET  /info                weights directory, limits, context length, vocabulary size, KV cache
   POST /generate            token ids in, n completions per prompt out (token ids + sampler log-probs);
                             409 when `expected_version` is not the loaded weight version
@@ -122,7 +124,8 @@ def build_app(engine: "ServedEngine", token: str | None):
 
     @app.get("/health")
     def health():
-        body = {"status": "ok", "model": engine.model, "weight_version": engine.version}
+        body = {"status": "ok", "model": engine.model, "weight_version": engine.version,
+                "activity": engine.activity}
         reason = engine.dead_reason()
         return JSONResponse({**body, "status": "dead", "detail": reason}, status_code=503) if reason else body
 

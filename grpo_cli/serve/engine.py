@@ -45,6 +45,7 @@ class ServedEngine:
         self.base_replaced = False  # a full weight update replaced the model folder's weights adapters apply to
         self.lock = threading.Lock()
         self.dead: str | None = None  # why the engine is unusable
+        self.activity = 0  # engine steps and weight loads so far: /health shows them to a client's watchdog
 
     def info(self) -> dict:
         lim = self.limits
@@ -53,6 +54,9 @@ class ServedEngine:
                 "max_sequences": lim.max_sequences, "max_body_bytes": lim.max_body_bytes,
                 "max_upload_bytes": lim.max_upload_bytes, "tensors": len(self.spec.shapes) if self.spec else None,
                 "lora_rank": self.lora_rank, "base_replaced": self.base_replaced}
+
+    def count_step(self) -> None:
+        self.activity += 1
 
     def dead_reason(self) -> str | None:
         if self.dead is None:
@@ -82,8 +86,10 @@ class ServedEngine:
                 return {"weight_version": self.version, "updated": False, "seconds": 0.0}
             count = check_weights_file(real, self.spec, partial)
             t0 = time.perf_counter()
+            self.activity += 1
             self._call("loading weights", self.llm.collective_rpc, "grpo_load_weights_from_file",
                        args=(str(real), version))
+            self.activity += 1
             self._drop_adapter()  # trained on other base weights
             self.base_replaced = True
             self._call("resetting the prefix cache", self.llm.reset_prefix_cache)  # KV computed with the old weights
@@ -265,6 +271,7 @@ def _load(model, tp, gpu_memory_utilization, max_model_len, dtype, enforce_eager
           workdir: Path, weights_dir: Path, lora_rank: int = 0) -> ServedEngine:
     from vllm import LLM, SamplingParams
 
+    from grpo_cli.rollout.vllm_colocate import on_every_step
     from grpo_cli.serve.requests import ServerLimits
     from grpo_cli.serve.weights import weight_spec
 
@@ -286,4 +293,6 @@ def _load(model, tp, gpu_memory_utilization, max_model_len, dtype, enforce_eager
                           max_upload_bytes=(spec.numel * 4 if spec else 0) + 16 * 2**20)
     upload_dir = workdir / "uploads"
     upload_dir.mkdir(mode=0o700)
-    return ServedEngine(llm, model, limits, spec, weights_dir, upload_dir, spec_problem=problem, lora_rank=lora_rank)
+    engine = ServedEngine(llm, model, limits, spec, weights_dir, upload_dir, spec_problem=problem, lora_rank=lora_rank)
+    on_every_step(llm, engine.count_step)
+    return engine

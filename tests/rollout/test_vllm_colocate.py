@@ -200,3 +200,22 @@ def test_reproducible_with_same_seed(gen, model_dir, tokenizer, prompts):
     assert a1.completions[0] != a1.completions[1]  # the n samples of a prompt differ
     assert torch.equal(greedy[0], greedy[1])
 
+
+
+def test_a_generate_longer_than_the_stall_limit_is_progress_step_by_step(gen, tokenizer, monkeypatch, tmp_path):
+    """Issue 35: the watchdog saw no progress inside vLLM's generate and stopped healthy runs. Each engine step
+    is progress now: 128 sequences of 384 tokens (EOS ignored) take several times the 0.2 s limit, ms a step."""
+    import time
+
+    from grpo_cli.run.watchdog import Watchdog, phase
+
+    monkeypatch.setattr(gen, "cfg", gen.cfg.model_copy(update={"generation_kwargs": {"ignore_eos": True}}))
+    ids = [tokenizer("Once upon a time")["input_ids"]] * 128
+    gen.sample(ids, [384] * 128)  # warm-up: the first step of a new batch shape takes seconds on its own
+    t0 = time.monotonic()
+    with Watchdog(tmp_path, 0.2, poll_s=0.02, interrupt=True), phase("generate"):
+        samples = gen.sample(ids, [384] * 128)
+    took = time.monotonic() - t0
+    assert len(samples.tokens) == 128
+    assert took > 2 * 0.2, took  # the phase outlasted the limit without a tick from outside vLLM
+    assert not (tmp_path / "stalls").exists()

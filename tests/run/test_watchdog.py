@@ -83,6 +83,36 @@ def test_progress_keeps_a_long_phase_alive_and_nothing_runs_while_disarmed(tmp_p
     assert not (tmp_path / "stalls").exists()
 
 
+def test_work_the_thread_cannot_see_progresses_while_its_measure_moves(tmp_path):
+    # progress_of: a file growing in another thread's hands (as inside safetensors) keeps the phase alive; once it
+    # stops growing the phase stalls after the limit
+    p = python(tmp_path, f"""
+        import threading, time
+        from pathlib import Path
+        from grpo_cli.run.watchdog import Watchdog, folder_bytes, phase, progress_of
+
+        out = Path({str(tmp_path)!r}) / "out"
+        out.mkdir()
+
+        def write(blocks):
+            with open(out / "model.safetensors", "ab") as f:
+                for _ in range(blocks):
+                    f.write(b"x" * 1000)
+                    f.flush()
+                    time.sleep(0.05)
+
+        with Watchdog({str(tmp_path)!r}, 0.5, poll_s=0.05), phase("checkpoint"), progress_of(lambda: folder_bytes(out)):
+            write(40)  # 2 s, four times the limit, growing all along
+            print("slow write lived", flush=True)
+            write(4)
+            time.sleep(30)  # the write stopped: a stall
+        print("never")
+        """)
+    assert p.returncode == 1, p.stderr
+    assert p.stdout.strip() == "slow write lived"
+    assert "made no progress for" in p.stderr and "in checkpoint" in p.stderr
+
+
 def test_an_earlier_runs_stall_files_do_not_stop_a_resumed_one(tmp_path):
     stalls = tmp_path / "stalls"
     stalls.mkdir()
@@ -159,3 +189,32 @@ def test_one_process_stalling_before_a_collective_stops_both_with_every_stack(tm
     assert "collective: gather" in zero.splitlines()[0]
     assert "--- thread MainThread: in collective: gather for" in zero and "in gather" in zero
     assert (run / "checkpoints/step-1").is_dir()
+
+
+SLOW_SAVES = str(ROOT / "tests/crash")  # its sitecustomize.py writes safetensors files slowly (GRPO_TEST_SLOW_SAVE)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("model_cache")
+def test_a_checkpoint_written_slower_than_the_limit_lives_and_one_whose_write_stops_is_a_stall(tmp_path):
+    # 16 KiB every 0.08 s: each checkpoint (0.5 MB of weights, 1 MB of AdamW moments) takes ~8 s, past the 3 s
+    # limit, its files growing all along (a slow network file system): the run must live
+    args = ("train", "recipes/ci-tiny.yaml", "train.max_steps=2", "checkpoint.every_steps=1", "checkpoint.keep_last=null",
+            "eval=null", "train.stall_timeout_s=3")
+    slow = tmp_path / "slow"
+    p = cli(*args, "-o", str(slow), env={**os.environ, "PYTHONPATH": SLOW_SAVES, "GRPO_TEST_SLOW_SAVE": "16384:0.08"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    for step in (1, 2):
+        ckpt = slow / f"checkpoints/step-{step}"
+        took = (ckpt / "trainer/manifest.json").stat().st_mtime - (ckpt / "config.json").stat().st_mtime
+        assert took > 2 * 3, took  # the save outlasted the limit twice over, and nothing called it a stall
+    assert not (slow / "stalls").exists()
+
+    # the same write stopping for good after 200 KB of a file: a stall named in the checkpoint phase
+    stuck = tmp_path / "stuck"
+    p = cli(*args, "-o", str(stuck), env={**os.environ, "PYTHONPATH": SLOW_SAVES,
+                                          "GRPO_TEST_SLOW_SAVE": "16384:0.08:200000"})
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert re.search(r"made no progress for [3-9] s in checkpoint \(step 1", p.stderr), p.stderr[-3000:]
+    assert "no checkpoint was written before it" in p.stderr
+    assert not [c for c in (stuck / "checkpoints").iterdir() if not c.name.startswith(".tmp-")]
