@@ -7,8 +7,9 @@ entropy bonus static and adaptive, the top-entropy mask), and the outcome advant
 
 Both sides load the same tiny random Qwen2 (grpo's builtin:tiny-qwen2 folder) and see the same prompt and
 completion ids, masks, advantages, old / reference / sampler log-probs. grpo's side runs its real update step
-(PolicyUpdate._micro_step: one micro-batch, the entropy controller stepped as after an optimizer step); TRL's
-side runs GRPOTrainer._compute_loss and backward (bench/vs_trl_loss_trl.py, in TRL's venv). Per case: the loss,
+(PolicyUpdate.window and _micro_step: one micro-batch, or two accumulated into one optimizer step, the entropy
+controller stepped as after an optimizer step); TRL's side runs GRPOTrainer._compute_loss and backward per
+micro-batch with gradient_accumulation_steps set (bench/vs_trl_loss_trl.py, in TRL's venv). Per case: the loss,
 the largest gradient difference relative to the largest gradient, the entropy coefficient after each call, and
 the metrics both log. Ends with one line: the worst difference over every case.
 """
@@ -32,11 +33,18 @@ IS_RATIO = "importance_sampling_ratio"
 CAP = 2.0
 
 
-def case(name, trl, ours, inputs=(OLD,), calls=1, trl_vllm_correction=False):
+def case(name, trl, ours, inputs=(OLD,), calls=1, trl_vllm_correction=False, micro_batches=1):
     """TRL's GRPOConfig fields, grpo's overrides of recipes/ci-tiny.yaml (epsilon 0.2, epsilon_high 0.28; TRL's
-    use_bias_correction_kl default true is set false unless a case turns it on)."""
+    use_bias_correction_kl default true is set false unless a case turns it on). `micro_batches` > 1: each call is
+    one optimizer step's gradient accumulation over that many micro-batches (TRL's gradient_accumulation_steps)."""
     return {"name": name, "trl": {"use_bias_correction_kl": False, "epsilon": 0.2, "epsilon_high": 0.28, **trl},
-            "ours": ours, "inputs": list(inputs), "calls": calls, "trl_vllm_correction": trl_vllm_correction}
+            "ours": ours, "inputs": list(inputs), "calls": calls, "trl_vllm_correction": trl_vllm_correction,
+            "micro_batches": micro_batches}
+
+
+def accumulated(c: dict) -> dict:
+    """The case as 2 micro-batches of 4 rows (unequal token counts: 21 and 16) accumulated into each step."""
+    return {**c, "name": f"{c['name']} [2 micro-batches]", "micro_batches": 2}
 
 
 def cases() -> list[dict]:
@@ -83,7 +91,13 @@ def cases() -> list[dict]:
              ["algorithm.loss_type=grpo", "algorithm.entropy_coef=0.05", "algorithm.use_adaptive_entropy=true",
               "algorithm.entropy_target=1.0"], calls=3),
     ]
-    return out
+    # issue 35: every statistic taken over micro-batches, under gradient accumulation (the loss types' normalisers,
+    # the entropy bonus static and adaptive, the top-entropy threshold)
+    accumulate = ("grpo", "bnpo", "dr_grpo", "dapo", "sapo", "cispo", "luspo", "vespo", "dapo + entropy_coef 0.05",
+                  "grpo + top_entropy_quantile 0.5", "grpo + entropy_coef 0.05 + top_entropy_quantile 0.5",
+                  "grpo beta 0.04", "adaptive entropy, H below target (3 steps)",
+                  "adaptive entropy, H above target (3 steps)")
+    return out + [accumulated(c) for c in out if c["name"] in accumulate]
 
 
 def make_inputs(model_dir: Path) -> dict:
@@ -124,11 +138,10 @@ def ours(c: dict, x: dict, run_dir: Path) -> list[dict]:
     from grpo_cli.recipe.files import load_recipe
     from grpo_cli.trainer.engine import Engine
     from grpo_cli.trainer.reporting import MetricSums
-    from grpo_cli.trainer.update import Window
 
-    N = B * G
+    N, K = B * G, c["micro_batches"]
     recipe = load_recipe("recipes/ci-tiny.yaml", [
-        f"algorithm.num_generations={G}", f"train.prompts_per_step={B}", f"train.micro_batch_size={N}",
+        f"algorithm.num_generations={G}", f"train.prompts_per_step={B}", f"train.micro_batch_size={N // K}",
         f"rollout.max_completion_length={T}", f"rollout.temperature={TEMPERATURE}", "checkpoint.every_steps=0",
         "train.threads=1", *c["ours"]])
     eng = Engine(recipe, run_dir)
@@ -137,15 +150,16 @@ def ours(c: dict, x: dict, run_dir: Path) -> list[dict]:
                       truncated=torch.zeros(N, dtype=torch.bool), prompts=[""] * N, completions=[""] * N,
                       sampling_logps=x[SAMPLING] if SAMPLING in c["inputs"] else None)
     mask = x["completion_mask"]
-    w = Window(rollout, x["advantages"], mask, old=x[OLD] if OLD in c["inputs"] else None,
-               ref=x[REF] if REF in c["inputs"] else None)
-    w.num_active = mask.sum().item() if update.loss.global_token_mean else None
+    # the optimizer step's window as PolicyUpdate builds it (its normaliser), its micro-batches as it runs them
+    w = update.window(rollout, x["advantages"], mask, K, old=x[OLD] if OLD in c["inputs"] else None,
+                      ref=x[REF] if REF in c["inputs"] else None)
     policy.train()
     calls = []
     for _ in range(c["calls"]):
         policy.zero_grad(set_to_none=True)
         sums = MetricSums()
-        update._micro_step(w, slice(0, N), sums, first=True)
+        for k in range(K):
+            update._micro_step(w, slice(k * N // K, (k + 1) * N // K), sums, first=True)
         grads = {n: p.grad.detach().clone() for n, p in policy.named_parameters() if p.grad is not None}
         if update.entropy is not None:  # what PolicyUpdate does after each optimizer step
             total, tokens = w.entropy_sums
@@ -162,7 +176,9 @@ SHARED_METRICS = ("entropy", "kl", "clip_ratio/region_mean", "vespo/phi_seq_mean
                   "policy_loss", "off_policy_mask/masked_token_fraction")
 
 
-def compare(a: list[dict], b: list[dict]) -> dict:
+def compare(a: list[dict], b: list[dict], micro_batches: int) -> dict:
+    """With micro-batches, TRL logs each one's means and averages those, where grpo takes the means over the
+    window's tokens (or sequences) whatever the split: those metrics are shown, not counted in the verdict."""
     rel_grad, loss_diff, metric_diff, coefs = 0.0, 0.0, 0.0, []
     for x, y in zip(a, b):
         scale = max(max(g.abs().max().item() for g in y["grads"].values()), 1e-12)
@@ -174,7 +190,7 @@ def compare(a: list[dict], b: list[dict]) -> dict:
                 metric_diff = max(metric_diff, abs(x["metrics"][k] - y["metrics"][k]))
         coefs.append((x["entropy_coef"], y["entropy_coef"]))
     return {"loss": a[-1]["loss"], "trl_loss": b[-1]["loss"], "loss_abs": loss_diff, "grad_rel": rel_grad,
-            "metric_abs": metric_diff, "coefs": coefs}
+            "metric_abs": metric_diff, "metrics_counted": micro_batches == 1, "coefs": coefs}
 
 
 def main() -> None:
@@ -198,9 +214,11 @@ def main() -> None:
         torch.save(x, folder / "inputs.pt")
         subprocess.run([args.trl_python, str(ROOT / "bench" / "vs_trl_loss_trl.py"), str(folder)], check=True)
         trl = torch.load(folder / "trl.pt")
-        rows = [(c, compare(ours(c, x, folder / f"run{i}"), trl["cases"][c["name"]])) for i, c in enumerate(spec)]
+        rows = [(c, compare(ours(c, x, folder / f"run{i}"), trl["cases"][c["name"]], c["micro_batches"]))
+                for i, c in enumerate(spec)]
 
-    print(f"grpo vs TRL {trl['trl']} GRPOTrainer._compute_loss, tiny Qwen2, {B * G} rows x {T} tokens, fp32\n")
+    print(f"grpo vs TRL {trl['trl']} GRPOTrainer._compute_loss, tiny Qwen2, {B * G} rows x {T} tokens, fp32; "
+          "[2 micro-batches]: 4 rows each, accumulated into one optimizer step (gradient_accumulation_steps 2)\n")
     print("| case | loss grpo | loss TRL | loss abs. diff | max grad diff / max grad | metrics max abs. diff | "
           "entropy_coef after each call (grpo / TRL) |")
     print("|---|---|---|---|---|---|---|")
@@ -208,10 +226,14 @@ def main() -> None:
     for c, r in rows:
         name = c["name"]
         coefs = ", ".join(f"{a:.3f}/{b:.3f}" for a, b in r["coefs"]) if "entropy_coef" in c["trl"] else "-"
-        worst = max(worst, r["loss_abs"], r["grad_rel"], r["metric_abs"])
+        worst = max(worst, r["loss_abs"], r["grad_rel"], r["metric_abs"] if r["metrics_counted"] else 0.0)
         worst = max(worst, max((abs(a - b) for a, b in r["coefs"]), default=0.0))
+        shown = f"{r['metric_abs']:.1e}" + ("" if r["metrics_counted"] else " *")
         print(f"| {name} | {r['loss']:.6f} | {r['trl_loss']:.6f} | {r['loss_abs']:.1e} | {r['grad_rel']:.1e} | "
-              f"{r['metric_abs']:.1e} | {coefs} |")
+              f"{shown} | {coefs} |")
+    print("\n\\* 2 micro-batches: TRL logs each micro-batch's token means and averages them, grpo the mean over "
+          "the step's tokens; the loss (TRL: the micro-batch losses summed, as its Trainer logs), gradients and "
+          "coefficients are compared")
 
     # outcome advantages: TRL's float32 formula vs grpo's, groups with signal and flat groups apart
     rewards, Gr = x["rewards"], x["reward_group"]

@@ -49,13 +49,14 @@ def main() -> None:
     dataset = Dataset.from_list([{"prompt": "What is 1 + 1?"}] * 8)
     results = {"trl": trl.__version__, "cases": {}}
     for case in cases["cases"]:
+        N, K = inputs["completion_ids"].shape[0], case.get("micro_batches", 1)
         args = GRPOConfig(output_dir=str(folder / "trl-output"), use_cpu=True, bf16=False, report_to="none",
-                          per_device_train_batch_size=inputs["completion_ids"].shape[0], gradient_accumulation_steps=1,
+                          per_device_train_batch_size=N // K, gradient_accumulation_steps=K,
                           num_generations=cases["G"], max_completion_length=inputs["completion_ids"].shape[1],
                           temperature=cases["temperature"], **case["trl"])
         trainer = GRPOTrainer(model=str(folder / "model"), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
                               args=args, train_dataset=dataset, processing_class=tok)
-        trainer.current_gradient_accumulation_steps = 1  # set by train(): one micro-batch per optimizer step here
+        trainer.current_gradient_accumulation_steps = K  # set by train(): the micro-batches of an optimizer step
         if case.get("trl_vllm_correction"):  # the correction TRL applies to vLLM rollouts, without a vLLM
             trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
         model = trainer.model
@@ -63,19 +64,25 @@ def main() -> None:
         batch = {k: inputs[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")}
         for key in case["inputs"]:  # old_per_token_logps, ref_per_token_logps, sampling_per_token_logps, ...
             batch[key] = inputs[key]
-        batch["num_items_in_batch"] = inputs["completion_mask"].sum()
         calls = []
         for _ in range(case.get("calls", 1)):
             model.zero_grad(set_to_none=True)
             trainer._metrics["train"].clear()
-            loss = trainer._compute_loss(model, batch)
-            loss.backward()
+            loss = 0.0
+            for k in range(K):  # one optimizer step: its micro-batches accumulated, as Trainer.training_step does
+                micro = {key: v[k * N // K : (k + 1) * N // K] for key, v in batch.items()}
+                micro["num_items_in_batch"] = inputs["completion_mask"].sum()  # over the whole generation batch
+                trainer.accelerator.gradient_state._set_sync_gradients(k == K - 1)  # the window's last: a step
+                micro_loss = trainer._compute_loss(model, micro)
+                micro_loss.backward()
+                loss += micro_loss.item()  # what the Trainer logs: the micro-batch losses summed
             calls.append({
-                "loss": loss.item(),
+                "loss": loss,
                 "grads": {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None},
                 "entropy_coef": trainer.entropy_coef,
-                "metrics": {k: v[-1] for k, v in trainer._metrics["train"].items() if v},
+                "metrics": {k: sum(v) / len(v) for k, v in trainer._metrics["train"].items() if v},
             })
+        trainer.accelerator.gradient_state._set_sync_gradients(True)
         results["cases"][case["name"]] = calls
     results["advantages"] = {f"{scale}": trl_advantages(inputs["rewards"], inputs["reward_group"], scale)
                              for scale in ("group", "batch", "none")}

@@ -198,6 +198,9 @@ class Processes(Protocol):
     def gather_rows(self, rows: list[Any]) -> list[Any]:
         """Every process's list, concatenated in process order (picklable objects)."""
 
+    def gather_ragged(self, x: torch.Tensor) -> torch.Tensor:
+        """Every process's 1-D `x`, whatever its length, concatenated in process order, on the CPU."""
+
     def total(self, x: float) -> float:
         """The sum of `x` over processes."""
 

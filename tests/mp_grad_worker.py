@@ -1,10 +1,14 @@
-"""Run by tests/test_distributed.py, alone or under `accelerate launch`: the accumulated gradient of fixed rollouts.
+"""Run by tests/trainer/test_distributed.py, alone or under `accelerate launch`: the accumulated gradient, the weights
+and the metrics of one update on fixed rollouts.
 
-Every process builds the same fixed B*G rollout and rewards, keeps its own rows (as the engine does),
-runs the engine's update (mu accumulation windows) and, on the main process, saves the gradient of
-every window to OUT/<loss_type>.safetensors.
+    python tests/mp_grad_worker.py OUT CASES.json
+
+Every process builds the same fixed B*G rollout and rewards, keeps its own rows (as the engine does), runs the
+engine's update (mu accumulation windows) and, on the main process, saves the gradient of every window, the
+weights after the update and the update's metrics (see `main`).
 """
 
+import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -24,7 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 B, G, P, T = 3, 4, 7, 9  # 12 rows: with 2 processes group 1 (rows 4-7) spans both
 
 
-def fixed_rollout(vocab: int) -> tuple[Rollout, torch.Tensor]:
+def fixed_rollout(vocab: int, full_length: bool = False) -> tuple[Rollout, torch.Tensor]:
+    """B*G rows of random ids; completion lengths 1..T at random, or all T (`full_length`: every micro-batch then
+    holds as many tokens, where TRL's per-micro-batch means equal the token mean of the whole window)."""
     g = torch.Generator().manual_seed(1234)
     N = B * G
     prompt_ids = torch.randint(3, vocab, (N, P), generator=g)
@@ -32,6 +38,8 @@ def fixed_rollout(vocab: int) -> tuple[Rollout, torch.Tensor]:
     prompt_mask[::3, :2] = 0  # some left padding
     completion_ids = torch.randint(3, vocab, (N, T), generator=g)
     lengths = torch.randint(1, T + 1, (N,), generator=g)
+    if full_length:
+        lengths = torch.full((N,), T)
     completion_mask = (torch.arange(T)[None] < lengths[:, None]).long()
     rollout = Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, lengths == T, [""] * N, [""] * N)
     rewards = torch.rand(N, generator=g).round(decimals=1)
@@ -56,26 +64,32 @@ def capture_grads(e: Engine) -> list[dict[str, torch.Tensor]]:
     return grads
 
 
-def main(out: Path, micro_batch_size: int, loss_types: list[str]) -> None:
-    for loss_type in loss_types:
-        extra = ["algorithm.epsilon_high=5.0"] if loss_type == "cispo" else []
+def main(out: Path, cases: list[dict]) -> None:
+    """Each case: {"name", "overrides" (of recipes/ci-tiny.yaml), "micro_batch_size", "full_length" (optional)}: one
+    PolicyUpdate of the fixed
+    rollout; the main process writes OUT/<name>.safetensors (every window's gradient, `<window>.<param>`, and the
+    weights after the update, `weights.<param>`) and OUT/<name>.json (the update's metrics)."""
+    for case in cases:
         r = load_recipe(ROOT / "recipes/ci-tiny.yaml", [
-            f"algorithm.loss_type={loss_type}", f"train.prompts_per_step={B}", f"algorithm.num_generations={G}",
-            f"train.micro_batch_size={micro_batch_size}", "algorithm.num_iterations=2", "algorithm.beta=0.1",
-            "train.learning_rate=0.05", "logging.rollouts=false", *extra,
+            f"train.prompts_per_step={B}", f"algorithm.num_generations={G}", "algorithm.num_iterations=2",
+            "algorithm.beta=0.1", "train.learning_rate=0.05", "logging.rollouts=false",
+            f"train.micro_batch_size={case['micro_batch_size']}", *case["overrides"],
         ])
-        e = Engine(r, out / f"run-{loss_type}")
+        e = Engine(r, out / f"run-{case['name']}")
         grads = capture_grads(e)
-        rollout, rewards = fixed_rollout(e.accelerator.unwrap_model(e.policy).config.vocab_size)
-        adv = compute_advantages(rewards, G, "group")[e.rows.start : e.rows.stop]
+        rollout, rewards = fixed_rollout(e.accelerator.unwrap_model(e.policy).config.vocab_size,
+                                         case.get("full_length", False))
+        adv = compute_advantages(rewards, G, r.algorithm.scale_rewards)[e.rows.start : e.rows.stop]
         local = rows_of(rollout, e.rows)
-        e.update(local, adv, local.completion_mask.clone())
+        metrics = e.update(local, adv, local.completion_mask.clone()).means(e.procs)
         if e.accelerator.is_main_process:
-            save_file({f"{i}.{n}": g for i, window in enumerate(grads) for n, g in window.items()},
-                      str(out / f"{loss_type}.safetensors"))
+            weights = {f"weights.{n}": p.detach().clone() for n, p in e.accelerator.unwrap_model(e.policy).named_parameters()}
+            save_file({**{f"{i}.{n}": g for i, window in enumerate(grads) for n, g in window.items()}, **weights},
+                      str(out / f"{case['name']}.safetensors"))
+            (out / f"{case['name']}.json").write_text(json.dumps(metrics))
         e.close()
     e.accelerator.end_training()  # destroys the process group before interpreter exit
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(","))
+    main(Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text()))

@@ -93,6 +93,10 @@ def vespo_weights(adv: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor
     return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
+# metrics that are a mean over sequences (the rest are means over active tokens): what the update weights them by
+SEQUENCE_METRICS = frozenset({"vespo/phi_seq_mean"})
+
+
 @OBJECTIVES.register("vespo")
 def vespo_objective(w, adv, logps, *, vespo, log_ratio, mask, sampler_weights, **_):
     phi = vespo_weights(adv, log_ratio, mask, sampler_weights, *vespo)  # no gradient: it scales A grad log pi
@@ -319,11 +323,14 @@ def trained_mask(rollout: Rollout, mask_truncated_completions: bool) -> torch.Te
     return mask
 
 
-def entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
+def entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float,
+                 pooled: torch.Tensor | None = None) -> torch.Tensor:
     """Keep the top-`quantile` highest-entropy active tokens (arXiv:2506.01939, "80/20 rule"): 1 where a token's
-    entropy is at or above the (1 - quantile) quantile of the active tokens' (as TRL's get_high_entropy_mask)."""
-    active = entropy[mask.bool()]
-    if quantile >= 1.0 or active.numel() == 0:
+    entropy is at or above the (1 - quantile) quantile of `pooled` [K], the active tokens' entropies the threshold
+    is taken over (default: this mask's; the trainer pools the micro-batch of every process, as TRL 1.16's
+    get_high_entropy_mask gathers them)."""
+    pooled = entropy[mask.bool()] if pooled is None else pooled
+    if quantile >= 1.0 or pooled.numel() == 0:
         return mask
-    threshold = torch.quantile(active.float(), 1.0 - quantile)
+    threshold = torch.quantile(pooled.float(), 1.0 - quantile).to(entropy.device)
     return mask * (entropy >= threshold).to(mask.dtype)

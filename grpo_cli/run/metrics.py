@@ -60,8 +60,10 @@ METRICS: list[Metric] = [
          "rollout.tools"),
     ]),
     *_group("update", [
-        ("loss", "Mean loss over the micro-batches and iterations of the step (with the entropy bonus: policy_loss "
-                 "minus the applied coefficient times the mean entropy)."),
+        ("loss", "The step's objective as TRL logs it: each optimizer step's micro-batch losses as backpropagated, "
+                 "summed, averaged over processes and over the mu optimizer steps (with the entropy bonus: "
+                 "policy_loss minus the applied coefficient times the mean entropy). It changes with "
+                 "train.micro_batch_size or the process count only where the objective does (docs/algorithms.md)."),
         ("policy_loss", "The loss without the entropy bonus.", "algorithm.entropy_coef != 0 or use_adaptive_entropy"),
         ("entropy_coef", "The entropy bonus's coefficient after the step's optimizer steps (mean over the mu of them; "
                          "it moves only with use_adaptive_entropy).",

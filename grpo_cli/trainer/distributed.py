@@ -69,6 +69,17 @@ class Collectives:
         with phase(f"{COLLECTIVE}gather objects"):
             return gather_object(rows)
 
+    def gather_ragged(self, x: torch.Tensor) -> torch.Tensor:
+        """Every process's 1-D `x`, of any lengths, concatenated in process order on the CPU (x itself with one
+        process): the lengths go first, then each part padded to the longest."""
+        if self.count == 1:
+            return x
+        lengths = self.gather(torch.tensor([x.numel()])).tolist()
+        padded = torch.zeros(max(lengths), dtype=x.dtype, device=x.device)
+        padded[: x.numel()] = x
+        every = self.gather(padded).view(self.count, -1)
+        return torch.cat([every[i, :n] for i, n in enumerate(lengths)])
+
     def total(self, x: float) -> float:
         return self.gather(torch.tensor([float(x)])).sum().item()
 

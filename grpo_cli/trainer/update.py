@@ -18,7 +18,7 @@ import torch
 
 from grpo_cli.algo.entropy import EntropyControl
 from grpo_cli.algo.logprobs import logps_no_grad, token_logprobs
-from grpo_cli.algo.losses import LossConfig, compute_loss, entropy_mask, sampler_correction
+from grpo_cli.algo.losses import SEQUENCE_METRICS, LossConfig, compute_loss, entropy_mask, sampler_correction
 from grpo_cli.algo.reference import mix_into
 from grpo_cli.algo.sampling import Truncation
 from grpo_cli.datatypes import Processes, Rollout
@@ -123,15 +123,9 @@ class PolicyUpdate:
         slices = [slice(s, s + t.micro_batch_size) for s in range(0, len(rollout), t.micro_batch_size)]
         separate_old = a.num_iterations > 1 and has_dropout(self.accelerator.unwrap_model(self.model))
         with phase("reference") if separate_old or self.loss.beta > 0 else nullcontext():
-            w = Window(rollout, adv.to(mask.device), mask,
-                       old=self._logps_no_grad(self.model, rollout, slices) if separate_old else None,
-                       ref=self._ref_logps(rollout, slices) if self.loss.beta > 0 else None)
-        if self.loss.global_token_mean:  # every token of the global batch weighs the same; DDP averages over processes
-            w.num_active = self.procs.gather(mask.sum().reshape(1).float().cpu()).sum().item()
-            w.loss_scale = float(self.procs.count)
-        else:
-            w.loss_scale = 1.0 / len(slices)
-        w.micro_batches = len(slices)
+            w = self.window(rollout, adv.to(mask.device), mask, len(slices),
+                            old=self._logps_no_grad(self.model, rollout, slices) if separate_old else None,
+                            ref=self._ref_logps(rollout, slices) if self.loss.beta > 0 else None)
         sums = MetricSums()
         sums.add_scalar("learning_rate", self.scheduler.get_last_lr()[0])
         self.nonfinite.new_step()
@@ -160,6 +154,20 @@ class PolicyUpdate:
                 w.entropy_sums = [0.0, 0.0]
         return sums
 
+    def window(self, rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor, micro_batches: int,
+               old: torch.Tensor | None = None, ref: torch.Tensor | None = None) -> Window:
+        """This process's rows as `micro_batches` micro-batches of one optimizer step (a collective with several
+        processes): the normaliser every micro-batch's loss shares. Per-sequence and constant-length losses are
+        each micro-batch's mean / micro_batches (TRL's gradient accumulation); a global token mean divides by the
+        active tokens of every process's rows, times the process count that DDP's gradient average divides by."""
+        w = Window(rollout, adv, mask, old=old, ref=ref, micro_batches=micro_batches)
+        if self.loss.global_token_mean:
+            w.num_active = self.procs.gather(mask.sum().reshape(1).float().cpu()).sum().item()
+            w.loss_scale = float(self.procs.count)
+        else:
+            w.loss_scale = 1.0 / micro_batches
+        return w
+
     def _micro_step(self, w: Window, sl: slice, sums: MetricSums, first: bool) -> torch.Tensor:
         """One forward/backward of micro-batch `sl` of the window; -> its detached log-probs [b, T]."""
         q, rollout = self.recipe.algorithm.top_entropy_quantile, w.rollout
@@ -175,7 +183,9 @@ class PolicyUpdate:
             sums.add_tokens("entropy", entropy.detach(), m)
         old_sl = w.old[sl] if w.old is not None else logps.detach()
         weights = self._sampler_weights(rollout, sl, old_sl, m, sums if first else None)
-        high = entropy_mask(entropy.detach(), m, q) if q < 1 else None  # the tokens the policy term trains on
+        # the tokens the policy term trains on: the threshold over this micro-batch of every process (as TRL's)
+        high = entropy_mask(entropy.detach(), m, q, self.procs.gather_ragged(entropy.detach()[m.bool()].float().cpu())
+                            ) if q < 1 else None
         loss, lm = compute_loss(
             self.loss, logps, old_sl, w.adv[sl], m, ref_logps=w.ref[sl] if w.ref is not None else None,
             num_active_tokens=w.num_active, token_weights=weights, policy_mask=high,
@@ -188,14 +198,15 @@ class PolicyUpdate:
             total = total - coef * mean_entropy / w.micro_batches
             w.entropy_sums[0] += (entropy.detach() * e).sum().item()
             w.entropy_sums[1] += e.sum().item()
-            sums.add_scalar("policy_loss", loss.item())
-            loss = loss - coef * mean_entropy
+            sums.add_scalar("policy_loss", loss.item() * w.loss_scale * w.micro_batches)
         self.accelerator.backward(total)
-        n_tok = m.sum().item()
-        for key, value in lm.items():
-            sums.add_weighted(key, value.item(), n_tok)
-        value = loss.item()
-        sums.add_scalar("loss", value)
+        n_tok, n_seq = m.sum().item(), float(m.shape[0])
+        for key, value in lm.items():  # exact over micro-batches and processes, as TRL's global masked means
+            sums.add_weighted(key, value.item(), n_seq if key in SEQUENCE_METRICS else n_tok)
+        # logged: the window's objective, what TRL logs: the backpropagated losses summed over its micro-batches,
+        # averaged over processes (the mean of micro_batches x each); a global token mean is not divided again
+        value = total.item()
+        sums.add_scalar("loss", value * w.micro_batches)
         if w.nonfinite_loss is None and not math.isfinite(value):
             w.nonfinite_loss = f"the loss is {value} (rows {sl.start}-{sl.stop - 1} of this process)"
         return logps.detach()

@@ -29,29 +29,64 @@ def run(argv: list[str], env: dict | None = None, timeout: int = 300) -> subproc
 
 
 LOSSES = ["grpo", "dr_grpo", "dapo", "cispo"]
+# issue 35: every statistic TRL takes over processes or micro-batches, with the overrides that turn it on, and the
+# micro-batch sizes of one process and of each of two (None: 12 and 3, so a window is 1 micro-batch or 2 x 2)
+CASES = [(loss, [f"algorithm.loss_type={loss}", *(["algorithm.epsilon_high=5.0"] if loss == "cispo" else [])], None)
+         for loss in LOSSES] + [
+    ("vespo", ["algorithm.loss_type=vespo"], None),
+    ("luspo", ["algorithm.loss_type=luspo", "algorithm.importance_sampling_level=sequence"], None),
+    ("sapo", ["algorithm.loss_type=sapo"], None),
+    ("scale-batch", ["algorithm.loss_type=grpo", "algorithm.scale_rewards=batch"], None),
+]
+# TRL's entropy bonus is each micro-batch's mean entropy / accumulation steps, averaged over processes, and its
+# top-entropy threshold the quantile over the micro-batch of every process: the same batch is then one whose
+# micro-batches hold as many tokens (full-length completions), and for the quantile one micro-batch a process
+# (the two processes' micro-batches together are the one process's)
+FULL_LENGTH = [
+    ("entropy-bonus", ["algorithm.loss_type=dapo", "algorithm.entropy_coef=0.05"], None),
+    ("adaptive-entropy", ["algorithm.loss_type=dapo", "algorithm.entropy_coef=0.01", "algorithm.use_adaptive_entropy=true",
+                          "algorithm.entropy_target=100", "algorithm.entropy_coef_delta=0.02"], None),
+    ("top-entropy", ["algorithm.loss_type=grpo", "algorithm.top_entropy_quantile=0.5"],
+     (12, 6)),
+]
+LOGGED = ("loss", "policy_loss", "entropy", "kl", "entropy_coef", "clip_ratio/region_mean", "vespo/phi_seq_mean")
+LR = 0.05  # the worker's learning rate
 
 
 @pytest.mark.multiprocess
-def test_two_processes_give_the_single_process_gradient(tmp_path):
+def test_two_processes_give_the_single_process_gradient_weights_and_metrics(tmp_path):
     # The same fixed 12-row rollout: one process with one micro-batch of 12, or 2 processes x 2 micro-batches
     # of 3 (group 1 spans both). mu=2, beta>0: two accumulation windows, the second after an AdamW step.
     worker = str(ROOT / "tests/mp_grad_worker.py")
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir(), two.mkdir()
-    p = run([sys.executable, worker, str(one), "12", ",".join(LOSSES)])
+    for folder, k in ((one, 0), (two, 1)):
+        (folder / "cases.json").write_text(json.dumps([
+            {"name": name, "overrides": overrides, "micro_batch_size": (sizes or (12, 3))[k], "full_length": full}
+            for full, cases in ((False, CASES), (True, FULL_LENGTH)) for name, overrides, sizes in cases]))
+    p = run([sys.executable, worker, str(one), str(one / "cases.json")])
     assert p.returncode == 0, p.stderr[-3000:]
     argv, env = launch_argv(2, None, [], gpus=0)  # the route `grpo train --num-processes 2` takes on CPU
-    argv = argv[: argv.index("-m", 3)] + [worker, str(two), "3", ",".join(LOSSES)]
+    argv = argv[: argv.index("-m", 3)] + [worker, str(two), str(two / "cases.json")]
     p = run(argv, env)
     assert p.returncode == 0, p.stderr[-3000:]
-    for loss in LOSSES:
-        a, b = load_file(str(one / f"{loss}.safetensors")), load_file(str(two / f"{loss}.safetensors"))
-        assert a.keys() == b.keys() and {k.split(".")[0] for k in a} == {"0", "1"}
+    for name, _, _ in CASES + FULL_LENGTH:
+        a, b = load_file(str(one / f"{name}.safetensors")), load_file(str(two / f"{name}.safetensors"))
+        assert a.keys() == b.keys() and {k.split(".")[0] for k in a} == {"0", "1", "weights"}
         first = [k for k in a if k.startswith("0.")]
-        assert max(a[k].abs().max().item() for k in first) > 1e-2, loss  # a real gradient
-        assert max((a[k] - b[k]).abs().max().item() for k in first) <= 1e-6, loss
+        assert max(a[k].abs().max().item() for k in first) > 1e-2, name  # a real gradient
+        assert max((a[k] - b[k]).abs().max().item() for k in first) <= 1e-6, name
         # after one AdamW step the fp32 rounding of the two sums (~1e-8) is amplified by Adam's normalisation
-        assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-4, loss
+        assert max((a[k] - b[k]).abs().max().item() for k in a if not k.startswith("weights.")) <= 1e-4, name
+        # the weights after both AdamW steps: Adam divides by |g|, so a gradient entry at float noise can flip its
+        # update (up to 2 x LR); a wrong statistic moves every entry
+        diff = torch.cat([(a[k] - b[k]).abs().flatten() for k in a if k.startswith("weights.")])
+        assert diff.mean().item() <= 1e-4 * LR and (diff > 0.01 * LR).float().mean().item() <= 1e-3, name
+        ma, mb = json.loads((one / f"{name}.json").read_text()), json.loads((two / f"{name}.json").read_text())
+        logged = [k for k in LOGGED if k in ma]
+        assert "loss" in logged and logged == [k for k in LOGGED if k in mb], name
+        for k in logged:
+            assert mb[k] == pytest.approx(ma[k], rel=1e-4, abs=1e-6), (name, k)
 
 
 def grpo_train(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
