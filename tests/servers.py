@@ -37,6 +37,18 @@ def wait_healthy(url: str, proc: subprocess.Popen, deadline_s: float) -> float:
     raise TimeoutError(f"server not healthy after {deadline_s} s")
 
 
+def bearer(url: str) -> dict:
+    """The Authorization header a trainer on this machine would send to the server at `url` (a loopback server
+    without $GRPO_SERVER_TOKEN wrote its own token to a file: grpo_cli/serve/auth.py)."""
+    from urllib.parse import urlparse
+
+    from grpo_cli.serve.auth import client_token
+
+    where = urlparse(url)
+    token, _ = client_token(where.hostname or "", where.port or 80)
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def trainer_logps(model, r, temperature: float) -> torch.Tensor:
     from grpo_cli.algo.logprobs import token_logprobs
 
@@ -58,10 +70,13 @@ def train_env(cache: Path, **extra) -> dict:
     return e
 
 
-def start_server(model_dir: str, port: int, cache: Path, log: Path) -> subprocess.Popen:
+def start_server(model_dir: str, port: int, cache: Path, log: Path, token: str | None = TRAINER_TOKEN,
+                 **env) -> subprocess.Popen:
+    """`grpo serve-vllm` on 127.0.0.1:port; `token` None: without $GRPO_SERVER_TOKEN (it writes its own token file)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "grpo_cli", "serve-vllm", "--model", model_dir, "--port", str(port)],
-        env=train_env(cache, GRPO_SERVER_TOKEN=TRAINER_TOKEN), stdout=open(log, "a"), stderr=subprocess.STDOUT, cwd=ROOT,
+        env=train_env(cache, **({"GRPO_SERVER_TOKEN": token} if token else {}), **env), stdout=open(log, "a"),
+        stderr=subprocess.STDOUT, cwd=ROOT,
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

@@ -36,8 +36,10 @@ def command(
 
       grpo serve-vllm --model Qwen/Qwen2.5-0.5B-Instruct --lora-rank 16
 
-    A secret: python -c 'import secrets; print(secrets.token_urlsafe(32))'. The trainer needs the
-    same GRPO_SERVER_TOKEN and rollout.vllm.server_url=http://HOST:PORT. Exit codes: 1 vLLM failed to
+    Every route but /health needs a token. Without GRPO_SERVER_TOKEN a loopback server writes its own to
+    a file only you can read, which your trainer on this machine finds; another address needs the
+    variable (a secret: python -c 'import secrets; print(secrets.token_urlsafe(32))') and the trainer
+    the same one, with rollout.vllm.server_url=http://HOST:PORT. Exit codes: 1 vLLM failed to
     start (the message names the log), 2 refused options, 3 the engine died while serving (/health
     answered 503 before), 130 / 143 stopped by SIGINT / SIGTERM.
     """

@@ -1,7 +1,7 @@
 """Rollouts from a `grpo serve-vllm` process over HTTP ("server" mode), weights pushed after each step.
 
-Every request carries a timeout (`rollout.vllm.request_timeout_s`; /health a short one) and, when
-$GRPO_SERVER_TOKEN is set, `Authorization: Bearer <token>`. Retries, with exponential backoff and
+Every request carries a timeout (`rollout.vllm.request_timeout_s`; /health a short one) and `Authorization:
+Bearer <token>`: $GRPO_SERVER_TOKEN, or the token file a loopback server wrote for its port (serve/auth.py). Retries, with exponential backoff and
 never past the request's own timeout in total:
   - /health, /reset_prefix_cache and /update_weights (re-sending the same version is a no-op on the
     server): retried on connection errors and timeouts;
@@ -48,9 +48,8 @@ from grpo_cli.rollout.common import (
     samples_from,
 )
 from grpo_cli.run.watchdog import phase, progress_of, tick
-from grpo_cli.serve.app import is_loopback
+from grpo_cli.serve.auth import TOKEN_ENV, client_token, is_loopback
 
-TOKEN_ENV = "GRPO_SERVER_TOKEN"
 ADAPTER_PREFIX = "grpo-adapter-"  # an adapter's file name starts so (load_weights sends it to /update_adapter)
 HEALTH_TIMEOUT_S = 5.0
 MAX_RETRIES = 4
@@ -67,8 +66,9 @@ class VLLMServerGenerator:
         self.tokenizer, self.cfg, self.seed = tokenizer, rollout_cfg, seed
         self.url = rollout_cfg.vllm.server_url.rstrip("/")
         self.timeout = rollout_cfg.vllm.request_timeout_s
-        self.token = os.environ.get(TOKEN_ENV) or None
-        self.loopback = is_loopback(urlparse(self.url).hostname or "")
+        where = urlparse(self.url)
+        self.token, self.token_source = client_token(where.hostname or "", where.port or 80)
+        self.loopback = is_loopback(where.hostname or "")
         self.model_hint = getattr(tokenizer, "name_or_path", None) or "MODEL"
         self.eos_ids = eos_token_ids(GenerationConfigOf(self.model_hint), tokenizer)
         self.pad_id = pad_id_of(tokenizer, self.eos_ids)
@@ -218,11 +218,15 @@ class VLLMServerGenerator:
                 if is_peft_model(model):
                     self.sync_note = "merged weights synced (rollout.vllm.lora_sync: merged)"
                 return False
-            from grpo_cli.serve.adapters import unservable
+            from grpo_cli.serve.adapters import base_mismatch, fingerprint, unservable
 
             info = self.info()
             why = unservable(model.peft_config["default"].to_dict(), int(info.get("lora_rank") or 0),
                              bool(info.get("base_replaced")))
+            base = model.get_base_model().get_input_embeddings().weight
+            if why is None and (differs := base_mismatch(fingerprint(base), info.get("base_fingerprint"))):
+                why = (f"the server's base model ({info.get('model')}) is not the trainer's ({self.model_hint}): "
+                       f"{differs}; an adapter on it would sample another policy")
             if why is not None and setting == "adapter":
                 raise VLLMServerError(f"rollout.vllm.lora_sync adapter: grpo serve-vllm at {self.url} cannot take "
                                       f"this adapter ({why}); start it with --lora-rank "
@@ -305,6 +309,8 @@ class VLLMServerGenerator:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
                 return json.loads(resp.read())
         except urllib.error.HTTPError as e:
+            if e.code == 401 and self._new_token():  # a server (re)started since: its token file is new
+                return self._once(method, route, data, headers, timeout, doing)
             raise self._refused(doing, e) from None
         except urllib.error.URLError as e:
             if isinstance(e.reason, ConnectionRefusedError):
@@ -313,6 +319,15 @@ class VLLMServerGenerator:
         finally:
             if hasattr(body, "close"):
                 body.close()
+
+    def _new_token(self) -> bool:
+        """Read the token again (not $GRPO_SERVER_TOKEN's: that one is fixed); -> whether it changed."""
+        if os.environ.get(TOKEN_ENV):
+            return False
+        where = urlparse(self.url)
+        token, self.token_source = client_token(where.hostname or "", where.port or 80)
+        changed, self.token = token is not None and token != self.token, token
+        return changed
 
     # ------------------------------------------------------------ messages for people
 
@@ -335,7 +350,9 @@ class VLLMServerGenerator:
         except (ValueError, AttributeError, OSError):
             detail = ""
         hint = {
-            401: f"; set {TOKEN_ENV} in the trainer's environment to the server's value",
+            401: f"; the trainer's token: {self.token_source}. Set {TOKEN_ENV} in the trainer's environment to the "
+                 "server's (a server on this machine without it writes its own token to a file that a trainer run by "
+                 "the same user reads)",
             409: "; the trainer and the server disagree on the weight version (was the server restarted or "
                  "shared with another run?)",
             503: "; its vLLM engine died and the server exits: restart it (a supervisor does) and resume with "

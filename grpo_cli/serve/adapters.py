@@ -109,3 +109,49 @@ def write_peft_folder(path: Path, config: dict[str, Any], folder: Path) -> None:
     folder.mkdir(mode=0o700)
     shutil.copyfile(path, folder / ADAPTER_FILE)
     (folder / CONFIG_FILE).write_text(json.dumps(config))
+
+
+# ------------------------------------------------------------------ the base an adapter applies to
+
+FINGERPRINT_SAMPLES = 256  # elements of the input embedding, evenly spaced
+FINGERPRINT_TOLERANCE = 2e-2  # relative L2 distance: bf16 rounding gives ~3e-3, another checkpoint far more
+EMBEDDING_NAMES = ("embed_tokens.weight", "wte.weight", "embed_in.weight", "word_embeddings.weight")
+
+
+def fingerprint(embedding: Any) -> dict[str, Any]:
+    """A base model's identity from its input embedding [V, H] (every causal LM has one, and an adapter never
+    changes it): its shape and FINGERPRINT_SAMPLES evenly spaced values, as float64."""
+    import torch
+
+    flat = embedding.detach().reshape(-1)
+    index = torch.linspace(0, flat.numel() - 1, FINGERPRINT_SAMPLES).round().long()
+    return {"shape": list(embedding.shape), "sample": flat[index.to(flat.device)].double().cpu().tolist()}
+
+
+def folder_fingerprint(folder: str | Path) -> dict[str, Any] | None:
+    """`fingerprint` of the input embedding in a model folder's safetensors files (None: not a local folder, or no
+    tensor of a known embedding name)."""
+    from safetensors import safe_open
+
+    for file in sorted(Path(folder).glob("*.safetensors")) if Path(folder).is_dir() else []:
+        with safe_open(str(file), framework="pt") as f:
+            name = next((k for k in f.keys() if k.endswith(EMBEDDING_NAMES)), None)
+            if name is not None:
+                return fingerprint(f.get_tensor(name))
+    return None
+
+
+def base_mismatch(trainer: dict[str, Any], server: dict[str, Any] | None) -> str | None:
+    """Why the server's base model is not the trainer's (None: the same, as far as the fingerprints tell)."""
+    import math
+
+    if server is None:
+        return None
+    if trainer["shape"] != server["shape"]:
+        return f"its input embedding is {server['shape']}, the trainer's {trainer['shape']}"
+    a, b = trainer["sample"], server["sample"]
+    norm = math.sqrt(sum(x * x for x in a)) or 1.0
+    distance = math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b))) / norm
+    if distance > FINGERPRINT_TOLERANCE:
+        return f"its input embedding differs from the trainer's base by {distance:.1%} (relative L2 distance)"
+    return None

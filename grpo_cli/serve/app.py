@@ -1,7 +1,7 @@
 """`grpo serve-vllm`: one vLLM engine behind a small HTTP API that a GRPO trainer drives.
 
-Routes (JSON; every route but /health needs `Authorization: Bearer $GRPO_SERVER_TOKEN` when the
-variable is set):
+Routes (JSON; every route but /health needs `Authorization: Bearer <token>`: $GRPO_SERVER_TOKEN, or on loopback
+without it a token the server makes and writes to a file only its user can read, grpo_cli/serve/auth.py):
   GET  /health              200 {"status": "ok", "model": ..., "weight_version": v, "activity": k}; 503
                             {"status": "dead"} once the engine died (the server then exits with code 3).
                             `activity` counts engine steps and weight loads: it answers while a request
@@ -31,8 +31,8 @@ The engine and its start-up are engine.py's; the options are grpo_cli/commands/s
 """
 
 # no `from __future__ import annotations`: FastAPI reads the routes' annotations (Request) at run time
+import asyncio
 import hmac
-import ipaddress
 import logging
 import os
 import shutil
@@ -46,26 +46,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from grpo_cli.errors import RequestError, UsageError
+from grpo_cli.serve.auth import TOKEN_ENV, is_loopback, make_token, remove_token
 from grpo_cli.serve.engine import say
 
 if TYPE_CHECKING:
     from grpo_cli.serve.engine import ServedEngine
 
-TOKEN_ENV = "GRPO_SERVER_TOKEN"
 EXIT_ENGINE_DEAD = 3
+UPLOAD_HEADROOM = 256 * 2**20  # an upload must leave this much free on its disk (the server's logs, vLLM's files)
 DEAD_EXIT_DELAY_S = 2.0  # /health answers 503 this long before the server exits
 
 
 # ---------------------------------------------------------------- start-up checks (no vLLM needed)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def bind_problem(host: str, token: str | None, dp: int) -> str | None:
@@ -88,7 +80,7 @@ def bind_problem(host: str, token: str | None, dp: int) -> str | None:
 # ---------------------------------------------------------------- HTTP
 
 
-def build_app(engine: "ServedEngine", token: str | None):
+def build_app(engine: "ServedEngine", token: str):
     """The FastAPI app; `engine` only needs the methods of `ServedEngine` (tests may pass another)."""
     from fastapi import Depends, FastAPI, Header, HTTPException, Request
     from fastapi.concurrency import run_in_threadpool
@@ -105,22 +97,23 @@ def build_app(engine: "ServedEngine", token: str | None):
     app = FastAPI(title="grpo serve-vllm", docs_url=None, redoc_url=None, openapi_url=None)
 
     def authorize(authorization: Optional[str] = Header(None)) -> None:
-        if token is None:
-            return
         given = (authorization or "").removeprefix("Bearer ").strip()
         if not hmac.compare_digest(given.encode(), token.encode()):
-            raise HTTPException(401, f"missing or wrong bearer token (the server's {TOKEN_ENV})")
+            raise HTTPException(401, f"missing or wrong bearer token (the server's {TOKEN_ENV}, or the token file it "
+                                     "wrote for this port)")
 
     @app.exception_handler(RequestError)
     async def _refused(_request, exc: RequestError):
         return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=exc.status)
 
     @app.exception_handler(Exception)
-    async def _bug(_request, exc: Exception):  # a bug of ours: say what, not just "Internal Server Error"
-        logging.getLogger("grpo.serve").error("unexpected error", exc_info=exc)
-        return JSONResponse({"detail": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
+    async def _bug(_request, exc: Exception):  # a bug of ours: the details go to the server's log, not to clients
+        ref = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}"
+        logging.getLogger("grpo.serve").error("unexpected error %s", ref, exc_info=exc)
+        return JSONResponse({"detail": f"internal error {ref}; the server's log has the details"}, status_code=500)
 
     guarded = [Depends(authorize)]
+    uploads = asyncio.Lock()  # one raw weights upload at a time: a second could fill the disk beside the first
 
     @app.get("/health")
     def health():
@@ -145,14 +138,14 @@ def build_app(engine: "ServedEngine", token: str | None):
     @app.post("/update_weights", dependencies=guarded)
     async def update_weights(request: Request) -> dict:
         if request.headers.get("content-type", "").startswith("application/octet-stream"):
-            return await _update_from_body(engine, request, run_in_threadpool)
+            return await _update_from_body(engine, request, run_in_threadpool, uploads)
         body = parse_json(await _read_body(request, MAX_BODY_BYTES), WeightsFileRequest)
         return await run_in_threadpool(engine.update_weights, body.path, body.version, body.partial)
 
     @app.post("/update_adapter", dependencies=guarded)
     async def update_adapter(request: Request) -> dict:
         if request.headers.get("content-type", "").startswith("application/octet-stream"):
-            return await _update_from_body(engine, request, run_in_threadpool, adapter=True)
+            return await _update_from_body(engine, request, run_in_threadpool, uploads, adapter=True)
         body = parse_json(await _read_body(request, MAX_BODY_BYTES), AdapterFileRequest)
         return await run_in_threadpool(engine.update_adapter, body.path, body.version)
 
@@ -173,22 +166,43 @@ async def _read_body(request, limit: int, sink=None) -> bytes:
     return b"".join(chunks)
 
 
-async def _update_from_body(engine: "ServedEngine", request, run_in_threadpool, adapter: bool = False) -> dict:
-    """Raw safetensors bytes -> a file in the server's upload directory (streamed) -> checked -> loaded."""
+async def _update_from_body(engine: "ServedEngine", request, run_in_threadpool, uploads: asyncio.Lock,
+                            adapter: bool = False) -> dict:
+    """Raw safetensors bytes -> a file in the server's upload directory (streamed) -> checked -> loaded. One upload
+    at a time (409 while another runs), of a declared size that fits the upload directory's disk (507 if not)."""
     from grpo_cli.serve.requests import weight_upload_headers
 
     version, partial = weight_upload_headers(request.headers)
     if version == engine.version:  # idempotent: do not even read the body
         return {"weight_version": version, "updated": False, "seconds": 0.0}
-    fd, path = tempfile.mkstemp(suffix=".safetensors", dir=engine.upload_dir)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            await _read_body(request, engine.limits.max_upload_bytes, sink=f)
-        if adapter:
-            return await run_in_threadpool(engine.update_adapter, path, version, True)
-        return await run_in_threadpool(engine.update_weights, path, version, partial, True)
-    finally:
-        os.unlink(path)
+    if uploads.locked():
+        raise RequestError(409, "another weights upload is in progress; the server takes one at a time", "body")
+    async with uploads:
+        size = _declared_size(request, engine.limits.max_upload_bytes)
+        free = shutil.disk_usage(engine.upload_dir).free
+        if size + UPLOAD_HEADROOM > free:
+            raise RequestError(507, f"an upload of {size:,} bytes does not fit: {free:,} bytes are free where the "
+                                    f"server keeps uploads ({engine.upload_dir}), with {UPLOAD_HEADROOM:,} kept free",
+                               "Content-Length")
+        fd, path = tempfile.mkstemp(suffix=".safetensors", dir=engine.upload_dir)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                await _read_body(request, engine.limits.max_upload_bytes, sink=f)
+            if adapter:
+                return await run_in_threadpool(engine.update_adapter, path, version, True)
+            return await run_in_threadpool(engine.update_weights, path, version, partial, True)
+        finally:
+            os.unlink(path)
+
+
+def _declared_size(request, limit: int) -> int:
+    """A raw upload's Content-Length: required (the free space is checked before a byte is written)."""
+    declared = request.headers.get("content-length")
+    if declared is None or not declared.isdigit():
+        raise RequestError(411, "a raw weights upload needs a Content-Length header", "Content-Length")
+    if int(declared) > limit:
+        raise RequestError(413, f"the body declares {declared} bytes; this route takes at most {limit:,} bytes", "body")
+    return int(declared)
 
 
 # ---------------------------------------------------------------- serving
@@ -223,7 +237,7 @@ def _exit_on_signal(signum: int, _frame) -> None:
     raise SystemExit(128 + signum)  # unwinds through `run_server`, which removes the work directory
 
 
-def serve(engine: "ServedEngine", sock: socket.socket, token: str | None, log_path: Path) -> bool:
+def serve(engine: "ServedEngine", sock: socket.socket, token: str, log_path: Path) -> bool:
     """Answer requests until stopped; -> whether the engine died."""
     import uvicorn
 
@@ -269,12 +283,16 @@ def run_server(model: str, tp: int, dp: int, host: str, port: int, gpu_memory_ut
     own_weights_dir.mkdir(mode=0o700)
     wdir = Path(os.path.realpath(weights_dir or own_weights_dir))
     log_path = log_path_for(port)
-    code = 0
+    code, token_path = 0, None
     try:
         model = resolve_model_source(ModelConfig(name_or_path=model))  # builtin:..., pkg:... as in recipes
+        if token:
+            auth = f"bearer token from ${TOKEN_ENV}"
+        else:  # loopback: a token of its own, in a file only this user can read (grpo_cli/serve/auth.py)
+            token, token_path = make_token(port)
+            auth = f"bearer token in {token_path} (yours only; a trainer of yours on this machine reads it)"
         engine = start_engine(model, tp, gpu_memory_utilization, max_model_len, dtype, enforce_eager, seed,
                               kv_cache_gib, workdir, wdir, log_path, lora_rank)
-        auth = "bearer token from $GRPO_SERVER_TOKEN" if token else "no authentication (loopback only)"
         adapters = f"; LoRA adapters up to rank {lora_rank} (POST /update_adapter)" if lora_rank else ""
         say(f"{model} on http://{host}:{port} ({auth}); weight files are read from {wdir}{adapters}")
         code = EXIT_ENGINE_DEAD if serve(engine, sock, token, log_path) else 0
@@ -286,6 +304,8 @@ def run_server(model: str, tp: int, dp: int, host: str, port: int, gpu_memory_ut
         code = 130
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+        if token_path is not None:
+            remove_token(token_path, token)
     if code:
         sys.stdout.flush()
         sys.stderr.flush()

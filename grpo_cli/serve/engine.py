@@ -43,17 +43,21 @@ class ServedEngine:
         self.version = 0
         self.adapter: Any = None  # vLLM's LoRARequest of the adapter version `version` samples with, if any
         self.base_replaced = False  # a full weight update replaced the model folder's weights adapters apply to
+        self.base_fingerprint: dict | None = None  # of the model folder's weights (adapters.fingerprint)
         self.lock = threading.Lock()
         self.dead: str | None = None  # why the engine is unusable
         self.activity = 0  # engine steps and weight loads so far: /health shows them to a client's watchdog
 
     def info(self) -> dict:
+        from grpo_cli.serve.requests import SamplingKwargs
+
         lim = self.limits
         return {"model": self.model, "weight_version": self.version, "weights_dir": str(self.weights_dir),
                 "max_model_len": lim.max_model_len, "vocab_size": lim.vocab_size, "kv_cache_bytes": self.kv_cache_bytes,
                 "max_sequences": lim.max_sequences, "max_body_bytes": lim.max_body_bytes,
                 "max_upload_bytes": lim.max_upload_bytes, "tensors": len(self.spec.shapes) if self.spec else None,
-                "lora_rank": self.lora_rank, "base_replaced": self.base_replaced}
+                "lora_rank": self.lora_rank, "base_replaced": self.base_replaced,
+                "sampling_kwargs": list(SamplingKwargs.model_fields), "base_fingerprint": self.base_fingerprint}
 
     def count_step(self) -> None:
         self.activity += 1
@@ -71,7 +75,7 @@ class ServedEngine:
             self._alive()
             self._check_version(req.expected_version)
             prompts = [{"prompt_token_ids": ids} for ids in req.prompt_token_ids]
-            params = [_sampling_params(req, seed_offset=i * req.n) for i in range(len(prompts))]
+            params = [_sampling_params(req, i * req.n, self.limits.vocab_size) for i in range(len(prompts))]
             outs = self._call("generating", self.llm.generate, prompts, params, use_tqdm=False,
                               lora_request=self.adapter)
             return {"weight_version": self.version, "outputs": [_completions(o) for o in outs]}
@@ -194,9 +198,11 @@ def _engine_dead(llm: Any) -> str | None:
     return None
 
 
-def _sampling_params(req: GenerateRequest, seed_offset: int):
+def _sampling_params(req: GenerateRequest, seed_offset: int, vocab_size: int):
     """One prompt's SamplingParams. vLLM seeds the n samples seed, seed+1, ... so rows never share a seed."""
     from vllm import SamplingParams
+
+    from grpo_cli.serve.requests import sampling_kwargs
 
     own = dict(
         n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k or 0,
@@ -204,9 +210,7 @@ def _sampling_params(req: GenerateRequest, seed_offset: int):
         max_tokens=req.max_tokens, seed=None if req.seed is None else req.seed + seed_offset,
         stop_token_ids=req.stop_token_ids or None, logprobs=0, detokenize=False,
     )
-    extra = req.sampling_kwargs or {}
-    if clash := sorted(set(extra) & set(own)):
-        raise RequestError(422, f"may not set {', '.join(clash)}: the request has fields for them", "sampling_kwargs")
+    extra = sampling_kwargs(req, vocab_size)  # each one checked (requests.py): none can fail inside the engine
     if req.structured_outputs_regex is not None:
         from grpo_cli.rollout.vllm_colocate import structured_outputs
 
@@ -272,6 +276,7 @@ def _load(model, tp, gpu_memory_utilization, max_model_len, dtype, enforce_eager
     from vllm import LLM, SamplingParams
 
     from grpo_cli.rollout.vllm_colocate import on_every_step
+    from grpo_cli.serve.adapters import folder_fingerprint
     from grpo_cli.serve.requests import ServerLimits
     from grpo_cli.serve.weights import weight_spec
 
@@ -294,5 +299,6 @@ def _load(model, tp, gpu_memory_utilization, max_model_len, dtype, enforce_eager
     upload_dir = workdir / "uploads"
     upload_dir.mkdir(mode=0o700)
     engine = ServedEngine(llm, model, limits, spec, weights_dir, upload_dir, spec_problem=problem, lora_rank=lora_rank)
+    engine.base_fingerprint = folder_fingerprint(model)  # a trainer syncing adapters checks it is its base
     on_every_step(llm, engine.count_step)
     return engine

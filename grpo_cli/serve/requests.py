@@ -58,6 +58,24 @@ class GenerateRequest(_Strict):
         None, max_length=32, description="more vLLM SamplingParams fields (the trainer's rollout.generation_kwargs)")
 
 
+class SamplingKwargs(_Strict):
+    """The vLLM SamplingParams fields a request may add (the trainer's rollout.generation_kwargs), each checked: a
+    field vLLM takes unchecked can fail inside its engine (a logit_bias keyed by strings killed it)."""
+
+    min_tokens: int = Field(0, ge=0, description="at most max_tokens")
+    ignore_eos: bool = False
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    logit_bias: dict[str, float] = Field(default_factory=dict, max_length=2**20,
+                                         description="token id (a JSON key) -> bias in [-100, 100]")
+    allowed_token_ids: Optional[list[int]] = Field(None, min_length=1, max_length=2**20)
+
+
+# the request's own fields and what the server asks vLLM for itself: sampling_kwargs may not set them
+OWN_SAMPLING = ("n", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "seed",
+                "stop_token_ids", "logprobs", "detokenize")
+
+
 class WeightsFileRequest(_Strict):
     path: str = Field(..., min_length=1, max_length=4096)
     version: int = Field(..., ge=0, le=MAX_VERSION)
@@ -121,6 +139,36 @@ def check_generate(req: GenerateRequest, limits: ServerLimits) -> None:
                                     f"(at most {L - 1}; --max-model-len)", f"prompt_token_ids[{i}]")
         _check_ids(ids, V, f"prompt_token_ids[{i}]")
     _check_ids(req.stop_token_ids or [], V, "stop_token_ids")
+    if req.sampling_kwargs:
+        sampling_kwargs(req, V)
+
+
+def sampling_kwargs(req: GenerateRequest, V: int) -> dict[str, Any]:
+    """The request's sampling_kwargs as vLLM SamplingParams keywords, every one checked (422 naming it)."""
+    given = req.sampling_kwargs or {}
+    if clash := sorted(set(given) & set(OWN_SAMPLING)):
+        raise RequestError(422, f"may not set {', '.join(clash)}: the request has fields for them", "sampling_kwargs")
+    for key in given:
+        if key not in SamplingKwargs.model_fields:
+            raise RequestError(422, f"not supported by this server (supported: {', '.join(SamplingKwargs.model_fields)})",
+                               f"sampling_kwargs.{key}")
+    try:
+        kw = SamplingKwargs.model_validate(given)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        raise RequestError(422, _describe(err, SamplingKwargs), f"sampling_kwargs.{_field_name(err['loc'])}") from None
+    if kw.min_tokens > req.max_tokens:
+        raise RequestError(422, f"{kw.min_tokens} is more than max_tokens {req.max_tokens}", "sampling_kwargs.min_tokens")
+    bias: dict[int, float] = {}
+    for key, value in kw.logit_bias.items():
+        if not key.isdigit() or int(key) >= V:
+            raise RequestError(422, f"token id {key!r} is not one of the vocabulary [0, {V})", "sampling_kwargs.logit_bias")
+        if abs(value) > 100:
+            raise RequestError(422, f"bias {value} for token {key} is outside [-100, 100]", "sampling_kwargs.logit_bias")
+        bias[int(key)] = value
+    _check_ids(kw.allowed_token_ids or [], V, "sampling_kwargs.allowed_token_ids")
+    out = {k: v for k, v in kw.model_dump().items() if k in given}
+    return out | ({"logit_bias": bias} if bias else {})
 
 
 def _check_ids(ids: list[int], V: int, field: str) -> None:

@@ -130,18 +130,37 @@ def test_eval_with_the_vllm_backend(tmp_path):
 
 @pytest.mark.vllm
 def test_server_mode_trains_survives_a_dead_server_and_resumes(tmp_path, monkeypatch):
-    cache = tmp_path / "cache"
+    # the server runs without $GRPO_SERVER_TOKEN: it makes a token and writes it where only this user can read it;
+    # the trainer, run by the same user with no token given, finds it (issue 35: loopback servers took anyone)
+    import stat
+    import urllib.error
+    import urllib.request
+
+    from grpo_cli.serve.auth import token_file
+
+    cache, runtime = tmp_path / "cache", tmp_path / "runtime"
+    runtime.mkdir()
     monkeypatch.setenv("GRPO_CACHE_DIR", str(cache))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))  # server and trainers: train_env passes it on
+    monkeypatch.delenv("GRPO_SERVER_TOKEN", raising=False)
     from grpo_cli.models.loading import resolve_model_source
     from grpo_cli.recipe.schema import ModelConfig
 
     model_dir = resolve_model_source(ModelConfig(name_or_path="builtin:tiny-qwen2"))
     port, log, run = free_port(), tmp_path / "server.log", tmp_path / "run"
     url = f"rollout.vllm.server_url=http://127.0.0.1:{port}"
-    server = start_server(model_dir, port, cache, log)
+    server = start_server(model_dir, port, cache, log, token=None)
     try:
-        p = train(run, cache, "rollout.vllm.mode=server", url, "train.max_steps=3", "checkpoint.every_steps=1",
-                  GRPO_SERVER_TOKEN=TRAINER_TOKEN)
+        token = token_file(port).read_text()
+        assert stat.S_IMODE(token_file(port).stat().st_mode) == 0o600
+        assert stat.S_IMODE(token_file(port).parent.stat().st_mode) == 0o700
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/generate", method="POST",
+                                     data=b'{"prompt_token_ids": [[5]], "max_tokens": 2}',
+                                     headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:  # no token: no sampling, no weights pushed
+            urllib.request.urlopen(req, timeout=10)
+        assert refused.value.code == 401
+        p = train(run, cache, "rollout.vllm.mode=server", url, "train.max_steps=3", "checkpoint.every_steps=1")
         assert p.returncode == 0, p.stderr[-3000:]
         check_synced(read_jsonl(run / "metrics.jsonl"))
         # the weight file each sync sends: every float32 tensor (the tied lm_head copied) and a safetensors header
@@ -150,26 +169,29 @@ def test_server_mode_trains_survives_a_dead_server_and_resumes(tmp_path, monkeyp
         numel = sum(v.numel() for v in AutoModelForCausalLM.from_pretrained(run / "checkpoints/step-3").state_dict()
                     .values())
         assert all(4 * numel < m["sync/bytes"] < 4 * numel + 65536 for m in read_jsonl(run / "metrics.jsonl"))
-        assert TRAINER_TOKEN not in log.read_text() and TRAINER_TOKEN not in p.stdout + p.stderr
+        assert token not in log.read_text() and token not in p.stdout + p.stderr
 
         # the server dies: the trainer fails within its request timeout, naming the server; step-3 stays intact
         server.send_signal(signal.SIGKILL)
         server.wait()
         t0 = time.monotonic()
         p = train(run, cache, "rollout.vllm.mode=server", url, "train.max_steps=5", "rollout.vllm.request_timeout_s=5",
-                  "--resume", "auto", GRPO_SERVER_TOKEN=TRAINER_TOKEN, timeout=120)
+                  "--resume", "auto", timeout=120)
         assert p.returncode == 1 and time.monotonic() - t0 < 60, p.stderr[-3000:]
         assert f"127.0.0.1:{port}" in p.stderr and "grpo serve-vllm" in p.stderr and "Traceback" not in p.stderr
         assert sorted(x.name for x in (run / "checkpoints").iterdir())[-1] == "step-3"
 
-        # back up: --resume auto continues from step 3 (the trainer pushes its weights to the new server first)
-        server = start_server(model_dir, port, cache, log)
-        p = train(run, cache, "rollout.vllm.mode=server", url, "train.max_steps=5", "--resume", "auto",
-                  GRPO_SERVER_TOKEN=TRAINER_TOKEN)
+        # back up with a new token: --resume auto continues from step 3 (the trainer pushes its weights first)
+        server = start_server(model_dir, port, cache, log, token=None)
+        assert token_file(port).read_text() != token
+        p = train(run, cache, "rollout.vllm.mode=server", url, "train.max_steps=5", "--resume", "auto")
         assert p.returncode == 0, p.stderr[-3000:]
         metrics = read_jsonl(run / "metrics.jsonl")
         assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5]
         check_synced(metrics[3:])
+        server.terminate()  # a server that stops removes its token file
+        server.wait(60)
+        assert not token_file(port).exists()
     finally:
         server.kill()
         server.wait()

@@ -140,6 +140,29 @@ def test_training_with_lora_syncs_the_adapter(server, tmp_path):
         assert m["sampling/sampling_logp_difference/mean"] < 1e-3, m
 
 
+def test_an_adapter_is_not_synced_onto_another_base_model(server):
+    """Issue 35: adapters trained on one base and served on another sample base' + adapter, silently. The server
+    announces a fingerprint of its base (GET /info); the client compares it with its own base before a sync."""
+    from grpo_cli.errors import VLLMServerError
+    from grpo_cli.serve.adapters import base_mismatch, fingerprint
+
+    info = json.loads(urllib.request.urlopen(urllib.request.Request(
+        server["url"] + "/info", headers={"Authorization": f"Bearer {TRAINER_TOKEN}"})).read())
+    same = _lora(server, 8, seed=1)
+    assert base_mismatch(fingerprint(same.get_base_model().get_input_embeddings().weight),
+                         info["base_fingerprint"]) is None  # the served folder's own base: the same
+    other = _lora(server, 8, seed=1)
+    with torch.no_grad():  # another checkpoint of the same architecture: its base weights moved
+        for name, p in other.get_base_model().named_parameters():
+            p.add_(torch.randn_like(p) * 0.01)
+    client = _client(server, lora_sync="adapter")
+    before = client.version
+    with pytest.raises(VLLMServerError, match=r"is not the trainer's .*differs from the trainer's base by \d+"):
+        client.sync_weights(other)
+    health = json.loads(urllib.request.urlopen(server["url"] + "/health").read())
+    assert health["weight_version"] == before  # nothing was sent
+
+
 def test_uploaded_adapters_and_refusals(server):
     client = _client(server)
     client.version = json.loads(urllib.request.urlopen(server["url"] + "/health").read())["weight_version"]

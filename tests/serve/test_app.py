@@ -28,7 +28,7 @@ from grpo_cli.recipe.schema import RolloutConfig
 from grpo_cli.trainer.launch import free_port
 
 from helpers import ROOT, cli
-from servers import PROMPTS, make_model, max_diff, trainer_logps, wait_healthy
+from servers import PROMPTS, bearer, make_model, max_diff, trainer_logps, wait_healthy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("model_cache")]
 
@@ -137,6 +137,27 @@ HOSTILE = [
     ("unknown field", "/generate", _js(evil=1), {}, 422, ["evil"]),
     ("expected_version as text", "/generate", _js(expected_version="latest"), {}, 422, ["expected_version"]),
     ("a 1 TB Content-Length", "/generate", _js(), {"Content-Length": str(10**12)}, 413, ["bytes"]),
+    # sampling_kwargs (rollout.generation_kwargs): only what the server supports, each checked (issue 35)
+    ("sampling_kwargs: unknown", "/generate", _js(sampling_kwargs={"no_such_setting": 1}), {}, 422,
+     ["sampling_kwargs.no_such_setting", "min_tokens"]),
+    ("sampling_kwargs: allowed id out of vocabulary", "/generate", _js(sampling_kwargs={"allowed_token_ids": [99_999]}),
+     {}, 422, ["sampling_kwargs.allowed_token_ids[0]", "768"]),
+    ("sampling_kwargs: logit_bias id out of vocabulary", "/generate",
+     _js(sampling_kwargs={"logit_bias": {"99999": 5.0}}), {}, 422, ["sampling_kwargs.logit_bias", "768"]),
+    ("sampling_kwargs: logit_bias of 1e30", "/generate", _js(sampling_kwargs={"logit_bias": {"5": 1e30}}), {}, 422,
+     ["sampling_kwargs.logit_bias"]),
+    ("sampling_kwargs: min_tokens past max_tokens", "/generate", _js(sampling_kwargs={"min_tokens": 50}), {}, 422,
+     ["sampling_kwargs.min_tokens", "max_tokens"]),
+    ("sampling_kwargs: min_tokens as text", "/generate", _js(sampling_kwargs={"min_tokens": "2"}), {}, 422,
+     ["sampling_kwargs.min_tokens"]),
+    ("sampling_kwargs: presence_penalty NaN", "/generate",
+     _js(sampling_kwargs={"presence_penalty": 1}).replace(b"1}", b"NaN}"), {}, 422, ["sampling_kwargs.presence_penalty"]),
+    ("sampling_kwargs: stop strings", "/generate", _js(sampling_kwargs={"stop": ["\n"]}), {}, 422,
+     ["sampling_kwargs.stop"]),
+    ("sampling_kwargs: prompt log-probs", "/generate", _js(sampling_kwargs={"prompt_logprobs": 10**6}), {}, 422,
+     ["sampling_kwargs.prompt_logprobs"]),
+    ("sampling_kwargs: an own field", "/generate", _js(sampling_kwargs={"logprobs": 20}), {}, 422,
+     ["sampling_kwargs", "logprobs"]),
     ("update: malformed JSON", "/update_weights", b'{"path": ', {}, 400, ["not valid JSON"]),
     ("update: no version", "/update_weights", b'{"path": "/tmp/x.safetensors"}', {}, 422, ["version"]),
     ("update: path is a number", "/update_weights", b'{"path": 5, "version": 9}', {}, 422, ["path"]),
@@ -227,9 +248,47 @@ def test_bad_weight_files_are_refused_before_they_reach_the_engine(server, info,
                           {"Content-Type": "application/octet-stream", "X-Weight-Version": str(v)})
     assert code == 422 and "safetensors" in out["detail"], out
     _, health = _call(server, "GET", "/health", auth=False)
-    assert health == {"status": "ok", "model": str(server["model_dir"]), "weight_version": client.version}
+    assert {k: health[k] for k in ("status", "model", "weight_version")} == \
+        {"status": "ok", "model": str(server["model_dir"]), "weight_version": client.version}
     r = client.generate(PROMPTS, ["a", "b"], n=2)  # nothing of the refused files was loaded
     assert max_diff(trainer_logps(hf_model, r, 0.8), r.sampling_logps, r.completion_mask) < 0.05
+
+
+def test_one_upload_at_a_time_and_each_one_declares_its_size(server, info, client):
+    """Issue 35: concurrent uploads could fill the server's disk. A second upload while one is streaming is a 409;
+    an upload without Content-Length a 411; the first one still completes."""
+    import socket
+    from urllib.parse import urlparse
+
+    from safetensors.torch import save
+
+    body = save({"x": torch.zeros(4)})  # any bytes: the file is checked (and refused) after the upload
+    where = urlparse(server["url"])
+    slow = socket.create_connection((where.hostname, where.port), timeout=20)
+    try:  # the headers and half the body, then nothing: an upload in progress
+        head = (f"POST /update_weights HTTP/1.1\r\nHost: {where.hostname}\r\nAuthorization: Bearer {TOKEN}\r\n"
+                f"Content-Type: application/octet-stream\r\nX-Weight-Version: {client.version + 7}\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n")
+        slow.sendall(head.encode() + body[: len(body) // 2])
+        import time
+
+        time.sleep(1.0)  # the server has taken the upload slot
+        octet = {"Content-Type": "application/octet-stream", "X-Weight-Version": str(client.version + 8)}
+        code, out = _call(server, "POST", "/update_weights", body, octet)
+        assert code == 409 and "another weights upload is in progress" in out["detail"], (code, out)
+        slow.sendall(body[len(body) // 2 :])
+        reply = slow.recv(4096).decode()
+        assert reply.startswith("HTTP/1.1 422"), reply[:300]  # taken whole, then refused: not this model's tensors
+    finally:
+        slow.close()
+    # the slot is free again; a chunked upload (no Content-Length) is refused before a byte is stored
+    req = urllib.request.Request(server["url"] + "/update_weights", data=iter([body]), method="POST",
+                                 headers={**AUTH, **octet, "Transfer-Encoding": "chunked"})
+    try:
+        urllib.request.urlopen(req, timeout=20)
+        raise AssertionError("a chunked upload was accepted")
+    except urllib.error.HTTPError as e:
+        assert e.code == 411 and "Content-Length" in e.read().decode()
 
 
 def test_a_partial_update_of_whole_fused_groups_changes_only_them(server, info, hf_model, client):
@@ -321,7 +380,8 @@ def _serve(cmd: list[str], url: str, log: Path, env: dict, deadline_s: float = 1
 
 
 def _post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", **bearer(url.rsplit("/", 1)[0])})
     return json.loads(urllib.request.urlopen(req, timeout=60).read())
 
 

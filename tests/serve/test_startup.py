@@ -22,7 +22,7 @@ from grpo_cli.serve import startup
 from grpo_cli.serve.startup import ModelShape, check_tp, plan_kv_cache
 from grpo_cli.trainer.launch import free_port
 
-from servers import make_model, wait_healthy
+from servers import bearer, make_model, wait_healthy
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -70,7 +70,7 @@ def _alive(procs: list) -> list:
 
 def _generate(url: str, body: dict) -> dict:
     req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **bearer(url)})
     with urllib.request.urlopen(req, timeout=60) as resp:
         return json.loads(resp.read())
 
