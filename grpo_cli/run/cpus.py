@@ -34,7 +34,7 @@ def usable_cores() -> int:
     return len(mine) if mine else os.cpu_count() or 1
 
 
-def _cpu_times() -> tuple[float, float, int] | None:
+def cpu_times() -> tuple[float, float, int] | None:
     """(busy, total) jiffies of the CPUs this process may run on, from /proc/stat's per-CPU lines, and how many
     they are; None off Linux."""
     mine, busy, total, count = _mine(), 0.0, 0.0, 0
@@ -57,11 +57,11 @@ def _cpu_times() -> tuple[float, float, int] | None:
 def busy_elsewhere(window_s: float = 0.3) -> float | None:
     """Of the cores this process may run on, how many other processes kept busy over `window_s` seconds (this
     process's own CPU time taken out); None where /proc/stat cannot be read."""
-    before, own0, t0 = _cpu_times(), time.process_time(), time.perf_counter()
+    before, own0, t0 = cpu_times(), time.process_time(), time.perf_counter()
     if before is None:
         return None
     time.sleep(window_s)
-    after, own, wall = _cpu_times(), time.process_time() - own0, time.perf_counter() - t0
+    after, own, wall = cpu_times(), time.process_time() - own0, time.perf_counter() - t0
     if after is None or after[1] <= before[1]:
         return None
     busy = (after[0] - before[0]) / (after[1] - before[1]) * after[2]  # of our cores, this process included
