@@ -8,7 +8,8 @@ A run's tracker identities are kept in RUN/trackers.json (removed by --start-ove
     (offline: WANDB_MODE=offline, `wandb sync RUN/wandb/offline-run-*` uploads them);
   * mlflow: the run id MLflow gave the first start, passed as `run_id` again (the experiment is the recipe's
     name; the store is MLFLOW_TRACKING_URI's, e.g. sqlite:///mlflow.db);
-  * trackio: the run name (the run folder's name) with `resume="allow"`, in the project named after the recipe.
+  * trackio: the run name (the run folder's name), in the project named after the recipe: a resume continues the
+    latest run of that name (`resume="allow"`), a run starting at step 1 (--start-over too) begins a new one.
 Each gets the resolved recipe as its config (flat dotted keys) and every step's metrics, metrics.jsonl's numbers.
 MLflow refuses to change a logged parameter: a resume logs only the keys it lacks there, and sets a tag
 `resumed.<key>` for each value that changed (recipe_changes.jsonl has them with their step).
@@ -58,8 +59,8 @@ def init_kwargs(trackers: list[str], run_dir: Path, start_step: int) -> dict[str
                         "dir": str(run_dir)}
     if "mlflow" in trackers:
         out["mlflow"] = {"run_id": saved.get("mlflow"), "run_name": name}
-    if "trackio" in trackers:
-        out["trackio"] = {"name": name, "resume": "allow"}
+    if "trackio" in trackers:  # a run starting at step 1 is a new Trackio run, even where one has its name
+        out["trackio"] = {"name": name, "resume": "allow" if start_step else "never"}
     return out
 
 

@@ -146,3 +146,25 @@ def test_trackio(run):
     for key, want in expected(folder).items():
         assert [(entry["step"], entry[key]) for entry in store["logs"] if key in entry] == want, key
     assert store["config"]["algorithm.loss_type"] == "dapo" and store["config"]["train.max_steps"] == 4
+
+
+def test_a_start_over_starts_a_new_trackio_run(run, tmp_path):
+    """Issue 35: --start-over deleted trackers.json but Trackio, resumed by run name, appended the new run's steps
+    to the old run's."""
+    import subprocess
+    import sys
+
+    _, env = run
+    folder = tmp_path / "again"
+    common = ["recipes/ci-tiny.yaml", "-o", str(folder), "eval=null", "logging.trackers=[trackio]", "train.max_steps=2"]
+    for extra in ([], ["--start-over"]):
+        p = cli("train", *common, *extra, env=env)
+        assert p.returncode == 0, p.stderr[-3000:]
+    read = TRACKIO_READ.replace("SQLiteStorage.get_logs(project, run)", "SQLiteStorage.get_logs(project, run, "
+                                "run_id=SQLiteStorage.get_latest_run_record_by_name(project, run)['id'])")
+    p = subprocess.run([sys.executable, "-c", read, "ci-tiny", folder.name], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    store = json.loads(p.stdout.strip().splitlines()[-1])
+    assert store["runs"].count(folder.name) == 2  # the first run and the one --start-over began, apart
+    assert [entry["step"] for entry in store["logs"] if "reward" in entry] == [1, 2]  # only the new run's steps
