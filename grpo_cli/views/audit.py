@@ -128,10 +128,23 @@ def check_reward_vs_eval(records: list[dict]) -> Verdict:
         "reward (grpo inspect-rollouts RUN); a lower learning rate or a KL term (algorithm.beta) holds the policy closer")
 
 
+def never_paid(records: list[dict]) -> list[str]:
+    """The reward functions whose mean was 0 at every step that logged it: no completion ever earned anything."""
+    keys = sorted({k for r in records for k in r if k.startswith("rewards/") and k.endswith("/mean")})
+    return [k.split("/")[1] for k in keys if all(r[k] == 0 for r in records if isinstance(r.get(k), (int, float)))]
+
+
 def check_components(records: list[dict]) -> Verdict:
     name = "reward components"
     keys = sorted({k for r in records for k in r if k.startswith("rewards/") and k.endswith("/mean")})
     fns = {k.split("/")[1]: k for k in keys}
+    if zero := never_paid(records):
+        return Verdict(name, "warn", f"{', '.join(zero)} paid 0 at every step ({len(records)} steps): "
+                                     f"{'it gives' if len(zero) == 1 else 'they give'} the policy no signal",
+                       [f"rewards/{f}/mean: 0.000 at every step" for f in zero],
+                       "check the reward on known answers (grpo doctor RECIPE probes each reward on the data's own "
+                       "answers); if it is right, the task is too hard for the model: easier problems, or a larger "
+                       "algorithm.num_generations")
     task = [f for f in fns if any(w in f.lower() for w in ACCURACY_WORDS)]
     others = [f for f in fns if f not in task]
     if not task or not others:
@@ -176,8 +189,9 @@ def check_entropy(records: list[dict], reward: Optional[Windows], signal: Option
         name, "fail" if collapsed else "warn",
         f"entropy collapsed {ent.first:.3f} -> {ent.last:.3f} with the reward flat"
         + (f" and {signal.last:.0%} of groups without signal" if collapsed else ""), evidence,
-        "raise rollout.temperature, add an entropy bonus (algorithm.entropy_bonus) or clip higher "
-        "(algorithm.epsilon_high); resume from a checkpoint before the fall")
+        "raise rollout.temperature, add an entropy bonus (algorithm.entropy_coef, or algorithm.use_adaptive_entropy "
+        "with algorithm.entropy_target near the first steps' entropy) or clip higher (algorithm.epsilon_high); resume "
+        "from a checkpoint before the fall")
 
 
 def check_length(records: list[dict]) -> Verdict:
@@ -268,18 +282,30 @@ def check_ranges(records: list[dict]) -> Verdict:
         evidence.append(f"{key}: {w}")
         if bad(w.last):
             problems.append(f"{what} {w.last:.3g} in the last steps")
-    skipped = [(r["step"], r[NONFINITE]) for r in records if isinstance(r.get(NONFINITE), (int, float)) and r[NONFINITE]]
-    if skipped:  # the trainer skipped these updates: a NaN or infinite loss or gradient (grpo_cli/trainer/nonfinite.py)
-        problems.append(f"non-finite loss or gradient at {len(skipped)} step(s)")
-        evidence.append(f"{NONFINITE} at {spans([s for s, _ in skipped])}: {sum(n for _, n in skipped):g} optimizer "
-                        "steps skipped (the warnings in the run's log name the loss or the parameter)")
     if not evidence:
         return Verdict(name, "skip", "none of these metrics logged")
     if not problems:
         return Verdict(name, "ok", "within range", evidence)
-    return Verdict(name, "fail" if skipped else "warn", "; ".join(problems), evidence,
+    return Verdict(name, "warn", "; ".join(problems), evidence,
                    "a lower learning rate; for importance ratios, check the sampler's weights sync "
                    "(sync/bytes) and rollout.importance_sampling; for KL, a larger algorithm.beta")
+
+
+def check_nonfinite(records: list[dict]) -> Verdict:
+    """The updates the trainer skipped for a NaN or infinite loss or gradient (grpo_cli/trainer/nonfinite.py): a
+    fact of single steps, judged however short the run."""
+    name = "non-finite updates"
+    logged = [r for r in records if isinstance(r.get(NONFINITE), (int, float))]
+    if not logged:
+        return Verdict(name, "skip", f"no {NONFINITE} logged (a run of an older grpo)")
+    skipped = [(r["step"], r[NONFINITE]) for r in logged if r[NONFINITE]]
+    if not skipped:
+        return Verdict(name, "ok", f"every update of {len(logged)} steps had a finite loss and gradient")
+    return Verdict(name, "fail", f"non-finite loss or gradient at {len(skipped)} step(s): their updates were skipped",
+                   [f"{NONFINITE} at {spans([s for s, _ in skipped])}: {sum(n for _, n in skipped):g} optimizer steps "
+                    "skipped (the warnings in the run's log name the loss or the parameter)"],
+                   "a lower train.learning_rate; keep train.max_grad_norm set; with algorithm.scale_rewards none the "
+                   "rewards' scale is the advantages'")
 
 
 def spans(steps: list[int]) -> str:
@@ -314,15 +340,29 @@ def check_identical(records: list[dict], groups: dict[int, list[list[dict]]]) ->
                    "raise rollout.temperature or algorithm.epsilon_high; resume from a checkpoint before it set in")
 
 
+MIN_STEPS = 8  # a first and a last window of 2 steps each, apart: fewer, and a verdict would rest on single steps
+WINDOW_CHECKS = ("reward vs eval accuracy", "reward components", "entropy", "completion length",
+                 "groups without signal", "clipping, importance ratios, KL", "identical completions in a group")
+
+
 def audit(run_dir: Path) -> list[Verdict]:
-    """Every check on the run folder, worst first."""
+    """Every check on the run folder, worst first. Under MIN_STEPS steps the checks that compare the first and the
+    last steps say the run is too short to judge; what single steps show (non-finite updates, a reward that never
+    paid) is still judged."""
     records = load_run_records(run_dir)
+    if len(records) < MIN_STEPS:
+        short = f"too short to judge: {len(records)} step(s) logged; the first and last steps compared need {MIN_STEPS}"
+        verdicts = [Verdict(check, "skip", short) for check in WINDOW_CHECKS]
+        if never_paid(records):
+            verdicts[1] = check_components(records)
+        return worst_first([*verdicts, check_nonfinite(records)])
     groups = read_groups(run_dir)
     reward = windows(records, "reward")
     signal_verdict, signal = check_signal(records, groups)
     components = check_components(records)
     verdicts = [check_reward_vs_eval(records), components, check_entropy(records, reward, signal, components),
-                check_length(records), signal_verdict, check_ranges(records), check_identical(records, groups)]
+                check_length(records), signal_verdict, check_ranges(records), check_identical(records, groups),
+                check_nonfinite(records)]
     return worst_first(verdicts)
 
 

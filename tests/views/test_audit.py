@@ -22,7 +22,7 @@ def write_run(folder: Path, steps: int = 40, groups: list | None = None, **colum
     rng = random.Random(0)
     base = {"reward": lambda s: 0.4 + 0.01 * s + rng.uniform(-0.05, 0.05), "entropy": lambda s: 1.0 - 0.01 * s,
             "completions/mean_length": 50.0, "completions/clipped_ratio": 0.05, "frac_reward_zero_std": 0.1,
-            "clip_ratio/region_mean": 0.01, "grad_norm": 1.0}
+            "clip_ratio/region_mean": 0.01, "grad_norm": 1.0, "nonfinite/skipped_updates": 0}
     base.update(columns)
     with open(folder / "metrics.jsonl", "w") as f:
         for s in range(1, steps + 1):
@@ -130,7 +130,7 @@ def test_ratios_and_kl_out_of_range(tmp_path):
     assert v.severity == "warn" and "smallest importance ratio" in v.finding and "KL to the reference" in v.finding, v
     # what the trainer writes for a step whose update it skipped (a NaN or infinite loss or gradient)
     nan = write_run(tmp_path / "nan", **{"nonfinite/skipped_updates": lambda s: 1 if s in (30, 31, 35) else 0})
-    v = by_check(nan)["clipping, importance ratios, KL"]
+    v = by_check(nan)["non-finite updates"]
     assert v.severity == "fail" and "non-finite loss or gradient at 3 step(s)" in v.finding, v
     assert "nonfinite/skipped_updates at steps 30-31, step 35: 3 optimizer steps skipped" in v.evidence[-1], v
 
@@ -195,3 +195,25 @@ def test_grpo_report_shows_the_verdicts_first(tmp_path):
     audit_table = page[page.index("<h2>Audit</h2>"):page.index("<h2>Summary</h2>")]
     assert audit_table.count("<tr class='warn'>") == 1 and "<tr class='fail'>" not in audit_table
     assert "confidence from learning, not collapse" in audit_table  # the ok verdicts too, greyed
+
+
+def test_a_run_under_8_steps_is_too_short_to_judge_but_single_steps_still_count(tmp_path):
+    # issue 35: verdicts on a 5-step run compared step 1 with step 5 (windows of one step)
+    run = write_run(tmp_path / "short", steps=5, entropy=lambda s: 1.0 / s, reward=lambda s: 0.3,
+                    **{"nonfinite/skipped_updates": lambda s: int(s == 4)})
+    verdicts = by_check(run)
+    windowed = [v for k, v in verdicts.items() if k != "non-finite updates"]
+    assert len(windowed) == 7 and all(v.severity == "skip" and v.finding.startswith("too short to judge: 5 step(s)")
+                                      for v in windowed), windowed
+    assert verdicts["non-finite updates"].severity == "fail"  # a fact of one step, judged at any length
+
+
+def test_a_reward_that_never_paid_is_flagged(tmp_path):
+    # issue 35: `grpo audit` said "reward components: OK" for a reward at 0.000 every step (the report's plot saw it)
+    for steps in (40, 5):
+        run = write_run(tmp_path / f"zero{steps}", steps=steps, **{"rewards/accuracy/mean": 0.0,
+                                                                   "rewards/format/mean": lambda s: 0.5 + 0.005 * s})
+        v = by_check(run)["reward components"]
+        assert v.severity == "warn" and v.finding.startswith(f"accuracy paid 0 at every step ({steps} steps)"), v
+        assert "grpo doctor" in v.advice
+
