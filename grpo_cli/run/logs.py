@@ -56,6 +56,40 @@ def read_records(path: str | Path, required: tuple[str, ...] = ("step",), *, off
     return Records(records, bad, last, offset + end)
 
 
+def _tail_after(path: Path, step: int, block: int = 1 << 20) -> tuple[int, int]:
+    """(byte offset after the last line holding a record of a step <= `step`, records of later steps after it),
+    reading `path` backwards a block at a time; a last line without its newline (cut by a crash) is cut too."""
+    with open(path, "rb") as f:
+        pos = f.seek(0, os.SEEK_END)
+        carried, first_block, dropped = b"", True, 0
+        while True:
+            start = max(0, pos - block)
+            f.seek(start)
+            # + the start of the line the previous block began inside (its end and newline were in that block)
+            lines = (f.read(pos - start) + carried).split(b"\n")
+            # lines[-1]: in the first block, what follows the file's last newline (nothing, or a line cut by a
+            # crash); later, the line `carried` ends, complete. lines[0] may start before `start`: carried on.
+            starts, at = [], start
+            for line in lines:
+                starts.append(at)
+                at += len(line) + 1
+            for k in range(len(lines) - 1, -1 if start == 0 else 0, -1):
+                line = lines[k]
+                if not line.strip() or (first_block and k == len(lines) - 1):
+                    continue
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(r, dict) and type(r.get("step")) is int:
+                    if r["step"] <= step:
+                        return starts[k] + len(line) + 1, dropped
+                    dropped += 1
+            if start == 0:
+                return 0, dropped
+            pos, carried, first_block = start, lines[0], False
+
+
 def _clean(v: Any) -> Any:
     """JSON has no NaN/inf: write them as null so every line stays standard JSON."""
     if isinstance(v, float) and not math.isfinite(v):
@@ -71,17 +105,23 @@ class JsonlLog:
     """Append-only JSON-lines file, one record per line, flushed at every write.
 
     On resume from step k, records of steps > k (written after the checkpoint by a run that then
-    died) are dropped, so the file reads as if the run had never been interrupted."""
+    died) are dropped, so the file reads as if the run had never been interrupted. Steps only grow along the
+    file, so they are its tail: it is read backwards from the end, block by block, to the last record of a step
+    <= k, and cut there (truncated and fsynced in place: a rollouts.jsonl of many GB costs the tail's blocks,
+    not a copy in memory). A last line cut by a crash goes with the tail."""
 
     def __init__(self, path: Path, keep_through_step: int) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        records = read_records(path).records  # a line cut by a crash is left out
-        kept = [r for r in records if r["step"] <= keep_through_step]
-        self.dropped = len(records) - len(kept)  # the caller says so: a resume never rewinds the logs silently
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept), encoding="utf-8")
-        os.replace(tmp, path)
+        if path.exists():
+            cut, self.dropped = _tail_after(path, keep_through_step)  # the caller says so: never rewound silently
+            if cut < path.stat().st_size:
+                with open(path, "r+b") as f:
+                    f.truncate(cut)
+                    f.flush()
+                    os.fsync(f.fileno())
+        else:
+            self.dropped = 0
         self._f = open(path, "a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
