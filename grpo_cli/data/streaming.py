@@ -74,6 +74,7 @@ class StreamedRows:
     def __init__(self, dataset: IterableDataset, cfg: DataConfig, seed: int, keep: int) -> None:
         self.dataset, self.cfg, self.seed, self.keep = dataset, cfg, seed, keep
         self.shards = dataset.num_shards
+        self.files = self._fingerprints()  # the local files read, so a resume can tell they are the same
         self.blocks = [Block(epoch=0, number=0, shard=0, row=0, read=0, first=0)]  # the last is the current one
         self.taken = 0  # rows of the current block handed out
         self._cache: OrderedDict[tuple[int, int], tuple[list[dict], tuple[int, int]]] = OrderedDict()
@@ -84,7 +85,8 @@ class StreamedRows:
         return self.blocks[-1].epoch
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "taken": self.taken, "shards": self.shards, "blocks": [asdict(b) for b in self.blocks]}
+        return {"epoch": self.epoch, "taken": self.taken, "shards": self.shards, "blocks": [asdict(b) for b in self.blocks],
+                **({"files": self.files} if self.files is not None else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         try:
@@ -95,6 +97,12 @@ class StreamedRows:
             raise ValueError(f"the data position {state} holds no block")
         if state.get("shards", self.shards) != self.shards:  # e.g. a glob in data.files matching more files now
             raise ValueError(f"the data had {state['shards']} shards at the checkpoint, {self.shards} now")
+        saved = state.get("files")
+        if saved is not None and self.files is not None and saved != self.files:  # as many shards, other contents
+            was, now = next((a, b) for a, b in zip(saved + [""] * len(self.files), self.files + [""] * len(saved))
+                            if a != b)
+            raise ValueError(f"the data files changed since the checkpoint: {was or '(none)'} then, "
+                             f"{now or '(none)'} now (name, bytes, sha256 of their ends)")
         self.blocks, self.taken = blocks, taken  # the cache and the open reader stay valid: a block's rows are fixed
         rows, _ = self._block(blocks[-1])
         if taken > len(rows):
@@ -204,6 +212,18 @@ class StreamedRows:
         self.close()
         part = self.dataset.shard(num_shards=self.shards, index=shard, contiguous=True)
         return iter(part.skip(row) if row else part)
+
+    def _fingerprints(self) -> list[str] | None:
+        """paths.file_fingerprints of data.files, or of a data.dataset that is a local folder; None for the hub."""
+        from pathlib import Path
+
+        from grpo_cli.data.paths import expand_files, file_fingerprints
+
+        if self.cfg.files:
+            return file_fingerprints(expand_files(self.cfg.files, "data.files"))
+        if self.cfg.dataset and Path(self.cfg.dataset).expanduser().is_dir():
+            return file_fingerprints([self.cfg.dataset])
+        return None
 
     def _source(self, shard: int | None = None) -> str:
         from grpo_cli.data.paths import expand_files

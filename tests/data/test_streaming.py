@@ -150,7 +150,8 @@ def test_the_first_batch_peeked_is_the_first_batch_trained_on(shards, tok):
     s = PromptStream(load_rows(cfg, 0), cfg, tok, batch_size=4, seed=0)
     peek = s.upcoming(6)
     assert s.state_dict() == {"epoch": 0, "taken": 0, "shards": 3, "blocks": [{"epoch": 0, "number": 0, "shard": 0,
-                                                                               "row": 0, "read": 0, "first": 0}]}
+                                                                               "row": 0, "read": 0, "first": 0}],
+                              "files": s.rows.files}  # (what a resume checks the files against)
     b = s.next_batch()
     assert b.indices == peek.indices[:4] and b.texts == peek.texts[:4]
 
@@ -225,6 +226,28 @@ def test_a_glob_names_the_shards_and_a_changed_shard_count_is_refused_on_resume(
     assert state["shards"] == 3
     with pytest.raises(ValueError, match="the data had 3 shards at the checkpoint, 2 now"):
         rows(cfg_of({"jsonl": shards["jsonl"][:2]})).load_state_dict(state)
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "saved"])
+def test_a_resume_onto_changed_shards_of_the_same_count_is_refused(shards, tmp_path, kind):
+    # issue 35: only the shard count was compared; a shard rewritten (or replaced) resumed onto other rows
+    import shutil
+
+    copy = tmp_path / "data"
+    if kind == "saved":
+        shutil.copytree(shards["saved"][0], copy)
+        changed = {"saved": [str(copy)]}
+    else:
+        copy.mkdir()
+        changed = {"jsonl": [shutil.copy(f, copy) for f in shards["jsonl"]]}
+    state = rows(cfg_of(changed, kind)).state_dict()
+    assert len(state["files"]) >= 3 and len(json.dumps(state)) < 2000
+    rows(cfg_of(changed, kind)).load_state_dict(state)  # the same files: resumes
+    victim = sorted(copy.rglob("*.arrow" if kind == "saved" else "*.jsonl"))[1]
+    data = victim.read_bytes()
+    victim.write_bytes(data.replace(b"what is", b"what IS"))  # the same shards and sizes, other questions
+    with pytest.raises(ValueError, match=rf"the data files changed since the checkpoint: .*{victim.name} "):
+        rows(cfg_of(changed, kind)).load_state_dict(state)
 
 
 def test_a_generator_cannot_stream():
@@ -308,7 +331,8 @@ def test_kill_9_and_resume_trains_on_the_same_prompts_as_the_uninterrupted_run(t
     saved = sorted(int(p.name.split("-")[1]) for p in (cut / "checkpoints").glob("step-*"))
     assert saved and max(saved) < 10
     state = json.loads((cut / f"checkpoints/step-{max(saved)}/trainer/trainer_state.json").read_text())
-    assert set(state["data"]) == {"epoch", "taken", "shards", "blocks"}  # where the stream stood, not the rows
+    assert set(state["data"]) == {"epoch", "taken", "shards", "blocks", "files"}  # where the stream stood, not the rows
+    assert len(state["data"]["files"]) == 3 and len(json.dumps(state["data"])) < 1000  # and which files it read
     p = train(cut, "--resume", "auto")
     assert p.returncode == 0, p.stderr[-3000:]
     resumed = read_jsonl(cut / "rollouts.jsonl")
