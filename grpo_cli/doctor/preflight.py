@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from grpo_cli.views.audit import Verdict
+from grpo_cli.views.audit import ACCURACY_WORDS, Verdict
 
 PROBE_ROWS = 4  # the data's first rows the rewards are probed on
 
@@ -111,13 +111,22 @@ def probe_rewards(recipe, batch, tokenizer) -> Verdict:
     users = user_prompts(recipe.data, columns) if any(is_reward_model(s.name) for s in specs) else None
     result = score(specs, prompts, completions, ids, {"max_completion_length": [recipe.rollout.max_completion_length]
                                                       * len(completions), **columns}, user_prompts=users)
-    evidence, flagged, total_prefers = [], {}, []  # flagged: what -> the data rows
+    evidence, flagged, total_prefers, blind = [], {}, [], []  # flagged: what -> the data rows
     for name, values in result.per_function.items():
+        bests = []
         for i in rows:
             best = {right: max((v for (r, ok), v in zip(kinds, values) if r == i and ok == right and v is not None),
                                default=None) for right in (True, False)}
+            bests.append(best)
             evidence.append(f"{name}, row {batch.indices[i]} (answer {batch.columns['answer'][i]!r}): right "
                             f"{_fmt(best[True])}, wrong ({wrong_answer(batch.columns['answer'][i])!r}) {_fmt(best[False])}")
+        # a reward that scores the right and the wrong answer alike on every row reads the form (a format, length
+        # or digit reward), not the answer: not probed, unless its name says it checks answers
+        if all(b[True] == b[False] for b in bests) and not any(w in name.lower() for w in ACCURACY_WORDS):
+            paid = {b[True] for b in bests}
+            blind.append(f"{name} scores every answer alike" + (f" ({_fmt(paid.pop())})" if len(paid) == 1 else ""))
+            continue
+        for i, best in zip(rows, bests):
             if not best[True]:
                 flagged.setdefault(f"{name} gives the right answer {_fmt(best[True])}", []).append(batch.indices[i])
             elif best[False] is not None and best[False] >= best[True]:
@@ -127,8 +136,9 @@ def probe_rewards(recipe, batch, tokenizer) -> Verdict:
         wrong = max((t for (r, ok), t in zip(kinds, result.total) if r == i and not ok and not math.isnan(t)),
                     default=-math.inf)
         total_prefers.append(right > wrong)
-    names = ", ".join(result.per_function)
-    found = "; ".join(f"{what} (row{'s' if len(at) > 1 else ''} {', '.join(map(str, at))})" for what, at in flagged.items())
+    probed = ", ".join(n for n in result.per_function if not any(b.startswith(f"{n} scores") for b in blind))
+    found = "; ".join([f"{what} (row{'s' if len(at) > 1 else ''} {', '.join(map(str, at))})"
+                       for what, at in flagged.items()] + blind)
     if not any(total_prefers):
         return Verdict("reward probe", "fail", "the summed reward prefers the right answer on none of the first "
                        f"{len(rows)} rows: {found}", evidence,
@@ -136,10 +146,11 @@ def probe_rewards(recipe, batch, tokenizer) -> Verdict:
                        "grpo_cli's accuracy reward: rewards[].kwargs")
     if flagged:
         return Verdict("reward probe", "warn", found, evidence,
-                       "a reward that does not tell right from wrong is a format or length reward, or one that cannot "
-                       "read this data's answers: check it on these rows")
-    return Verdict("reward probe", "ok", f"{names}: the right answer scores above a wrong one on the first {len(rows)} "
-                                         "rows", evidence)
+                       "a reward that tells right from wrong on some rows but not these cannot read their answers: "
+                       "check it on these rows")
+    also = f"; {'; '.join(blind)}: a reward of the form, not the answer (not probed)" if blind else ""
+    return Verdict("reward probe", "ok", f"{probed}: the right answer scores above a wrong one on the first "
+                                         f"{len(rows)} rows{also}", evidence)
 
 
 def _fmt(v: float | None) -> str:

@@ -19,9 +19,9 @@ def doctor(*args: str, env: dict | None = None):
     return p.returncode, {v["check"]: v for v in out["verdicts"]}
 
 
-def test_the_tiny_recipe_checks_out_but_for_its_format_reward():
+def test_the_tiny_recipe_checks_out():
     code, v = doctor()
-    assert code == 1  # warnings
+    assert code == 0  # issue 35: its digit reward, which reads the form and not the answer, made it warn
     assert v["recipe"]["severity"] == v["versions"]["severity"] == v["batch"]["severity"] == "ok"
     assert "torch 2." in v["versions"]["evidence"][0] and "a CPU build" in v["versions"]["evidence"][1]
     assert v["batch"]["finding"] == "8 completions a step, 2 micro-batch(es) per process, 0.03 epoch(s)"
@@ -30,15 +30,20 @@ def test_the_tiny_recipe_checks_out_but_for_its_format_reward():
     assert prompt["severity"] == "ok" and re.match(r"\d+ tokens \(data.max_prompt_length 64", prompt["finding"])
     assert "<|im_start|>assistant" in prompt["evidence"] and any("Answer with a number." in e for e in prompt["evidence"])
     probe = v["reward probe"]  # accuracy tells right from wrong; digit_fraction pays for any digits
-    assert probe["severity"] == "warn"
-    assert probe["finding"].startswith("digit_fraction gives a wrong answer as much as the right one (rows ")
+    assert probe["severity"] == "ok"
+    assert probe["finding"] == ("accuracy: the right answer scores above a wrong one on the first 4 rows; "
+                                "digit_fraction scores every answer alike (1): a reward of the form, not the answer "
+                                "(not probed)"), probe["finding"]
     assert all(re.search(r"right 1, wrong \('\d+'\) 0$", e) for e in probe["evidence"] if e.startswith("accuracy"))
+    # a format reward beside accuracy (gsm8k's): the probe's plain answers have no <think> tags, so it pays 0 to all
+    code, v = doctor("rewards=[{name: accuracy}, {name: format, weight: 0.2}]")
+    assert v["reward probe"]["severity"] == "ok" and "format scores every answer alike (0)" in v["reward probe"]["finding"]
 
 
 def test_a_reward_that_never_pays_fails_and_a_batch_that_does_not_split_fails():
     code, v = doctor("rewards=[{name: 'tests/probe_rewards.py:always_zero'}]")
     assert code == 2 and v["reward probe"]["severity"] == "fail"
-    assert "always_zero gives the right answer 0 (rows " in v["reward probe"]["finding"]
+    assert "always_zero scores every answer alike (0)" in v["reward probe"]["finding"]
     code, v = doctor("--num-processes", "3")
     assert code == 2 and v["batch"]["severity"] == "fail"
     assert v["batch"]["finding"] == "8 completions do not split into 3 process(es) x micro-batches of 4"
@@ -91,6 +96,6 @@ def test_a_streamed_recipe_is_checked_on_its_first_rows_and_resumes_exactly(tmp_
     assert first.startswith("first prompt (data row 0), ")  # the stream's first row, as step 1 takes it
     shown = "\n".join(v["first prompt"]["evidence"])
     assert sum(f"{p['prompt']} Answer with a number." in shown for p in problems) >= 1
-    assert v["reward probe"]["severity"] == "warn" and "digit_fraction" in v["reward probe"]["finding"]
+    assert v["reward probe"]["severity"] == "ok" and "digit_fraction scores every answer alike" in v["reward probe"]["finding"]
     check = v["resume check"]
     assert check["severity"] == "ok" and check["finding"].startswith("exact: the same metrics at every step")
