@@ -35,10 +35,8 @@ def command(
     from grpo_cli.errors import ConversionError
     from grpo_cli.recipe.files import format_validation_error
     from grpo_cli.recipe.schema import Recipe
-    from grpo_cli.recipe.trl import convert
+    from grpo_cli.recipe.trl import convert, unknown_fields
     from grpo_cli.recipe.trl_fields import TRL_VERSION
-    from grpo_cli.recipe.trl_homes import accepted_fields
-    from grpo_cli.registry import did_you_mean
 
     try:
         data = yaml.safe_load(config.read_text())
@@ -48,14 +46,14 @@ def command(
         raise ConversionError(f"{config}: not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise ConversionError(f"{config}: a TRL config is a YAML mapping of fields")
+    unknown = unknown_fields(data)
     try:
         result = convert(data, num_processes=num_processes, name=name)
-    except ConversionError as e:
-        raise ConversionError(f"{config}: {e}") from None
-    if result.unknown:
-        lines = [f"  {k}: not a field of TRL {TRL_VERSION}'s GRPOConfig or `trl grpo` arguments"
-                 f"{did_you_mean(k, accepted_fields())}" for k in result.unknown]
-        raise ConversionError(f"{config} has fields TRL does not know:\n" + "\n".join(lines))
+    except ConversionError as e:  # a field it misses may be one of them, misspelt: name them too
+        also = "\nand it has fields TRL does not know:\n" + "\n".join(unknown) if unknown else ""
+        raise ConversionError(f"{config}: {e}{also}") from None
+    if unknown:
+        raise ConversionError(f"{config} has fields TRL does not know:\n" + "\n".join(unknown))
     # the user's own reward functions may live in a module this machine cannot import: the rest must validate
     unresolved = _unresolved_rewards(result.recipe)
     rewards = [{"name": "accuracy"} if i in unresolved else r for i, r in enumerate(result.recipe.get("rewards") or [])]

@@ -56,6 +56,17 @@ def precision_note(asked: str, dtype: str, precision: str, bf16: bool, bf16_give
     return f"{said}, {flag}: {dtype} weights, no autocast (train.mixed_precision: no)"
 
 
+def unknown_fields(config: dict[str, Any]) -> list[str]:
+    """The fields of a TRL config that TRL 1.16 does not have (a typo, or another version's), each with the closest
+    field it may have meant: `  max_step: not a field of ... (did you mean 'max_steps'?)`."""
+    from grpo_cli.recipe.trl_fields import TRL_VERSION
+    from grpo_cli.registry import did_you_mean
+
+    known = accepted_fields()
+    return [f"  {k}: not a field of TRL {TRL_VERSION}'s GRPOConfig or `trl grpo` arguments{did_you_mean(k, known)}"
+            for k in sorted(config) if k not in known and k != "warmup_ratio"]
+
+
 def convert(config: dict[str, Any], *, num_processes: int = 1, name: str | None = None) -> Conversion:
     """A `trl grpo --config` YAML (as a dict) -> the recipe, its notes and what could not be mapped."""
     renamed = []

@@ -284,3 +284,8 @@ def test_unknown_fields_exit_2_naming_them(tmp_path):
     assert "per_device_batch_size" in out.stderr and not (tmp_path / "recipe.yaml").exists()
     out = convert_cli(tmp_path, {k: v for k, v in DOC.items() if k != "reward_funcs"})
     assert out.returncode == 2 and "reward_funcs (or reward_model_name_or_path) is missing" in out.stderr
+    # issue 35: a misspelt field whose right name is required said only that the right one was missing
+    typo = {**{k: v for k, v in DOC.items() if k != "max_steps"}, "max_step": 100}
+    out = convert_cli(tmp_path, typo)
+    assert out.returncode == 2 and "max_steps is not set" in out.stderr, out.stderr
+    assert "max_step: not a field of TRL 1.16.0's GRPOConfig" in out.stderr and "did you mean 'max_steps'" in out.stderr
