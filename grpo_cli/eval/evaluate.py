@@ -442,3 +442,8 @@ def print_results(report: dict[str, Any]) -> None:
     for key in results[0]["metrics"]:
         table.add_row(key, *[f"{r['metrics'].get(key, float('nan')):.4g}" for r in results])
     console.print(table)
+    formats = [k.split("/")[1] for k in results[0]["metrics"] if k.startswith("rewards/") and "format" in k.lower()]
+    if formats and "format_compliance" in results[0]["metrics"]:  # two meanings of "format" side by side
+        console.print(f"format_compliance is the share of greedy completions with an answer the accuracy extraction "
+                      f"(mode {s['extraction']['mode']!r}) finds; {', '.join(formats)} is a reward with a format rule of "
+                      "its own: they measure different formats, and one can be 1 where the other is 0", soft_wrap=True)

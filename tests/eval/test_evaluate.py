@@ -133,6 +133,25 @@ def test_eval_command_on_a_trained_run(tmp_path, monkeypatch):
     assert [s["completion"] for s in again] == [s["completion"] for s in samples if s["target"] == "base" and s["kind"] == "greedy"]
 
 
+def test_format_compliance_is_told_apart_from_a_format_reward(tmp_path):
+    # issue 35: `format_compliance 1` printed beside the user's format reward at 0, as if they measured one thing
+    env = {**os.environ, "GRPO_CACHE_DIR": str(tmp_path / "cache")}
+    recipe = tmp_path / "recipe.yaml"
+    p = subprocess.run([sys.executable, "-m", "grpo_cli", "print-recipe", str(TINY),
+                        "rewards=[{name: accuracy}, {name: format, weight: 0.2}]"], capture_output=True, text=True,
+                       cwd=ROOT, env=env)
+    assert p.returncode == 0, p.stderr
+    recipe.write_text(p.stdout)
+    p = subprocess.run([sys.executable, "-m", "grpo_cli", "eval", "base", "--recipe", str(recipe), "--limit", "4",
+                        "--max-new-tokens", "6", "-o", str(tmp_path / "eval")], capture_output=True, text=True, cwd=ROOT,
+                       env=env)
+    assert p.returncode == 0, p.stderr
+    assert "rewards/format/mean" in p.stdout and "format_compliance" in p.stdout
+    assert ("format_compliance is the share of greedy completions with an answer the accuracy extraction (mode 'auto') "
+            "finds; format is a reward with a format rule of its own: they measure different formats") in \
+        " ".join(p.stdout.split())
+
+
 def test_eval_set_is_held_out_or_says_it_is_not(tmp_path, monkeypatch):
     from grpo_cli.eval.evaluate import eval_data_config, eval_source
     from grpo_cli.recipe.files import load_recipe
