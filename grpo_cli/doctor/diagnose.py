@@ -11,8 +11,8 @@ from grpo_cli.views.audit import Verdict, worst_first
 def diagnose(recipe_path: Path, overrides: list[str], processes: int = 1, resume_steps: int = 0,
              say=lambda line: None) -> list[Verdict]:
     from grpo_cli.data.checks import check_data
-    from grpo_cli.doctor.memory import check_memory
-    from grpo_cli.doctor.preflight import check_batch, check_prompt, probe_rewards
+    from grpo_cli.doctor.memory import PROMPT_ROWS, check_memory, prompt_lengths
+    from grpo_cli.doctor.preflight import PROBE_ROWS, check_batch, check_prompt, probe_rewards
     from grpo_cli.doctor.versions import check_versions
     from grpo_cli.recipe.files import load_recipe
     from grpo_cli.rollout.backends import backend_of
@@ -28,12 +28,14 @@ def diagnose(recipe_path: Path, overrides: list[str], processes: int = 1, resume
                                         f"{r.train.max_steps} steps", notes),
                 check_versions(backend_of(r.rollout).imports_vllm)]
     try:
-        tokenizer, config, dataset, batch = _inputs(r)
+        tokenizer, config, dataset, stream = _inputs(r)
+        batch = stream.upcoming(PROBE_ROWS)
+        rows = None if r.data.streaming else len(dataset)  # a stream's size is not known ahead
+        lengths = prompt_lengths(stream.upcoming(min(rows or PROMPT_ROWS, PROMPT_ROWS)))  # the longest pads a batch
     except UserError as e:
         return [*verdicts, Verdict("model and data", "fail", str(e))]
-    rows = None if r.data.streaming else len(dataset)  # a stream's size is not known ahead
     verdicts += [check_batch(r, processes, rows), check_prompt(r, batch, tokenizer, config),
-                 check_memory(r, config, processes, len(batch.input_ids[0])), probe_rewards(r, batch, tokenizer)]
+                 check_memory(r, config, processes, lengths), probe_rewards(r, batch, tokenizer)]
     if resume_steps:
         from grpo_cli.doctor.resume_check import resume_check
 
@@ -43,10 +45,9 @@ def diagnose(recipe_path: Path, overrides: list[str], processes: int = 1, resume
 
 
 def _inputs(r):
-    """The tokenizer, the model's config (for its context length; None if unreadable), the rows, and the first
-    PROBE_ROWS prompts the run will see."""
+    """The tokenizer, the model's config (for its context length; None if unreadable), the rows, and the stream of
+    prompts the run will see, not yet moved."""
     from grpo_cli.data.prompts import PromptStream, load_rows
-    from grpo_cli.doctor.preflight import PROBE_ROWS
     from grpo_cli.models.loading import load_tokenizer, resolve_model_source
 
     tokenizer = load_tokenizer(r.model)
@@ -64,4 +65,4 @@ def _inputs(r):
 
         tools = schemas(r.rollout.tools)
     stream = PromptStream(dataset, r.data, tokenizer, r.train.prompts_per_step, seed, tools=tools)
-    return tokenizer, config, dataset, stream.upcoming(PROBE_ROWS)  # step 1's prompts first
+    return tokenizer, config, dataset, stream  # its next prompts are step 1's

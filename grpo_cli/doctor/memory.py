@@ -15,7 +15,10 @@ What it counts, in the model's dtype unless said otherwise:
   gradient checkpointing one hidden state a layer and one layer's whole set), over the completion tokens and each
   group's prompt once; the logits and their gradient in float32 (the LM head's chunks instead: one weight gradient).
 The peak is the runtime, the weights, the reference, the optimizer state and the gradients, plus the larger of
-sampling and the backward.
+sampling and the backward. The forwards are counted as the trainer runs them (trainer/setup.forward_choices, the
+function build_policy follows): a group's prompt once, the LM head in row chunks, the lean MLP, grouped attention and
+autocast where it uses them; batches are padded to the longest prompt of the rows read (PROMPT_ROWS); a
+`grpo serve-vllm` samples in its own process, so nothing of sampling is counted here.
 """
 
 from __future__ import annotations
@@ -24,10 +27,21 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from grpo_cli.trainer.setup import ForwardChoices, forward_choices
 from grpo_cli.views.audit import Verdict
 
 GIB = 2**30
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 4}
+PROMPT_ROWS = 1024  # rows whose prompts are rendered for their lengths
+
+
+@dataclass
+class PromptLengths:
+    """The lengths of the rendered prompts (tokens, cut to data.max_prompt_length) of the rows the doctor read."""
+
+    longest: int
+    first: int
+    rows: int
 
 
 @dataclass
@@ -79,11 +93,16 @@ def runtime_bytes() -> float:
 
 
 def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, runtime: float,
-         device_total: float = 0.0) -> list[Part]:
-    """The parts of a step's memory; `device_total`: the GPU's memory (a colocated vLLM takes a share of it)."""
+         device_total: float = 0.0, choices: ForwardChoices | None = None) -> list[Part]:
+    """The parts of a step's memory; `prompt_tokens`: the longest prompt (a batch is padded to its longest);
+    `device_total`: the GPU's memory (a colocated vLLM takes a share of it); `choices`: how the trainer runs the
+    forwards (trainer/setup.forward_choices; default: what it decides for this recipe without a config)."""
     from grpo_cli.rollout.backends import backend_of
 
     m, t, a, ro = recipe.model, recipe.train, recipe.algorithm, recipe.rollout
+    ch = choices or ForwardChoices(shared_prompts=device == "cpu" and not m.gradient_checkpointing,
+                                   chunked_head=device == "cuda" if t.chunked_lm_head == "auto" else t.chunked_lm_head,
+                                   lean_mlp=True, grouped_attention=True, autocast=t.mixed_precision in ("bf16", "fp16"))
     width = BYTES.get(m.dtype, 4)
     lora = m.lora.r > 0
     trainable = (sum(m.lora.r * (i + o) for name, i, o in shape.linear if _targeted(name, m.lora.target_modules))
@@ -96,20 +115,24 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
     sampling = rows * shape.layers * 2 * shape.kv_width * positions * (2 if sampling_copy else width) \
         + sampling_copy + 2 * rows * shape.vocab * 4
     vllm = 0.0
-    if backend_of(ro).loads_model_folder:  # a vLLM engine in this process: its share instead of transformers' cache
+    backend = backend_of(ro)
+    if not backend.in_process:  # grpo serve-vllm samples in its own process: no cache, no logits here
+        sampling = 0.0
+    elif backend.loads_model_folder:  # a vLLM engine in this process: its share instead of transformers' cache
         sampling = 0.0
         vllm = (ro.vllm.gpu_memory_utilization * device_total if device == "cuda"
                 else shape.params * width + max(1, round(ro.vllm.cpu_kv_cache_gib)) * GIB)
     mbs, G = t.micro_batch_size, a.num_generations
-    tokens = mbs * ro.max_completion_length + math.ceil(mbs / G) * prompt_tokens
-    per_token_layer = 8 * shape.hidden + 2 * shape.kv_width + 2 * shape.intermediate
-    compute = 2 if t.mixed_precision in ("bf16", "fp16") else width
+    # each group's prompt once (shared prompts) or every row's, each padded to the longest
+    tokens = mbs * ro.max_completion_length + (math.ceil(mbs / G) if ch.shared_prompts else mbs) * prompt_tokens
+    kv = shape.kv_width if ch.grouped_attention else shape.hidden  # repeated keys and values are kept otherwise
+    per_token_layer = 8 * shape.hidden + 2 * kv + (2 if ch.lean_mlp else 4) * shape.intermediate
+    compute = 2 if ch.autocast else width
     if m.gradient_checkpointing:
         activations = tokens * (shape.layers * shape.hidden + per_token_layer) * compute
     else:
         activations = tokens * shape.layers * per_token_layer * compute
-    chunked = t.chunked_lm_head is True or (t.chunked_lm_head == "auto" and device == "cuda")
-    logits = shape.vocab * shape.hidden * 4 if chunked else 2 * mbs * ro.max_completion_length * shape.vocab * 4
+    logits = shape.vocab * shape.hidden * 4 if ch.chunked_head else 2 * mbs * ro.max_completion_length * shape.vocab * 4
     parts = [
         Part("runtime", runtime, ""),
         Part("weights", shape.params * width, "model.dtype=bfloat16, or a smaller model"),
@@ -153,19 +176,34 @@ def free_bytes(device: str) -> float | None:
         return None
 
 
-def check_memory(recipe, config: Any, processes: int, prompt_tokens: int) -> Verdict:
+def prompt_lengths(batch) -> PromptLengths:
+    """The lengths of a PromptBatch's prompts as the trainer tokenizes them (cut to data.max_prompt_length)."""
+    lengths = [len(ids) for ids in batch.input_ids]
+    return PromptLengths(max(lengths), lengths[0], len(lengths))
+
+
+def check_memory(recipe, config: Any, processes: int, prompts: PromptLengths) -> Verdict:
     import torch
 
     if config is None:
         return Verdict("memory plan", "skip", "the model's config could not be read")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     total_memory = float(torch.cuda.mem_get_info()[1]) if device == "cuda" else 0.0
-    parts = plan(recipe, model_sizes(config), processes, prompt_tokens, device,
-                 0.0 if device == "cuda" else runtime_bytes(), total_memory)
+    choices = forward_choices(recipe, device, config)
+    parts = plan(recipe, model_sizes(config), processes, prompts.longest, device,
+                 0.0 if device == "cuda" else runtime_bytes(), total_memory, choices)
     total, free = peak(parts), free_bytes(device)
     per = f" per process ({processes} on this machine)" if processes > 1 and device == "cpu" else ""
     evidence = [f"{p.name}: {_size(p.bytes)}" for p in parts if p.bytes] + [
-        f"peak: {total / GIB:.2f} GiB{per} (the fixed parts + the larger of sampling and forward + backward)"]
+        f"peak: {total / GIB:.2f} GiB{per} (the fixed parts + the larger of sampling and forward + backward)",
+        f"prompts: the longest {prompts.longest} tokens of {prompts.rows} rows read ({prompts.first} the first; a "
+        f"batch is padded to its longest)",
+        "forwards as the trainer runs them: " + ", ".join(
+            name for name, on in (("a group's prompt once", choices.shared_prompts),
+                                  ("the LM head in row chunks", choices.chunked_head),
+                                  ("the lean gated MLP", choices.lean_mlp),
+                                  ("grouped attention", choices.grouped_attention),
+                                  ("autocast", choices.autocast)) if on) or "as the model's own"]
     need = total * (processes if device == "cpu" else 1)
     if free is not None:
         evidence.append(f"free on this machine's {device}: {free / GIB:.1f} GiB (MemAvailable or cudaMemGetInfo)")

@@ -43,6 +43,43 @@ def start_from(run_dir: Path, resume: str | None, start_over: bool, allow_recipe
     return checkpoint, changes
 
 
+@dataclass(frozen=True)
+class ForwardChoices:
+    """How the trainer runs a training forward and backward, decided once from the recipe, the device and the
+    model's config: `build_policy` follows it, and `grpo doctor`'s memory plan counts with it."""
+
+    shared_prompts: bool  # a group's prompt runs once per micro-batch (through the key/value cache)
+    chunked_head: bool  # the LM head inside the log-prob row chunks: no [rows, T, vocab] logits
+    lean_mlp: bool  # the gated MLP keeps gate and up for its backward, not four tensors (models/swiglu.py)
+    grouped_attention: bool  # keys and values of grouped heads are not repeated (models/attention.py)
+    autocast: bool  # forwards in bf16 / fp16 autocast (train.mixed_precision)
+
+
+def forward_choices(recipe, device_type: str, config: Any, sharded: bool = False) -> ForwardChoices:
+    """The trainer's choices for a training forward (`sharded`: FSDP or ZeRO-3 weights): what build_policy and the
+    forwards it runs decide, from what is known before any weight is loaded."""
+    from grpo_cli.algo.logprobs import HEAD_CHUNKED
+    from grpo_cli.models.attention import grouped_heads
+    from grpo_cli.models.loading import resolve_mixed_precision
+
+    t, m = recipe.train, recipe.model
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    # a group's prompt runs once per micro-batch through the key/value cache, which gradient checkpointing turns
+    # off. It pays where compute is the cost (CPU: train 7.9 -> 5.6 s/step); on a GPU the two forwards and the
+    # cache gather made a micro-batch's forward + backward 2.2x slower (bench/step_phases.py, H100)
+    shared = not m.gradient_checkpointing and device_type == "cpu"
+    wanted = device_type == "cuda" if t.chunked_lm_head == "auto" else t.chunked_lm_head
+    chunked = bool(wanted) and getattr(text, "model_type", None) in HEAD_CHUNKED and not sharded  # algo/logprobs._head_of
+    autocast = resolve_mixed_precision(t.mixed_precision, m.dtype) in ("bf16", "fp16")
+    targets = m.lora.target_modules
+    down_adapted = m.lora.r > 0 and (targets == "all-linear" or "down_proj" in ([targets] if isinstance(targets, str)
+                                                                                   else targets))
+    gated = getattr(text, "hidden_act", None) in ("silu", "swish") and hasattr(text, "intermediate_size")
+    lean = gated and not autocast and not sharded and not down_adapted and not m.load_in_4bit  # swiglu.lean_forward
+    grouped = grouped_heads(text) and m.attn_implementation in (None, "sdpa", "sdpa_grouped")  # loading.load_model
+    return ForwardChoices(shared, chunked, lean, grouped, autocast)
+
+
 @dataclass
 class Policy:
     """The trained model on accelerate's devices, and what trains it."""
@@ -92,13 +129,9 @@ def build_policy(recipe, accelerator, checkpoint: Path | None) -> Policy:
     if sharded and r.algorithm.sync_ref_model:
         raise SetupError("algorithm.sync_ref_model needs the policy's full weights on every process; with FSDP "
                          "or ZeRO-3 they are sharded: use DDP (or ZeRO-1/2) to refresh the reference")
-    # a group's prompt runs once per micro-batch through the key/value cache, which gradient checkpointing turns
-    # off. It pays where compute is the cost (CPU: train 7.9 -> 5.6 s/step); on a GPU the two forwards and the
-    # cache gather made a micro-batch's forward + backward 2.2x slower (bench/step_phases.py, H100)
-    shared_prompts = not cfg.gradient_checkpointing and accelerator.device.type == "cpu"
-    chunked = r.train.chunked_lm_head
-    chunked_head = accelerator.device.type == "cuda" if chunked == "auto" else chunked
-    return Policy(tokenizer, model, reference, optimizer, scheduler, cfg, summary, sharded, shared_prompts, chunked_head)
+    choices = forward_choices(r, accelerator.device.type, accelerator.unwrap_model(model).config, sharded)
+    return Policy(tokenizer, model, reference, optimizer, scheduler, cfg, summary, sharded, choices.shared_prompts,
+                  choices.chunked_head)
 
 
 def build_stream(recipe, tokenizer, accelerator):
