@@ -38,15 +38,15 @@ def wait_healthy(url: str, proc: subprocess.Popen, deadline_s: float) -> float:
 
 
 def bearer(url: str) -> dict:
-    """The Authorization header a trainer on this machine would send to the server at `url` (a loopback server
-    without $GRPO_SERVER_TOKEN wrote its own token to a file: grpo_cli/serve/auth.py)."""
+    """The Authorization header for a loopback server at `url` started without $GRPO_SERVER_TOKEN: the token it wrote
+    to its file (grpo_cli/serve/auth.py), whatever this process's $GRPO_SERVER_TOKEN says (a module's fixture may
+    have set it for another server)."""
     from urllib.parse import urlparse
 
-    from grpo_cli.serve.auth import client_token
+    from grpo_cli.serve.auth import token_file
 
-    where = urlparse(url)
-    token, _ = client_token(where.hostname or "", where.port or 80)
-    return {"Authorization": f"Bearer {token}"} if token else {}
+    path = token_file(urlparse(url).port or 80)
+    return {"Authorization": f"Bearer {path.read_text()}"} if path.exists() else {}  # (vLLM's own server: none)
 
 
 def trainer_logps(model, r, temperature: float) -> torch.Tensor:

@@ -48,6 +48,7 @@ def _inputs(r):
     """The tokenizer, the model's config (for its context length; None if unreadable), the rows, and the stream of
     prompts the run will see, not yet moved."""
     from grpo_cli.data.prompts import PromptStream, load_rows
+    from grpo_cli.doctor.memory import PROMPT_ROWS
     from grpo_cli.models.loading import load_tokenizer, resolve_model_source
 
     tokenizer = load_tokenizer(r.model)
@@ -64,5 +65,6 @@ def _inputs(r):
         from grpo_cli.agents.tools import schemas
 
         tools = schemas(r.rollout.tools)
-    stream = PromptStream(dataset, r.data, tokenizer, r.train.prompts_per_step, seed, tools=tools)
+    B = r.train.prompts_per_step  # a stream remembers B x in_flight rows: enough for the memory plan's PROMPT_ROWS
+    stream = PromptStream(dataset, r.data, tokenizer, B, seed, tools=tools, in_flight=-(-PROMPT_ROWS // B))
     return tokenizer, config, dataset, stream  # its next prompts are step 1's

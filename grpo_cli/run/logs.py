@@ -56,7 +56,7 @@ def read_records(path: str | Path, required: tuple[str, ...] = ("step",), *, off
     return Records(records, bad, last, offset + end)
 
 
-def _tail_after(path: Path, step: int, block: int = 1 << 20) -> tuple[int, int]:
+def tail_after(path: Path, step: int, block: int = 1 << 20) -> tuple[int, int]:
     """(byte offset after the last line holding a record of a step <= `step`, records of later steps after it),
     reading `path` backwards a block at a time; a last line without its newline (cut by a crash) is cut too."""
     with open(path, "rb") as f:
@@ -114,7 +114,7 @@ class JsonlLog:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists():
-            cut, self.dropped = _tail_after(path, keep_through_step)  # the caller says so: never rewound silently
+            cut, self.dropped = tail_after(path, keep_through_step)  # the caller says so: never rewound silently
             if cut < path.stat().st_size:
                 with open(path, "r+b") as f:
                     f.truncate(cut)

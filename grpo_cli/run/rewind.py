@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Callable
@@ -20,7 +21,7 @@ from grpo_cli.run.checkpoints import (
     ABANDONED, CHECKPOINTS, abandoned_folder, atomic_write_text, checkpoint_step, fsync_dir, list_checkpoints,
     step_of,
 )
-from grpo_cli.run.logs import METRICS, ROLLOUTS, read_records
+from grpo_cli.run.logs import METRICS, ROLLOUTS, tail_after
 
 INTENT = "rewind.json"
 REPLAY = "replay"  # grpo_cli/run/replays.py's FOLDER (that module imports torch)
@@ -35,7 +36,8 @@ def later_checkpoints(run_dir: Path, checkpoint: Path) -> list[Path]:
 def rewind(run_dir: Path, checkpoint: Path, say: Callable[[str], None]) -> Path | None:
     """Set aside everything of `run_dir` after `checkpoint`'s step; -> the folder it went to (None: nothing later)."""
     step = checkpoint_step(checkpoint)
-    assert step is not None
+    if step is None:  # a folder whose step is not known: nothing is later than it
+        return None
     moves = [p for p in (run_dir / CHECKPOINTS).glob("step-*") if (step_of(p) or 0) > step]
     moves += [p for p in (run_dir / REPLAY).glob("step-*") if p.name[5:].isdigit() and int(p.name[5:]) > step]
     if not moves:
@@ -71,9 +73,15 @@ def _finish(run_dir: Path, folder: Path, intent: dict) -> None:
     """Copy the log lines of later steps, move every listed folder, mark the rewind done; each part idempotent."""
     step = intent["from_step"]
     for name in (METRICS, ROLLOUTS):
-        if (run_dir / name).is_file() and not (folder / name).exists():
-            later = [r for r in read_records(run_dir / name).records if r["step"] > step]
-            atomic_write_text(folder / name, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in later))
+        if (run_dir / name).is_file() and not (folder / name).exists():  # the lines after the step, streamed
+            cut, _ = tail_after(run_dir / name, step)
+            tmp = folder / f".{name}.tmp"
+            with open(run_dir / name, "rb") as src, open(tmp, "wb") as dst:
+                src.seek(cut)
+                shutil.copyfileobj(src, dst, 1 << 20)
+                dst.flush()
+                os.fsync(dst.fileno())
+            os.replace(tmp, folder / name)
     for rel in intent["moves"]:
         src, dst = run_dir / rel, folder / rel
         if src.exists() and not dst.exists():

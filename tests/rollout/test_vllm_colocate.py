@@ -183,25 +183,6 @@ def test_structured_outputs_regex(gen, prompts):
     assert sum(len(t) >= 2 for t in r.completions) >= 4
 
 
-def test_reproducible_with_same_seed(gen, model_dir, tokenizer, prompts):
-    """Last in the module: vLLM keeps its parallel state in module globals and closing any in-process
-    engine tears it down for every engine, so the shared one is closed before fresh ones start."""
-    texts, ids = prompts
-    gen.close()
-    first = make_generator(model_dir, tokenizer, seed=11)
-    a1, a2 = first.generate(ids, texts, n=2), first.generate(ids, texts, n=2)
-    first.close()
-    second = make_generator(model_dir, tokenizer, seed=11)
-    b1, b2 = second.generate(ids, texts, n=2), second.generate(ids, texts, n=2)
-    greedy = [second.generate(ids, texts, greedy=True).completion_ids for _ in range(2)]
-    second.close()
-    assert torch.equal(a1.completion_ids, b1.completion_ids) and torch.equal(a2.completion_ids, b2.completion_ids)
-    assert not torch.equal(a1.completion_ids, a2.completion_ids)  # the seed moves on with every call
-    assert a1.completions[0] != a1.completions[1]  # the n samples of a prompt differ
-    assert torch.equal(greedy[0], greedy[1])
-
-
-
 def test_a_generate_longer_than_the_stall_limit_is_progress_step_by_step(gen, tokenizer, monkeypatch, tmp_path):
     """Issue 35: the watchdog saw no progress inside vLLM's generate and stopped healthy runs. Each engine step
     is progress now: 128 sequences of 384 tokens (EOS ignored) take several times the 0.2 s limit, ms a step."""
@@ -219,3 +200,21 @@ def test_a_generate_longer_than_the_stall_limit_is_progress_step_by_step(gen, to
     assert len(samples.tokens) == 128
     assert took > 2 * 0.2, took  # the phase outlasted the limit without a tick from outside vLLM
     assert not (tmp_path / "stalls").exists()
+
+
+def test_reproducible_with_same_seed(gen, model_dir, tokenizer, prompts):
+    """Last in the module: vLLM keeps its parallel state in module globals and closing any in-process
+    engine tears it down for every engine, so the shared one is closed before fresh ones start."""
+    texts, ids = prompts
+    gen.close()
+    first = make_generator(model_dir, tokenizer, seed=11)
+    a1, a2 = first.generate(ids, texts, n=2), first.generate(ids, texts, n=2)
+    first.close()
+    second = make_generator(model_dir, tokenizer, seed=11)
+    b1, b2 = second.generate(ids, texts, n=2), second.generate(ids, texts, n=2)
+    greedy = [second.generate(ids, texts, greedy=True).completion_ids for _ in range(2)]
+    second.close()
+    assert torch.equal(a1.completion_ids, b1.completion_ids) and torch.equal(a2.completion_ids, b2.completion_ids)
+    assert not torch.equal(a1.completion_ids, a2.completion_ids)  # the seed moves on with every call
+    assert a1.completions[0] != a1.completions[1]  # the n samples of a prompt differ
+    assert torch.equal(greedy[0], greedy[1])

@@ -25,7 +25,7 @@ def test_a_resume_cuts_the_tail_in_place_whatever_the_blocks(tmp_path):
     checkpoint's step is now found reading backwards and cut in place: the same lines kept as reading it whole."""
     import random
 
-    from grpo_cli.run.logs import _tail_after
+    from grpo_cli.run.logs import tail_after
 
     rng = random.Random(0)
     for trial in range(60):
@@ -47,7 +47,7 @@ def test_a_resume_cuts_the_tail_in_place_whatever_the_blocks(tmp_path):
         keep = rng.randint(0, step + 1)
         raw = path.read_bytes()
         for block in (1, 3, 7, 64, 1 << 20):
-            cut, dropped = _tail_after(path, keep, block=block)
+            cut, dropped = tail_after(path, keep, block=block)
             # what reading it whole keeps: everything up to the last record of a step <= keep
             pieces = raw.split(b"\n")
             last = max((i for i, p in enumerate(pieces[:-1]) if _step(p) is not None and _step(p) <= keep), default=-1)

@@ -199,15 +199,14 @@ SLOW_SAVES = str(ROOT / "tests/crash")  # its sitecustomize.py writes safetensor
 def test_a_checkpoint_written_slower_than_the_limit_lives_and_one_whose_write_stops_is_a_stall(tmp_path):
     # 16 KiB every 0.08 s: each checkpoint (0.5 MB of weights, 1 MB of AdamW moments) takes ~8 s, past the 3 s
     # limit, its files growing all along (a slow network file system): the run must live
-    args = ("train", "recipes/ci-tiny.yaml", "train.max_steps=2", "checkpoint.every_steps=1", "checkpoint.keep_last=null",
-            "eval=null", "train.stall_timeout_s=3")
+    args = ("train", "recipes/ci-tiny.yaml", "train.max_steps=1", "checkpoint.every_steps=1", "eval=null",
+            "train.stall_timeout_s=3")
     slow = tmp_path / "slow"
     p = cli(*args, "-o", str(slow), env={**os.environ, "PYTHONPATH": SLOW_SAVES, "GRPO_TEST_SLOW_SAVE": "16384:0.08"})
     assert p.returncode == 0, p.stderr[-3000:]
-    for step in (1, 2):
-        ckpt = slow / f"checkpoints/step-{step}"
-        took = (ckpt / "trainer/manifest.json").stat().st_mtime - (ckpt / "config.json").stat().st_mtime
-        assert took > 2 * 3, took  # the save outlasted the limit twice over, and nothing called it a stall
+    ckpt = slow / "checkpoints/step-1"
+    took = (ckpt / "trainer/manifest.json").stat().st_mtime - (ckpt / "config.json").stat().st_mtime
+    assert took > 2 * 3, took  # the save outlasted the limit twice over, and nothing called it a stall
     assert not (slow / "stalls").exists()
 
     # the same write stopping for good after 200 KB of a file: a stall named in the checkpoint phase
