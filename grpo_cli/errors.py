@@ -90,7 +90,7 @@ class StallError(UserError):
 
 
 class NonFiniteError(UserError):
-    """train.max_nonfinite_steps steps in a row had a NaN or infinite loss or gradient (grpo_cli/trainer/nonfinite.py)."""
+    """train.max_nonfinite_steps steps in a row had a NaN or infinite loss or gradient (trainer/nonfinite.py)."""
 
     exit_code = 1
 

@@ -1,8 +1,8 @@
 """Rollouts from a `grpo serve-vllm` process over HTTP ("server" mode), weights pushed after each step.
 
 Every request carries a timeout (`rollout.vllm.request_timeout_s`; /health a short one) and `Authorization:
-Bearer <token>`: $GRPO_SERVER_TOKEN, or the token file a loopback server wrote for its port (serve/auth.py). Retries, with exponential backoff and
-never past the request's own timeout in total:
+Bearer <token>`: $GRPO_SERVER_TOKEN, or the token file a loopback server wrote for its port (serve/auth.py).
+Retries, with exponential backoff and never past the request's own timeout in total:
   - /health, /reset_prefix_cache and /update_weights (re-sending the same version is a no-op on the
     server): retried on connection errors and timeouts;
   - /generate: retried only when the connection was refused, i.e. the request never reached the

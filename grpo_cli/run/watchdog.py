@@ -5,8 +5,8 @@ Code marks where it is with `phase(name)` (phases nest: "score > reward 'sleepy'
 `tick()` (a decoded token, a vLLM engine step, a synced tensor, a block of a checkpoint hashed, a scored batch, a
 micro-batch's backward); entering or leaving a phase counts as progress too. Work the thread cannot see move (a
 file written inside a C library, a request a server is answering) is watched by `progress_of(measure)`: the bytes
-on disk growing, the server's count of engine steps rising. Both cost a dict write and are no-ops while no watchdog is armed, so library code calls them
-freely. Each thread keeps its own phases: a thread inside a phase that has not progressed for the limit has
+on disk growing, the server's count of engine steps rising. `phase` and `tick` cost a dict write, and all three are
+no-ops while no watchdog is armed, so library code calls them freely. Each thread keeps its own phases: a thread inside a phase that has not progressed for the limit has
 stalled, whatever the other threads do; a thread outside every phase (idle, or waiting on one that is inside
 one) is not watched.
 

@@ -95,7 +95,8 @@ class Engine:
             self.start_step = 0
         self.metrics_log, rollout_log, self.console = open_run_logs(
             self.run_dir, r, self.start_step, self.checkpoint_path, self.recipe_changes, acc)
-        self.report = StepReport(r, self.procs, acc.device, self.stream, rollout_log, self.console, self.update.nonfinite)
+        self.report = StepReport(r, self.procs, acc.device, self.stream, rollout_log, self.console,
+                                 self.update.nonfinite)
         self._logs = (self.metrics_log, rollout_log)
         self.stop_requested, self.stop_signal = False, None
         self._eval_cache: dict = {}  # the eval problems, loaded by the first eval

@@ -73,7 +73,7 @@ def test_a_far_slower_step_says_why_once():
     assert "another job using this GPU" in gpu(5, 10.0)
 
 
-PROBE = ("import os\nfrom grpo_cli.run.cpus import cpu_times, choose_threads, prepare_openmp\nbusy = prepare_openmp({setting!r})\n"
+PROBE = ("import os\nfrom grpo_cli.run.cpus import choose_threads, prepare_openmp\nbusy = prepare_openmp({setting!r})\n"
          "print(os.environ.get('OMP_WAIT_POLICY'), '|', choose_threads({setting!r}).why)\n")
 
 
