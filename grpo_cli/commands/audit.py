@@ -26,7 +26,8 @@ def command(
 
       grpo audit runs/quickstart --json
     """
-    from grpo_cli.views.audit import audit, audit_text, exit_code
+    from grpo_cli.views.audit import audit, audit_text
+    from grpo_cli.views.verdicts import exit_code
     from grpo_cli.views.run_metrics import load_run_records
 
     verdicts = audit(run_dir)

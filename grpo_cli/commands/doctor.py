@@ -33,7 +33,7 @@ def command(
       grpo doctor recipes/ci-tiny.yaml --resume-check 4
     """
     from grpo_cli.doctor.diagnose import diagnose
-    from grpo_cli.views.audit import exit_code, verdicts_text
+    from grpo_cli.views.verdicts import exit_code, verdicts_text
 
     verdicts = diagnose(recipe, list(overrides or []), num_processes, resume_check,
                         say=lambda line: typer.echo(f"note: {line}", err=True))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from grpo_cli.errors import UserError
-from grpo_cli.views.audit import Verdict, worst_first
+from grpo_cli.views.verdicts import Verdict, worst_first
 
 
 def diagnose(recipe_path: Path, overrides: list[str], processes: int = 1, resume_steps: int = 0,

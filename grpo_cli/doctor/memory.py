@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_cli.trainer.setup import ForwardChoices, forward_choices
-from grpo_cli.views.audit import Verdict
+from grpo_cli.views.verdicts import Verdict
 
 GIB = 2**30
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 4}

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from grpo_cli.views.audit import ACCURACY_WORDS, Verdict
+from grpo_cli.views.audit import ACCURACY_WORDS
+from grpo_cli.views.verdicts import Verdict
 
 PROBE_ROWS = 4  # the data's first rows the rewards are probed on
 

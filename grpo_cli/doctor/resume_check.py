@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from grpo_cli.views.audit import Verdict
+from grpo_cli.views.verdicts import Verdict
 
 VOLATILE = ("time/", "throughput/", "memory/")  # wall-clock and memory differ between two identical runs
 

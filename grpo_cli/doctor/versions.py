@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from importlib import metadata
 
-from grpo_cli.views.audit import Verdict
+from grpo_cli.views.verdicts import Verdict
 
 # the oldest release grpo supports (pyproject.toml) and the releases CI and the GPU checks ran (bench/RESULTS.md)
 REQUIRED = {"torch": "2.4", "transformers": "4.56", "accelerate": "1.4", "peft": "0.15"}

@@ -13,29 +13,17 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from grpo_cli.run.logs import ROLLOUTS
+from grpo_cli.views.verdicts import Verdict, verdicts_text, worst_first
 from grpo_cli.views.rollouts import load_records
 from grpo_cli.views.run_metrics import load_run_records, reward_window, series, step_span
 
-SEVERITY = {"skip": 0, "ok": 0, "warn": 1, "fail": 2}  # the exit code is the worst verdict's
 ACCURACY_WORDS = ("accuracy", "correct")  # a reward function so named measures the task itself
 NONFINITE = "nonfinite/skipped_updates"  # optimizer steps the trainer skipped for a NaN or infinite loss or gradient
-
-
-@dataclass
-class Verdict:
-    check: str
-    severity: str  # ok | warn | fail | skip (the run did not log what the check needs)
-    finding: str
-    evidence: list[str] = field(default_factory=list)
-    advice: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass
@@ -366,29 +354,8 @@ def audit(run_dir: Path) -> list[Verdict]:
     return worst_first(verdicts)
 
 
-def worst_first(verdicts: list[Verdict]) -> list[Verdict]:
-    """Failures, warnings, ok, then the checks that could not run."""
-    return sorted(verdicts, key=lambda v: -SEVERITY[v.severity] - (v.severity != "skip"))
-
-
-def exit_code(verdicts: list[Verdict]) -> int:
-    return max((SEVERITY[v.severity] for v in verdicts), default=0)
-
-
 def audit_text(verdicts: list[Verdict], run_dir: Path, steps: int) -> str:
     return verdicts_text(f"audit of {run_dir} ({steps} steps)", verdicts)
-
-
-def verdicts_text(title: str, verdicts: list[Verdict]) -> str:
-    """`title: <worst outcome>`, then each verdict, its evidence and what to try (grpo audit, grpo doctor)."""
-    head = {0: "no problem found", 1: "warnings", 2: "failures"}[exit_code(verdicts)]
-    lines = [f"{title}: {head}"]
-    for v in verdicts:
-        lines.append(f"{v.severity.upper():4} {v.check}: {v.finding}")
-        lines.extend(f"       {e}" for e in v.evidence)
-        if v.advice:
-            lines.append(f"       try: {v.advice}")
-    return "\n".join(lines)
 
 
 def headline(verdicts: list[Verdict], label: str | None, run_dir: Path) -> str:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_cli.views.audit import audit, exit_code
+from grpo_cli.views.audit import audit
+from grpo_cli.views.verdicts import exit_code
 
 from helpers import ROOT, cli
 
