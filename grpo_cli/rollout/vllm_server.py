@@ -1,8 +1,8 @@
 """Rollouts from a `grpo serve-vllm` process over HTTP ("server" mode), weights pushed after each step.
 
-Every request carries a timeout (`rollout.vllm.request_timeout_s`; /health a short one) and `Authorization:
-Bearer <token>`: $GRPO_SERVER_TOKEN, or the token file a loopback server wrote for its port (serve/auth.py).
-Retries, with exponential backoff and never past the request's own timeout in total:
+Every request carries a timeout (`rollout.vllm.request_timeout_s`; /health a short one) and the server's bearer
+token (the transport: rollout/server_http.py). Retries, with exponential backoff and never past the request's own
+timeout in total:
   - /health, /reset_prefix_cache and /update_weights (re-sending the same version is a no-op on the
     server): retried on connection errors and timeouts;
   - /generate: retried only when the connection was refused, i.e. the request never reached the
@@ -23,11 +23,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -47,16 +44,11 @@ from grpo_cli.rollout.common import (
     request_seed,
     samples_from,
 )
-from grpo_cli.run.watchdog import phase, progress_of, tick
-from grpo_cli.serve.auth import TOKEN_ENV, client_token, is_loopback
+from grpo_cli.rollout.server_http import HEALTH_TIMEOUT_S, ServerHTTP
+from grpo_cli.run.watchdog import progress_of
+from grpo_cli.serve.auth import is_loopback
 
 ADAPTER_PREFIX = "grpo-adapter-"  # an adapter's file name starts so (load_weights sends it to /update_adapter)
-HEALTH_TIMEOUT_S = 5.0
-MAX_RETRIES = 4
-
-
-class _NotSent(Exception):
-    """The connection was refused: the request never reached the server (safe to retry anything)."""
 
 
 class VLLMServerGenerator:
@@ -64,12 +56,10 @@ class VLLMServerGenerator:
 
     def __init__(self, tokenizer, rollout_cfg: RolloutConfig, seed: int) -> None:
         self.tokenizer, self.cfg, self.seed = tokenizer, rollout_cfg, seed
-        self.url = rollout_cfg.vllm.server_url.rstrip("/")
-        self.timeout = rollout_cfg.vllm.request_timeout_s
-        where = urlparse(self.url)
-        self.token, self.token_source = client_token(where.hostname or "", where.port or 80)
-        self.loopback = is_loopback(where.hostname or "")
         self.model_hint = getattr(tokenizer, "name_or_path", None) or "MODEL"
+        self.http = ServerHTTP(rollout_cfg.vllm.server_url, rollout_cfg.vllm.request_timeout_s, self.model_hint)
+        self.url = self.http.url
+        self.loopback = is_loopback(urlparse(self.url).hostname or "")
         self.eos_ids = eos_token_ids(GenerationConfigOf(self.model_hint), tokenizer)
         self.pad_id = pad_id_of(tokenizer, self.eos_ids)
         self.calls = 0  # generate() calls so far: request seeds derive from (seed, calls)
@@ -85,7 +75,7 @@ class VLLMServerGenerator:
     # ------------------------------------------------------------ public API
 
     def health(self) -> dict:
-        return self._request("GET", "/health", doing="checking its health", timeout=min(HEALTH_TIMEOUT_S, self.timeout))
+        return self.http.request("GET", "/health", doing="checking its health", timeout=min(HEALTH_TIMEOUT_S, self.http.timeout))
 
     def generate(
         self, prompt_ids: list[list[int]], prompts: list[str], n: int = 1, *, greedy: bool = False,
@@ -94,7 +84,7 @@ class VLLMServerGenerator:
         """B prompts -> B*n completions, each prompt's n samples in contiguous rows (as HFGenerator)."""
         body = self._generate_body(prompt_ids, n, greedy, temperature, top_p, max_new_tokens)
         self.calls += 1
-        out = self._request("POST", "/generate", doing="generating", payload=body, idempotent=False)
+        out = self.http.request("POST", "/generate", doing="generating", payload=body, idempotent=False)
         samples = [s for per_prompt in out["outputs"] for s in per_prompt]  # [B*n]
         completion_ids, cmask, logps = self._pad_completions(samples)
         truncated = completion_mask_from_eos(completion_ids, self.eos_ids)[1]
@@ -106,7 +96,7 @@ class VLLMServerGenerator:
         largest budget, each row cut to its own."""
         body = self._generate_body(token_ids, 1, greedy, temperature, top_p, max(max_new_tokens))
         self.calls += 1
-        out = self._request("POST", "/generate", doing="generating", payload=body, idempotent=False)
+        out = self.http.request("POST", "/generate", doing="generating", payload=body, idempotent=False)
         samples = [per_prompt[0] for per_prompt in out["outputs"]]
         return samples_from([s["token_ids"] for s in samples], [s["logprobs"] for s in samples], max_new_tokens,
                             self.eos_ids)
@@ -168,14 +158,14 @@ class VLLMServerGenerator:
             out = None
             if self.weights_dir is not None and Path(path).parent == Path(self.weights_dir):
                 try:
-                    out = self._request("POST", route, doing="updating the weights",
+                    out = self.http.request("POST", route, doing="updating the weights",
                                         payload={"path": path, "version": version})
                 except VLLMServerError as e:
                     if e.status not in (400, 403):
                         raise
                     self._asked_weights_dir = False  # the server does not see this file (another mount namespace)
             if out is None:
-                out = self._upload(path, version, route)
+                out = self.http.upload(path, version, route)
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(path)
@@ -198,8 +188,8 @@ class VLLMServerGenerator:
         """GET /info, asked once ({} from a server without it, which takes uploads and no adapters)."""
         if self._info is None:
             try:
-                self._info = self._request("GET", "/info", doing="asking what it accepts",
-                                           timeout=min(HEALTH_TIMEOUT_S, self.timeout))
+                self._info = self.http.request("GET", "/info", doing="asking what it accepts",
+                                           timeout=min(HEALTH_TIMEOUT_S, self.http.timeout))
             except VLLMServerError as e:
                 if e.status != 404:
                     raise
@@ -237,7 +227,7 @@ class VLLMServerGenerator:
         return self.adapter_sync
 
     def reset_prefix_cache(self) -> None:
-        self._request("POST", "/reset_prefix_cache", doing="resetting the prefix cache", payload={})
+        self.http.request("POST", "/reset_prefix_cache", doing="resetting the prefix cache", payload={})
 
     def close(self) -> None:
         """Nothing held between requests (one connection per request); the server keeps running."""
@@ -263,104 +253,6 @@ class VLLMServerGenerator:
         """Server samples -> ids [N, T] (pad after the first EOS), mask [N, T], sampler logps [N, T] float32."""
         return pad_completions([s["token_ids"] for s in samples], [s["logprobs"] for s in samples], self.pad_id, self.eos_ids)
 
-    # ------------------------------------------------------------ HTTP with timeouts and retries
-
-    def _request(self, method: str, route: str, *, doing: str, payload: dict | None = None,
-                 timeout: float | None = None, idempotent: bool = True) -> dict:
-        data = None if payload is None else json.dumps(payload).encode()
-        headers = {"Content-Type": "application/json"} if data is not None else {}
-        return self._send(method, route, data, headers, doing, timeout or self.timeout, idempotent)
-
-    def _upload(self, path: str, version: int, route: str = "/update_weights") -> dict:
-        size = os.path.getsize(path)
-        headers = {"Content-Type": "application/octet-stream", "X-Weight-Version": str(version),
-                   "Content-Length": str(size)}
-        return self._send("POST", route, lambda: _TickingReader(open(path, "rb")), headers,
-                          "uploading the weights", self.timeout, True)
-
-    def _send(self, method, route, data, headers, doing, timeout, idempotent) -> dict:
-        """One request, retried with backoff 0.25, 0.5, 1, ... s while the total stays within `timeout`."""
-        start, delay = time.monotonic(), 0.25
-        for attempt in range(MAX_RETRIES + 1):
-            try:
-                # the watchdog names a server that went quiet; one still sampling or loading shows its activity
-                with phase(f"server request {method} {route} ({doing})"), \
-                        progress_of(self._activity) if route != "/health" else contextlib.nullcontext():
-                    return self._once(method, route, data, headers, timeout, doing)
-            except (_NotSent, TimeoutError, ConnectionError, urllib.error.URLError, OSError) as e:
-                retry = idempotent or isinstance(e, _NotSent)
-                if not retry or attempt == MAX_RETRIES or time.monotonic() - start + delay > timeout:
-                    raise self._unreachable(doing, e, timeout) from None
-                time.sleep(delay)
-                delay *= 2
-        raise AssertionError("unreachable")
-
-    def _activity(self) -> int | None:
-        """The server's count of engine steps and weight loads (GET /health answers while a request runs)."""
-        with urllib.request.urlopen(self.url + "/health", timeout=HEALTH_TIMEOUT_S) as resp:
-            return json.loads(resp.read()).get("activity")
-
-    def _once(self, method, route, data, headers, timeout, doing) -> dict:
-        body = data() if callable(data) else data  # a file is reopened on each attempt
-        req = urllib.request.Request(self.url + route, data=body, method=method, headers=dict(headers))
-        if self.token:
-            req.add_header("Authorization", f"Bearer {self.token}")
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as e:
-            if e.code == 401 and self._new_token():  # a server (re)started since: its token file is new
-                return self._once(method, route, data, headers, timeout, doing)
-            raise self._refused(doing, e) from None
-        except urllib.error.URLError as e:
-            if isinstance(e.reason, ConnectionRefusedError):
-                raise _NotSent(str(e.reason)) from e
-            raise
-        finally:
-            if hasattr(body, "close"):
-                body.close()
-
-    def _new_token(self) -> bool:
-        """Read the token again (not $GRPO_SERVER_TOKEN's: that one is fixed); -> whether it changed."""
-        if os.environ.get(TOKEN_ENV):
-            return False
-        where = urlparse(self.url)
-        token, self.token_source = client_token(where.hostname or "", where.port or 80)
-        changed, self.token = token is not None and token != self.token, token
-        return changed
-
-    # ------------------------------------------------------------ messages for people
-
-    def _unreachable(self, doing: str, e: Exception, timeout: float) -> VLLMServerError:
-        reason = e.reason if isinstance(e, urllib.error.URLError) else e
-        if isinstance(reason, (TimeoutError, socket.timeout)):
-            why = f"timed out after {timeout:g} s"
-        elif isinstance(e, _NotSent):
-            why = "connection refused"
-        else:
-            why = f"{type(reason).__name__}: {reason}"
-        return VLLMServerError(
-            f"could not reach grpo serve-vllm at {self.url} while {doing} ({why}); is it running? "
-            f"start it with: grpo serve-vllm --model {self.model_hint}"
-        )
-
-    def _refused(self, doing: str, e: urllib.error.HTTPError) -> VLLMServerError:
-        try:
-            detail = json.loads(e.read()).get("detail", "")
-        except (ValueError, AttributeError, OSError):
-            detail = ""
-        hint = {
-            401: f"; the trainer's token: {self.token_source}. Set {TOKEN_ENV} in the trainer's environment to the "
-                 "server's (a server on this machine without it writes its own token to a file that a trainer run by "
-                 "the same user reads)",
-            409: "; the trainer and the server disagree on the weight version (was the server restarted or "
-                 "shared with another run?)",
-            503: "; its vLLM engine died and the server exits: restart it (a supervisor does) and resume with "
-                 "--resume auto",
-        }.get(e.code, "")
-        return VLLMServerError(f"grpo serve-vllm at {self.url} refused a request while {doing} "
-                               f"(HTTP {e.code}: {detail or e.reason}){hint}", status=e.code)
-
 
 def _adapter_state(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """peft's adapter tensors on the CPU (its save_pretrained names) and its adapter_config.json as the file's
@@ -385,17 +277,3 @@ def _unshared_cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         out[k] = t.clone() if ptr in seen else t
         seen.add(ptr)
     return out
-
-
-class _TickingReader:
-    """A weight file as an upload body: each block http.client reads is progress for the watchdog."""
-
-    def __init__(self, f) -> None:
-        self.f = f
-
-    def read(self, n: int = -1) -> bytes:
-        tick()
-        return self.f.read(n)
-
-    def close(self) -> None:
-        self.f.close()

@@ -40,6 +40,7 @@ import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 from grpo_cli.errors import CheckpointError, UsageError
@@ -265,8 +266,6 @@ def set_aside(checkpoint: Path, why: str) -> Path:
 
 def abandoned_folder(run_dir: Path, why: str) -> Path:
     """RUN/abandoned/<YYYYmmdd-HHMMSS>-<why>/ (a new one: a suffix where the name is taken)."""
-    import time
-
     base = Path(run_dir) / ABANDONED / f"{time.strftime('%Y%m%d-%H%M%S')}-{why}"
     folder, k = base, 1
     while folder.exists():
@@ -292,9 +291,7 @@ def recover_saves(run_dir: str | Path, say=print) -> None:
             fsync_dir(root)
             say(f"{final.name}: its save was complete when the run stopped ({tmp.name}); moved into place")
         else:
-            dest = abandoned_folder(Path(run_dir), f"leftover-{tmp.name.lstrip('.')}") / CHECKPOINTS / tmp.name
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.rename(tmp, dest)
+            dest = set_aside(tmp, f"leftover-{tmp.name.lstrip('.')}")
             say(f"{tmp.name}: a complete checkpoint left by an interrupted save; kept in {dest}")
 
 

@@ -152,11 +152,17 @@ def build_app(engine: "ServedEngine", token: str):
     return app
 
 
-async def _read_body(request, limit: int, sink=None) -> bytes:
-    """The body, refused (413) past `limit` bytes whether or not it declares its length; into `sink` if given."""
+def _declared(request, limit: int) -> int | None:
+    """The body's Content-Length (None when it declares none); 413 past `limit` or unreadable."""
     declared = request.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > limit):
         raise RequestError(413, f"the body declares {declared} bytes; this route takes at most {limit:,} bytes", "body")
+    return None if declared is None else int(declared)
+
+
+async def _read_body(request, limit: int, sink=None) -> bytes:
+    """The body, refused (413) past `limit` bytes whether or not it declares its length; into `sink` if given."""
+    _declared(request, limit)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -178,7 +184,9 @@ async def _update_from_body(engine: "ServedEngine", request, run_in_threadpool, 
     if uploads.locked():
         raise RequestError(409, "another weights upload is in progress; the server takes one at a time", "body")
     async with uploads:
-        size = _declared_size(request, engine.limits.max_upload_bytes)
+        size = _declared(request, engine.limits.max_upload_bytes)
+        if size is None:  # the free space is checked before a byte is written
+            raise RequestError(411, "a raw weights upload needs a Content-Length header", "Content-Length")
         free = shutil.disk_usage(engine.upload_dir).free
         if size + UPLOAD_HEADROOM > free:
             raise RequestError(507, f"an upload of {size:,} bytes does not fit: {free:,} bytes are free where the "
@@ -193,16 +201,6 @@ async def _update_from_body(engine: "ServedEngine", request, run_in_threadpool, 
             return await run_in_threadpool(engine.update_weights, path, version, partial, True)
         finally:
             os.unlink(path)
-
-
-def _declared_size(request, limit: int) -> int:
-    """A raw upload's Content-Length: required (the free space is checked before a byte is written)."""
-    declared = request.headers.get("content-length")
-    if declared is None or not declared.isdigit():
-        raise RequestError(411, "a raw weights upload needs a Content-Length header", "Content-Length")
-    if int(declared) > limit:
-        raise RequestError(413, f"the body declares {declared} bytes; this route takes at most {limit:,} bytes", "body")
-    return int(declared)
 
 
 # ---------------------------------------------------------------- serving

@@ -70,12 +70,12 @@ class ServedEngine:
     def generate(self, req: GenerateRequest) -> dict:
         from grpo_cli.serve.requests import check_generate
 
-        check_generate(req, self.limits)
+        extra = check_generate(req, self.limits)  # every field checked: none can fail inside the engine
         with self.lock:
             self._alive()
             self._check_version(req.expected_version)
             prompts = [{"prompt_token_ids": ids} for ids in req.prompt_token_ids]
-            params = [_sampling_params(req, i * req.n, self.limits.vocab_size) for i in range(len(prompts))]
+            params = [_sampling_params(req, i * req.n, extra) for i in range(len(prompts))]
             outs = self._call("generating", self.llm.generate, prompts, params, use_tqdm=False,
                               lora_request=self.adapter)
             return {"weight_version": self.version, "outputs": [_completions(o) for o in outs]}
@@ -198,11 +198,10 @@ def _engine_dead(llm: Any) -> str | None:
     return None
 
 
-def _sampling_params(req: GenerateRequest, seed_offset: int, vocab_size: int):
-    """One prompt's SamplingParams. vLLM seeds the n samples seed, seed+1, ... so rows never share a seed."""
+def _sampling_params(req: GenerateRequest, seed_offset: int, extra: dict[str, Any]):
+    """One prompt's SamplingParams (`extra`: the request's checked sampling_kwargs). vLLM seeds the n samples seed,
+    seed+1, ... so rows never share a seed."""
     from vllm import SamplingParams
-
-    from grpo_cli.serve.requests import sampling_kwargs
 
     own = dict(
         n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k or 0,
@@ -210,7 +209,6 @@ def _sampling_params(req: GenerateRequest, seed_offset: int, vocab_size: int):
         max_tokens=req.max_tokens, seed=None if req.seed is None else req.seed + seed_offset,
         stop_token_ids=req.stop_token_ids or None, logprobs=0, detokenize=False,
     )
-    extra = sampling_kwargs(req, vocab_size)  # each one checked (requests.py): none can fail inside the engine
     if req.structured_outputs_regex is not None:
         from grpo_cli.rollout.vllm_colocate import structured_outputs
 

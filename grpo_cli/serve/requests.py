@@ -119,8 +119,9 @@ def _describe(err: dict, model: type[_Strict]) -> str:
     return f"{err['msg']} (got {got[:60] + '...' if len(got) > 60 else got})"
 
 
-def check_generate(req: GenerateRequest, limits: ServerLimits) -> None:
-    """What the schema cannot know: the vocabulary, the context length, the size of the whole request."""
+def check_generate(req: GenerateRequest, limits: ServerLimits) -> dict[str, Any]:
+    """What the schema cannot know: the vocabulary, the context length, the size of the whole request; -> the
+    request's sampling_kwargs as vLLM SamplingParams keywords, checked."""
     V, L = limits.vocab_size, limits.max_model_len
     sequences = len(req.prompt_token_ids) * req.n
     if sequences > limits.max_sequences:
@@ -139,8 +140,7 @@ def check_generate(req: GenerateRequest, limits: ServerLimits) -> None:
                                     f"(at most {L - 1}; --max-model-len)", f"prompt_token_ids[{i}]")
         _check_ids(ids, V, f"prompt_token_ids[{i}]")
     _check_ids(req.stop_token_ids or [], V, "stop_token_ids")
-    if req.sampling_kwargs:
-        sampling_kwargs(req, V)
+    return sampling_kwargs(req, V) if req.sampling_kwargs else {}
 
 
 def sampling_kwargs(req: GenerateRequest, V: int) -> dict[str, Any]:

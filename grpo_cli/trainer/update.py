@@ -248,7 +248,7 @@ class PolicyUpdate:
             return None
         # accelerate computes the global norm for DDP, FSDP (sharded grads) and DeepSpeed; inf: measure only
         max_norm = self.recipe.train.max_grad_norm or math.inf
-        norm = self.accelerator.clip_grad_norm_([p for _, p in self.named], max_norm)
+        norm = self.accelerator.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], max_norm)
         norm = float(norm) if norm is not None else math.nan  # DeepSpeed reports no norm before its first step
         if self.nonfinite.check_grads and self.nonfinite.overflowed(norm):
             self.optimizer.zero_grad(set_to_none=True)

@@ -224,7 +224,7 @@ def test_a_long_generate_on_the_server_is_progress_for_the_trainers_watchdog(cli
 def test_hung_then_dead_server_raises_within_the_timeout(client, server):
     from grpo_cli.errors import VLLMServerError
 
-    client.timeout = 2.0
+    client.http.timeout = 2.0
     proc = server["proc"]
     os.kill(proc.pid, signal.SIGSTOP)  # hung: the connection is accepted by the kernel, no answer comes
     try:

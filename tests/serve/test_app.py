@@ -317,7 +317,7 @@ def test_the_client_writes_its_weights_into_the_announced_directory(server, info
         raise AssertionError("uploaded the bytes although the server's weights directory is writable")
 
     with monkeypatch.context() as m:
-        m.setattr(client, "_upload", no_upload)
+        m.setattr(client.http, "upload", no_upload)
         client.sync_weights(hf_model)
     assert client.weights_dir == info["weights_dir"] and list(Path(info["weights_dir"]).iterdir()) == []
     client.weights_dir = "/proc/not-writable"  # e.g. a server run by another user: the bytes are uploaded
