@@ -2,8 +2,8 @@
 the device's free memory, with the first setting to change when it does not fit.
 
 What it counts, in the model's dtype unless said otherwise:
-- runtime: on the CPU, this process's resident memory with torch and transformers imported (the trainer holds as
-  much before its first tensor); on a GPU nothing (the CUDA allocator's peak counts tensors only);
+- runtime: on the CPU, this process's resident memory with torch and transformers imported (peft too with LoRA; the
+  trainer holds as much before its first tensor); on a GPU nothing (the CUDA allocator's peak counts tensors only);
 - weights; their gradients and the optimizer's state (AdamW: two moments; 8-bit AdamW: two bytes; Adafactor:
   factored rows and columns) for what trains (every weight, or LoRA's adapters); a second copy for the reference
   (beta > 0 with full fine-tuning);
@@ -13,12 +13,20 @@ What it counts, in the model's dtype unless said otherwise:
 - a micro-batch's forward and backward: per token and layer, what a Llama-style block keeps for its backward
   (grpo's lean gated MLP and grouped attention: 8 x hidden + 2 x key/value width + 2 x intermediate values; with
   gradient checkpointing one hidden state a layer and one layer's whole set), over the completion tokens and each
-  group's prompt once; the logits and their gradient in float32 (the LM head's chunks instead: one weight gradient).
-The peak is the runtime, the weights, the reference, the optimizer state and the gradients, plus the larger of
-sampling and the backward. The forwards are counted as the trainer runs them (trainer/setup.forward_choices, the
-function build_policy follows): a group's prompt once, the LM head in row chunks, the lean MLP, grouped attention and
-autocast where it uses them; batches are padded to the longest prompt of the rows read (PROMPT_ROWS); a
-`grpo serve-vllm` samples in its own process, so nothing of sampling is counted here.
+  group's prompt once; the logits and their gradient (float32 under autocast), a row's float32 log-softmax; under
+  autocast its bfloat16 weight copies (the LM head's chunks instead of whole logits: one weight gradient);
+- the optimizer step's temporaries: AdamW's square root of the second moments, for every tensor at once on CUDA
+  (foreach), one tensor at a time on the CPU.
+The peak is the runtime, the weights, the reference, the optimizer state and the gradients, plus the largest of
+sampling, the forward and backward and the optimizer step. The forwards are counted as the trainer runs them
+(trainer/setup.forward_choices, the function build_policy follows): a group's prompt once, the LM head in row chunks,
+the lean MLP, grouped attention and autocast where it uses them; batches are padded to the longest prompt of the rows
+read (PROMPT_ROWS); a `grpo serve-vllm` samples in its own process, so nothing of sampling is counted here.
+
+The tensors are what a GPU's allocator reports: tests/doctor/test_memory.py holds them within 10% of a real run's live
+tensors (full and LoRA, fp32 and bf16 autocast, short and long prompts; bench/doctor_memory.py adds server mode). On
+the CPU, memory/peak_gib is resident memory, which adds what the C allocator keeps of freed tensors: 0.1-0.2 GiB
+more than planned on a 12M-parameter model (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -81,14 +89,16 @@ def model_sizes(config: Any) -> Shape:
                  getattr(text, "intermediate_size", 4 * text.hidden_size), kv * head_dim, text.vocab_size)
 
 
-def runtime_bytes() -> float:
-    """This process's resident memory now (Linux), after the imports a trainer makes."""
+def runtime_bytes(recipe=None) -> float:
+    """This process's resident memory now (Linux), after the imports a trainer makes (peft too with LoRA: 0.1 GiB)."""
     import accelerate  # noqa: F401  (the trainer imports it too)
     import torch  # noqa: F401
     import transformers  # noqa: F401
 
     from grpo_cli.run.memory import status_kib
 
+    if recipe is not None and recipe.model.lora.r > 0:
+        import peft  # noqa: F401
     return (status_kib("VmRSS") or 0) * 1024.0
 
 
@@ -127,12 +137,29 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
     tokens = mbs * ro.max_completion_length + (math.ceil(mbs / G) if ch.shared_prompts else mbs) * prompt_tokens
     kv = shape.kv_width if ch.grouped_attention else shape.hidden  # repeated keys and values are kept otherwise
     per_token_layer = 8 * shape.hidden + 2 * kv + (2 if ch.lean_mlp else 4) * shape.intermediate
-    compute = 2 if ch.autocast else width
+    # autocast keeps the residual stream and the norms in float32 beside its bfloat16 casts of each matmul's input:
+    # about what the model's dtype keeps without it
+    compute = width
     if m.gradient_checkpointing:
         activations = tokens * (shape.layers * shape.hidden + per_token_layer) * compute
     else:
         activations = tokens * shape.layers * per_token_layer * compute
-    logits = shape.vocab * shape.hidden * 4 if ch.chunked_head else 2 * mbs * ro.max_completion_length * shape.vocab * 4
+    # the log-probs run a row at a time (algo/logprobs.py): a row's float32 log-softmax takes three [T, V] temporaries
+    row = ro.max_completion_length * shape.vocab
+    if ch.chunked_head:  # a row's logits only (and their float32 copy), the head's weight gradient before .grad
+        logits = shape.vocab * shape.hidden * 4 + row * ((2 if ch.autocast else width) + 4 + 3 * 4)
+    else:  # kept for the backward and their gradient, in the model's dtype (autocast: its float32 copy of them)
+        logits = mbs * row * 2 * (4 if ch.autocast else width) + 3 * row * 4
+    # autocast keeps a bfloat16 copy of every weight a matmul saves for its backward: once for weights that train
+    # (its cache), once a forward for frozen ones (LoRA's base; a group's prompt runs in a forward of its own)
+    calls = 2 if lora and ch.shared_prompts else 1
+    casts = shape.params * 2 * calls if ch.autocast and width == 4 else 0.0
+    # the optimizer step's temporaries: torch's AdamW on CUDA updates every tensor at once (foreach: the second
+    # moments' square root, one copy of what trains); on the CPU one tensor at a time (two of the largest)
+    largest = (max([i * o for name, i, o in shape.linear] + [shape.vocab * shape.hidden]) if not lora
+               else max(m.lora.r * (i + o) for name, i, o in shape.linear))
+    step = {"adamw": trainable * width if device == "cuda" else 2 * largest * width, "adamw_8bit": 0.0,
+            "paged_adamw_8bit": 0.0, "adafactor": 3 * largest * width}[t.optimizer]
     parts = [
         Part("runtime", runtime, ""),
         Part("weights", shape.params * width, "model.dtype=bfloat16, or a smaller model"),
@@ -145,8 +172,9 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
              "rollout.vllm.gpu_memory_utilization, or rollout.vllm.mode=server (vLLM on other GPUs)"),
         Part("sampling (KV cache, logits" + (", bf16 copy)" if sampling_copy else ")"), sampling,
              "rollout.max_completion_length, or fewer rows a process (train.prompts_per_step, --num-processes)"),
-        Part("forward + backward (activations, logits)", activations + logits,
-             "train.micro_batch_size, or model.gradient_checkpointing=true"),
+        Part("forward + backward (activations, logits" + (", bf16 weight copies)" if casts else ")"),
+             activations + logits + casts, "train.micro_batch_size, or model.gradient_checkpointing=true"),
+        Part("optimizer step (temporaries)", step, "train.optimizer=adamw_8bit, or model.lora.r=16"),
     ]
     return parts
 
@@ -158,9 +186,12 @@ def _targeted(name: str, targets: list[str] | str) -> bool:
     return name.rsplit(".", 1)[-1] in names
 
 
+TRANSIENT = ("sampling", "forward", "optimizer step")  # the phases of a step, one at a time
+
+
 def peak(parts: list[Part]) -> float:
-    fixed = sum(p.bytes for p in parts if not p.name.startswith(("sampling", "forward")))
-    return fixed + max(p.bytes for p in parts if p.name.startswith(("sampling", "forward")))
+    fixed = sum(p.bytes for p in parts if not p.name.startswith(TRANSIENT))
+    return fixed + max(p.bytes for p in parts if p.name.startswith(TRANSIENT))
 
 
 def free_bytes(device: str) -> float | None:
@@ -191,11 +222,12 @@ def check_memory(recipe, config: Any, processes: int, prompts: PromptLengths) ->
     total_memory = float(torch.cuda.mem_get_info()[1]) if device == "cuda" else 0.0
     choices = forward_choices(recipe, device, config)
     parts = plan(recipe, model_sizes(config), processes, prompts.longest, device,
-                 0.0 if device == "cuda" else runtime_bytes(), total_memory, choices)
+                 0.0 if device == "cuda" else runtime_bytes(recipe), total_memory, choices)
     total, free = peak(parts), free_bytes(device)
     per = f" per process ({processes} on this machine)" if processes > 1 and device == "cpu" else ""
     evidence = [f"{p.name}: {_size(p.bytes)}" for p in parts if p.bytes] + [
-        f"peak: {total / GIB:.2f} GiB{per} (the fixed parts + the larger of sampling and forward + backward)",
+        f"peak: {total / GIB:.2f} GiB{per} (the fixed parts + the largest of sampling, forward + backward and the "
+        f"optimizer step)",
         f"prompts: the longest {prompts.longest} tokens of {prompts.rows} rows read ({prompts.first} the first; a "
         f"batch is padded to its longest)",
         "forwards as the trainer runs them: " + ", ".join(

@@ -37,6 +37,76 @@ def test_the_plan_of_smollm2_is_within_a_quarter_of_a_real_run(tmp_path):
     assert measured > 2.0 and abs(planned - measured) <= 0.25 * measured, (planned, measured)
 
 
+@pytest.fixture(scope="module")
+def vocab_model(tmp_path_factory):
+    """A random Qwen2 with a real vocabulary (32,000: the logits are most of a step's transient memory) on the builtin
+    byte-level tokenizer (its ids fit), and data whose prompts run from 12 to about 200 tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
+
+    from grpo_cli.models.loading import resolve_model_source
+    from grpo_cli.recipe.schema import ModelConfig
+
+    folder = tmp_path_factory.mktemp("vocab-model")
+    tok = AutoTokenizer.from_pretrained(resolve_model_source(ModelConfig(name_or_path="builtin:tiny-qwen2")))
+    config = Qwen2Config(vocab_size=32000, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, max_position_embeddings=1024)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder / "model")
+    tok.save_pretrained(folder / "model")
+    rows = [{"question": "Context: " + " ".join(f"w{(k * 37 + i) % 997}" for i in range(8 * k)) + f". What is {k}?",
+             "answer": str(k)} for k in range(16)]
+    (folder / "long.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+TENSOR_SHAPES = {
+    "full fp32": [],
+    "full fp32, long prompts": ["LONG"],
+    "full, bf16 autocast": ["train.mixed_precision=bf16"],
+    "LoRA r=16": ["model.lora.r=16"],
+    "LoRA r=16, bf16 autocast, long prompts": ["model.lora.r=16", "train.mixed_precision=bf16", "LONG"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", TENSOR_SHAPES)
+def test_the_plans_tensors_are_within_a_tenth_of_a_runs_live_tensors(vocab_model, tmp_path, shape):
+    # issue 35: the plan within 10% on every shape. What a GPU reports (its allocator's peak: tensors only) is
+    # measured here by tests/tensor_peak.py in a real run; the CPU's resident memory adds the C allocator's
+    # retention (bench/doctor_memory.py measures both)
+    import subprocess
+    import sys
+
+    from transformers import AutoConfig
+
+    from grpo_cli.doctor.diagnose import _inputs
+    from grpo_cli.doctor.memory import prompt_lengths
+    from grpo_cli.trainer.setup import forward_choices
+
+    long = ["data.generator=null", f"data.files={vocab_model / 'long.jsonl'}", "data.prompt_column=question",
+            "data.template=null", "data.max_prompt_length=512"]
+    overrides = [f"model.name_or_path={vocab_model / 'model'}", "train.max_steps=2", "checkpoint.every_steps=0",
+                 "logging.rollouts=false", "eval=null", "rollout.max_completion_length=32", "train.prompts_per_step=4",
+                 "train.micro_batch_size=8", "train.threads=1"]
+    for x in TENSOR_SHAPES[shape]:
+        overrides += long if x == "LONG" else [x]
+    p = subprocess.run([sys.executable, str(ROOT / "tests/tensor_peak.py"), str(tmp_path / "run"),
+                        str(ROOT / "recipes/ci-tiny.yaml"), *overrides], capture_output=True, text=True, cwd=ROOT,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    measured = json.loads(p.stdout.splitlines()[-1])["tensors_gib"] * GIB
+    recipe = load_recipe(ROOT / "recipes/ci-tiny.yaml", overrides)
+    _, config, _, stream = _inputs(recipe)
+    config = AutoConfig.from_pretrained(vocab_model / "model")
+    lengths = prompt_lengths(stream.upcoming(16))
+    planned = peak(plan(recipe, model_sizes(config), 1, lengths.longest, "cpu", 0.0, 0.0,
+                        forward_choices(recipe, "cpu", config)))
+    assert abs(planned - measured) <= 0.10 * measured, (shape, planned / 2**20, measured / 2**20)
+    assert measured > 0.05 * GIB  # the logits and the optimizer's moments are most of it, not the runtime
+
+
 def test_a_model_that_does_not_fit_names_the_setting_to_change():
     from transformers import Qwen2Config
 
