@@ -27,8 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-SHAPE = dict(vocab_size=32000, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
-             num_key_value_heads=2, tie_word_embeddings=True)  # head size 32: vLLM's CPU attention takes it
+from train_memory import SHAPES as MODELS, build_model  # noqa: E402  (bench/: this script's folder)
+
 COMMON = ["train.max_steps=2", "checkpoint.every_steps=0", "logging.rollouts=false", "eval=null",
           "rollout.max_completion_length=64", "train.prompts_per_step=4", "train.micro_batch_size=8"]
 SHAPES = {
@@ -40,24 +40,6 @@ SHAPES = {
     "full fp32, vLLM server": ["SERVER"],
     "LoRA r=16, vLLM server": ["model.lora.r=16", "SERVER"],
 }
-
-
-def build_model(folder: Path) -> float:
-    """A random Qwen2 of SHAPE with the builtin byte-level tokenizer (its ids fit any vocab); -> params (M)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
-
-    from grpo_cli.models.loading import resolve_model_source
-    from grpo_cli.recipe.schema import ModelConfig
-
-    tok = AutoTokenizer.from_pretrained(resolve_model_source(ModelConfig(name_or_path="builtin:tiny-qwen2")))
-    config = Qwen2Config(**SHAPE, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                         max_position_embeddings=2048)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return sum(p.numel() for p in model.parameters()) / 1e6
 
 
 def long_data(path: Path) -> list[str]:
@@ -100,7 +82,7 @@ def main() -> None:
         tmp = Path(tmp)
         env = {**os.environ, "GRPO_CACHE_DIR": str(tmp / "cache"), "OMP_NUM_THREADS": str(args.threads)}
         model = tmp / "model"
-        params = build_model(model)
+        params = build_model("vocab32k", model)
         long = long_data(tmp / "long.jsonl")
         server = None
         if any("SERVER" in v for v in shapes.values()):
@@ -111,7 +93,7 @@ def main() -> None:
             port = free_port()
             server = start_server(str(model), port, tmp / "cache", tmp / "server.log", token="bench-token")
             env["GRPO_SERVER_TOKEN"] = "bench-token"
-        print(f"random Qwen2, {params:.1f}M parameters, vocab {SHAPE['vocab_size']}; {' '.join(COMMON)}")
+        print(f"random Qwen2, {params:.1f}M parameters, vocab {MODELS['vocab32k']['vocab_size']}; {' '.join(COMMON)}")
         print("tensors: the plan's parts but the runtime, against the peak of live tensors (tests/tensor_peak.py: what "
               "a GPU reports); resident: the plan's peak against memory/peak_gib (the CPU's peak RSS)\n")
         print("| shape | tensors planned | tensors measured | error | resident planned | resident measured | error |")
@@ -122,7 +104,8 @@ def main() -> None:
                 overrides = [f"model.name_or_path={model}", f"train.threads={args.threads}", *COMMON]
                 for x in extra:
                     overrides += long if x == "LONG" else (
-                        ["rollout.backend=vllm", "rollout.vllm.mode=server", f"rollout.vllm.server_url=http://127.0.0.1:{port}"]
+                        ["rollout.backend=vllm", "rollout.vllm.mode=server",
+                         f"rollout.vllm.server_url=http://127.0.0.1:{port}"]
                         if x == "SERVER" else [x])
                 out = tmp / name.replace(" ", "_").replace(",", "")
                 run(["train", str(ROOT / "recipes/ci-tiny.yaml"), "-o", str(out), *overrides], env)
@@ -136,7 +119,8 @@ def main() -> None:
                     if child.returncode:
                         raise SystemExit(child.stderr[-3000:])
                     tensors = json.loads(child.stdout.splitlines()[-1])
-                doctor = json.loads(run(["doctor", str(ROOT / "recipes/ci-tiny.yaml"), *overrides, "--json"], env).stdout)
+                doctor = json.loads(run(["doctor", str(ROOT / "recipes/ci-tiny.yaml"), *overrides, "--json"],
+                                        env).stdout)
                 evidence = {v["check"]: v for v in doctor["verdicts"]}["memory plan"]["evidence"]
                 planned = float(next(e for e in evidence if e.startswith("peak: ")).split()[1])
                 runtime = parts_of(evidence).get("runtime", 0.0)

@@ -23,6 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {  # Qwen2.5-0.5B's config.json (vocab 151936, tied embeddings: 494M parameters); tiny: seconds
     "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                          num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
+    # bench/doctor_memory.py's: a real vocabulary on few layers (the logits are most of a step's transients); head
+    # size 32, which vLLM's CPU attention takes
+    "vocab32k": dict(vocab_size=32000, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                     num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True),
     "tiny": dict(vocab_size=768, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True),
 }

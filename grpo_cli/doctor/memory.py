@@ -157,7 +157,8 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
     # the optimizer step's temporaries: torch's AdamW on CUDA updates every tensor at once (foreach: the second
     # moments' square root, one copy of what trains); on the CPU one tensor at a time (two of the largest)
     largest = (max([i * o for name, i, o in shape.linear] + [shape.vocab * shape.hidden]) if not lora
-               else max(m.lora.r * (i + o) for name, i, o in shape.linear))
+               else max((m.lora.r * (i + o) for name, i, o in shape.linear if _targeted(name, m.lora.target_modules)),
+                        default=0))
     step = {"adamw": trainable * width if device == "cuda" else 2 * largest * width, "adamw_8bit": 0.0,
             "paged_adamw_8bit": 0.0, "adafactor": 3 * largest * width}[t.optimizer]
     parts = [

@@ -61,10 +61,9 @@ def vocab_model(tmp_path_factory):
     return folder
 
 
-TENSOR_SHAPES = {
+TENSOR_SHAPES = {  # full and LoRA, fp32 and bf16 autocast, short and long prompts
     "full fp32": [],
-    "full fp32, long prompts": ["LONG"],
-    "full, bf16 autocast": ["train.mixed_precision=bf16"],
+    "full, bf16 autocast, long prompts": ["train.mixed_precision=bf16", "LONG"],
     "LoRA r=16": ["model.lora.r=16"],
     "LoRA r=16, bf16 autocast, long prompts": ["model.lora.r=16", "train.mixed_precision=bf16", "LONG"],
 }
@@ -103,6 +102,7 @@ def test_the_plans_tensors_are_within_a_tenth_of_a_runs_live_tensors(vocab_model
     lengths = prompt_lengths(stream.upcoming(16))
     planned = peak(plan(recipe, model_sizes(config), 1, lengths.longest, "cpu", 0.0, 0.0,
                         forward_choices(recipe, "cpu", config)))
+    print(f"{shape}: planned {planned / 2**20:.1f} MiB, measured {measured / 2**20:.1f} MiB")
     assert abs(planned - measured) <= 0.10 * measured, (shape, planned / 2**20, measured / 2**20)
     assert measured > 0.05 * GIB  # the logits and the optimizer's moments are most of it, not the runtime
 
