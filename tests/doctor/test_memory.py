@@ -78,8 +78,6 @@ def test_the_plans_tensors_are_within_a_tenth_of_a_runs_live_tensors(vocab_model
     import subprocess
     import sys
 
-    from transformers import AutoConfig
-
     from grpo_cli.doctor.diagnose import _inputs
     from grpo_cli.doctor.memory import prompt_lengths
     from grpo_cli.trainer.setup import forward_choices
@@ -97,8 +95,7 @@ def test_the_plans_tensors_are_within_a_tenth_of_a_runs_live_tensors(vocab_model
     assert p.returncode == 0, p.stderr[-3000:]
     measured = json.loads(p.stdout.splitlines()[-1])["tensors_gib"] * GIB
     recipe = load_recipe(ROOT / "recipes/ci-tiny.yaml", overrides)
-    _, config, _, stream = _inputs(recipe)
-    config = AutoConfig.from_pretrained(vocab_model / "model")
+    _, config, _, stream = _inputs(recipe)  # as grpo doctor reads them
     lengths = prompt_lengths(stream.upcoming(16))
     planned = peak(plan(recipe, model_sizes(config), 1, lengths.longest, "cpu", 0.0, 0.0,
                         forward_choices(recipe, "cpu", config)))
