@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
 log = logging.getLogger(__name__)
-METHODS = ("reset", "step", "reward")
 
 
 # ---------------------------------------------------------------- naming and checking

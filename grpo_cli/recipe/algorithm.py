@@ -10,7 +10,6 @@ from pydantic import Field, model_validator
 from grpo_cli.recipe.section import Section
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
-SCALE_MODES = ("group", "batch", "none")
 
 CISPO_CAP = 5.0  # TRL's suggested epsilon_high for cispo; MiniMax-M1 (arXiv:2506.13585) caps the IS weight itself
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]

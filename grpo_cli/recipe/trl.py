@@ -30,14 +30,6 @@ class Conversion:
     unknown: list[str] = field(default_factory=list)  # fields TRL 1.16 does not have
 
 
-def _set(recipe: dict, key: str, value: Any) -> None:
-    parts = key.split(".")
-    node = recipe
-    for p in parts[:-1]:
-        node = node.setdefault(p, {})
-    node[parts[-1]] = value
-
-
 def precision_note(asked: str, dtype: str, precision: str, bf16: bool, bf16_given: bool) -> str:
     """How TRL's dtype and bf16 / fp16 became model.dtype and train.mixed_precision, in one sentence."""
     said = f"dtype {asked}"

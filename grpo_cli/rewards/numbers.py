@@ -30,7 +30,6 @@ NUMBER_WORDS = re.compile(
 )
 
 _DEC = r"\d+(?:,\d{3})*(?:\.\d+)?|\.\d+"
-_SCI = rf"(?:{_DEC})(?:[eE][-+]?\d+|\s*(?:\\times|\\cdot|×|x|\*)\s*10\s*\^\s*\{{?\s*[-+]?\d+\s*\}}?)"
 _BRACED = r"\{\s*(-?(?:" + _DEC + r"))\s*\}|(\d)"
 _LATEX_FRAC = rf"\\[dt]?frac\s*(?:{_BRACED})\s*(?:{_BRACED})"
 
