@@ -23,3 +23,8 @@ def __getattr__(name: str):
 
         return getattr(api, name)
     raise AttributeError(f"module 'grpo_cli' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """What `dir(grpo_cli)` and a notebook's completion list: the API, loaded or not."""
+    return sorted({*globals(), *__all__})

@@ -251,3 +251,16 @@ def test_the_docs_notebook_runs_headless(tmp_path, cache_env):
     assert text(errors).startswith("RecipeError 2 invalid recipe:\n  train.micro_batch_size (4) must divide")
     saved = read_jsonl(tmp_path / "runs/notebook/metrics.jsonl")
     assert [m["step"] for m in saved] == [1, 2, 3, 4, 5, 6]
+
+
+def test_dir_lists_the_api_before_it_is_loaded():
+    # issue 36's newcomer walk: dir(grpo_cli) in a notebook named none of train, evaluate, load_recipe
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", "import grpo_cli, sys; print(sorted(set(dir(grpo_cli)) & "
+                        "set(grpo_cli.__all__))); print('torch' in sys.modules)"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    names, torch_loaded = p.stdout.splitlines()
+    assert names == str(sorted(["train", "evaluate", "load_recipe", "TrainResult", "EvalResult", "UserError"]))
+    assert torch_loaded == "False"  # listing them loads nothing
