@@ -89,7 +89,7 @@ def model_sizes(config: Any) -> Shape:
                  getattr(text, "intermediate_size", 4 * text.hidden_size), kv * head_dim, text.vocab_size)
 
 
-def runtime_bytes(recipe=None) -> float:
+def runtime_bytes(recipe) -> float:
     """This process's resident memory now (Linux), after the imports a trainer makes (peft too with LoRA: 0.1 GiB)."""
     import accelerate  # noqa: F401  (the trainer imports it too)
     import torch  # noqa: F401
@@ -97,7 +97,7 @@ def runtime_bytes(recipe=None) -> float:
 
     from grpo_cli.run.memory import status_kib
 
-    if recipe is not None and recipe.model.lora.r > 0:
+    if recipe.model.lora.r > 0:
         import peft  # noqa: F401
     return (status_kib("VmRSS") or 0) * 1024.0
 
@@ -110,9 +110,10 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
     from grpo_cli.rollout.backends import backend_of
 
     m, t, a, ro = recipe.model, recipe.train, recipe.algorithm, recipe.rollout
-    ch = choices or ForwardChoices(shared_prompts=device == "cpu" and not m.gradient_checkpointing,
-                                   chunked_head=device == "cuda" if t.chunked_lm_head == "auto" else t.chunked_lm_head,
-                                   lean_mlp=True, grouped_attention=True, autocast=t.mixed_precision in ("bf16", "fp16"))
+    chunked = device == "cuda" if t.chunked_lm_head == "auto" else t.chunked_lm_head
+    shared = device == "cpu" and not m.gradient_checkpointing
+    ch = choices or ForwardChoices(shared_prompts=shared, chunked_head=chunked, lean_mlp=True, grouped_attention=True,
+                                   autocast=t.mixed_precision in ("bf16", "fp16"))
     width = BYTES.get(m.dtype, 4)
     lora = m.lora.r > 0
     trainable = (sum(m.lora.r * (i + o) for name, i, o in shape.linear if _targeted(name, m.lora.target_modules))

@@ -49,6 +49,11 @@ class ServerHTTP:
         changed, self.token = token is not None and token != self.token, token
         return changed
 
+    @property
+    def short_timeout(self) -> float:
+        """For questions the server answers at once (/health, /info): HEALTH_TIMEOUT_S, or less if the requests' is."""
+        return min(HEALTH_TIMEOUT_S, self.timeout)
+
     def request(self, method: str, route: str, *, doing: str, payload: dict | None = None,
                 timeout: float | None = None, idempotent: bool = True) -> dict:
         data = None if payload is None else json.dumps(payload).encode()

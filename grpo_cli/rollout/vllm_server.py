@@ -44,7 +44,7 @@ from grpo_cli.rollout.common import (
     request_seed,
     samples_from,
 )
-from grpo_cli.rollout.server_http import HEALTH_TIMEOUT_S, ServerHTTP
+from grpo_cli.rollout.server_http import ServerHTTP
 from grpo_cli.run.watchdog import progress_of
 from grpo_cli.serve.auth import is_loopback
 
@@ -75,7 +75,7 @@ class VLLMServerGenerator:
     # ------------------------------------------------------------ public API
 
     def health(self) -> dict:
-        return self.http.request("GET", "/health", doing="checking its health", timeout=min(HEALTH_TIMEOUT_S, self.http.timeout))
+        return self.http.request("GET", "/health", doing="checking its health", timeout=self.http.short_timeout)
 
     def generate(
         self, prompt_ids: list[list[int]], prompts: list[str], n: int = 1, *, greedy: bool = False,
@@ -159,7 +159,7 @@ class VLLMServerGenerator:
             if self.weights_dir is not None and Path(path).parent == Path(self.weights_dir):
                 try:
                     out = self.http.request("POST", route, doing="updating the weights",
-                                        payload={"path": path, "version": version})
+                                            payload={"path": path, "version": version})
                 except VLLMServerError as e:
                     if e.status not in (400, 403):
                         raise
@@ -189,7 +189,7 @@ class VLLMServerGenerator:
         if self._info is None:
             try:
                 self._info = self.http.request("GET", "/info", doing="asking what it accepts",
-                                           timeout=min(HEALTH_TIMEOUT_S, self.http.timeout))
+                                               timeout=self.http.short_timeout)
             except VLLMServerError as e:
                 if e.status != 404:
                     raise
