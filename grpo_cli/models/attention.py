@@ -10,9 +10,13 @@ activations). `grouped_sdpa` runs the same attention without the copies:
   key/value head's `n_rep` query heads into the query-length axis, [b, kv * n_rep, q, d] -> [b, kv, n_rep * q, d],
   with the mask's rows repeated to match, [b, 1, q, k] -> [b, 1, n_rep * q, k]: the same products and softmaxes,
   each key/value head read once.
-Either way sdpa gets an additive mask made once per forward and shared by every layer.
+Either way sdpa gets an additive mask made once per forward and shared by every layer. A batch without padding gets
+no mask from transformers, which then asks sdpa for `is_causal` with `enable_gqa`: CUDA runs that in its flash kernel
+in 16-bit, but in float32 only in the math kernel, which keeps every layer's [b, heads, q, k] attention weights for the
+backward (7 x 81 MiB at 8 rows x 576 positions, H200); there the causal mask is made ([1, 1, q, q], once per forward)
+and folded as above.
 
-Where no mask is given, or the call needs what neither handles (a position bias, a paged cache, attention weights),
+Where no mask is given otherwise, or the call needs what neither handles (a position bias, a paged cache, attention weights),
 it is transformers' own `sdpa`, unchanged. Registered as `sdpa_grouped` (attention and mask interfaces), and chosen
 by `use_grouped_sdpa` for a model that transformers put on `sdpa` and that has grouped heads.
 """
@@ -41,10 +45,20 @@ def fold_mask(mask: torch.Tensor, n_rep: int) -> torch.Tensor:
     return mask[:, :, None].expand(b, h, n_rep, q, k).reshape(b, h, n_rep * q, k)
 
 
+# CUDA's memory-efficient kernel reads a mask whose rows start a multiple of 16 elements apart; any other mask it
+# copies (padded) in every layer and keeps each copy for the backward: 4 layers x 31.6 MiB beside the one shared mask
+# at 8 rows x 505 positions x 4 folded heads (H200, bench/cuda_memory_trace.py). Made with padded rows, it is read
+# as it is.
+ALIGN = 16
+
+
 def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    if mask.dtype != torch.bool:
+    k = mask.shape[-1]
+    pad = 0 if mask.device.type in NATIVE_GQA else -k % ALIGN
+    if mask.dtype != torch.bool and not pad:
         return mask.to(dtype)
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+    out = torch.zeros((*mask.shape[:-1], k + pad), dtype=dtype, device=mask.device)[..., :k]
+    return out.copy_(mask) if mask.dtype != torch.bool else out.masked_fill_(~mask, float("-inf"))
 
 
 def _forget(ref: weakref.ref) -> None:
@@ -67,6 +81,30 @@ def sdpa_mask_for(mask: torch.Tensor, n_rep: int, dtype: torch.dtype) -> torch.T
     return out
 
 
+# the causal mask of the forward in flight: (a weak reference to its position ids, (q, device), the mask)
+_last_causal: tuple[weakref.ref, tuple, torch.Tensor] | None = None
+
+
+def _forget_causal(ref: weakref.ref) -> None:
+    global _last_causal
+    if _last_causal is not None and _last_causal[0] is ref:
+        _last_causal = None
+
+
+def causal_mask(q: int, device: torch.device, position_ids: torch.Tensor | None) -> torch.Tensor:
+    """[1, 1, q, q] boolean: query i sees keys 0..i (sdpa's is_causal), made once per forward (the layers share the
+    forward's position ids) so that the folded mask made from it is shared too."""
+    global _last_causal
+    key = (q, device)
+    if _last_causal is not None and position_ids is not None and _last_causal[0]() is position_ids \
+            and _last_causal[1] == key:
+        return _last_causal[2]
+    mask = torch.ones(q, q, dtype=torch.bool, device=device).tril()[None, None]
+    if position_ids is not None and not torch.compiler.is_compiling():
+        _last_causal = (weakref.ref(position_ids, _forget_causal), key, mask)
+    return mask
+
+
 def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                  is_causal: bool | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
@@ -75,6 +113,14 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     n_rep = getattr(module, "num_key_value_groups", 1)
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if (attention_mask is None and causal and query.dtype == torch.float32 and query.shape[2] > 1 and n_rep > 1
+            and query.device.type not in NATIVE_GQA and key.shape[1] * n_rep == query.shape[1]
+            and kwargs.get("position_bias") is None and kwargs.get("cache") is None
+            and not kwargs.get("output_attentions", False)):
+        q = query.shape[2]  # keys past the queries' length are cut, as transformers' sdpa does (an empty static cache)
+        key, value = key[:, :, :q], value[:, :, :q]
+        attention_mask = causal_mask(q, query.device, kwargs.get("position_ids"))
     plain = (n_rep == 1 or attention_mask is None or attention_mask.dim() != 4 or attention_mask.shape[1] != 1
              or kwargs.get("position_bias") is not None or kwargs.get("cache") is not None
              or kwargs.get("output_attentions", False) or key.shape[1] * n_rep != query.shape[1])

@@ -151,3 +151,51 @@ def test_load_model_picks_it_where_transformers_picks_sdpa(tmp_path):
     load_model(ModelConfig(name_or_path=str(tmp_path / "gqa"))).save_pretrained(tmp_path / "saved")
     assert NAME not in (tmp_path / "saved/config.json").read_text()
     assert "attn" not in "".join(json.loads((tmp_path / "saved/config.json").read_text()))
+
+
+@pytest.mark.parametrize("bool_mask", [True, False])
+def test_a_folded_mask_has_rows_a_multiple_of_16_apart(bool_mask, monkeypatch):
+    """CUDA's memory-efficient kernel copies a mask whose rows are not 16-element aligned, in every layer, and keeps
+    each copy for the backward (an H200 trace: 4 layers x 31.6 MiB at 508 positions): the mask is made aligned."""
+    monkeypatch.setattr(attention, "NATIVE_GQA", set())
+    keep = torch.ones(2, 1, 5, 12, dtype=torch.bool).tril(7)
+    mask = keep if bool_mask else torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
+    out = attention.sdpa_mask_for(mask, 3, torch.float32)
+    assert out.shape == (2, 1, 15, 12) and [s % 16 for s in out.stride()[:-1]] == [0, 0, 0] and out.stride(-1) == 1
+    want = torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
+    assert torch.equal(out, fold_mask(want, 3))
+
+
+def test_a_batch_without_padding_folds_a_causal_mask_in_float32(monkeypatch):
+    """No padding: transformers gives no mask and asks sdpa for is_causal with enable_gqa, which CUDA runs in float32
+    only in its math kernel (every layer's [b, heads, q, k] weights kept: 7 x 81 MiB at 8 rows x 576 positions on an
+    H200). The fold path runs instead with a causal mask made once per forward: the same log-probs and gradients."""
+    torch.set_num_threads(1)
+    monkeypatch.setattr(attention, "NATIVE_GQA", set())  # as on CUDA
+    plain = gqa_model()
+    grouped = twin(plain)
+    p, pm, c, cm = batch()
+    pm[:], cm[:] = 1, 1  # no padding anywhere
+    calls, made = [], []
+    real_sdpa, real_additive = torch.nn.functional.scaled_dot_product_attention, attention._additive
+
+    def sdpa(*args, **kw):
+        calls.append((kw.get("attn_mask") is not None, kw.get("enable_gqa", False)))
+        return real_sdpa(*args, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+    monkeypatch.setattr(attention, "_additive", lambda m, dtype: made.append(m.shape) or real_additive(m, dtype))
+    grads = []
+    for model in (plain, grouped):
+        calls.clear()
+        lp, _ = token_logprobs(model, p, pm, c, cm, shared_prompts=False)
+        (lp * cm).sum().backward()
+        grads.append((lp.detach(), {n: q.grad for n, q in model.named_parameters()}, list(calls)))
+    (lp0, g0, plain_calls), (lp1, g1, grouped_calls) = grads
+    assert plain_calls == [(False, True)] * 2  # transformers: no mask, enable_gqa (CUDA's math kernel in float32)
+    assert grouped_calls == [(True, False)] * 2 and made == [(1, 1, 3 * 12, 12)]  # one folded mask for both layers
+    assert torch.allclose(lp0, lp1, atol=1e-5, rtol=0)
+    for name, g in g0.items():
+        assert torch.allclose(g, g1[name], atol=1e-5, rtol=1e-4), name
+    gc.collect()
+    assert attention._last_causal is None  # gone with the forward's position ids
