@@ -9,6 +9,7 @@ the doctor's evidence. Shapes: full and LoRA, fp32 and bf16 autocast, short and 
     python bench/doctor_memory.py                 # every shape, on this machine (CPU: about 10 minutes)
     python bench/doctor_memory.py --only full     # the shapes whose name contains "full"
     python bench/doctor_memory.py --no-server     # without vLLM (the GPU check: bench/gpu_checks.sh)
+    python bench/doctor_memory.py --trace         # on a GPU: what is alive at each run's peak (cuda_memory_trace.py)
 
 The last line is the worst |plan - measured| / measured over the shapes (issue 35's target: within 10%): of the
 tensors (on the CPU, tests/tensor_peak.py's live-tensor peak: what a GPU's allocator reports) and of the resident
@@ -43,12 +44,13 @@ SHAPES = {
 
 
 def long_data(path: Path) -> list[str]:
-    """Rows whose prompts run from a few tokens to about 300 (a context before the question); -> the overrides."""
+    """Rows whose prompts run from a few tokens to about 500 (a context before the question); -> the overrides, with
+    4 steps: every row is drawn (4 prompts a step), the longest too, which the plan counts."""
     rows = [{"question": "Context: " + " ".join(f"w{(k * 37 + i) % 997}" for i in range(12 * k)) + f". What is {k}?",
              "answer": str(k)} for k in range(16)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return ["data.generator=null", f"data.files={path}", "data.prompt_column=question", "data.template=null",
-            "data.max_prompt_length=512"]
+            "data.max_prompt_length=512", "train.max_steps=4"]
 
 
 def run(args: list[str], env: dict) -> subprocess.CompletedProcess:
@@ -73,6 +75,7 @@ def main() -> None:
     ap.add_argument("--only", default="")
     ap.add_argument("--no-server", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--trace", action="store_true", help="on a GPU: run each shape under bench/cuda_memory_trace.py")
     args = ap.parse_args()
     import torch
 
@@ -95,10 +98,13 @@ def main() -> None:
             env["GRPO_SERVER_TOKEN"] = "bench-token"
         print(f"random Qwen2, {params:.1f}M parameters, vocab {MODELS['vocab32k']['vocab_size']}; {' '.join(COMMON)}")
         print("tensors: the plan's parts but the runtime, against the peak of live tensors (tests/tensor_peak.py: what "
-              "a GPU reports); resident: the plan's peak against memory/peak_gib (the CPU's peak RSS)\n")
-        print("| shape | tensors planned | tensors measured | error | resident planned | resident measured | error |")
-        print("|---|---|---|---|---|---|---|")
+              "a GPU reports); resident: the plan's peak against memory/peak_gib (the CPU's peak RSS; on a GPU the "
+              "allocator's peak, which counts tensors only)\n")
+        print("| shape | tensors planned | tensors measured | error | resident planned | resident measured | error "
+              "| phases measured: sampling / forward + backward / optimizer |")
+        print("|---|---|---|---|---|---|---|---|")
         worst = {"tensors": 0.0, "resident": 0.0}
+        traces: dict[str, str] = {}
         try:
             for name, extra in shapes.items():
                 overrides = [f"model.name_or_path={model}", f"train.threads={args.threads}", *COMMON]
@@ -108,9 +114,19 @@ def main() -> None:
                          f"rollout.vllm.server_url=http://127.0.0.1:{port}"]
                         if x == "SERVER" else [x])
                 out = tmp / name.replace(" ", "_").replace(",", "")
-                run(["train", str(ROOT / "recipes/ci-tiny.yaml"), "-o", str(out), *overrides], env)
+                if args.trace and on_gpu:
+                    traced = subprocess.run([sys.executable, str(ROOT / "bench/cuda_memory_trace.py"), str(out),
+                                             str(ROOT / "recipes/ci-tiny.yaml"), *overrides],
+                                            capture_output=True, text=True, cwd=ROOT, env=env)
+                    if traced.returncode:
+                        raise SystemExit(traced.stderr[-3000:])
+                    traces[name] = traced.stdout[traced.stdout.find("cuBLAS workspaces"):]
+                else:
+                    run(["train", str(ROOT / "recipes/ci-tiny.yaml"), "-o", str(out), *overrides], env)
                 metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
                 resident = max(m["memory/peak_gib"] for m in metrics)
+                phases = " / ".join(f"{max(m.get(f'memory/{k}_gib', 0.0) for m in metrics):.3f}"
+                                    for k in ("generate", "forward_backward", "optimizer"))
                 tensors = {"tensors_gib": float("nan")}
                 if not on_gpu:  # a GPU's memory/peak_gib counts tensors already; the tracker counts the CPU's
                     child = subprocess.run([sys.executable, str(ROOT / "tests/tensor_peak.py"), str(out) + "-tensors",
@@ -130,11 +146,14 @@ def main() -> None:
                     error = (plan - measured) / measured
                     if error == error:  # not NaN
                         worst[kind] = max(worst[kind], abs(error))
-                    cells.append(f"{plan:.3f} | {measured:.3f} | {error:+.1%}")
-                print(f"| {name} | {' | '.join(cells)} |", flush=True)
+                    cells.append(f"{plan:.3f} | {measured:.3f} | {error:+.1%}" if error == error
+                                 else f"{plan:.3f} | - | -")
+                print(f"| {name} | {' | '.join(cells)} | {phases} |", flush=True)
         finally:
             if server is not None:
                 server.kill()
+    for name, trace in traces.items():
+        print(f"\n{name}: {trace.rstrip()}")
     print(f"worst |plan - measured| / measured over {len(shapes)} shapes: tensors {worst['tensors']:.1%}, "
           f"resident {worst['resident']:.1%}")
 

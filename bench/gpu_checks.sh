@@ -9,8 +9,8 @@
 #               (metrics compared step by step), LoRA + KL, mixed_precision bf16 over fp32 weights, `grpo eval`
 # vs-trl        bench/vs_trl.py on a random Qwen2.5-0.5B-shaped model, bf16, 64 and 128 new tokens (NEW_TOKENS)
 # train-memory  bench/train_memory.py: step time and CUDA peak of full / full + KL / LoRA + KL, bf16
-# doctor-memory bench/doctor_memory.py --no-server: grpo doctor's memory plan against the CUDA peak, full and
-#               LoRA, fp32 and bf16 autocast, short and long prompts (issue 35: within 10%)
+# doctor-memory bench/doctor_memory.py --no-server --trace: grpo doctor's memory plan against the CUDA peak, full and
+#               LoRA, fp32 and bf16 autocast, short and long prompts (issue 35: within 10%), what is alive at each peak
 # attention     bench/attention_decode.py: transformers' sdpa against sdpa_grouped (no repeated keys/values) on the
 #               Qwen2.5-0.5B shape (14 query heads on 2 key/value heads): generate and a forward + backward
 # compiled      bench/vs_trl.py at 64 tokens with rollout.compile=true (static cache + CUDA graphs) against TRL,
@@ -80,7 +80,7 @@ for p in $parts; do
         part train-memory 240 $py bench/train_memory.py --dtype bfloat16 --steps 3 --new-tokens 64 --threads 4
         ;;
     doctor-memory)
-        part doctor-memory 300 $py bench/doctor_memory.py --no-server
+        part doctor-memory 300 $py bench/doctor_memory.py --no-server --trace
         ;;
     attention)
         part attention 200 $py bench/attention_decode.py --model qwen2.5-0.5b --device cuda --dtype bfloat16 \

@@ -3,7 +3,8 @@ the device's free memory, with the first setting to change when it does not fit.
 
 What it counts, in the model's dtype unless said otherwise:
 - runtime: on the CPU, this process's resident memory with torch and transformers imported (peft too with LoRA; the
-  trainer holds as much before its first tensor); on a GPU nothing (the CUDA allocator's peak counts tensors only);
+  trainer holds as much before its first tensor); on a GPU cuBLAS's workspaces, which torch's allocator holds and
+  counts in its peak: one for each thread that runs matmuls (the forward's and autograd's), 32 MiB each on Hopper;
 - weights; their gradients and the optimizer's state (AdamW: two moments; 8-bit AdamW: two bytes; Adafactor:
   factored rows and columns) for what trains (every weight, or LoRA's adapters); a second copy for the reference
   (beta > 0 with full fine-tuning);
@@ -14,7 +15,9 @@ What it counts, in the model's dtype unless said otherwise:
   (grpo's lean gated MLP and grouped attention: 8 x hidden + 2 x key/value width + 2 x intermediate values; with
   gradient checkpointing one hidden state a layer and one layer's whole set), over the completion tokens and each
   group's prompt once; the logits and their gradient (float32 under autocast), a row's float32 log-softmax; under
-  autocast its bfloat16 weight copies (the LM head's chunks instead of whole logits: one weight gradient);
+  autocast its bfloat16 weight copies (the LM head's chunks instead of whole logits: a row's logits, or the head's
+  weight gradient as autograd sums it over the chunks, three at once); the attention mask sdpa reads (on a GPU one
+  for each query head of a key/value head: models/attention.py folds them);
 - the optimizer step's temporaries: AdamW's square root of the second moments, for every tensor at once on CUDA
   (foreach), one tensor at a time on the CPU.
 The peak is the runtime, the weights, the reference, the optimizer state and the gradients, plus the largest of
@@ -24,9 +27,10 @@ the lean MLP, grouped attention and autocast where it uses them; batches are pad
 read (PROMPT_ROWS); a `grpo serve-vllm` samples in its own process, so nothing of sampling is counted here.
 
 The tensors are what a GPU's allocator reports: tests/doctor/test_memory.py holds them within 10% of a real run's live
-tensors (full and LoRA, fp32 and bf16 autocast, short and long prompts; bench/doctor_memory.py adds server mode). On
-the CPU, memory/peak_gib is resident memory, which adds what the C allocator keeps of freed tensors: 0.1-0.2 GiB
-more than planned on a 12M-parameter model (bench/RESULTS.md).
+tensors (full and LoRA, fp32 and bf16 autocast, short and long prompts; bench/doctor_memory.py adds server mode), and
+on an H200 the plan came within 4% of the allocator's peak on short prompts (bench/RESULTS.md; what it misses there,
+bench/cuda_memory_trace.py shows). On the CPU, memory/peak_gib is resident memory, which adds what the C allocator
+keeps of freed tensors: 0.1-0.2 GiB more than planned on a 12M-parameter model.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ class Shape:
     intermediate: int
     kv_width: int  # key/value heads x head size
     vocab: int
+    n_rep: int = 1  # query heads per key/value head
 
 
 def model_sizes(config: Any) -> Shape:
@@ -86,7 +91,25 @@ def model_sizes(config: Any) -> Shape:
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     kv = getattr(text, "num_key_value_heads", None) or heads
     return Shape(params, linear, text.num_hidden_layers, text.hidden_size,
-                 getattr(text, "intermediate_size", 4 * text.hidden_size), kv * head_dim, text.vocab_size)
+                 getattr(text, "intermediate_size", 4 * text.hidden_size), kv * head_dim, text.vocab_size, heads // kv)
+
+
+def cublas_workspaces() -> float:
+    """The bytes of cuBLAS's workspaces a step holds on this GPU: two (the forward's thread and autograd's each get
+    a handle and a workspace from torch's allocator; 2 x 32 MiB measured on an H200), each CUBLAS_WORKSPACE_CONFIG's
+    size (':KiB:count' pairs) or torch's default: 32 MiB on Hopper and later, 4096 KiB x 2 + 16 KiB x 8 before."""
+    import os
+
+    import torch
+
+    pairs = os.environ.get("CUBLAS_WORKSPACE_CONFIG", "").strip(":").split(":")
+    try:
+        size = sum(int(k) * 1024 * int(n) for k, n in zip(pairs[::2], pairs[1::2]))
+    except ValueError:
+        size = 0
+    if not size:
+        size = 32 * 2**20 if torch.cuda.get_device_capability()[0] >= 9 else 4096 * 1024 * 2 + 16 * 1024 * 8
+    return 2.0 * size
 
 
 def runtime_bytes(recipe) -> float:
@@ -145,10 +168,17 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
         activations = tokens * (shape.layers * shape.hidden + per_token_layer) * compute
     else:
         activations = tokens * shape.layers * per_token_layer * compute
+    # the additive mask sdpa reads, made once a forward (models/attention.py): [rows, 1, T, T] on the CPU, whose
+    # kernel groups heads itself; elsewhere folded, one copy per query head of a key/value head, rows 16-aligned
+    folded = shape.n_rep if ch.grouped_attention and device != "cpu" else 1
+    activations += mbs * folded * positions * (positions + -positions % 16) * (2 if ch.autocast else width)
     # the log-probs run a row at a time (algo/logprobs.py): a row's float32 log-softmax takes three [T, V] temporaries
     row = ro.max_completion_length * shape.vocab
-    if ch.chunked_head:  # a row's logits only (and their float32 copy), the head's weight gradient before .grad
-        logits = shape.vocab * shape.hidden * 4 + row * ((2 if ch.autocast else width) + 4 + 3 * 4)
+    if ch.chunked_head:  # a row's logits only (and their float32 copy), or, at another moment (a chunk's are freed
+        # before its weight gradient joins the sum: traced), the head's weight gradient (trained: not LoRA's) as
+        # autograd sums the chunks' into it: the sum, the next chunk's and the new sum, at the matmul's width
+        head = 0 if lora else 3 * shape.vocab * shape.hidden * (2 if ch.autocast else width)
+        logits = max(head, row * ((2 if ch.autocast else width) + 4 + 3 * 4))
     else:  # kept for the backward and their gradient, in the model's dtype (autocast: its float32 copy of them)
         logits = mbs * row * 2 * (4 if ch.autocast else width) + 3 * row * 4
     # autocast keeps a bfloat16 copy of every weight a matmul saves for its backward: once for weights that train
@@ -224,7 +254,7 @@ def check_memory(recipe, config: Any, processes: int, prompts: PromptLengths) ->
     total_memory = float(torch.cuda.mem_get_info()[1]) if device == "cuda" else 0.0
     choices = forward_choices(recipe, device, config)
     parts = plan(recipe, model_sizes(config), processes, prompts.longest, device,
-                 0.0 if device == "cuda" else runtime_bytes(recipe), total_memory, choices)
+                 cublas_workspaces() if device == "cuda" else runtime_bytes(recipe), total_memory, choices)
     total, free = peak(parts), free_bytes(device)
     per = f" per process ({processes} on this machine)" if processes > 1 and device == "cpu" else ""
     evidence = [f"{p.name}: {_size(p.bytes)}" for p in parts if p.bytes] + [

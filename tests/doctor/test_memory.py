@@ -200,3 +200,40 @@ def test_a_server_sampling_elsewhere_counts_no_cache_and_the_longest_prompt_pads
         peaks[name] = (longest, first, next(e for e in verdict["evidence"] if e.startswith("forward + backward")))
     assert peaks["all"][0] > 3 * peaks["all"][1] and peaks["short"][0] == peaks["short"][1] == peaks["all"][1]
     assert peaks["all"][2] != peaks["short"][2]  # the long prompt's micro-batch is planned, not the first prompt's
+
+
+def test_on_a_gpu_the_plan_counts_cublas_the_heads_summed_gradient_and_the_folded_mask(monkeypatch):
+    # issue 35, traced on an H200 (bench/cuda_memory_trace.py): the plan was 28-30% under the allocator's peak on full
+    # fine-tuning: two 32 MiB cuBLAS workspaces (the forward's thread and autograd's), the chunked head's weight
+    # gradient three at once while autograd sums the chunks', and the attention mask, folded per query head there
+    from transformers import Qwen2Config
+
+    from grpo_cli.doctor.memory import cublas_workspaces
+    from grpo_cli.trainer.setup import forward_choices
+
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    assert cublas_workspaces() == 2 * 32 * 2**20
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:2:16:8")
+    assert cublas_workspaces() == 2 * (4096 * 1024 * 2 + 16 * 1024 * 8)
+    qwen = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=1, vocab_size=32000)
+    shape = model_sizes(qwen)
+    assert shape.n_rep == 4
+    key = "forward + backward (activations, logits)"
+
+    def forward(recipe, device, prompt=64):
+        return {p.name: p.bytes for p in plan(recipe, shape, 1, prompt, device, 0.0, 80 * GIB,
+                                              forward_choices(recipe, device, qwen))}[key]
+
+    full, lora = load_recipe(ROOT / "recipes/ci-tiny.yaml"), load_recipe(ROOT / "recipes/ci-tiny.yaml",
+                                                                         ["model.lora.r=16"])
+    # 4 rows x (64 prompt + 16 completion tokens) on 2 layers: the lean MLP's activations (LoRA's down projection
+    # keeps the model's own 4 intermediates), the mask folded 4 times, then the head: in full fine-tuning its weight
+    # gradient, three [V, H] float32 at once, more than a row's logits; LoRA's head is frozen: a row's logits
+    mask = 4 * 4 * 80 * 80 * 4
+    assert forward(full, "cuda") == 4 * 80 * 2 * (8 * 64 + 2 * 16 + 2 * 128) * 4 + mask + 3 * 32000 * 64 * 4
+    assert forward(lora, "cuda") == 4 * 80 * 2 * (8 * 64 + 2 * 16 + 4 * 128) * 4 + mask + 16 * 32000 * (4 + 4 + 12)
+    # the mask: 4 rows x 80 positions, folded 4 times on a GPU (rows padded to 16), once on the CPU
+    longer = forward(full, "cuda", 96) - forward(full, "cuda", 64)
+    per_token = 2 * (8 * 64 + 2 * 16 + 2 * 128) * 4  # layers x a token's activations
+    assert longer == 4 * 32 * per_token + 4 * 4 * (112 * 112 - 80 * 80) * 4
