@@ -128,6 +128,7 @@ def train(recipe: RecipeLike, *, overrides: Sequence[str] | None = None, rewards
     allow_recipe_change, rewind: the command line's --start-over, --allow-recipe-change and --rewind.
     """
     from grpo_cli.data.checks import check_data
+    from grpo_cli.preflight import resolve
     from grpo_cli.run import lock
     from grpo_cli.run.cpus import prepare_openmp
     from grpo_cli.run.folder import finished_step
@@ -136,6 +137,7 @@ def train(recipe: RecipeLike, *, overrides: Sequence[str] | None = None, rewards
     if os.environ.get("WORLD_SIZE", "1") != "1":
         raise UsageError("grpo_cli.train runs in one process; for several, use `grpo train --num-processes N`")
     r = recipe_with(recipe, overrides, rewards)
+    resolve(r)
     run_dir, resume = Path(output_dir or r.output_dir), str(resume) if resume else None
     key = lock.acquire(run_dir)  # before the dataset is written into the folder
     try:
@@ -234,6 +236,20 @@ def evaluate(targets: str | Path | Sequence[str | Path], recipe: RecipeLike | No
         held_out = {"files": [str(save_rows(dataset, out, split="eval").resolve())], "dataset": ""}
     settings = dict(split=split, limit=limit, num_samples=num_samples, temperature=temperature, top_p=top_p,
                     max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size, **held_out)
-    report = run_eval(specs, r, settings, out, backend=backend, threads=threads)
+    from grpo_cli.preflight import resolve
+
+    report = run_eval(specs, r, settings, out, backend=backend, threads=threads, resolve=resolve)
     return EvalResult(out, report)
 
+
+
+def export(checkpoint: str | Path, merge: str | Path, dtype: str | None = None) -> dict[str, Any]:
+    """Write a checkpoint (or a run folder's newest) as a plain Hugging Face model folder `merge`, LoRA adapters
+    merged into the base, as `grpo export --merge` does; needs no reward, so any run exports, one trained here with
+    function rewards too. dtype: float32, bfloat16 or float16 (default: the recipe's model.dtype). Returns what
+    `merge`/export.json records."""
+    from grpo_cli.models.export import DTYPES, export_checkpoint
+
+    if dtype not in (None, *DTYPES):
+        raise UsageError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)}")
+    return export_checkpoint(Path(checkpoint), Path(merge), dtype)

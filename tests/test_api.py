@@ -3,6 +3,8 @@ run started in Python resumes from the command line and the other way round, ste
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -255,12 +257,48 @@ def test_the_docs_notebook_runs_headless(tmp_path, cache_env):
 
 def test_dir_lists_the_api_before_it_is_loaded():
     # issue 36's newcomer walk: dir(grpo_cli) in a notebook named none of train, evaluate, load_recipe
-    import subprocess
-    import sys
-
     p = subprocess.run([sys.executable, "-c", "import grpo_cli, sys; print(sorted(set(dir(grpo_cli)) & "
                         "set(grpo_cli.__all__))); print('torch' in sys.modules)"], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     names, torch_loaded = p.stdout.splitlines()
-    assert names == str(sorted(["train", "evaluate", "load_recipe", "TrainResult", "EvalResult", "UserError"]))
+    assert names == str(sorted(["train", "evaluate", "export", "load_recipe", "TrainResult", "EvalResult",
+                                "UserError"]))
     assert torch_loaded == "False"  # listing them loads nothing
+
+
+def test_what_needs_no_reward_works_on_a_run_with_function_rewards(python_run, cache_env, tmp_path):
+    """Issue 36's newcomer walk: export, eval with another recipe, inspect-rollouts, report, audit and replay of a run
+    trained from Python with a function reward refused it ("reward 'python:brevity' is a Python function ..."),
+    from the command line and from Python; the recipe is a pure schema now, and only what scores resolves rewards."""
+    run = str(python_run.run_dir)
+    p = cli("export", run, "--merge", str(tmp_path / "merged"), env=cache_env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    record = json.loads((tmp_path / "merged/export.json").read_text())
+    assert record["lora_merged"] is False and record["checkpoint"].endswith("step-2")
+    assert grpo_cli.export(run, tmp_path / "merged-py") == record
+    with pytest.raises(UsageError, match=r"^dtype='fp8' is not one of float32, bfloat16, float16"):
+        grpo_cli.export(run, tmp_path / "other", dtype="fp8")
+    for args in (["inspect-rollouts", run, "--limit", "2"], ["report", run, "--out", str(tmp_path / "report")],
+                 ["audit", run], ["replay", run, "--step", "2", "-o", str(tmp_path / "replay")]):
+        p = cli(*args, env=cache_env)
+        assert p.returncode in (0, 1) and "Traceback" not in p.stderr, (args, p.stderr[-3000:])
+        assert "Python function" not in p.stdout + p.stderr, args
+    assert (tmp_path / "report/report.html").is_file() and (tmp_path / "replay/metrics.jsonl").is_file()
+    # eval scores: with another recipe's rewards it runs; with the run's own it names what to pass, and how
+    p = cli("eval", run, "--recipe", "recipes/ci-tiny.yaml", "--limit", "4", "--max-new-tokens", "4",
+            "-o", str(tmp_path / "eval"), env=cache_env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads((tmp_path / "eval/eval.json").read_text())["targets"][0]["metrics"]["num_problems"] == 4
+    p = cli("eval", run, "--limit", "4", "-o", str(tmp_path / "own"), env=cache_env)
+    assert p.returncode == 2 and "rewards.1.name: reward 'python:brevity' is a Python function" in p.stderr
+    assert "grpo eval --recipe" in p.stderr and "grpo_cli.evaluate(..., rewards=[brevity])" in p.stderr
+    # from Python in a process that never had the function (this one registered it when it trained)
+    code = (f"import grpo_cli\nrun = {run!r}\n"
+            f"r = grpo_cli.evaluate(run, recipe='recipes/ci-tiny.yaml', rewards=['accuracy'], limit=4, "
+            f"max_new_tokens=4, output_dir={str(tmp_path / 'py')!r})\nprint(r.metrics(run)['num_problems'])\n"
+            "try:\n    grpo_cli.evaluate(run, limit=4)\nexcept grpo_cli.UserError as e:\n    print(repr(e))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cache_env, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    evaluated, refused = p.stdout.splitlines()[-2:]
+    assert float(evaluated) == 4 and refused.startswith("RecipeError(") and "rewards.1.name: reward 'python:brevity'" in refused
+    assert "grpo_cli.evaluate(..., rewards=[brevity])" in refused

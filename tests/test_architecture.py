@@ -13,7 +13,27 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "grpo_cli"
 TOP_LEVEL = {"__init__", "__main__", "cli", "api", "errors", "registry", "datatypes"}
 FOLDERS = {"algo", "recipe", "data", "rewards", "usercode", "rollout", "agents", "run", "models", "trainer", "eval",
-           "views", "serve", "commands", "doctor"}
+           "views", "serve", "commands", "doctor", "preflight"}
+# the order of the house (STYLE.md): a room imports only rooms on its own floor or below
+FLOORS = {
+    7: ["cli", "commands", "api", "__init__", "__main__"],  # the front doors
+    6: ["preflight", "doctor"],  # resolve what a recipe names; the checks before a long job
+    5: ["trainer", "eval"],  # the loop and evaluation
+    4: ["rollout", "serve", "agents"],  # generation
+    3: ["data", "rewards", "models", "views"],  # prompts, scoring, model loading, what a person sees
+    2: ["recipe", "algo", "run"],  # the pure schema, the math, the run folder and the process
+    1: ["errors", "registry", "datatypes", "usercode"],
+}
+# imports that run up the floors, each with its reason (at most 2)
+UPWARD = {
+    ("grpo_cli.recipe.checks", "grpo_cli.rollout.backends"):
+        "the schema's backend rules read the backends' capability table (torch-free, no builder in it yet)",
+}
+# what the pure schema may import besides itself, errors and the registry, each with its reason
+RECIPE_ALSO = {
+    ("grpo_cli.recipe.files", "grpo_cli.usercode.objects"): "the grammar of a file name (path/file.py:fn), which "
+                                                           "the importer of user code reads the same way",
+}
 MAX_LINES = 450  # a file (STYLE.md's red line); the engine 300, train_step 30
 BACKEND_NAMES = {"hf", "vllm", "colocate", "server", "vllm-colocate", "vllm-server"}
 
@@ -93,6 +113,26 @@ def test_folders_by_concern_one_level_deep():
         assert (PACKAGE / name / "__init__.py").is_file(), name
         nested = [p for p in (PACKAGE / name).iterdir() if p.is_dir() and p.name != "__pycache__"]
         assert not nested, f"{name}/ holds folders: {nested}"
+
+
+def floor_of(module: str) -> int:
+    name = folder(module) if "." in module else "__init__"
+    return next(f for f, names in FLOORS.items() if name in names)
+
+
+def test_no_import_runs_up_the_floors():
+    graph = import_graph()
+    assert {n for names in FLOORS.values() for n in names} >= FOLDERS | TOP_LEVEL  # every room has its floor
+    up = {(m, e) for m, edges in graph.items() for e in edges if floor_of(e) > floor_of(m)}
+    assert up == set(UPWARD), f"imports up the floors: {sorted(up - set(UPWARD))}; no longer: {set(UPWARD) - up}"
+    assert len(UPWARD) <= 2
+
+
+def test_the_recipe_imports_only_errors_the_registry_and_itself():
+    graph = import_graph()
+    for module, edges in imports_of("grpo_cli.recipe", graph).items():
+        outside = {e for e in edges if folder(e) not in ("recipe", "errors", "registry")}
+        assert outside <= {e for (m, e) in {**UPWARD, **RECIPE_ALSO} if m == module}, f"{module} imports {outside}"
 
 
 def test_the_math_imports_only_the_registry_the_datatypes_and_itself():

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 
 def resolve_environment(name: str) -> type:
-    cls = objects.resolve(name, kind="environment", what="class")
+    cls = objects.resolve_object(name, kind="environment", what="class")
     if not inspect.isclass(cls):
         raise ValueError(f"environment {name!r} is a {type(cls).__name__}, not a class: name the class whose "
                          "instances run one episode each (reset, step, reward)")

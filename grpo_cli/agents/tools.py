@@ -34,7 +34,7 @@ CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 
 def resolve_tool(name: str) -> Callable[..., Any]:
-    return objects.resolve(name, kind="tool", what="function")
+    return objects.resolve_object(name, kind="tool", what="function")
 
 
 def tool_schema(fn: Callable[..., Any]) -> dict:
@@ -67,14 +67,6 @@ def check_tools(names: list[str]) -> None:
 
 def schemas(names: list[str]) -> list[dict]:
     return [tool_schema(resolve_tool(n)) for n in names]
-
-
-def system_text(tool_schemas: list[dict]) -> str:
-    """Our own description of the tools and the call format, for chat templates that ignore `tools=`."""
-    lines = "\n".join(json.dumps(s, ensure_ascii=False) for s in tool_schemas)
-    return ("You can use tools. Their JSON schemas, one per line:\n<tools>\n" + lines + "\n</tools>\n\nTo use a "
-            "tool, write a JSON object with its name and arguments between tags, then stop and wait for its answer:\n"
-            '<tool_call>\n{"name": "tool name", "arguments": {"argument": "value"}}\n</tool_call>')
 
 
 # ---------------------------------------------------------------- calls

@@ -32,7 +32,8 @@ def command(
     import yaml
     from pydantic import ValidationError
 
-    from grpo_cli.errors import ConversionError
+    from grpo_cli.errors import ConversionError, RecipeError
+    from grpo_cli.preflight import resolve
     from grpo_cli.recipe.files import format_validation_error
     from grpo_cli.recipe.schema import Recipe
     from grpo_cli.recipe.trl import convert, unknown_fields
@@ -58,9 +59,11 @@ def command(
     unresolved = _unresolved_rewards(result.recipe)
     rewards = [{"name": "accuracy"} if i in unresolved else r for i, r in enumerate(result.recipe.get("rewards") or [])]
     try:
-        Recipe.model_validate({**result.recipe, "rewards": rewards})
+        resolve(Recipe.model_validate({**result.recipe, "rewards": rewards}))
     except ValidationError as e:
         raise ConversionError(f"the converted recipe does not validate:\n{format_validation_error(e)}") from None
+    except RecipeError as e:  # what a name stands for: the preflight's message has the same form
+        raise ConversionError(f"the converted recipe does not validate:\n{e}") from None
     if unresolved:
         result.notes.append(f"cannot check here: {'; '.join(unresolved.values())}; the recipe is written as converted: "
                             "`grpo validate` checks the reward where its module can be imported")

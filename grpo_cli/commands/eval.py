@@ -65,7 +65,9 @@ def command(
                      max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size, **held_out)
     if threads is not None and threads != "auto" and not (threads.isdigit() and int(threads) >= 1):
         raise UsageError(f"--threads {threads!r}: give a number >= 1 or auto")
+    from grpo_cli.preflight import resolve
+
     run_eval(targets, r, overrides, out, backend=backend,
-             threads=None if threads is None else threads if threads == "auto" else int(threads))
+             threads=None if threads is None else threads if threads == "auto" else int(threads), resolve=resolve)
     typer.echo(f"wrote {out}/eval.json and {out}/samples.jsonl")
 

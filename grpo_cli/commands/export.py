@@ -7,7 +7,6 @@ from typing import Optional
 
 import typer
 
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 def command(
@@ -24,6 +23,7 @@ def command(
       grpo export runs/gsm8k --merge models/gsm8k-merged --dtype bfloat16
     """
     from grpo_cli.errors import UsageError
+    from grpo_cli.models.export import DTYPES
 
     if dtype not in (None, *DTYPES):
         raise UsageError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")

@@ -44,6 +44,7 @@ def command(
       grpo train recipes/gsm8k.yaml --num-processes 8 --accelerate-config recipes/accelerate/fsdp2.yaml
     """
     from grpo_cli.data.checks import check_data
+    from grpo_cli.preflight import resolve
     from grpo_cli.recipe.files import load_recipe
     from grpo_cli.run import lock
     from grpo_cli.run.cpus import prepare_openmp
@@ -52,6 +53,7 @@ def command(
     from grpo_cli.trainer.launch import launched_by_torchrun, relaunch
 
     r = load_recipe(recipe, overrides or [])
+    resolve(r)  # every reward, tool and environment the recipe names imports and fits its use
     prepare_openmp(r.train.threads)  # before torch is imported: a shared CPU gets OpenMP's passive wait policy
     work_offline_if_unreachable(hub_names(r), lambda line: typer.echo(line, err=True))  # before hub libraries load
     check_data(r)  # a missing file or column exits 2 before any model is loaded, not at step 1

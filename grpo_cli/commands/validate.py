@@ -21,10 +21,12 @@ def command(recipe: Path = RECIPE, overrides: Optional[list[str]] = OVERRIDES) -
     Example: grpo validate recipes/gsm8k.yaml algorithm.num_generations=16
     """
     from grpo_cli.data.checks import check_data
+    from grpo_cli.preflight import resolve
     from grpo_cli.recipe.files import load_recipe
     from grpo_cli.run.hub import hub_names, work_offline_if_unreachable
 
     r = load_recipe(recipe, overrides or [])
+    resolve(r)
     work_offline_if_unreachable(hub_names(r), lambda line: typer.echo(f"note: {line}"))
     for note in check_data(r):
         typer.echo(f"note: {note}")

@@ -193,7 +193,7 @@ def check_data(recipe: Recipe) -> list[str]:
     and the rewards' parameters fit; DataError if it cannot work.
 
     Returns notes (the hub cannot be reached: cached data only)."""
-    from grpo_cli.eval.evaluate import eval_data_config
+    from grpo_cli.data.held_out import eval_data_config
 
     check_model_path(recipe.model.name_or_path)
     check_model_cached(recipe.model)

@@ -12,6 +12,7 @@ through it); heavy imports live inside the functions that need them.
 
 from __future__ import annotations
 
+import json
 import string
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -189,7 +190,7 @@ def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, extra_us
                   tools: list[dict] | None = None) -> str:
     """One row -> prompt text: template or prompt column, system prompt, chat template (with generation prompt).
     `extra_user_text` (an environment's reset): appended to the last user message, after a blank line.
-    `tools` (rollout.tools' JSON schemas): given to the chat template; one that ignores them gets tools.system_text
+    `tools` (rollout.tools' JSON schemas): given to the chat template; one that ignores them gets system_text
     as (the end of) the system message instead."""
     if cfg.template:
         try:
@@ -228,8 +229,6 @@ def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, extra_us
         with_tools = tokenizer.apply_chat_template(messages, tools=tools, **render)
         if with_tools != tokenizer.apply_chat_template(messages, **render):
             return with_tools
-        from grpo_cli.agents.tools import system_text
-
         text = system_text(tools)
         if messages[0]["role"] == "system":
             messages = [{"role": "system", "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
@@ -400,3 +399,11 @@ class PromptStream:
 
     def __next__(self) -> PromptBatch:
         return self.next_batch()
+
+
+def system_text(tool_schemas: list[dict]) -> str:
+    """Our own description of the tools and the call format, for chat templates that ignore `tools=`."""
+    lines = "\n".join(json.dumps(s, ensure_ascii=False) for s in tool_schemas)
+    return ("You can use tools. Their JSON schemas, one per line:\n<tools>\n" + lines + "\n</tools>\n\nTo use a "
+            "tool, write a JSON object with its name and arguments between tags, then stop and wait for its answer:\n"
+            '<tool_call>\n{"name": "tool name", "arguments": {"argument": "value"}}\n</tool_call>')

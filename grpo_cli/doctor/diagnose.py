@@ -14,12 +14,14 @@ def diagnose(recipe_path: Path, overrides: list[str], processes: int = 1, resume
     from grpo_cli.doctor.memory import PROMPT_ROWS, check_memory, prompt_lengths
     from grpo_cli.doctor.preflight import PROBE_ROWS, check_batch, check_prompt, probe_rewards
     from grpo_cli.doctor.versions import check_versions
+    from grpo_cli.preflight import resolve
     from grpo_cli.recipe.files import load_recipe
     from grpo_cli.rollout.backends import backend_of
     from grpo_cli.run.hub import hub_names, work_offline_if_unreachable
 
     try:
         r = load_recipe(recipe_path, overrides)
+        resolve(r)
         work_offline_if_unreachable(hub_names(r), say)
         notes = check_data(r)
     except UserError as e:  # the run would stop here: nothing else can be checked

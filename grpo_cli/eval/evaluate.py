@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo_cli.data.held_out import eval_data_config
 from grpo_cli.errors import UsageError
 from grpo_cli.recipe.schema import DataConfig, EvalConfig, ModelConfig, Recipe
 
@@ -89,25 +90,6 @@ class Problems:
 
     def __len__(self) -> int:
         return len(self.texts)
-
-
-def eval_data_config(recipe: Recipe, cfg: EvalConfig) -> DataConfig:
-    """The held-out data: eval.files, eval.dataset (+ eval.config, eval.split), the eval split of
-    data.dataset, or else the training data itself (files) or the generator under another seed."""
-    d = recipe.data
-    update: dict[str, Any] = {"limit": cfg.limit, "shuffle": False, "seed": cfg.seed}
-    if cfg.files:
-        update.update(files=cfg.files, dataset=None, generator=None)
-    elif cfg.dataset:
-        same = cfg.dataset == d.dataset
-        update.update(dataset=cfg.dataset, config=cfg.config or (d.config if same else None), split=cfg.split,
-                      files=None, generator=None)
-    elif d.dataset:
-        update.update(split=cfg.split, config=cfg.config or d.config)
-    elif d.generator:
-        kwargs = {k: v for k, v in d.generator_kwargs.items() if k != "seed"}
-        update["generator_kwargs"] = {**kwargs, "size": cfg.limit}
-    return d.model_copy(update=update)
 
 
 def eval_source(recipe: Recipe, cfg: EvalConfig) -> dict[str, Any]:
@@ -333,10 +315,10 @@ def eval_settings(recipe: Recipe, cfg: EvalConfig, problems: Problems) -> dict[s
     }
 
 
-def run_eval(specs: list[str], recipe: Recipe | None, cfg_overrides: dict[str, Any], output: Path,
-             backend: str = "hf", threads: int | str | None = None) -> dict[str, Any]:
-    """Evaluate every target on the same problems; print a table, write eval.json and samples.jsonl. `threads`:
-    the CPU threads (a number or auto; None: the recipe's train.threads)."""
+def run_eval(specs: list[str], recipe: Recipe | None, cfg_overrides: dict[str, Any], output: Path, backend: str = "hf",
+             threads: int | str | None = None, resolve: Callable[[Recipe], Any] = lambda r: None) -> dict[str, Any]:
+    """Evaluate every target on the same problems; print a table, write eval.json and samples.jsonl. `threads`: the
+    CPU threads (None: the recipe's); `resolve`: the preflight, run on the recipe settled on (given, or a checkpoint's)."""
     import json
     import sys
 
@@ -348,6 +330,7 @@ def run_eval(specs: list[str], recipe: Recipe | None, cfg_overrides: dict[str, A
     recipe = recipe or next((t.recipe for t in resolved.values() if t.recipe is not None), None)
     if recipe is None:
         raise UsageError("no recipe: give --recipe, or a checkpoint written by `grpo train` as a target")
+    resolve(recipe)  # its rewards score every target: each must resolve before any model loads
     targets = [resolved.get(s) or resolve_target(s, recipe) for s in specs]
     setting = threads if threads is not None else recipe.train.threads
     if setting is not None:

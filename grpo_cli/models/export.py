@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+DTYPES = ("float32", "bfloat16", "float16")  # what a model is saved in
+
 
 def export_checkpoint(checkpoint: Path, out: Path, dtype: str | None = None) -> dict:
     """Write the merged model to `out` (must not exist or be empty); returns what export.json records."""

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from grpo_cli.errors import RecipeError
+from grpo_cli.recipe.names import PREFIX, is_reward_model
 from grpo_cli.recipe.schema import Recipe
 
 
@@ -98,7 +99,6 @@ def _local_path(value: Any, base: Path) -> bool:
 
 def _reward_path(name: Any, base: Path) -> Any:
     """`dir/file.py:fn` and `model:PATH` rewards with their path made absolute; other names unchanged."""
-    from grpo_cli.rewards.reward_model import PREFIX, is_reward_model
     from grpo_cli.usercode.objects import is_file as _is_file
 
     if not isinstance(name, str) or ":" not in name:

@@ -25,24 +25,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-PREFIX = "model:"
+from grpo_cli.recipe.names import PREFIX, is_reward_model, log_name, model_source  # noqa: F401  (the grammar)
+
 DEFAULTS = {"batch_size": 8, "max_length": 1024}
 _LOADED: dict[tuple[str, str], tuple[Any, Any]] = {}  # (source, device) -> (tokenizer, model)
-
-
-def is_reward_model(name: str) -> bool:
-    return name.startswith(PREFIX)
-
-
-def model_source(name: str) -> str:
-    """The folder or hub id after `model:`, with `~` expanded."""
-    source = name[len(PREFIX) :].strip()
-    return os.path.expanduser(source) if source.startswith("~") else source
-
-
-def log_name(name: str) -> str:
-    """`model:/x/my-rm` -> `rm_my-rm`; `model:org/Some-RM` -> `rm_Some-RM`."""
-    return "rm_" + (Path(model_source(name).rstrip("/")).name or "model")
 
 
 def _is_local(source: str) -> bool:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpo_cli.rewards.reward_model as rm
 from grpo_cli.errors import RewardError
+from grpo_cli.recipe.names import reward_log_name, unique_log_names  # noqa: F401  (rewards/__init__ exports them)
 from grpo_cli.registry import did_you_mean
 from grpo_cli.rewards.builtin import REWARDS
 from grpo_cli.rewards.kwargs import check_kwargs
@@ -71,7 +72,7 @@ def resolve_reward(name: str) -> Callable[..., Any]:
             f"unknown reward {name!r}{hint}; built-in rewards: {', '.join(REWARDS.names())}; "
             f"or name your own function as {_FORMS}, or a reward model as `model:PATH_OR_HUB_ID`"
         )
-    return objects.resolve(name)
+    return objects.resolve_object(name)
 
 
 def check_reward_name(name: str) -> None:
@@ -100,28 +101,6 @@ def check_reward(name: str, kwargs: dict[str, Any], timeout_s: float | None = No
     if declared is not None and declared != level:
         raise ValueError(f"level: reward {name!r} is {declared}-level: set level: {declared}")
     check_kwargs(name, fn, kwargs)
-
-
-def reward_log_name(name: str) -> str:
-    """Name a reward is logged under: built-ins as is, `x:fn` as `fn`, `model:x/my-rm` as `rm_my-rm`."""
-    if rm.is_reward_model(name):
-        return rm.log_name(name)
-    return name.rpartition(":")[2].rpartition(".")[2] if ":" in name else name
-
-
-def unique_log_names(names: list[str]) -> list[str]:
-    """Log names of the rewards in order; repeats get `_2`, `_3`, ..."""
-    used: set[str] = set()
-    out = []
-    for name in names:
-        base = candidate = reward_log_name(name)
-        k = 1
-        while candidate in used:
-            k += 1
-            candidate = f"{base}_{k}"
-        used.add(candidate)
-        out.append(candidate)
-    return out
 
 
 def _portable_name(name: str) -> str:

@@ -121,16 +121,17 @@ def in_process(name: str, kind: str = "reward") -> Any:
     fn = _IN_PROCESS.get(short)
     if fn is None:
         raise ValueError(
-            f"{kind} {name!r} is a Python function handed to grpo_cli.train(rewards=[...]) by the process that "
-            f"started this run, and this process has none named {short!r}: run it from Python with "
-            f"grpo_cli.train(..., rewards=[{short}]), or put the function in a file and name it "
-            f"path/to/file.py:{short} (for a resume from the command line: an override of this reward's name "
-            "with --allow-recipe-change)"
+            f"{kind} {name!r} is a Python function handed over by the process that started this run, and this "
+            f"process has none named {short!r}: from Python, hand it again (grpo_cli.train(..., rewards=[{short}]) "
+            f"or grpo_cli.evaluate(..., rewards=[{short}])); from the command line, put it in a file and name it "
+            f"path/to/file.py:{short} (grpo eval --recipe with that reward; a resume: an override of this "
+            f"{kind}'s name with --allow-recipe-change). What scores nothing (export, inspect-rollouts, report, "
+            "audit) needs no reward"
         )
     return fn
 
 
-def resolve(name: str, kind: str = "reward", what: str = "function") -> Any:
+def resolve_object(name: str, kind: str = "reward", what: str = "function") -> Any:
     """The object `module:attr`, `path/file.py:attr` or `python:NAME` names."""
     if is_in_process(name):
         return in_process(name, kind)

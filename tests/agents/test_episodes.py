@@ -11,6 +11,7 @@ import torch
 from grpo_cli.agents.environments import Observations
 from grpo_cli.agents.episodes import EpisodeRunner
 from grpo_cli.datatypes import PromptBatch
+from grpo_cli.preflight import resolve
 from grpo_cli.recipe.schema import Recipe, RolloutConfig
 from grpo_cli.rollout.hf import HFGenerator
 
@@ -130,7 +131,7 @@ def test_failures_and_timeouts_end_the_episode_and_are_counted(turn_model, tmp_p
 def test_validation_refuses_bad_environments():
     base = {"name": "t", "model": {"name_or_path": "builtin:tiny-qwen2"}, "data": {"generator": "arithmetic"},
             "rewards": [{"name": "accuracy"}], "train": {"max_steps": 1}}
-    Recipe.model_validate({**base, "rollout": {"environment": f"{ENVS}:Echo", "max_turns": 2}})
+    resolve(Recipe.model_validate({**base, "rollout": {"environment": f"{ENVS}:Echo", "max_turns": 2}}))
     cases = [
         ({"environment": f"{ENVS}:Missing"}, "rollout.environment: environment"),
         ({"environment": f"{ENVS}:NoStep"}, "rollout.environment: " + ENVS + ":NoStep has no method step"),
@@ -142,13 +143,13 @@ def test_validation_refuses_bad_environments():
     ]
     for rollout, message in cases:
         with pytest.raises(ValueError) as e:
-            Recipe.model_validate({**base, "rollout": rollout})
+            resolve(Recipe.model_validate({**base, "rollout": rollout}))
         assert message in str(e.value), (message, str(e.value))
     with pytest.raises(ValueError, match="rewards.0.name: the reward `environment` needs rollout.environment"):
-        Recipe.model_validate({**base, "rewards": [{"name": "environment"}]})
+        resolve(Recipe.model_validate({**base, "rewards": [{"name": "environment"}]}))
     with pytest.raises(ValueError, match="has no method reward"):
-        Recipe.model_validate({**base, "rewards": [{"name": "environment"}],
-                               "rollout": {"environment": f"{ENVS}:NoReward"}})
+        resolve(Recipe.model_validate({**base, "rewards": [{"name": "environment"}],
+                                       "rollout": {"environment": f"{ENVS}:NoReward"}}))
 
 
 def test_cli_validate_exits_2_naming_the_entry():

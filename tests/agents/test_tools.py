@@ -11,8 +11,10 @@ import torch
 
 from grpo_cli.agents.environments import Observations
 from grpo_cli.agents.episodes import EpisodeRunner
-from grpo_cli.agents.tools import Call, ToolBox, parse_calls, system_text
+from grpo_cli.agents.tools import Call, ToolBox, parse_calls
+from grpo_cli.data.prompts import system_text
 from grpo_cli.datatypes import PromptBatch
+from grpo_cli.preflight import resolve
 from grpo_cli.recipe.schema import DataConfig, Recipe, RolloutConfig
 from grpo_cli.rollout.common import Samples
 
@@ -154,7 +156,7 @@ def test_calls_in_the_last_turn_are_not_run_and_no_call_ends_the_episode(model_c
 def test_validation_names_the_tool_entry():
     base = {"name": "t", "model": {"name_or_path": "builtin:tiny-qwen2"}, "data": {"generator": "arithmetic"},
             "rewards": [{"name": "accuracy"}], "train": {"max_steps": 1}}
-    Recipe.model_validate({**base, "rollout": {"tools": [f"{TOOLS}:add"], "max_turns": 2}})
+    resolve(Recipe.model_validate({**base, "rollout": {"tools": [f"{TOOLS}:add"], "max_turns": 2}}))
     cases = [
         ([f"{TOOLS}:add", f"{TOOLS}:missing"], 2, "rollout.tools.1: tool"),
         ([f"{TOOLS}:no_hints"], 2, "rollout.tools.0: " + TOOLS + ":no_hints cannot be described to the model"),
@@ -164,7 +166,7 @@ def test_validation_names_the_tool_entry():
     ]
     for tools, turns, message in cases:
         with pytest.raises(ValueError) as e:
-            Recipe.model_validate({**base, "rollout": {"tools": tools, "max_turns": turns}})
+            resolve(Recipe.model_validate({**base, "rollout": {"tools": tools, "max_turns": turns}}))
         assert message in str(e.value), (message, str(e.value))
     out = cli("validate", "recipes/ci-tiny.yaml", "rollout.tools=[tests/calc_tools.py:no_hints]", "rollout.max_turns=2",
               timeout=120)

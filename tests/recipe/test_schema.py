@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from grpo_cli.errors import RecipeError
+from grpo_cli.preflight import resolve
 from grpo_cli.recipe.files import load_recipe, recipe_to_yaml
 from grpo_cli.recipe.schema import Recipe
 
@@ -70,14 +71,14 @@ BAD = [
 def test_bad_overrides_name_the_field(overrides, expected, monkeypatch):
     monkeypatch.chdir(ROOT)
     with pytest.raises(RecipeError) as e:
-        load_recipe(ROOT / "recipes/ci-tiny.yaml", overrides)
+        resolve(load_recipe(ROOT / "recipes/ci-tiny.yaml", overrides))
     assert expected in str(e.value)
 
 
 def test_unknown_reward_lists_builtins(monkeypatch):
     monkeypatch.chdir(ROOT)
     with pytest.raises(RecipeError) as e:
-        load_recipe(ROOT / "recipes/ci-tiny.yaml", ["rewards.0.name=acuracy"])
+        resolve(load_recipe(ROOT / "recipes/ci-tiny.yaml", ["rewards.0.name=acuracy"]))
     assert "accuracy" in str(e.value) and "module:function" in str(e.value)
 
 
@@ -217,3 +218,32 @@ def test_resolve_paths_rules(tmp_path, monkeypatch):
         f"model:{recipe_dir}/rm", "model:org/rm", f"model:{recipe_dir}/other", "pkg.mod:fn", "accuracy",
         f"{recipe_dir}/sub/f.py:g", f"{cwd}/f.py:g"]  # rewards.6 came from an override: the working directory
     assert out["logging"]["output_dir"] == "runs/x"
+
+
+def test_validation_imports_no_named_code_and_resolve_names_the_field(tmp_path, monkeypatch):
+    """Issue 36: validating a recipe resolved user code (rewards, tools, environments, generators), so a saved recipe
+    whose reward no other process has could not even be read (an export needs no reward). The schema checks names;
+    grpo_cli.preflight.resolve imports them, once, and names the field."""
+    import sys
+
+    monkeypatch.chdir(ROOT)
+    mine = tmp_path / "mine_rewards_xyz.py"
+    mine.write_text("import sys\nsys.modules[__name__].IMPORTED = True\ndef good(completions, **_):\n"
+                    "    return [1.0] * len(completions)\n")
+    names = {"rewards=[{name: python:not_in_this_process}]": "rewards.0.name: reward 'python:not_in_this_process'",
+             f"rewards=[{{name: {mine}:missing}}]": "rewards.0.name:",
+             "rewards=[{name: no_such_module_xyz:fn}]": "rewards.0.name:",
+             "rollout.tools=[no_such_module_xyz:add]": "rollout.tools.0:",
+             "rollout.environment=no_such_module_xyz:Env": "rollout.environment:",
+             "data.generator=nope": "data.generator 'nope' is unknown"}
+    for override, field in names.items():
+        extra = ["rollout.max_turns=2"] if "rollout." in override else []
+        r = load_recipe(ROOT / "recipes/ci-tiny.yaml", [override, *extra])  # valid as a schema
+        with pytest.raises(RecipeError) as e:
+            resolve(r)
+        assert str(e.value).startswith("invalid recipe:\n  " + field), str(e.value)
+    before = set(sys.modules)
+    r = load_recipe(ROOT / "recipes/ci-tiny.yaml", [f"rewards=[{{name: {mine}:good}}]"])
+    assert not any("mine_rewards_xyz" in m for m in set(sys.modules) - before)  # nothing imported
+    resolved = resolve(r)
+    assert resolved.recipe is r and resolved.rewards[0](completions=["a", "b"]) == [1.0, 1.0]

@@ -11,6 +11,7 @@ import textwrap
 import pytest
 
 from grpo_cli.errors import RecipeError
+from grpo_cli.preflight import resolve
 from grpo_cli.recipe.files import load_recipe
 from grpo_cli.recipe.schema import Recipe, RewardConfig
 from grpo_cli.rewards import score
@@ -58,7 +59,7 @@ def recipe(*rewards: dict) -> dict:
 
 def refused(*rewards: dict) -> str:
     with pytest.raises(ValueError) as e:
-        Recipe.model_validate(recipe(*rewards))
+        resolve(Recipe.model_validate(recipe(*rewards)))
     return str(e.value)
 
 
@@ -97,7 +98,7 @@ def test_bad_kwargs_are_refused_naming_the_field(user_file, name, kwargs, messag
 
 
 def test_good_kwargs_pass_and_the_index_is_the_failing_reward(user_file):
-    Recipe.model_validate(recipe(
+    resolve(Recipe.model_validate(recipe(
         {"name": "accuracy", "kwargs": {"mode": "boxed", "tag": "answer"}},
         {"name": "format", "kwargs": {"pattern": r"^\d+$"}},
         {"name": "tag_count", "kwargs": {"tags": "answer"}},
@@ -105,7 +106,7 @@ def test_good_kwargs_pass_and_the_index_is_the_failing_reward(user_file):
         {"name": "repetition_penalty", "kwargs": {"ngram_size": 2, "max_penalty": -0.5}},
         {"name": "mine.py:strict", "kwargs": {"factor": 2.0, "answer": ["7"]}},  # a column set by kwargs
         {"name": "mine.py:loose", "kwargs": {"anything": 1, "goes": [2]}},  # **kwargs takes any keyword
-    ))
+    )))
     message = refused({"name": "accuracy"}, {"name": "mine.py:strict", "kwargs": {"scale": 1}})
     assert "rewards.1.kwargs.scale: not a parameter" in message and "rewards.0" not in message
 
@@ -119,7 +120,7 @@ def test_validate_cli_exits_2_on_a_kwarg_typo(tmp_path):
     assert "rewards.0.kwargs.mod: not a parameter of the built-in reward 'accuracy' (did you mean 'mode'?)" in out.stderr
     path.write_text(path.read_text().replace("mod: boxed", "mode: boxd"))
     with pytest.raises(RecipeError, match=r"rewards.0.kwargs.mode: unknown answer extraction mode 'boxd'"):
-        load_recipe(path)
+        resolve(load_recipe(path))
 
 
 # --------------------------------------------------------------------------- on_error: skip

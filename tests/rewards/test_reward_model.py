@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from grpo_cli.preflight import resolve
 from grpo_cli.recipe.schema import Recipe, RewardConfig
 from grpo_cli.rewards import resolve_reward, reward_log_name, score
 from grpo_cli.rewards import reward_model as rm
@@ -86,7 +87,7 @@ def recipe(name: str, **fields) -> dict:
 
 
 def test_validation_reads_only_the_config(rm_dir, tmp_path):
-    Recipe.model_validate(recipe(f"model:{rm_dir}", kwargs={"batch_size": 4, "max_length": 512}))
+    resolve(Recipe.model_validate(recipe(f"model:{rm_dir}", kwargs={"batch_size": 4, "max_length": 512})))
     two = build_reward_model(tmp_path / "two-labels", num_labels=2)
     causal = build_reward_model(tmp_path / "causal", causal=True)
     cases = [
@@ -101,7 +102,7 @@ def test_validation_reads_only_the_config(rm_dir, tmp_path):
     ]
     for name, kwargs, timeout_s, message in cases:
         with pytest.raises(ValueError) as e:
-            Recipe.model_validate(recipe(name, kwargs=kwargs, timeout_s=timeout_s))
+            resolve(Recipe.model_validate(recipe(name, kwargs=kwargs, timeout_s=timeout_s)))
         assert message in str(e.value), (name, str(e.value))
     assert rm._LOADED.get((two, "cpu")) is None  # nothing was loaded to validate
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from grpo_cli.errors import RecipeError, RewardError
+from grpo_cli.preflight import resolve
 from grpo_cli.recipe.files import load_recipe
 from grpo_cli.rewards import REWARDS
 from grpo_cli.rewards.steps import check_steps, step_mean, token_at, token_end_offsets
@@ -52,10 +53,10 @@ def test_malformed_steps_are_named():
 
 def test_a_step_reward_must_be_used_as_one():
     with pytest.raises(RecipeError, match="arithmetic_steps' is step-level: set level: step"):
-        load_recipe("recipes/ci-tiny.yaml", ["rewards=[{name: arithmetic_steps}]"])
+        resolve(load_recipe("recipes/ci-tiny.yaml", ["rewards=[{name: arithmetic_steps}]"]))
     with pytest.raises(RecipeError, match="dynamic_sampling decides by the outcome"):
-        load_recipe("recipes/ci-tiny.yaml", ["rewards=[{name: arithmetic_steps, level: step}]",
-                                             "algorithm.dynamic_sampling.enabled=true"])
+        resolve(load_recipe("recipes/ci-tiny.yaml", ["rewards=[{name: arithmetic_steps, level: step}]",
+                                                     "algorithm.dynamic_sampling.enabled=true"]))
 
 
 def _recipe(*extra):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grpo_cli.preflight import resolve
 from grpo_cli.recipe.schema import DataConfig, ModelConfig, Recipe, RolloutConfig
 
 from helpers import cli, read_jsonl, stable
@@ -16,8 +17,8 @@ BASE = {"name": "t", "model": {"name_or_path": "builtin:tiny-qwen2"}, "data": {"
 
 
 def refused(section: str, fields: dict, message: str) -> None:
-    with pytest.raises(ValueError) as e:
-        Recipe.model_validate({**BASE, section: {**BASE.get(section, {}), **fields}})
+    with pytest.raises(ValueError) as e:  # by the schema or, for what a name stands for, the preflight
+        resolve(Recipe.model_validate({**BASE, section: {**BASE.get(section, {}), **fields}}))
     assert message in str(e.value), (message, str(e.value))
 
 

@@ -1,0 +1,88 @@
+"""`resolve(recipe) -> Resolved`: every name a recipe gives to code, imported and checked against its use.
+
+The schema (grpo_cli/recipe) checks a name's grammar only and imports nothing it names; here each reward resolves
+and its kwargs fit its function (a reward model's config says one label), each tool can be described to the model,
+the environment class has the methods the episode calls and takes its kwargs, the data generator is one of ours, the
+cache implementation is one of transformers'. Errors name the field and exit 2, as the schema's do. Called by train,
+validate, doctor, eval and replay, from the command line and from Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from grpo_cli.errors import RecipeError
+from grpo_cli.recipe.names import is_reward_model
+from grpo_cli.recipe.schema import Recipe
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A recipe and what its names stand for, in the recipe's order."""
+
+    recipe: Recipe
+    rewards: tuple[Any, ...]  # each rewards[i]'s function; None for a reward model (the trainer loads its weights)
+    tools: tuple[Any, ...]  # each rollout.tools[i]'s function
+    environment: type | None  # rollout.environment's class
+
+
+def resolve(recipe: Recipe) -> Resolved:
+    """RecipeError ("invalid recipe:" and the field) unless every name resolves and fits its use."""
+    try:
+        rewards, tools, environment = _rewards(recipe), _tools(recipe), _environment(recipe)
+        _generator(recipe)
+        _cache_implementation(recipe)
+    except ValueError as e:
+        raise RecipeError(f"invalid recipe:\n  {e}") from None
+    return Resolved(recipe, rewards, tools, environment)
+
+
+def _rewards(recipe: Recipe) -> tuple[Any, ...]:
+    from grpo_cli.rewards import check_reward, resolve_reward
+
+    out = []
+    for i, r in enumerate(recipe.rewards):
+        try:
+            check_reward(r.name, r.kwargs, r.timeout_s, r.level)
+        except ValueError as e:
+            raise ValueError(f"rewards.{i}.{e}") from None
+        out.append(None if is_reward_model(r.name) else resolve_reward(r.name))
+    return tuple(out)
+
+
+def _tools(recipe: Recipe) -> tuple[Any, ...]:
+    from grpo_cli.agents.tools import check_tools, resolve_tool
+
+    check_tools(recipe.rollout.tools)
+    return tuple(resolve_tool(name) for name in recipe.rollout.tools)
+
+
+def _environment(recipe: Recipe) -> type | None:
+    ro = recipe.rollout
+    if ro.environment is None:
+        return None
+    from grpo_cli.agents.environments import check_environment, resolve_environment
+
+    check_environment(ro.environment, ro.environment_kwargs,
+                      needs_reward=any(r.name == "environment" for r in recipe.rewards))
+    return resolve_environment(ro.environment)
+
+
+def _generator(recipe: Recipe) -> None:
+    if recipe.data.generator:
+        from grpo_cli.data.generators import GENERATORS
+
+        if recipe.data.generator not in GENERATORS:
+            raise ValueError(f"data.generator {recipe.data.generator!r} is unknown; valid: "
+                             f"{', '.join(GENERATORS.names())}")
+
+
+def _cache_implementation(recipe: Recipe) -> None:
+    ro = recipe.rollout
+    if ro.cache_implementation is not None:
+        from transformers.generation.configuration_utils import ALL_CACHE_IMPLEMENTATIONS
+
+        if ro.cache_implementation not in ALL_CACHE_IMPLEMENTATIONS:
+            raise ValueError(f"rollout.cache_implementation: {ro.cache_implementation!r} is not one of transformers' "
+                             f"caches ({', '.join(ALL_CACHE_IMPLEMENTATIONS)})")
