@@ -33,6 +33,8 @@ UPWARD = {
 RECIPE_ALSO = {
     ("grpo_cli.recipe.files", "grpo_cli.usercode.objects"): "the grammar of a file name (path/file.py:fn), which "
                                                            "the importer of user code reads the same way",
+    ("grpo_cli.recipe.algorithm", "grpo_cli.algo.specs"): "the torch-free table of algorithm names the schema's "
+                                                          "choices and rules read",
 }
 MAX_LINES = 450  # a file (STYLE.md's red line); the engine 300, train_step 30
 BACKEND_NAMES = {"hf", "vllm", "colocate", "server", "vllm-colocate", "vllm-server"}

@@ -1,4 +1,6 @@
-"""Group-relative advantages (GRPO, DeepSeekMath arXiv:2402.03300, sec. 4.1.2 "outcome supervision").
+"""Group-relative advantages (GRPO, DeepSeekMath arXiv:2402.03300, sec. 4.1.2 "outcome supervision"), and the other
+estimators of `algorithm.advantage_estimator` (`ESTIMATORS`; their table is algo/specs.py): RLOO's leave-one-out
+baseline and REINFORCE++-baseline's batch whitening.
 
 A_i = (r_i - mean(group)) / (std + 1e-4), where the std is the group's (`group`, the paper),
 the whole batch's (`batch`, as in TRL's scale_rewards="batch"), or 1 (`none`, Dr. GRPO arXiv:2503.20783,
@@ -69,14 +71,42 @@ def _signal(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     return _nan_std(x.double(), dim=dim, keepdim=dim is not None) > ZERO_STD
 
 
-def compute_advantages(rewards: torch.Tensor, group_size: int, scale: str) -> torch.Tensor:
-    """[N] rewards (NaN = missing), groups of `group_size` contiguous rows -> [N] advantages."""
+# algorithm.advantage_estimator -> fn(rewards [B, G] with NaN, scale) -> [B, G] advantages (NaN where no reward);
+# the names and their rules are algo/specs.py's table
+ESTIMATORS: Registry[Callable[[torch.Tensor, str], torch.Tensor]] = Registry("advantage estimator")
+
+
+@ESTIMATORS.register("grpo")
+def _grpo(r: torch.Tensor, scale: str) -> torch.Tensor:
+    """A_i = (r_i - mean(group)) / scale: DeepSeekMath's outcome supervision."""
+    centered = r - torch.nanmean(r, dim=1, keepdim=True)  # NaN for an all-NaN group
+    return centered / ADVANTAGE_SCALES.get(scale)(r, centered)
+
+
+@ESTIMATORS.register("rloo")
+def _rloo(r: torch.Tensor, scale: str) -> torch.Tensor:
+    """A_i = (r_i - mean of the group's other rewards) / scale: RLOO's leave-one-out baseline, over the n rewards
+    the group has (NaN left out); r_i - (sum - r_i) / (n - 1) = n / (n - 1) (r_i - mean)."""
+    n = (~torch.isnan(r)).sum(dim=1, keepdim=True)
+    centered = (r - torch.nanmean(r, dim=1, keepdim=True)) * n / (n - 1).clamp(min=1)
+    return centered / ADVANTAGE_SCALES.get(scale)(r, centered)
+
+
+@ESTIMATORS.register("reinforce_plus_plus_baseline")
+def _reinforce_pp_baseline(r: torch.Tensor, scale: str) -> torch.Tensor:
+    """c_i = r_i - mean(group), then whitened over the batch: (c - mean(c)) / (std(c) + EPS), REINFORCE++-baseline
+    (its own normalisation: the schema holds scale_rewards at batch)."""
+    centered = r - torch.nanmean(r, dim=1, keepdim=True)
+    return (centered - torch.nanmean(centered)) / (_nan_std(centered) + EPS)
+
+
+def compute_advantages(rewards: torch.Tensor, group_size: int, scale: str, estimator: str = "grpo") -> torch.Tensor:
+    """[N] rewards (NaN = missing), groups of `group_size` contiguous rows -> [N] advantages; a group without signal
+    (or a row without a reward) gets exactly 0, whatever the estimator."""
     if rewards.dim() != 1 or rewards.numel() % group_size:
         raise ValueError(f"rewards must be [B*G] with G={group_size}, got shape {tuple(rewards.shape)}")
     r = rewards.float().view(-1, group_size)  # [B, G]
-    mean = torch.nanmean(r, dim=1, keepdim=True)  # [B, 1]; NaN for an all-NaN group
-    centered = r - mean
-    adv = centered / ADVANTAGE_SCALES.get(scale)(r, centered)
+    adv = ESTIMATORS.get(estimator)(r, scale)
     adv = torch.where(torch.isnan(adv) | ~_signal(r, dim=1), torch.zeros_like(adv), adv)
     return adv.view(-1)
 
@@ -145,21 +175,22 @@ def step_signal(steps: list[list[tuple[int, float | None]]], group_size: int) ->
     return [bool(_signal(_step_rewards(steps[g : g + group_size]))) for g in range(0, len(steps), group_size)]
 
 
-# algorithm.multi_objective_aggregation -> fn(total [N], per_function [N, K], weights [K], group_size, scale) -> [N]
-ADVANTAGE_ESTIMATORS: Registry[Callable[..., torch.Tensor]] = Registry("multi_objective_aggregation")
+# algorithm.multi_objective_aggregation -> fn(total [N], per_function [N, K], weights [K], group_size, scale,
+# estimator) -> [N]: how several rewards reach the estimator
+AGGREGATIONS: Registry[Callable[..., torch.Tensor]] = Registry("multi_objective_aggregation")
 
 
-@ADVANTAGE_ESTIMATORS.register("sum_then_normalize")
+@AGGREGATIONS.register("sum_then_normalize")
 def sum_then_normalize(total: torch.Tensor, per_function: torch.Tensor, weights: list[float], group_size: int,
-                       scale: str) -> torch.Tensor:
-    """The weighted sum of the rewards, normalised within its group (`scale`): DeepSeekMath's outcome supervision."""
-    return compute_advantages(total, group_size, scale)
+                       scale: str, estimator: str = "grpo") -> torch.Tensor:
+    """The weighted sum of the rewards, through the estimator (`scale`): DeepSeekMath's outcome supervision."""
+    return compute_advantages(total, group_size, scale, estimator)
 
 
-@ADVANTAGE_ESTIMATORS.register("normalize_then_sum")
+@AGGREGATIONS.register("normalize_then_sum")
 def _normalize_then_sum(total: torch.Tensor, per_function: torch.Tensor, weights: list[float], group_size: int,
-                        scale: str) -> torch.Tensor:
-    return normalize_then_sum(per_function, weights, group_size)
+                        scale: str, estimator: str = "grpo") -> torch.Tensor:
+    return normalize_then_sum(per_function, weights, group_size)  # GDPO's own (the schema: estimator grpo)
 
 
 @dataclass
@@ -181,11 +212,11 @@ class Advantages:
         return (self.local * m).sum(1) / n, (self.local.abs() * m).sum(1) / n
 
 
-def step_advantages(s: StepBatch, group_size: int, scale: str, aggregation: str) -> Advantages:
-    """The outcome advantages of the step's rewards (`aggregation` names the estimator) plus, with step-level
-    rewards, each one's sec. 4.1.3 per-token advantages times its weight, for this process's rows (a group's
-    steps come from every process: they are normalised together)."""
-    outcome = ADVANTAGE_ESTIMATORS.get(aggregation)(s.total, s.per_function, s.weights, group_size, scale)  # [N]
+def step_advantages(s: StepBatch, group_size: int, scale: str, aggregation: str, estimator: str = "grpo") -> Advantages:
+    """The outcome advantages of the step's rewards (`estimator`, with several rewards combined as `aggregation`
+    says) plus, with step-level rewards, each one's sec. 4.1.3 per-token advantages times its weight, for this
+    process's rows (a group's steps come from every process: they are normalised together)."""
+    outcome = AGGREGATIONS.get(aggregation)(s.total, s.per_function, s.weights, group_size, scale, estimator)  # [N]
     local = outcome[s.rows.start : s.rows.stop]
     signal = outcome.view(-1, group_size).ne(0).any(dim=1)  # [B]
     stats: dict[str, float] = {}

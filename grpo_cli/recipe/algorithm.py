@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from grpo_cli.algo.specs import ESTIMATORS
 from grpo_cli.recipe.section import Section
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
@@ -14,6 +15,7 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vesp
 CISPO_CAP = 5.0  # TRL's suggested epsilon_high for cispo; MiniMax-M1 (arXiv:2506.13585) caps the IS weight itself
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
 ScaleMode = Literal["group", "batch", "none"]
+Estimator = Literal[tuple(ESTIMATORS)]  # type: ignore[valid-type]  (algo/specs.py's table)
 
 
 class DynamicSamplingConfig(Section):
@@ -38,6 +40,9 @@ class AlgorithmConfig(Section):
     delta: float | None = Field(None, description="Two-sided clipping bound on the ratio (INTELLECT-2); > 1 + epsilon_high.")
     loss_type: LossType = Field("dapo", description="Loss aggregation / objective: " + " | ".join(LOSS_TYPES) + ".")
     scale_rewards: ScaleMode = Field("group", description="Divide advantages by the std of the group, the batch, or none (Dr. GRPO).")
+    advantage_estimator: Estimator = Field("grpo", description="What each completion's reward is compared with: "
+                                           + "; ".join(f"`{s.name}`: {s.baseline} ({s.paper})"
+                                                       for s in ESTIMATORS.values()) + ".")
     importance_sampling_level: Literal["token", "sequence"] = Field("token", description="`sequence` is GSPO.")
     num_iterations: int = Field(1, ge=1, description="mu: policy updates per generation batch.")
     mask_truncated_completions: bool = Field(False, description="Drop completions that hit max length from the loss (DAPO).")
@@ -119,6 +124,15 @@ class AlgorithmConfig(Section):
                 "normalize_then_sum, which divides each reward by its group's std and the sums by the batch's std "
                 "(as TRL, which ignores scale_rewards there): leave scale_rewards at group"
             )
+        spec = ESTIMATORS[self.advantage_estimator]
+        if spec.scale is not None and self.scale_rewards != spec.scale:
+            raise ValueError(f"algorithm.scale_rewards ({self.scale_rewards}): advantage_estimator "
+                             f"{spec.name} normalises over the {spec.scale} by its definition: set scale_rewards "
+                             f"{spec.scale}")
+        if not spec.aggregates and self.multi_objective_aggregation == "normalize_then_sum":
+            raise ValueError(f"algorithm.multi_objective_aggregation normalize_then_sum is GDPO's per-function "
+                             f"normalisation, a grpo estimator of its own: with advantage_estimator {spec.name}, "
+                             "use sum_then_normalize")
         if self.loss_type == "luspo" and self.importance_sampling_level != "sequence":
             raise ValueError(
                 "algorithm.loss_type luspo is GSPO's sequence-level objective with each sequence's loss scaled by its "

@@ -181,7 +181,8 @@ class Engine:
         s = self.rollouts.next(step, clock)  # StepBatch: this process's rows, every row's rewards (time/generate, /score)
         self.record(step, s)  # the batch exactly as the update sees it, for `grpo replay` (logging.replay)
         with clock("train"):
-            adv = step_advantages(s, a.num_generations, a.scale_rewards, a.multi_objective_aggregation)  # [n] or [n, T]
+            adv = step_advantages(s, a.num_generations, a.scale_rewards, a.multi_objective_aggregation,
+                                  a.advantage_estimator)  # [n], or [n, T] with step rewards
             mask = trained_mask(s.rollout, a.mask_truncated_completions)  # [n, T]: the tokens the policy sampled
             stats = self.update(s.rollout, adv.local, mask, clock.memory)  # mu clipped policy updates
             self.reference.after_update(step, policy)  # the outer loop: pi_ref <- pi_theta every M steps

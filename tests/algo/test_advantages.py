@@ -237,3 +237,38 @@ def test_normalize_then_sum_ignores_a_function_without_signal_in_a_group():
             alone = normalize_then_sum(per_function[:, :1], [1.0], G)
             assert torch.equal(normalize_then_sum(per_function, [1.0, 1.0], G), alone), (v, G)
             assert torch.equal(normalize_then_sum(flat[:, None], [1.0], G), torch.zeros(2 * G))
+
+
+# --------------------------------------------------------------------------- the estimator axis (issue 36)
+
+def test_rloo_compares_each_reward_with_the_mean_of_the_others():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, math.nan, 0.0, 0.0, 3.0, 3.0, 3.0, 3.0])
+    adv = compute_advantages(r, 4, "none", "rloo")
+    # group 1: 1 - (0 + 0 + 1) / 3 = 2/3, 0 - (1 + 0 + 1) / 3 = -2/3; group 2 (3 rewards): 1 - 0 = 1,
+    # 0 - (1 + 0) / 2 = -0.5, the missing one 0; group 3: no signal
+    want = [2 / 3, -2 / 3, -2 / 3, 2 / 3, 1.0, 0.0, -0.5, -0.5, 0.0, 0.0, 0.0, 0.0]
+    torch.testing.assert_close(adv, torch.tensor(want))
+    std = math.sqrt(4 * 0.25 / 3)  # group 1's unbiased std: scale_rewards group divides by it (+ EPS)
+    torch.testing.assert_close(compute_advantages(r, 4, "group", "rloo")[:4], torch.tensor(want[:4]) / (std + EPS))
+
+
+def test_reinforce_plus_plus_baseline_whitens_the_group_centered_rewards_over_the_batch():
+    r = torch.tensor([0.0, 1.0, 3.0, 5.0, 2.0, 2.0])
+    adv = compute_advantages(r, 2, "batch", "reinforce_plus_plus_baseline")
+    # centered: [-0.5, 0.5, -1, 1, 0, 0]; batch mean 0; unbiased std sqrt((0.25 + 0.25 + 1 + 1 + 0 + 0) / 5)
+    std = math.sqrt(2.5 / 5)
+    torch.testing.assert_close(adv, torch.tensor([-0.5, 0.5, -1.0, 1.0, 0.0, 0.0]) / (std + EPS))
+    # with a missing reward: the group's mean and the batch's statistics leave it out, and it gets 0
+    with_nan = compute_advantages(torch.tensor([0.0, 1.0, 4.0, math.nan]), 2, "batch", "reinforce_plus_plus_baseline")
+    assert with_nan[2] == 0 and with_nan[3] == 0 and torch.isfinite(with_nan).all()
+    std = math.sqrt((0.25 + 0.25 + 0.0) / 2)  # centered [-0.5, 0.5, 0]: the lone reward centres to 0
+    torch.testing.assert_close(with_nan[:2], torch.tensor([-0.5, 0.5]) / (std + EPS))
+
+
+def test_grpo_is_the_default_estimator_and_every_estimator_has_its_spec():
+    from grpo_cli.algo.advantages import ESTIMATORS
+    from grpo_cli.algo.specs import ESTIMATORS as SPECS
+
+    r = torch.tensor([1.0, 0.0, 0.5, 0.5, 2.0, 2.0, 2.0, 1.0])
+    torch.testing.assert_close(compute_advantages(r, 4, "group"), compute_advantages(r, 4, "group", "grpo"))
+    assert set(ESTIMATORS.names()) == set(SPECS)

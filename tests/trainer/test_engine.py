@@ -184,6 +184,25 @@ def test_uneven_process_split_is_a_setup_error(tmp_path):
         Engine(r, tmp_path / "x")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("estimator,scale", [("rloo", "none"), ("reinforce_plus_plus_baseline", "batch")])
+def test_an_advantage_estimator_trains_and_logs_its_advantages(estimator, scale, tmp_path):
+    # issue 36: algorithm.advantage_estimator, one entry per estimator (algo/specs.py, algo/advantages.ESTIMATORS)
+    from grpo_cli.algo.advantages import compute_advantages
+
+    r = load_recipe(TINY, ["train.max_steps=2", "checkpoint.every_steps=0", "eval=null",
+                           f"algorithm.advantage_estimator={estimator}", f"algorithm.scale_rewards={scale}"])
+    Engine(r, tmp_path / "run").fit()
+    rollouts = read_jsonl(tmp_path / "run/rollouts.jsonl")
+    for step in (1, 2):
+        rows = [x for x in rollouts if x["step"] == step]
+        rewards = torch.tensor([x["reward"] for x in rows])
+        expected = compute_advantages(rewards, r.algorithm.num_generations, scale, estimator)
+        assert torch.allclose(torch.tensor([x["advantage"] for x in rows]), expected, atol=1e-5)
+        assert not torch.allclose(expected, compute_advantages(rewards, r.algorithm.num_generations, scale, "grpo"))
+    assert [m["step"] for m in read_jsonl(tmp_path / "run/metrics.jsonl")] == [1, 2]
+
+
 @pytest.mark.usefixtures("model_cache")
 def test_the_options_train_and_log(tmp_path):
     r = load_recipe("recipes/ci-tiny.yaml", [
