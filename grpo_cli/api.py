@@ -26,15 +26,36 @@ Importing this module is cheap: torch loads on the first call.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
-from grpo_cli.errors import UsageError
+from grpo_cli.errors import UsageError, UserError
 
 if TYPE_CHECKING:
     from grpo_cli.recipe.schema import Recipe
+
+# a message raised to Python names this function's arguments where the command line's says its flags
+PYTHON_TERMS = (("--resume auto", 'resume="auto"'), ("--resume CHECKPOINT", "resume=CHECKPOINT"),
+                ("--resume PATH", "resume=PATH"), ("--start-over", "start_over=True"),
+                ("--allow-recipe-change", "allow_recipe_change=True"), ("--rewind", "rewind=True"),
+                ("--output-dir", "output_dir="), ("--resume", "resume="), ("give --recipe", "give recipe="))
+
+
+@contextmanager
+def in_python_terms(also: list[tuple[str, str]] | None = None) -> Iterator[None]:
+    """A UserError raised inside, with the command line's flags (and `also`'s texts) put as Python's arguments."""
+    try:
+        yield
+    except UserError as e:
+        text = str(e)
+        for old, new in (*(also or []), *PYTHON_TERMS):
+            text = text.replace(old, new)
+        e.args = (text, *e.args[1:])
+        raise
+
 
 RecipeLike = Union[str, Path, dict, "Recipe"]
 RewardLike = Union[str, Callable[..., Any], tuple]
@@ -127,6 +148,16 @@ def train(recipe: RecipeLike, *, overrides: Sequence[str] | None = None, rewards
     (default logging.output_dir or runs/<name>). resume: "auto" or a checkpoint path. start_over,
     allow_recipe_change, rewind: the command line's --start-over, --allow-recipe-change and --rewind.
     """
+    if os.environ.get("WORLD_SIZE", "1") != "1":
+        raise UsageError("grpo_cli.train runs in one process; for several, use `grpo train --num-processes N`")
+    also: list[tuple[str, str]] = []  # the rows' file, once written, as the argument that gave them
+    with in_python_terms(also):
+        return _train(recipe, overrides, rewards, dataset, output_dir, resume, start_over, allow_recipe_change,
+                      rewind, also)
+
+
+def _train(recipe, overrides, rewards, dataset, output_dir, resume, start_over, allow_recipe_change, rewind,
+           also: list[tuple[str, str]]) -> TrainResult:
     from grpo_cli.data.checks import check_data
     from grpo_cli.preflight import resolve
     from grpo_cli.run import lock
@@ -134,8 +165,6 @@ def train(recipe: RecipeLike, *, overrides: Sequence[str] | None = None, rewards
     from grpo_cli.run.folder import finished_step
     from grpo_cli.run.hub import hub_names, work_offline_if_unreachable
 
-    if os.environ.get("WORLD_SIZE", "1") != "1":
-        raise UsageError("grpo_cli.train runs in one process; for several, use `grpo train --num-processes N`")
     r = recipe_with(recipe, overrides, rewards)
     resolve(r)
     run_dir, resume = Path(output_dir or r.output_dir), str(resume) if resume else None
@@ -143,6 +172,8 @@ def train(recipe: RecipeLike, *, overrides: Sequence[str] | None = None, rewards
     try:
         if dataset is not None:
             r = _with_rows(r, dataset, run_dir)
+            also += [(f"data.files {r.data.files}", "the rows given as dataset="),
+                     ("data.files", "the rows given as dataset=")]  # the recipe's files are the rows' own
         prepare_openmp(r.train.threads)  # takes effect only when torch is not imported yet
         work_offline_if_unreachable(hub_names(r), print)
         check_data(r)
@@ -238,7 +269,8 @@ def evaluate(targets: str | Path | Sequence[str | Path], recipe: RecipeLike | No
                     max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size, **held_out)
     from grpo_cli.preflight import resolve
 
-    report = run_eval(specs, r, settings, out, backend=backend, threads=threads, resolve=resolve)
+    with in_python_terms():
+        report = run_eval(specs, r, settings, out, backend=backend, threads=threads, resolve=resolve)
     return EvalResult(out, report)
 
 
@@ -252,4 +284,5 @@ def export(checkpoint: str | Path, merge: str | Path, dtype: str | None = None) 
 
     if dtype not in (None, *DTYPES):
         raise UsageError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)}")
-    return export_checkpoint(Path(checkpoint), Path(merge), dtype)
+    with in_python_terms():
+        return export_checkpoint(Path(checkpoint), Path(merge), dtype)

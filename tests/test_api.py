@@ -240,7 +240,7 @@ def test_the_docs_notebook_runs_headless(tmp_path, cache_env):
             parts.append(o.get("text", "") + str(o.get("data", {}).get("text/plain", "")))
         return "\n".join(parts)
 
-    train, metrics, scores, more, errors = code[1], code[2], code[3], code[4], code[5]
+    train, metrics, scores, exported, more, errors = code[1], code[2], code[3], code[4], code[5], code[6]
     assert "TrainResult(runs/notebook: step 4, reward" in text(train)
     assert "step 4/4 |" in text(train) and "brevity" in text(train)  # the per-step lines
     # the progress bar: rich draws it in an ipywidgets Output, a widget view among the cell's outputs
@@ -249,6 +249,7 @@ def test_the_docs_notebook_runs_headless(tmp_path, cache_env):
     rows = eval(metrics.outputs[0]["data"]["text/plain"])  # noqa: S307 - the cell's own repr of a list of tuples
     assert [r[0] for r in rows] == [1, 2, 3, 4] and all(0 < r[2] < 0.2 for r in rows)
     assert "runs/notebook/eval/" in text(scores)
+    assert "'lora_merged': False" in text(exported) and (tmp_path / "models/mine/config.json").is_file()
     assert more.outputs[-1]["data"]["text/plain"] == "(6, 6)"
     assert text(errors).startswith("RecipeError 2 invalid recipe:\n  train.micro_batch_size (4) must divide")
     saved = read_jsonl(tmp_path / "runs/notebook/metrics.jsonl")
@@ -302,3 +303,17 @@ def test_what_needs_no_reward_works_on_a_run_with_function_rewards(python_run, c
     evaluated, refused = p.stdout.splitlines()[-2:]
     assert float(evaluated) == 4 and refused.startswith("RecipeError(") and "rewards.1.name: reward 'python:brevity'" in refused
     assert "grpo_cli.evaluate(..., rewards=[brevity])" in refused
+
+
+def test_errors_raised_to_python_name_its_arguments(python_run, tmp_path):
+    """Issue 36's newcomer walk: errors raised to Python gave the command line's flags (--resume auto, --start-over),
+    and a wrong column of rows given as dataset= was "not a column of data.files"."""
+    with pytest.raises(UserError) as e:  # a folder holding a run: continue it or start over
+        grpo_cli.train("recipes/ci-tiny.yaml", rewards=["accuracy", (brevity, 0.5)], dataset=ROWS,
+                       overrides=[*TINY, "train.max_steps=4"], output_dir=python_run.run_dir)
+    assert 'resume="auto"' in str(e.value) and "start_over=True" in str(e.value) and "--" not in str(e.value)
+    rows = [{"question": r["prompt"], "answer": r["answer"]} for r in ROWS]
+    with pytest.raises(DataError) as e:
+        grpo_cli.train("recipes/ci-tiny.yaml", dataset=rows, overrides=TINY, output_dir=tmp_path / "run")
+    assert "the rows given as dataset=" in str(e.value) and "data.files" not in str(e.value), str(e.value)
+    assert "columns: question, answer" in str(e.value)

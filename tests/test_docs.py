@@ -59,6 +59,13 @@ def test_the_readme_is_a_front_door():
     # its example recipe is a valid one
     block = re.search(r"```yaml\n(.*?)```", readme, re.S).group(1)
     assert Recipe.model_validate(yaml.safe_load(block)).name == "my-run"
+    # its Python example trains beside `make demo`'s run, not into it (issue 36's newcomer walk: it failed right after
+    # the demo, the folder holding a run)
+    python = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    recipe, out = re.search(r'grpo_cli\.train\("([^"]+)".*?output_dir="([^"]+)"', python, re.S).groups()
+    demo = re.search(r"^demo:.*?grpo(?:_cli)? train (\S+)", (ROOT / "Makefile").read_text(), re.S | re.M)
+    assert demo and demo.group(1) == recipe
+    assert Path(out) != Path(yaml.safe_load((ROOT / recipe).read_text())["logging"]["output_dir"])
 
 
 def test_every_page_is_in_the_nav_and_every_link_reaches_a_page_and_its_heading():

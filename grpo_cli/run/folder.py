@@ -229,7 +229,8 @@ def report_changes(run_dir: Path, checkpoint: Path, from_step: int, changes: dic
         f.write(json.dumps(record) + "\n")
     allowed = {k: v for k, v in changes.items() if resumable(k)}
     forced = {k: v for k, v in changes.items() if not resumable(k)}
-    for what, part in (("resume applies", allowed), ("--allow-recipe-change applies", forced)):
+    # the forced ones are allowed on request: --allow-recipe-change, allow_recipe_change=True, a replay's overrides
+    for what, part in (("resume applies", allowed), ("applied on request", forced)):
         if part:
             print(f"{what} from step {from_step} on (recorded in {RECIPE_CHANGES}):\n{format_changes(part)}")
 

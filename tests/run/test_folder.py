@@ -325,7 +325,7 @@ def test_recipe_drift_on_resume_is_refused_or_applied_and_recorded(base_run, tmp
             "--allow-recipe-change")
     assert p.returncode == 0, p.stderr
     assert "resume applies from step 5 on (recorded in recipe_changes.jsonl):\n  train.max_steps: 4 -> 6" in p.stdout
-    assert "--allow-recipe-change applies from step 5 on" in p.stdout and "train.learning_rate: 0.001 -> 0.01" in p.stdout
+    assert "applied on request from step 5 on" in p.stdout and "train.learning_rate: 0.001 -> 0.01" in p.stdout
     metrics = read_jsonl(run / "metrics.jsonl")
     assert [m["learning_rate"] for m in metrics] == [1e-3] * 4 + [0.01] * 2  # the optimizer got the new rate
     [record] = read_jsonl(run / "recipe_changes.jsonl")
