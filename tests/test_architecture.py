@@ -35,6 +35,7 @@ RECIPE_ALSO = {
                                                            "the importer of user code reads the same way",
     ("grpo_cli.recipe.algorithm", "grpo_cli.algo.specs"): "the torch-free table of algorithm names the schema's "
                                                           "choices and rules read",
+    ("grpo_cli.recipe.schema", "grpo_cli.algo.specs"): "the torch-free table of optimizers the schema's choices read",
 }
 MAX_LINES = 450  # a file (STYLE.md's red line); the engine 300, train_step 30
 BACKEND_NAMES = {"hf", "vllm", "colocate", "server", "vllm-colocate", "vllm-server"}

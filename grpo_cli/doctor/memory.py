@@ -39,6 +39,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from grpo_cli.algo.specs import OPTIMIZERS
 from grpo_cli.trainer.setup import ForwardChoices, forward_choices
 from grpo_cli.views.verdicts import Verdict
 
@@ -141,7 +142,8 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
     lora = m.lora.r > 0
     trainable = (sum(m.lora.r * (i + o) for name, i, o in shape.linear if _targeted(name, m.lora.target_modules))
                  if lora else shape.params)
-    optimizer = {"adamw": 2 * width, "adamw_8bit": 2, "paged_adamw_8bit": 2, "adafactor": 0.1 * width}[t.optimizer]
+    opt = OPTIMIZERS[t.optimizer]
+    optimizer = opt.state_bytes or opt.state_widths * width
     rows = recipe.generation_batch_size // processes
     positions = prompt_tokens + ro.max_completion_length
     sampling_copy = shape.params * 2 if ro.dtype == "bfloat16" or (ro.dtype == "auto" and device == "cuda"
@@ -186,12 +188,11 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
     calls = 2 if lora and ch.shared_prompts else 1
     casts = shape.params * 2 * calls if ch.autocast and width == 4 else 0.0
     # the optimizer step's temporaries: torch's AdamW on CUDA updates every tensor at once (foreach: the second
-    # moments' square root, one copy of what trains); on the CPU one tensor at a time (two of the largest)
+    # moments' square root, one copy of what trains); on the CPU one tensor at a time (copies of the largest)
     largest = (max([i * o for name, i, o in shape.linear] + [shape.vocab * shape.hidden]) if not lora
                else max((m.lora.r * (i + o) for name, i, o in shape.linear if _targeted(name, m.lora.target_modules)),
                         default=0))
-    step = {"adamw": trainable * width if device == "cuda" else 2 * largest * width, "adamw_8bit": 0.0,
-            "paged_adamw_8bit": 0.0, "adafactor": 3 * largest * width}[t.optimizer]
+    step = trainable * width if device == "cuda" and opt.foreach_on_cuda else opt.step_largest * largest * width
     parts = [
         Part("runtime", runtime, ""),
         Part("weights", shape.params * width, "model.dtype=bfloat16, or a smaller model"),

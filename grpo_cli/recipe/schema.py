@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from grpo_cli.algo.specs import OPTIMIZERS
 from grpo_cli.recipe.algorithm import AlgorithmConfig
 from grpo_cli.recipe.checks import INIT_OWN, check_across_sections, check_rewards, refuse_own_keys
 from grpo_cli.recipe.section import Section
@@ -253,11 +254,8 @@ class TrainConfig(Section):
     max_steps: int = Field(..., ge=1, description="Training steps (one generation batch each).")
     prompts_per_step: int = Field(8, ge=1, description="B: prompts per step; the batch holds B * G completions.")
     micro_batch_size: int = Field(8, ge=1, description="Completions per forward/backward; the rest is gradient accumulation.")
-    optimizer: Literal["adamw", "adafactor", "adamw_8bit", "paged_adamw_8bit"] = Field(
-        "adamw", description="adamw: torch's (fused where it can); adafactor: transformers' (factored second "
-        "moments: far less memory, fixed learning rate here); adamw_8bit / paged_adamw_8bit: bitsandbytes' 8-bit "
-        "moments (1/4 of AdamW's state; paged: CUDA, spills to host memory).",
-    )
+    optimizer: Literal[tuple(OPTIMIZERS)] = Field(  # type: ignore[valid-type]  (algo/specs.py's table)
+        "adamw", description="; ".join(f"{s.name}: {s.what}" for s in OPTIMIZERS.values()) + ".")
     learning_rate: float = Field(1e-6, gt=0, description="AdamW peak learning rate.")
     scheduler: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up: constant, linear or cosine to 0.")
     warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up.")

@@ -9,13 +9,16 @@ colocated vLLM engine re-seeds torch's generator on CPU; a fresh run then seeds 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from grpo_cli.algo.specs import OPTIMIZERS
 from grpo_cli.errors import RunFolderError, SetupError
+from grpo_cli.registry import Registry
 from grpo_cli.trainer.distributed import is_deepspeed, is_fsdp
 
 
@@ -159,23 +162,50 @@ def build_optimizer(params, t, *, fused: bool, device: torch.device | None = Non
     with a fixed learning rate (the schedule is train.scheduler's; no relative step, no parameter scaling, as TRL
     and the Trainer build it). adamw_8bit / paged_adamw_8bit: bitsandbytes' (betas and weight decay as AdamW's)."""
     kind = getattr(t, "optimizer", "adamw")
-    if kind == "adamw":
-        return torch.optim.AdamW(params, lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2),
-                                 weight_decay=t.weight_decay, fused=fused or None)
-    if kind == "adafactor":
-        from transformers.optimization import Adafactor
+    spec = OPTIMIZERS[kind]
+    if spec.needs_cuda and (device is None or device.type != "cuda"):
+        raise SetupError(f"train.optimizer {kind} ({spec.what}) needs CUDA; on this device use another: "
+                         f"{', '.join(n for n, s in OPTIMIZERS.items() if not s.needs_cuda)}")
+    return OPTIMIZER_BUILDERS.get(kind)(params, t, fused)
 
-        return Adafactor(params, lr=t.learning_rate, scale_parameter=False, relative_step=False, warmup_init=False,
-                         weight_decay=t.weight_decay, beta1=None)
+
+# train.optimizer -> fn(params, train section, fused) -> torch optimizer; what each keeps is algo/specs.py's table
+OPTIMIZER_BUILDERS: Registry[Callable[..., torch.optim.Optimizer]] = Registry("optimizer")
+
+
+@OPTIMIZER_BUILDERS.register("adamw")
+def _adamw(params, t, fused: bool) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2),
+                             weight_decay=t.weight_decay, fused=fused or None)
+
+
+@OPTIMIZER_BUILDERS.register("adafactor")
+def _adafactor(params, t, fused: bool) -> torch.optim.Optimizer:
+    from transformers.optimization import Adafactor
+
+    return Adafactor(params, lr=t.learning_rate, scale_parameter=False, relative_step=False, warmup_init=False,
+                     weight_decay=t.weight_decay, beta1=None)
+
+
+def _bitsandbytes(kind: str):
     try:
         import bitsandbytes as bnb
     except ImportError:
-        raise SetupError(f"train.optimizer {kind} needs bitsandbytes: pip install 'grpo-cli[qlora]' (or bitsandbytes)") from None
-    if kind == "paged_adamw_8bit" and (device is None or device.type != "cuda"):
-        raise SetupError("train.optimizer paged_adamw_8bit pages optimizer state between GPU and host memory: it needs "
-                         "CUDA; on this device use adamw_8bit")
-    cls = bnb.optim.PagedAdamW8bit if kind == "paged_adamw_8bit" else bnb.optim.AdamW8bit
-    return cls(params, lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay)
+        raise SetupError(f"train.optimizer {kind} needs bitsandbytes: pip install 'grpo-cli[qlora]' (or "
+                         "bitsandbytes)") from None
+    return bnb.optim
+
+
+@OPTIMIZER_BUILDERS.register("adamw_8bit")
+def _adamw_8bit(params, t, fused: bool) -> torch.optim.Optimizer:
+    return _bitsandbytes("adamw_8bit").AdamW8bit(params, lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2),
+                                                 weight_decay=t.weight_decay)
+
+
+@OPTIMIZER_BUILDERS.register("paged_adamw_8bit")
+def _paged_adamw_8bit(params, t, fused: bool) -> torch.optim.Optimizer:
+    return _bitsandbytes("paged_adamw_8bit").PagedAdamW8bit(params, lr=t.learning_rate, betas=(t.adam_beta1,
+                                                            t.adam_beta2), weight_decay=t.weight_decay)
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, kind: str, warmup: int, total: int):

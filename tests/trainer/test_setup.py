@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grpo_cli.errors import SetupError
 from grpo_cli.preflight import resolve
 from grpo_cli.recipe.schema import DataConfig, ModelConfig, Recipe, RolloutConfig
 
@@ -174,3 +175,23 @@ def test_settings_the_trainer_replays_are_accepted_everywhere():
                                                    "temperature": 0.7}})
     # the hf backend sampling with the policy itself records no log-probs: nothing to bias
     Recipe.model_validate({**BASE, "rollout": {"repetition_penalty": 1.2, "generation_kwargs": {"min_new_tokens": 2}}})
+
+
+def test_every_optimizer_is_one_spec_and_one_builder():
+    # issue 36: optimizers are a table (algo/specs.py: what each keeps, for the schema and the doctor) and a registry
+    # of builders under the same names
+    import typing
+
+    from grpo_cli.algo.specs import OPTIMIZERS
+    from grpo_cli.recipe.schema import TrainConfig
+    from grpo_cli.trainer.setup import OPTIMIZER_BUILDERS, build_optimizer
+
+    assert set(OPTIMIZER_BUILDERS.names()) == set(OPTIMIZERS)
+    assert set(typing.get_args(TrainConfig.model_fields["optimizer"].annotation)) == set(OPTIMIZERS)
+    t = TrainConfig(max_steps=1, learning_rate=0.01)
+    weights = [torch.nn.Parameter(torch.ones(3))]
+    assert isinstance(build_optimizer(weights, t, fused=False), torch.optim.AdamW)
+    with pytest.raises(SetupError, match="paged_adamw_8bit .* needs CUDA; on this device use another: adamw, "
+                                         "adafactor, adamw_8bit"):
+        build_optimizer(weights, TrainConfig(max_steps=1, optimizer="paged_adamw_8bit"), fused=False,
+                        device=torch.device("cpu"))
