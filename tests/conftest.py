@@ -66,3 +66,18 @@ def turn_model(tmp_path_factory) -> str:
     model.save_pretrained(folder / "model")
     tok.save_pretrained(folder / "model")
     return str(folder / "model")
+
+
+HEAVY = ("slow", "vllm", "multiprocess")  # the markers of tests that take seconds to minutes
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files with the most heavy tests first, each file's tests in their order. `make test` runs with --dist
+    loadfile, where a worker takes a whole file: a long file handed out last is the run's tail while the other worker
+    idles, so the longest go first and the quick ones fill in at the end."""
+    heavy: dict[str, int] = {}
+    for item in items:
+        heavy.setdefault(item.nodeid.split("::")[0], 0)
+        if any(item.get_closest_marker(m) for m in HEAVY):
+            heavy[item.nodeid.split("::")[0]] += 1
+    items.sort(key=lambda item: -heavy[item.nodeid.split("::")[0]])  # stable: the order within a file stays
