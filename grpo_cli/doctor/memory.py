@@ -158,22 +158,8 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
         sampling = 0.0
         vllm = (ro.vllm.gpu_memory_utilization * device_total if device == "cuda"
                 else shape.params * width + max(1, round(ro.vllm.cpu_kv_cache_gib)) * GIB)
-    mbs, G = t.micro_batch_size, a.num_generations
-    # each group's prompt once (shared prompts) or every row's, each padded to the longest
-    tokens = mbs * ro.max_completion_length + (math.ceil(mbs / G) if ch.shared_prompts else mbs) * prompt_tokens
-    kv = shape.kv_width if ch.grouped_attention else shape.hidden  # repeated keys and values are kept otherwise
-    per_token_layer = 8 * shape.hidden + 2 * kv + (2 if ch.lean_mlp else 4) * shape.intermediate
-    # autocast keeps the residual stream and the norms in float32 beside its bfloat16 casts of each matmul's input:
-    # about what the model's dtype keeps without it
-    compute = width
-    if m.gradient_checkpointing:
-        activations = tokens * (shape.layers * shape.hidden + per_token_layer) * compute
-    else:
-        activations = tokens * shape.layers * per_token_layer * compute
-    # the additive mask sdpa reads, made once a forward (models/attention.py): [rows, 1, T, T] on the CPU, whose
-    # kernel groups heads itself; elsewhere folded, one copy per query head of a key/value head, rows 16-aligned
-    folded = shape.n_rep if ch.grouped_attention and device != "cpu" else 1
-    activations += mbs * folded * positions * (positions + -positions % 16) * (2 if ch.autocast else width)
+    mbs = t.micro_batch_size
+    activations = _activations(recipe, shape, ch, prompt_tokens, device, width)
     # the log-probs run a row at a time (algo/logprobs.py): a row's float32 log-softmax takes three [T, V] temporaries
     row = ro.max_completion_length * shape.vocab
     if ch.chunked_head:  # a row's logits only (and their float32 copy), or, at another moment (a chunk's are freed
@@ -210,6 +196,27 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
         Part("optimizer step (temporaries)", step, "train.optimizer=adamw_8bit, or model.lora.r=16"),
     ]
     return parts
+
+
+def _activations(recipe, shape: Shape, ch: ForwardChoices, prompt_tokens: int, device: str, width: int) -> float:
+    """What a micro-batch's forward keeps for its backward: per token and layer the block's saved tensors, and the
+    attention mask."""
+    mbs, G, T = recipe.train.micro_batch_size, recipe.algorithm.num_generations, recipe.rollout.max_completion_length
+    # each group's prompt once (shared prompts) or every row's, each padded to the longest
+    tokens = mbs * T + (math.ceil(mbs / G) if ch.shared_prompts else mbs) * prompt_tokens
+    kv = shape.kv_width if ch.grouped_attention else shape.hidden  # repeated keys and values are kept otherwise
+    per_token_layer = 8 * shape.hidden + 2 * kv + (2 if ch.lean_mlp else 4) * shape.intermediate
+    # autocast keeps the residual stream and the norms in float32 beside its bfloat16 casts of each matmul's input:
+    # about what the model's dtype keeps without it
+    if recipe.model.gradient_checkpointing:
+        activations = tokens * (shape.layers * shape.hidden + per_token_layer) * width
+    else:
+        activations = tokens * shape.layers * per_token_layer * width
+    # the additive mask sdpa reads, made once a forward (models/attention.py): [rows, 1, T, T] on the CPU, whose
+    # kernel groups heads itself; elsewhere folded, one copy per query head of a key/value head, rows 16-aligned
+    folded = shape.n_rep if ch.grouped_attention and device != "cpu" else 1
+    positions = prompt_tokens + T
+    return activations + mbs * folded * positions * (positions + -positions % 16) * (2 if ch.autocast else width)
 
 
 def _targeted(name: str, targets: list[str] | str) -> bool:
