@@ -274,7 +274,6 @@ def evaluate(targets: str | Path | Sequence[str | Path], recipe: RecipeLike | No
     return EvalResult(out, report)
 
 
-
 def export(checkpoint: str | Path, merge: str | Path, dtype: str | None = None) -> dict[str, Any]:
     """Write a checkpoint (or a run folder's newest) as a plain Hugging Face model folder `merge`, LoRA adapters
     merged into the base, as `grpo export --merge` does; needs no reward, so any run exports, one trained here with

@@ -4,7 +4,7 @@ The schema (grpo_cli/recipe) checks a name's grammar only and imports nothing it
 and its kwargs fit its function (a reward model's config says one label), each tool can be described to the model,
 the environment class has the methods the episode calls and takes its kwargs, the data generator is one of ours, the
 cache implementation is one of transformers'. Errors name the field and exit 2, as the schema's do. Called by train,
-validate, doctor, eval and replay, from the command line and from Python.
+validate, doctor, eval and convert-trl, from the command line and from Python (a replay trains on recorded rewards).
 """
 
 from __future__ import annotations

@@ -195,4 +195,3 @@ def check_across_sections(recipe) -> None:
     if recipe.model.load_in_4bit and backend_of(recipe.rollout).own_weights:
         raise ValueError("model.load_in_4bit (QLoRA) works with rollout.backend hf only: vLLM cannot take 4-bit "
                          "merged weights from the trainer; use LoRA on a bf16 base with vLLM")
-
