@@ -1,8 +1,8 @@
 """grpo: fine-tune language models with GRPO and its variants (Dr. GRPO, DAPO, GSPO, CISPO, SAPO).
 
 From Python (grpo_cli/api.py): `grpo_cli.train(recipe, rewards=[fn], dataset=rows)`, `grpo_cli.evaluate(...)`,
-`grpo_cli.export(...)`, `grpo_cli.load_recipe(...)`. Importing this package must stay cheap: no torch, no transformers (`grpo --help` is
-instant); the API loads on first use.
+`grpo_cli.export(...)`, `grpo_cli.load_recipe(...)`. Importing this package must stay cheap: no torch, no
+transformers (`grpo --help` is instant); the API loads on first use.
 """
 
 __version__ = "0.1.0"

@@ -301,7 +301,8 @@ def test_what_needs_no_reward_works_on_a_run_with_function_rewards(python_run, c
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cache_env, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
     evaluated, refused = p.stdout.splitlines()[-2:]
-    assert float(evaluated) == 4 and refused.startswith("RecipeError(") and "rewards.1.name: reward 'python:brevity'" in refused
+    assert float(evaluated) == 4 and refused.startswith("RecipeError(")
+    assert "rewards.1.name: reward 'python:brevity'" in refused
     assert "grpo_cli.evaluate(..., rewards=[brevity])" in refused
 
 

@@ -40,15 +40,13 @@ class OptimizerSpec:
     foreach_on_cuda: bool = False  # its step's temporaries on CUDA: one copy of every trained tensor at once
     step_largest: float = 0.0  # else: copies of the largest trained tensor (one tensor at a time)
     needs_cuda: bool = False
-    package: str | None = None  # the pip package it needs beyond torch
 
 
 OPTIMIZERS = {s.name: s for s in (
     OptimizerSpec("adamw", "torch's (fused where it can)", state_widths=2, foreach_on_cuda=True, step_largest=2),
     OptimizerSpec("adafactor", "transformers' (factored second moments: far less memory, fixed learning rate here)",
                   state_widths=0.1, step_largest=3),
-    OptimizerSpec("adamw_8bit", "bitsandbytes' 8-bit moments (1/4 of AdamW's state)", state_bytes=2,
-                  package="bitsandbytes"),
+    OptimizerSpec("adamw_8bit", "bitsandbytes' 8-bit moments (1/4 of AdamW's state)", state_bytes=2),
     OptimizerSpec("paged_adamw_8bit", "bitsandbytes' 8-bit moments, paged: spills to host memory", state_bytes=2,
-                  needs_cuda=True, package="bitsandbytes"),
+                  needs_cuda=True),
 )}

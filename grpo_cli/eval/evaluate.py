@@ -317,8 +317,8 @@ def eval_settings(recipe: Recipe, cfg: EvalConfig, problems: Problems) -> dict[s
 
 def run_eval(specs: list[str], recipe: Recipe | None, cfg_overrides: dict[str, Any], output: Path, backend: str = "hf",
              threads: int | str | None = None, resolve: Callable[[Recipe], Any] = lambda r: None) -> dict[str, Any]:
-    """Evaluate every target on the same problems; print a table, write eval.json and samples.jsonl. `threads`: the
-    CPU threads (None: the recipe's); `resolve`: the preflight, run on the recipe settled on (given, or a checkpoint's)."""
+    """Evaluate every target on the same problems; print a table, write eval.json and samples.jsonl. `threads`: CPU
+    threads (None: the recipe's); `resolve`: the preflight, run on the recipe settled on (given or a checkpoint's)."""
     import json
     import sys
 

@@ -16,9 +16,9 @@ in 16-bit, but in float32 only in the math kernel, which keeps every layer's [b,
 backward (7 x 81 MiB at 8 rows x 576 positions, H200); there the causal mask is made ([1, 1, q, q], once per forward)
 and folded as above.
 
-Where no mask is given otherwise, or the call needs what neither handles (a position bias, a paged cache, attention weights),
-it is transformers' own `sdpa`, unchanged. Registered as `sdpa_grouped` (attention and mask interfaces), and chosen
-by `use_grouped_sdpa` for a model that transformers put on `sdpa` and that has grouped heads.
+Where no mask is given otherwise, or the call needs what neither handles (a position bias, a paged cache, attention
+weights), it is transformers' own `sdpa`, unchanged. Registered as `sdpa_grouped` (attention and mask interfaces),
+and chosen by `use_grouped_sdpa` for a model that transformers put on `sdpa` and that has grouped heads.
 """
 
 from __future__ import annotations
