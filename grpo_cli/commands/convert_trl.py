@@ -84,12 +84,13 @@ def command(
 def _unresolved_rewards(recipe: dict) -> dict[int, str]:
     """The user's reward functions (`module:function`, `file.py:function`) that do not resolve on this machine, by
     position: what resolving each one said."""
+    from grpo_cli.recipe.names import is_reward_model
     from grpo_cli.rewards import check_reward_name
 
     unresolved = {}
     for i, reward in enumerate(recipe.get("rewards") or []):
         name = str(reward.get("name", ""))
-        if ":" in name and not name.startswith("model:"):
+        if ":" in name and not is_reward_model(name):
             try:
                 check_reward_name(name)
             except ValueError as e:

@@ -8,7 +8,6 @@ from typing import Optional
 import typer
 
 
-
 def command(
     checkpoint: Path = typer.Argument(..., help="A checkpoint folder (RUN/checkpoints/step-N) or a run folder (its newest).", show_default=False),
     merge: Path = typer.Option(..., "--merge", help="Output folder for the merged Hugging Face model.", show_default=False),

@@ -90,7 +90,7 @@ def probe_rewards(recipe, batch, tokenizer) -> Verdict:
     gives the right answer 0, or no more than the wrong one, is named with the row and the values."""
     from grpo_cli.data.prompts import user_prompts
     from grpo_cli.rewards import score
-    from grpo_cli.rewards.reward_model import is_reward_model
+    from grpo_cli.recipe.names import is_reward_model
 
     column = recipe.data.answer_column
     if column is None or "answer" not in batch.columns:

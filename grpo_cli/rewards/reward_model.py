@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from grpo_cli.recipe.names import PREFIX, is_reward_model, log_name, model_source  # noqa: F401  (the grammar)
+from grpo_cli.recipe.names import log_name, model_source
 
 DEFAULTS = {"batch_size": 8, "max_length": 1024}
 _LOADED: dict[tuple[str, str], tuple[Any, Any]] = {}  # (source, device) -> (tokenizer, model)

@@ -38,7 +38,11 @@ from typing import TYPE_CHECKING, Any
 
 import grpo_cli.rewards.reward_model as rm
 from grpo_cli.errors import RewardError
-from grpo_cli.recipe.names import reward_log_name, unique_log_names  # noqa: F401  (rewards/__init__ exports them)
+from grpo_cli.recipe.names import (  # noqa: F401  (rewards/__init__ exports the log names)
+    is_reward_model,
+    reward_log_name,
+    unique_log_names,
+)
 from grpo_cli.registry import did_you_mean
 from grpo_cli.rewards.builtin import REWARDS
 from grpo_cli.rewards.kwargs import check_kwargs
@@ -64,7 +68,7 @@ def resolve_reward(name: str) -> Callable[..., Any]:
     """The function a reward name stands for. Raises ValueError with a message for people."""
     if name in REWARDS:
         return REWARDS[name]
-    if rm.is_reward_model(name):
+    if is_reward_model(name):
         return rm.reward_model(name)
     if ":" not in name:
         hint = did_you_mean(name, REWARDS.names())
@@ -85,7 +89,7 @@ def check_reward(name: str, kwargs: dict[str, Any], timeout_s: float | None = No
     (with a did-you-mean), built-in values are valid, a reward model's config says num_labels 1, a function
     that declares its level (`fn.reward_level`) is used at it.
     Raises ValueError starting with the field (`name: ...`, `kwargs.KEY: ...`) for the recipe validator."""
-    if rm.is_reward_model(name):
+    if is_reward_model(name):
         if level == "step":
             raise ValueError("level: a reward model scores whole completions: use level outcome")
         rm.check_reward_model(name, kwargs, timeout_s)
@@ -105,7 +109,7 @@ def check_reward(name: str, kwargs: dict[str, Any], timeout_s: float | None = No
 
 def _portable_name(name: str) -> str:
     """The name with a file path made absolute, for a child process to resolve."""
-    if name in REWARDS or ":" not in name or rm.is_reward_model(name):
+    if name in REWARDS or ":" not in name or is_reward_model(name):
         return name
     return objects.portable(name)
 

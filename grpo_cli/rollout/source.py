@@ -113,7 +113,7 @@ class RolloutSource:
         rows (every process's), [N]. `wake`: a later round of the step, after the generator went to sleep."""
         from grpo_cli.data.prompts import user_prompts
         from grpo_cli.rewards import score_rollout
-        from grpo_cli.rewards.reward_model import is_reward_model
+        from grpo_cli.recipe.names import is_reward_model
 
         r = self.recipe
         episode_columns: dict[str, list] = {}
