@@ -41,7 +41,7 @@ part() {  # part NAME SECONDS CMD...
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 $py -c "import torch, transformers, accelerate, peft; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 '| transformers', transformers.__version__, '| accelerate', accelerate.__version__, '| peft', peft.__version__); \
-import trl; print('trl', trl.__version__)"
+import importlib.util as u; print('trl', __import__('trl').__version__ if u.find_spec('trl') else 'absent')"
 
 grpo() { $py -m grpo_cli "$@"; }
 compare() {  # compare RUN_A RUN_B: the per-step metrics two runs logged

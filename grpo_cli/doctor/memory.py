@@ -28,8 +28,8 @@ read (PROMPT_ROWS); a `grpo serve-vllm` samples in its own process, so nothing o
 
 The tensors are what a GPU's allocator reports: tests/doctor/test_memory.py holds them within 10% of a real run's live
 tensors (full and LoRA, fp32 and bf16 autocast, short and long prompts; bench/doctor_memory.py adds server mode), and
-on an H200 the plan came within 4% of the allocator's peak on short prompts (bench/RESULTS.md; what it misses there,
-bench/cuda_memory_trace.py shows). On the CPU, memory/peak_gib is resident memory, which adds what the C allocator
+on an H200 the plan came within 7.4% of the allocator's peak on every shape of bench/doctor_memory.py (bench/RESULTS.md;
+what is alive at a peak, bench/cuda_memory_trace.py shows). On the CPU, memory/peak_gib is resident memory, which adds what the C allocator
 keeps of freed tensors: 0.1-0.2 GiB more than planned on a 12M-parameter model.
 """
 
@@ -277,6 +277,9 @@ def check_memory(recipe, config: Any, processes: int, prompts: PromptLengths) ->
                                   ("grouped attention", choices.grouped_attention),
                                   ("autocast", choices.autocast)) if on) or "as the model's own"]
     need = total * (processes if device == "cpu" else 1)
+    if device == "cpu":
+        evidence.append("not counted: what the C allocator keeps of freed tensors, which resident memory (the CPU's "
+                        "memory/peak_gib) adds: 0.1-0.2 GiB on bench/doctor_memory.py's 11M-parameter model")
     if free is not None:
         evidence.append(f"free on this machine's {device}: {free / GIB:.1f} GiB (MemAvailable or cudaMemGetInfo)")
     if free is not None and need > free:
