@@ -29,7 +29,8 @@ CHILD = r"""
 import json, os, resource, sys, time
 os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
 import datasets, numpy, torch, transformers  # the imports a trainer has anyway, before the data
-from grpo_cli.data.prompts import PromptStream, load_rows
+from grpo_cli.data.prompts import PromptStream
+from grpo_cli.data.sources import load_rows
 from grpo_cli.models.loading import load_tokenizer
 from grpo_cli.recipe.schema import DataConfig, ModelConfig
 torch.set_num_threads(1)

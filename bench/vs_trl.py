@@ -154,7 +154,8 @@ def dedupe(ids: list[list[int]]) -> list[list[int]]:
 
 def grpo_prompt_ids(recipe_path: Path, steps: int) -> dict:
     """The token ids `grpo train` generates from, by grpo's own code: every prompt, and each step's."""
-    from grpo_cli.data.prompts import PromptStream, encode_prompts, load_rows, render_prompt
+    from grpo_cli.data.prompts import PromptStream, encode_prompts, render_prompt
+    from grpo_cli.data.sources import load_rows
     from grpo_cli.models.loading import load_tokenizer
     from grpo_cli.recipe.files import load_recipe
 
@@ -305,7 +306,7 @@ PHASES = [("generate", "sampling"), ("score", "scoring (TRL: sampling and scorin
 
 def phase_table(grpo_runs: list[dict], trl_runs: list[dict], warmup: int, memory: str) -> str:
     """Where each side's peak comes from: the highest peak of each phase over the measured steps of every run
-    (grpo_cli/run/memory.py measures both sides), and the process peak."""
+    (grpo_cli/process/memory.py measures both sides), and the process peak."""
     def peak(runs, phase):
         values = [p.get(f"memory/{phase}_gib") for r in runs for p in r["phases"][warmup:]]
         values = [v for v in values if v is not None]

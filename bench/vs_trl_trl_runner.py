@@ -4,7 +4,7 @@
 
 SPEC.json (written by vs_trl.py) holds the model folder, prompts file and settings. OUT_DIR gets:
   steps.jsonl    one line per optimizer step, written as it ends (step, wall time, generation time, peak memory so
-                 far and of each phase, measured by grpo_cli.run.memory as grpo measures its own)
+                 far and of each phase, measured by grpo_cli.process.memory as grpo measures its own)
   prompts.json   the prompt token ids TRL generates from: all prompts (TRL's own tokenization) and per step
   result.json    the log lines TRL wrote, TRL's version, peak RSS
 Step time is on_step_begin -> on_step_end (generation, scoring, forward, backward, clipping, optimizer);
@@ -35,10 +35,10 @@ def main() -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # grpo_cli.run.memory: torch only
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # grpo_cli.process.memory: torch only
     from vs_trl_reward import reward
 
-    from grpo_cli.run.memory import PhasePeaks, peak_memory_gib  # the phases measured as grpo measures its own
+    from grpo_cli.process.memory import PhasePeaks, peak_memory_gib  # the phases measured as grpo measures its own
 
     transformers.utils.logging.set_verbosity_error()
     G, mb = spec["num_generations"], spec["micro_batch_size"]

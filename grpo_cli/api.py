@@ -26,6 +26,7 @@ Importing this module is cheap: torch loads on the first call.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,18 +42,20 @@ if TYPE_CHECKING:
 PYTHON_TERMS = (("--resume auto", 'resume="auto"'), ("--resume CHECKPOINT", "resume=CHECKPOINT"),
                 ("--resume PATH", "resume=PATH"), ("--start-over", "start_over=True"),
                 ("--allow-recipe-change", "allow_recipe_change=True"), ("--rewind", "rewind=True"),
-                ("--output-dir", "output_dir="), ("--resume", "resume="), ("give --recipe", "give recipe="))
+                ("--output-dir", "output_dir="), ("--resume", "resume="), ("give --recipe", "give recipe="),
+                ("--backend ", "backend="), ("--threads ", "threads="))
 
 
 @contextmanager
-def in_python_terms(also: list[tuple[str, str]] | None = None) -> Iterator[None]:
-    """A UserError raised inside, with the command line's flags (and `also`'s texts) put as Python's arguments."""
+def in_python_terms(also: list[tuple[Any, str]] | None = None) -> Iterator[None]:
+    """A UserError raised inside, with the command line's flags (and `also`'s texts or patterns) put as Python's
+    arguments."""
     try:
         yield
     except UserError as e:
         text = str(e)
         for old, new in (*(also or []), *PYTHON_TERMS):
-            text = text.replace(old, new)
+            text = old.sub(new, text) if isinstance(old, re.Pattern) else text.replace(old, new)
         e.args = (text, *e.args[1:])
         raise
 
@@ -150,67 +153,41 @@ def train(recipe: RecipeLike, *, overrides: Sequence[str] | None = None, rewards
     """
     if os.environ.get("WORLD_SIZE", "1") != "1":
         raise UsageError("grpo_cli.train runs in one process; for several, use `grpo train --num-processes N`")
-    also: list[tuple[str, str]] = []  # the rows' file, once written, as the argument that gave them
+    also: list[tuple[Any, str]] = []
     with in_python_terms(also):
         return _train(recipe, overrides, rewards, dataset, output_dir, resume, start_over, allow_recipe_change,
                       rewind, also)
 
 
 def _train(recipe, overrides, rewards, dataset, output_dir, resume, start_over, allow_recipe_change, rewind,
-           also: list[tuple[str, str]]) -> TrainResult:
-    from grpo_cli.data.checks import check_data
-    from grpo_cli.preflight import resolve
-    from grpo_cli.run import lock
-    from grpo_cli.run.cpus import prepare_openmp
-    from grpo_cli.run.folder import finished_step
-    from grpo_cli.run.hub import hub_names, work_offline_if_unreachable
+           also: list[tuple[Any, str]]) -> TrainResult:
+    from grpo_cli.preflight.prepare import finished_text, prepare_run
 
-    r = recipe_with(recipe, overrides, rewards)
-    resolve(r)
-    run_dir, resume = Path(output_dir or r.output_dir), str(resume) if resume else None
-    key = lock.acquire(run_dir)  # before the dataset is written into the folder
+    if dataset is not None:  # the rows' file, once written, as the argument that gave them
+        also += [(re.compile(r"data\.files \[[^\]]*\]"), "the rows given as dataset="),
+                 ("data.files", "the rows given as dataset=")]
+    run = prepare_run(recipe_with(recipe, overrides, rewards), output_dir, resume=resume, start_over=start_over,
+                      allow_recipe_change=allow_recipe_change, rewind=rewind, rows=dataset)
     try:
-        if dataset is not None:
-            r = _with_rows(r, dataset, run_dir)
-            also += [(f"data.files {r.data.files}", "the rows given as dataset="),
-                     ("data.files", "the rows given as dataset=")]  # the recipe's files are the rows' own
-        prepare_openmp(r.train.threads)  # takes effect only when torch is not imported yet
-        work_offline_if_unreachable(hub_names(r), print)
-        check_data(r)
-        done = finished_step(r, run_dir, resume, start_over)
-        if done is not None:
-            print(f"{run_dir} has finished: step {done} of train.max_steps {r.train.max_steps} (raise "
-                  "train.max_steps to train on, or start_over=True to train again)")
-            return _result(run_dir, done, stopped=False)
-        step, stopped = _fit(r, run_dir, resume, start_over, allow_recipe_change, rewind)
-        return _result(run_dir, step, stopped)
+        if run.finished is not None:
+            print(finished_text(run, "start_over=True"))
+            return _result(run.folder, run.finished, stopped=False)
+        step, stopped = _fit(run)
+        return _result(run.folder, step, stopped)
     finally:
-        lock.release(key)
+        run.release()
 
 
-def _with_rows(r: Recipe, dataset: Any, run_dir: Path) -> Recipe:
-    """The recipe with its data source replaced by `dataset`'s rows, saved in the run folder."""
-    from grpo_cli.data.in_memory import save_rows
-    from grpo_cli.recipe.files import validated
-
-    raw = r.model_dump(mode="json")
-    raw["data"].update(files=[str(save_rows(dataset, run_dir).resolve())], dataset=None, generator=None,
-                       generator_kwargs={}, config=None)
-    return validated(raw)
-
-
-def _fit(r: Recipe, run_dir: Path, resume: str | None, start_over: bool, allow_recipe_change: bool,
-         rewind: bool) -> tuple[int, bool]:
+def _fit(run) -> tuple[int, bool]:
     from accelerate.state import AcceleratorState
 
     from grpo_cli.errors import StallError
-    from grpo_cli.run.watchdog import StallInterrupt
-    from grpo_cli.trainer.engine import Engine
+    from grpo_cli.preflight.prepare import build_engine
+    from grpo_cli.process.watchdog import StallInterrupt
 
     # an earlier run in this process (a notebook's previous cell) may have set up accelerate with other settings
     AcceleratorState._reset_state(reset_partial_state=True)
-    engine = Engine(r, run_dir, resume=resume, start_over=start_over, allow_recipe_change=allow_recipe_change,
-                    rewind=rewind)
+    engine = build_engine(run)
     try:
         step = engine.fit(raise_on_stall=True)
     except StallInterrupt as e:  # the kernel lives on; the last checkpoint is intact
@@ -240,38 +217,22 @@ def evaluate(targets: str | Path | Sequence[str | Path], recipe: RecipeLike | No
     the recipe's reward list; without a recipe, the functions a checkpoint's `python:` rewards name. dataset:
     held-out rows (a datasets.Dataset or a list of dicts) instead of the recipe's. The other settings are
     `grpo eval`'s options."""
-    import time
+    from grpo_cli.preflight.prepare import evaluate_prepared, prepare_eval
 
-    from grpo_cli.eval.evaluate import run_eval
-    from grpo_cli.rollout.backends import EVAL_BACKENDS
-    from grpo_cli.run.folder import run_folder_of
-    from grpo_cli.run.hub import hub_names, is_hub_id, work_offline_if_unreachable
-
-    if backend not in EVAL_BACKENDS:
-        raise UsageError(f"backend {backend!r} is not available; valid: {', '.join(EVAL_BACKENDS)}")
     specs = [str(targets)] if isinstance(targets, (str, Path)) else [str(t) for t in targets]
-    if recipe is not None:
-        r = recipe_with(recipe, overrides, rewards)
-    else:
-        if overrides:
-            raise UsageError("overrides change a recipe: pass recipe= too")
-        if rewards is not None:
-            reward_entries(rewards)  # registered for the checkpoint's `python:` rewards
-        r = None
-    work_offline_if_unreachable((hub_names(r) if r else []) + [t for t in specs if t != "base" and is_hub_id(t)], print)
-    out = Path(output_dir) if output_dir else run_folder_of(specs) / "eval" / time.strftime("%Y%m%d-%H%M%S")
-    held_out: dict[str, Any] = {}
-    if dataset is not None:
-        from grpo_cli.data.in_memory import save_rows
-
-        held_out = {"files": [str(save_rows(dataset, out, split="eval").resolve())], "dataset": ""}
-    settings = dict(split=split, limit=limit, num_samples=num_samples, temperature=temperature, top_p=top_p,
-                    max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size, **held_out)
-    from grpo_cli.preflight import resolve
-
     with in_python_terms():
-        report = run_eval(specs, r, settings, out, backend=backend, threads=threads, resolve=resolve)
-    return EvalResult(out, report)
+        if recipe is not None:
+            r = recipe_with(recipe, overrides, rewards)
+        else:
+            if overrides:
+                raise UsageError("overrides change a recipe: pass recipe= too")
+            if rewards is not None:
+                reward_entries(rewards)  # registered for the checkpoint's `python:` rewards
+            r = None
+        settings = dict(split=split, limit=limit, num_samples=num_samples, temperature=temperature, top_p=top_p,
+                        max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size)
+        prepared = prepare_eval(specs, r, settings, output=output_dir, backend=backend, threads=threads, rows=dataset)
+        return EvalResult(prepared.output, evaluate_prepared(prepared))
 
 
 def export(checkpoint: str | Path, merge: str | Path, dtype: str | None = None) -> dict[str, Any]:

@@ -84,7 +84,7 @@ class RewardError(UserError):
 
 class StallError(UserError):
     """A run made no progress for train.stall_timeout_s (raised where the run was started from Python; the command
-    line's processes exit with the same message, grpo_cli/run/watchdog.py)."""
+    line's processes exit with the same message, grpo_cli/process/watchdog.py)."""
 
     exit_code = 1
 

@@ -90,6 +90,15 @@ def heading_anchors(page: Path) -> set[str]:
     return {re.sub(r"[\s]+", "-", re.sub(r"[^\w\s-]", "", h.strip().lower())) for h in re.findall(r"^#+ (.+)$", text, re.M)}
 
 
+def test_the_algorithms_page_has_a_row_for_every_loss_and_estimator_of_the_table():
+    from grpo_cli.algo.specs import ESTIMATORS, LOSSES
+
+    page = (DOCS / "algorithms.md").read_text()
+    for column, table in (("loss_type", LOSSES), ("advantage_estimator", ESTIMATORS)):
+        rows = page[page.index(f"| `{column}` |"):].split("\n\n")[0].splitlines()[2:]
+        assert [re.match(r"\| `(\w+)`", row).group(1) for row in rows] == list(table), column
+
+
 def test_the_home_page_shows_the_engines_train_step_as_it_is():
     source = (ROOT / "grpo_cli/trainer/engine.py").read_text()
     cls = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "Engine")

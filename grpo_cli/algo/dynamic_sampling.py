@@ -5,8 +5,9 @@ were sampled; then the batch is completed with dropped groups, earliest first (z
 gradient), and `frac_reward_zero_std` says how many.
 
 Every process sees every round's rewards, so the choice of groups is the same everywhere; the chosen rows
-are then split over processes as any generation batch is (the rounds are sampled by grpo_cli/rollout/source.py). Each round takes B prompts from the data
-stream, so the stream's position counts every prompt consumed and a resume continues exactly.
+are then split over processes as any generation batch is (the rounds are sampled by grpo_cli/rollout/dynamic.py).
+Each round takes B prompts from the data stream, so the stream's position counts every prompt consumed and a resume
+continues exactly.
 """
 
 from __future__ import annotations

@@ -38,20 +38,14 @@ from typing import Callable
 
 import torch
 
+from grpo_cli.algo.specs import LOSSES, LossSpec
 from grpo_cli.datatypes import Rollout
 from grpo_cli.registry import Registry
 
 
-@dataclass(frozen=True)
-class PolicyLoss:
-    objective: str  # key in OBJECTIVES
-    aggregation: str  # key in AGGREGATIONS
-    takes_sampler_weights: bool = False  # the objective folds the sampler correction in (else it multiplies the loss)
-
-
 OBJECTIVES: Registry[Callable[..., torch.Tensor]] = Registry("policy objective")
 AGGREGATIONS: Registry[Callable[..., torch.Tensor]] = Registry("loss aggregation")
-POLICY_LOSSES: Registry[PolicyLoss] = Registry("loss_type")
+POLICY_LOSSES: Registry[LossSpec] = Registry("loss_type")  # algo/specs.py's LOSSES: an objective and an aggregation
 
 
 # Each objective: (w, adv, logps, **what it reads of: epsilon_low, epsilon_high, delta, sapo temperatures, vespo's
@@ -131,14 +125,8 @@ def global_token_mean(per_token, mask, *, num_active_tokens, **_) -> torch.Tenso
     return (per_token * mask).sum() / denom.clamp(min=1)
 
 
-POLICY_LOSSES.register("grpo")(PolicyLoss("clipped", "sequence_mean"))
-POLICY_LOSSES.register("bnpo")(PolicyLoss("clipped", "batch_token_mean"))
-POLICY_LOSSES.register("dr_grpo")(PolicyLoss("clipped", "constant_length"))
-POLICY_LOSSES.register("dapo")(PolicyLoss("clipped", "global_token_mean"))
-POLICY_LOSSES.register("cispo")(PolicyLoss("cispo", "global_token_mean"))
-POLICY_LOSSES.register("sapo")(PolicyLoss("sapo", "sequence_mean"))
-POLICY_LOSSES.register("luspo")(PolicyLoss("clipped", "sequence_sum_mean"))
-POLICY_LOSSES.register("vespo")(PolicyLoss("vespo", "global_token_mean", takes_sampler_weights=True))
+for _spec in LOSSES.values():
+    POLICY_LOSSES.register(_spec.name)(_spec)
 
 
 def importance_weights(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
@@ -193,7 +181,7 @@ class LossConfig:
     def global_token_mean(self) -> bool:
         """Whether every token of the whole generation batch weighs the same (dapo, cispo, vespo): the update counts
         the batch's active tokens over all processes first."""
-        return POLICY_LOSSES.get(self.loss_type).aggregation == "global_token_mean"
+        return POLICY_LOSSES.get(self.loss_type).global_token_mean
 
 
 def compute_loss(
@@ -249,16 +237,17 @@ def compute_loss(
     loss = AGGREGATIONS.get(spec.aggregation)(
         per_token, mask, max_completion_length=cfg.max_completion_length, num_active_tokens=num_active_tokens
     )
-    if spec.objective != "vespo":  # vespo clips nothing: its weight is vespo/phi_seq_mean
-        metrics.update(clip_metrics(w.detach(), adv, mask, spec.objective, cfg.epsilon_low, cfg.epsilon_high))
+    if spec.clips:  # vespo clips nothing: its weight is vespo/phi_seq_mean
+        metrics.update(clip_metrics(w.detach(), adv, mask, spec.weight_cap is not None, cfg.epsilon_low,
+                                    cfg.epsilon_high))
     return loss, metrics
 
 
-def clip_metrics(w, adv, mask, objective: str, epsilon_low: float, epsilon_high: float) -> dict[str, torch.Tensor]:
+def clip_metrics(w, adv, mask, capped: bool, epsilon_low: float, epsilon_high: float) -> dict[str, torch.Tensor]:
     """Fraction of active tokens whose ratio left the trust region in the direction the advantage pushes.
 
-    For cispo the ratio is capped at epsilon_high itself (and never clipped below)."""
-    if objective == "cispo":
+    `capped` (cispo): the ratio is capped at epsilon_high itself (and never clipped below)."""
+    if capped:
         low = torch.zeros_like(w, dtype=torch.bool)
         high = w > epsilon_high
     else:

@@ -35,39 +35,18 @@ def command(
 
       grpo eval Qwen/Qwen2.5-0.5B-Instruct --recipe recipes/gsm8k.yaml --limit 200
     """
-    import time
-
     from grpo_cli.errors import UsageError
-    from grpo_cli.rollout.backends import EVAL_BACKENDS
+    from grpo_cli.preflight.prepare import evaluate_prepared, prepare_eval
+    from grpo_cli.recipe.files import load_recipe
 
-    if backend not in EVAL_BACKENDS:
-        raise UsageError(f"--backend {backend!r} is not available; valid: {', '.join(EVAL_BACKENDS)}")
     if dataset and files:
         raise UsageError("give --dataset or --file, not both")
-    from grpo_cli.eval.evaluate import run_eval
-    from grpo_cli.recipe.files import load_recipe
-    from grpo_cli.run.folder import run_folder_of
-
-    r = load_recipe(recipe) if recipe else None
-    from grpo_cli.run.hub import hub_names, is_hub_id, work_offline_if_unreachable
-
-    on_hub = (hub_names(r) if r else []) + [t for t in [*targets, dataset] if t != "base" and is_hub_id(t)]
-    work_offline_if_unreachable(on_hub, lambda line: typer.echo(line, err=True))  # before hub libraries load
-    if threads == "auto" or (threads is None and (r is None or r.train.threads == "auto")):
-        from grpo_cli.run.cpus import prepare_openmp
-
-        prepare_openmp("auto")  # before torch is imported (a checkpoint's recipe is read later, with torch)
     # an empty value (not None) replaces the recipe's other eval source
     held_out = ({"dataset": dataset, "files": []} if dataset else
                 {"files": [str(f.resolve()) for f in files], "dataset": ""} if files else {})
-    out = output or run_folder_of(targets) / "eval" / time.strftime("%Y%m%d-%H%M%S")
-    overrides = dict(split=split, limit=limit, num_samples=num_samples, temperature=temperature, top_p=top_p,
-                     max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size, **held_out)
-    if threads is not None and threads != "auto" and not (threads.isdigit() and int(threads) >= 1):
-        raise UsageError(f"--threads {threads!r}: give a number >= 1 or auto")
-    from grpo_cli.preflight import resolve
-
-    run_eval(targets, r, overrides, out, backend=backend,
-             threads=None if threads is None else threads if threads == "auto" else int(threads), resolve=resolve)
-    typer.echo(f"wrote {out}/eval.json and {out}/samples.jsonl")
-
+    settings = dict(split=split, limit=limit, num_samples=num_samples, temperature=temperature, top_p=top_p,
+                    max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size, **held_out)
+    prepared = prepare_eval(targets, load_recipe(recipe) if recipe else None, settings, output=output,
+                            backend=backend, threads=threads, say=lambda line: typer.echo(line, err=True))
+    evaluate_prepared(prepared)
+    typer.echo(f"wrote {prepared.output}/eval.json and {prepared.output}/samples.jsonl")

@@ -14,18 +14,20 @@ import typer
 from grpo_cli.commands import OVERRIDES, RECIPE
 
 
-def command(
-    recipe: Path = RECIPE,
-    overrides: Optional[list[str]] = OVERRIDES,
-    output_dir: Optional[Path] = typer.Option(None, "--output-dir", "-o", help="Run folder (default: logging.output_dir or runs/<name>)."),
-    resume: Optional[str] = typer.Option(None, "--resume", help="`auto`: newest complete checkpoint of the run folder; or a checkpoint path."),
-    num_processes: Optional[int] = typer.Option(None, "--num-processes", min=1, help="Train on N processes (one per GPU; gloo DDP on CPU) through accelerate launch."),
-    accelerate_config: Optional[Path] = typer.Option(None, "--accelerate-config", help="accelerate config file, e.g. recipes/accelerate/fsdp2.yaml (DDP, FSDP2, DeepSpeed)."),
-    start_over: bool = typer.Option(False, "--start-over", help="Delete the run folder's logs and checkpoints and train from step 1."),
-    rewind: bool = typer.Option(False, "--rewind", help="With --resume CHECKPOINT before the run folder's newest: move the later checkpoints, replay records and log lines aside into RUN/abandoned/ (kept) and continue from it; without it such a resume is refused."),
-    allow_recipe_change: bool = typer.Option(False, "--allow-recipe-change", help="On resume, accept changes to fields that change what the run learns (model, data, algorithm, optimizer, ...); train.max_steps, train.threads, train.stall_timeout_s, train.max_nonfinite_steps, checkpoint.*, logging.*, eval.* and the vLLM server address may change without it. Recorded in recipe_changes.jsonl."),
-    verbose: bool = typer.Option(False, "--verbose", help="Show every log line of vLLM and transformers (default: vLLM's warnings only, each distinct one once; transformers' errors)."),
-) -> None:
+OUTPUT_DIR = typer.Option(None, "--output-dir", "-o", help="Run folder (default: logging.output_dir or runs/<name>).")
+RESUME = typer.Option(None, "--resume", help="`auto`: newest complete checkpoint of the run folder; or a checkpoint path.")
+NUM_PROCESSES = typer.Option(None, "--num-processes", min=1, help="Train on N processes (one per GPU; gloo DDP on CPU) through accelerate launch.")
+ACCELERATE_CONFIG = typer.Option(None, "--accelerate-config", help="accelerate config file, e.g. recipes/accelerate/fsdp2.yaml (DDP, FSDP2, DeepSpeed).")
+START_OVER = typer.Option(False, "--start-over", help="Delete the run folder's logs and checkpoints and train from step 1.")
+REWIND = typer.Option(False, "--rewind", help="With --resume CHECKPOINT before the run folder's newest: move the later checkpoints, replay records and log lines aside into RUN/abandoned/ (kept) and continue from it; without it such a resume is refused.")
+ALLOW_RECIPE_CHANGE = typer.Option(False, "--allow-recipe-change", help="On resume, accept changes to fields that change what the run learns (model, data, algorithm, optimizer, ...); train.max_steps, train.threads, train.stall_timeout_s, train.max_nonfinite_steps, checkpoint.*, logging.*, eval.* and the vLLM server address may change without it. Recorded in recipe_changes.jsonl.")
+VERBOSE = typer.Option(False, "--verbose", help="Show every log line of vLLM and transformers (default: vLLM's warnings only, each distinct one once; transformers' errors).")
+
+
+def command(recipe: Path = RECIPE, overrides: Optional[list[str]] = OVERRIDES, output_dir: Optional[Path] = OUTPUT_DIR,
+            resume: Optional[str] = RESUME, num_processes: Optional[int] = NUM_PROCESSES,
+            accelerate_config: Optional[Path] = ACCELERATE_CONFIG, start_over: bool = START_OVER, rewind: bool = REWIND,
+            allow_recipe_change: bool = ALLOW_RECIPE_CHANGE, verbose: bool = VERBOSE) -> None:
     """Train with GRPO. Writes metrics.jsonl, rollouts.jsonl and checkpoints/step-N/ under the run folder.
 
     One trainer per run folder (a second one exits 2 naming the first). A folder that holds an earlier
@@ -35,53 +37,30 @@ def command(
 
       grpo train recipes/ci-tiny.yaml train.max_steps=5 -o runs/try
 
-      grpo train recipes/ci-tiny.yaml -o runs/try --resume auto train.max_steps=10
-
       grpo train recipes/ci-tiny.yaml -o runs/try --resume auto --allow-recipe-change train.learning_rate=3e-4
 
       grpo train recipes/ci-tiny.yaml -o runs/try --resume runs/try/checkpoints/step-2 --rewind
 
       grpo train recipes/gsm8k.yaml --num-processes 8 --accelerate-config recipes/accelerate/fsdp2.yaml
     """
-    from grpo_cli.data.checks import check_data
-    from grpo_cli.preflight import resolve
+    from grpo_cli.models.loading import VERBOSE_ENV
+    from grpo_cli.preflight.prepare import finished_text, prepare_run
     from grpo_cli.recipe.files import load_recipe
-    from grpo_cli.run import lock
-    from grpo_cli.run.cpus import prepare_openmp
-    from grpo_cli.run.folder import finished_step
-    from grpo_cli.run.hub import hub_names, work_offline_if_unreachable
-    from grpo_cli.trainer.launch import launched_by_torchrun, relaunch
+    from grpo_cli.trainer.launch import launched_by_torchrun, relaunch_run
 
-    r = load_recipe(recipe, overrides or [])
-    resolve(r)  # every reward, tool and environment the recipe names imports and fits its use
-    prepare_openmp(r.train.threads)  # before torch is imported: a shared CPU gets OpenMP's passive wait policy
-    work_offline_if_unreachable(hub_names(r), lambda line: typer.echo(line, err=True))  # before hub libraries load
-    check_data(r)  # a missing file or column exits 2 before any model is loaded, not at step 1
-    run_dir = output_dir or Path(r.output_dir)
     if verbose:  # read by grpo_cli.models.loading in this process, the relaunched workers and vLLM's engine processes
-        from grpo_cli.models.loading import VERBOSE_ENV
-
         os.environ[VERBOSE_ENV] = "1"
-    launching = (accelerate_config or (num_processes or 1) > 1) and not launched_by_torchrun()
-    if launching or (os.environ.get("RANK", "0") == "0" and not lock.inherited(run_dir)):
-        lock.acquire(run_dir)  # before torch is imported or anything written: a second trainer is turned away in a second
-    done = finished_step(r, run_dir, resume, start_over)
-    if done is not None:  # nothing to train: no model loaded, no processes launched, no recipe change recorded
-        from grpo_cli.run.checkpoints import latest_checkpoint
-        from grpo_cli.views.summary import end_of_run
-
+    launching = bool(accelerate_config or (num_processes or 1) > 1) and not launched_by_torchrun()
+    run = prepare_run(load_recipe(recipe, overrides or []), output_dir, resume=resume, start_over=start_over,
+                      allow_recipe_change=allow_recipe_change, rewind=rewind, launching=launching,
+                      say=lambda line: typer.echo(line, err=True))
+    if run.finished is not None:  # nothing to train: no model loaded, no processes launched, no change recorded
         if os.environ.get("RANK", "0") == "0":
-            typer.echo(f"{run_dir} has finished: step {done} of train.max_steps {r.train.max_steps} (raise "
-                       "train.max_steps to train on, or --start-over to train again)")
-            typer.echo(end_of_run(run_dir, done, latest_checkpoint(run_dir)))
+            typer.echo(finished_text(run))
         return
     if launching:
-        flags = [f for f, on in (("--start-over", start_over), ("--allow-recipe-change", allow_recipe_change),
-                                 ("--rewind", rewind)) if on]
-        args = ["train", str(recipe), *(overrides or []), "--output-dir", str(run_dir), *flags]
-        os.environ[lock.HOLDER_ENV] = f"{os.getpid()}:{run_dir.resolve()}"  # the workers' lock is ours
-        raise typer.Exit(relaunch(num_processes, accelerate_config, args + (["--resume", resume] if resume else [])))
-    _train(r, run_dir, resume, start_over, allow_recipe_change, rewind)
+        raise typer.Exit(relaunch_run(run, recipe, overrides or [], num_processes, accelerate_config))
+    _train(run)
 
 
 def setup_logging() -> None:
@@ -103,17 +82,17 @@ def setup_logging() -> None:
     logging.getLogger("grpo_cli").setLevel(logging.INFO)
 
 
-def _train(r, run_dir: Path, resume: Optional[str], start_over: bool, allow_recipe_change: bool, rewind: bool) -> None:
+def _train(run) -> None:
     """Train in this process: logging set up, the engine built and run; interrupts and signals become exit codes."""
     setup_logging()
     from grpo_cli.errors import UserError
+    from grpo_cli.preflight.prepare import build_engine
     from grpo_cli.run.checkpoints import latest_checkpoint
-    from grpo_cli.trainer.engine import Engine
     from grpo_cli.views.summary import end_of_run
 
+    run_dir = run.folder
     try:
-        engine = Engine(r, run_dir, resume=resume, start_over=start_over, allow_recipe_change=allow_recipe_change,
-                        rewind=rewind)
+        engine = build_engine(run)
         step = engine.fit()
     except OSError as e:  # e.g. a full disk while logging: say what, not where in the code
         raise UserError(f"{e}; the last checkpoint is intact (resume with --resume auto)") from None

@@ -23,7 +23,7 @@ def command(recipe: Path = RECIPE, overrides: Optional[list[str]] = OVERRIDES) -
     from grpo_cli.data.checks import check_data
     from grpo_cli.preflight import resolve
     from grpo_cli.recipe.files import load_recipe
-    from grpo_cli.run.hub import hub_names, work_offline_if_unreachable
+    from grpo_cli.process.hub import hub_names, work_offline_if_unreachable
 
     r = load_recipe(recipe, overrides or [])
     resolve(r)

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 
 from grpo_cli.data.generators import GENERATORS
 from grpo_cli.data.paths import expand_files
-from grpo_cli.data.prompts import FILE_BUILDERS, check_columns, reward_columns
+from grpo_cli.data.prompts import check_columns, reward_columns
+from grpo_cli.data.sources import FILE_BUILDERS
 from grpo_cli.errors import DataError, first_line
 
 if TYPE_CHECKING:
@@ -139,7 +140,7 @@ def _loaded_columns(cfg: DataConfig, field: str, notes: list[str]) -> list[str]:
     import datasets
 
     from grpo_cli.models.loading import quiet_datasets
-    from grpo_cli.run.hub import is_hub_id, offline_chosen, work_offline_if_unreachable
+    from grpo_cli.process.hub import is_hub_id, offline_chosen, work_offline_if_unreachable
 
     if is_hub_id(cfg.dataset):
         work_offline_if_unreachable([cfg.dataset], notes.append)  # the train / validate commands asked already
@@ -274,7 +275,7 @@ def check_reward_parameters(recipe: Recipe, cfg: DataConfig, columns: list[str],
 def check_model_cached(model) -> None:
     """DataError when the run is offline (chosen, or the hub cannot be reached) and model.name_or_path is a hub id
     the local cache does not hold: train would fail at loading it."""
-    from grpo_cli.run.hub import is_hub_id, offline_chosen
+    from grpo_cli.process.hub import is_hub_id, offline_chosen
 
     if not (is_hub_id(model.name_or_path) and offline_chosen()) or model.gguf_file:
         return

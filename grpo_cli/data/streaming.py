@@ -1,6 +1,6 @@
 """data.streaming: rows read lazily from a datasets IterableDataset, shuffled in blocks, resumable exactly.
 
-`prompts.load_rows` opens data.files (JSON Lines / JSON / Parquet / CSV shards) or data.dataset (a hub dataset, a
+`sources.load_rows` opens data.files (JSON Lines / JSON / Parquet / CSV shards) or data.dataset (a hub dataset, a
 folder of data files, a `save_to_disk` folder) as an IterableDataset: nothing is loaded or written to the datasets
 cache. `StreamedRows` hands its rows out epoch after epoch:
 

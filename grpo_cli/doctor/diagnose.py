@@ -17,7 +17,7 @@ def diagnose(recipe_path: Path, overrides: list[str], processes: int = 1, resume
     from grpo_cli.preflight import resolve
     from grpo_cli.recipe.files import load_recipe
     from grpo_cli.rollout.backends import backend_of
-    from grpo_cli.run.hub import hub_names, work_offline_if_unreachable
+    from grpo_cli.process.hub import hub_names, work_offline_if_unreachable
 
     try:
         r = load_recipe(recipe_path, overrides)
@@ -49,7 +49,8 @@ def diagnose(recipe_path: Path, overrides: list[str], processes: int = 1, resume
 def _inputs(r):
     """The tokenizer, the model's config (for its context length; None if unreadable), the rows, and the stream of
     prompts the run will see, not yet moved."""
-    from grpo_cli.data.prompts import PromptStream, load_rows
+    from grpo_cli.data.prompts import PromptStream
+    from grpo_cli.data.sources import load_rows
     from grpo_cli.doctor.memory import PROMPT_ROWS
     from grpo_cli.models.loading import load_tokenizer, resolve_model_source
 

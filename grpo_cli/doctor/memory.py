@@ -119,7 +119,7 @@ def runtime_bytes(recipe) -> float:
     import torch  # noqa: F401
     import transformers  # noqa: F401
 
-    from grpo_cli.run.memory import status_kib
+    from grpo_cli.process.memory import status_kib
 
     if recipe.model.lora.r > 0:
         import peft  # noqa: F401

@@ -6,13 +6,12 @@ pass@k     unbiased estimator over n samples (Chen et al. 2021, arXiv:2107.03374
 maj@k      majority vote over the extracted answers of the first k samples (self-consistency), answers
            grouped by mathematical equivalence ("3/4" and "0.75" are one vote), integers kept exact.
 Plus the mean of each reward function, format compliance (share of greedy completions with an
-extractable answer), mean completion length and truncation rate, all on greedy completions.
+extractable answer), mean completion length and truncation rate, all on greedy completions. The metrics are
+metrics.py's, the targets targets.py's; this module loads the problems, samples and runs the command.
 """
 
 from __future__ import annotations
 
-import math
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,57 +19,9 @@ from typing import Any
 
 from grpo_cli.data.held_out import eval_data_config
 from grpo_cli.errors import UsageError
-from grpo_cli.recipe.schema import DataConfig, EvalConfig, ModelConfig, Recipe
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Probability that at least one of k samples drawn without replacement from n (c correct) is correct."""
-    if not 0 <= c <= n or not 1 <= k <= n:
-        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
-    if n - c < k:
-        return 1.0
-    # 1 - C(n-c, k) / C(n, k) as a product, stable for large n
-    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
-
-
-def normalize_answer(answer: str) -> str:
-    """Canonical text for voting: numbers exactly as numbers (1,000 == 1000.0 == 1000; no float, so
-    2**53 + 1 stays itself), dashes/dollars/digit groups cleaned as for accuracy, other text stripped."""
-    from decimal import Decimal, InvalidOperation
-
-    from grpo_cli.rewards.answers import clean_answer
-
-    text = clean_answer(answer).strip().rstrip(".").strip()
-    try:
-        value = Decimal(text.replace(",", ""))
-    except InvalidOperation:
-        return text
-    if not value.is_finite() or abs(value.adjusted()) > 100:  # "1e400" is not worth 400 digits
-        return text
-    return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
-
-
-def majority_answer(answers: list[str | None], match: Callable[[str, str], bool] | None = None) -> str | None:
-    """Most common extracted answer, votes grouped by mathematical equivalence (`answers_match`:
-    "3/4", "0.75" and "\\frac{3}{4}" are one vote); ties: the group seen first; None if nothing was
-    extracted. Returns the group's first normalised text. Equal normalised texts are one vote without
-    asking math-verify, so u distinct texts cost at most u*(u-1)/2 `match` calls (pass a cached one)."""
-    if match is None:
-        from grpo_cli.rewards import answers_match as match
-    groups: list[list[Any]] = []  # [first text, votes], in order of first appearance
-    for text, votes in Counter(normalize_answer(a) for a in answers if a is not None).items():
-        group = next((g for g in groups if g[0] == text or match(g[0], text)), None)
-        if group is None:
-            groups.append([text, votes])
-        else:
-            group[1] += votes
-    return max(groups, key=lambda g: g[1])[0] if groups else None  # max keeps the first of equals
-
-
-def k_values(n: int) -> list[int]:
-    """1, 2, 4, ... up to n, and n itself."""
-    ks = [k for k in (2**i for i in range(int(math.log2(n)) + 1)) if k <= n]
-    return ks if ks[-1] == n else ks + [n]
+from grpo_cli.eval.metrics import summarize
+from grpo_cli.eval.targets import Target, resolve_target
+from grpo_cli.recipe.schema import DataConfig, EvalConfig, Recipe
 
 
 def accuracy_settings(recipe: Recipe) -> dict[str, str]:
@@ -109,7 +60,8 @@ def eval_source(recipe: Recipe, cfg: EvalConfig) -> dict[str, Any]:
 
 
 def load_problems(recipe: Recipe, cfg: EvalConfig, tokenizer) -> Problems:
-    from grpo_cli.data.prompts import encode_prompts, load_rows, render_prompt
+    from grpo_cli.data.prompts import encode_prompts, render_prompt
+    from grpo_cli.data.sources import load_rows
 
     data = eval_data_config(recipe, cfg)
     rows = load_rows(data, cfg.seed)
@@ -141,8 +93,7 @@ def evaluate_model(model, tokenizer, recipe: Recipe, cfg: EvalConfig, problems: 
     from grpo_cli.agents.episodes import episode_runner
     from grpo_cli.datatypes import PromptBatch
     from grpo_cli.rewards import answers_match, extract_answer, reference_text, score_rollout
-    from grpo_cli.rollout.backends import for_eval
-    from grpo_cli.rollout.source import build_generator
+    from grpo_cli.rollout.backends import build_generator, for_eval
 
     gen = generator or build_generator(for_eval(recipe.rollout, "hf"), tokenizer=tokenizer, model=model)
     episodes = episode_runner(recipe, tokenizer, gen, model)  # rollout.environment / tools: multi-turn, as in training
@@ -185,45 +136,6 @@ def evaluate_model(model, tokenizer, recipe: Recipe, cfg: EvalConfig, problems: 
                     })
             advance(len(rows))
     return summarize(samples, n), samples
-
-
-def summarize(samples: list[dict[str, Any]], n: int) -> dict[str, float]:
-    """Metrics from the per-completion records of evaluate_model."""
-    greedy = [s for s in samples if s["kind"] == "greedy"]
-    m: dict[str, float] = {"num_problems": float(len(greedy))}
-    m["accuracy"] = sum(s["correct"] for s in greedy) / max(len(greedy), 1)
-    for name in greedy[0]["rewards"] if greedy else []:
-        vals = [s["rewards"][name] for s in greedy if s["rewards"][name] is not None]
-        m[f"rewards/{name}/mean"] = sum(vals) / len(vals) if vals else float("nan")
-    m["format_compliance"] = sum(s["extracted"] is not None for s in greedy) / max(len(greedy), 1)
-    m["completions/mean_length"] = sum(s["length"] for s in greedy) / max(len(greedy), 1)
-    m["completions/clipped_ratio"] = sum(s["truncated"] for s in greedy) / max(len(greedy), 1)
-    if n > 1:
-        by_problem: dict[int, list[dict[str, Any]]] = {}
-        for s in samples:
-            if s["kind"] == "sample":
-                by_problem.setdefault(s["index"], []).append(s)
-        matchers = {i: _cached_match() for i in by_problem}  # one cache per problem, shared by its k's
-        for k in k_values(n):
-            m[f"pass@{k}"] = sum(pass_at_k(n, sum(x["correct"] for x in xs), k) for xs in by_problem.values()) / len(by_problem)
-            votes = [_majority_correct(xs[:k], matchers[i]) for i, xs in by_problem.items()]
-            m[f"maj@{k}"] = sum(votes) / len(by_problem)
-    return m
-
-
-def _cached_match() -> Callable[[str, str], bool]:
-    from functools import cache
-
-    from grpo_cli.rewards import answers_match
-
-    return cache(answers_match)
-
-
-def _majority_correct(xs: list[dict[str, Any]], match: Callable[[str, str], bool] | None = None) -> bool:
-    """The majority answer of xs (grouped by equivalence) matches the reference."""
-    match = match or _cached_match()
-    winner = majority_answer([x["extracted"] for x in xs], match)
-    return bool(winner is not None and xs[0]["answer"] is not None and match(xs[0]["answer"], winner))
 
 
 class _progress:
@@ -275,37 +187,6 @@ class _progress:
             self.bar.stop()
 
 
-# ----- targets and the command ----------------------------------------------------------------
-@dataclass
-class Target:
-    spec: str  # what the user typed
-    model: ModelConfig
-    recipe: Recipe | None  # the one saved with a checkpoint, if any
-    adapter: Path | None = None  # a LoRA checkpoint: `model` is then its base
-
-
-def resolve_target(spec: str, recipe: Recipe | None) -> Target:
-    """`base` (the recipe's own model), a run folder (its newest checkpoint), a checkpoint, a model folder or hub id."""
-    from grpo_cli.models.lora import is_adapter_checkpoint
-    from grpo_cli.recipe.files import load_recipe
-    from grpo_cli.run.checkpoints import is_checkpoint, newest_if_run_folder, recipe_path, verify_checkpoint
-
-    if spec == "base":
-        if recipe is None:
-            raise UsageError("target `base` means the recipe's model: give --recipe or a checkpoint target too")
-        return Target(spec, recipe.model, recipe)
-    path = newest_if_run_folder(spec)
-    if is_checkpoint(path):
-        verify_checkpoint(path)  # as --resume and export do: a corrupted checkpoint is never evaluated
-        saved = load_recipe(recipe_path(path))
-        if is_adapter_checkpoint(path):  # LoRA: base + adapter
-            return Target(spec, saved.model, saved, adapter=path)
-        model = saved.model.model_copy(update={"name_or_path": str(path), "gguf_file": None, "revision": None})
-        return Target(spec, model, saved)
-    base = recipe.model if recipe is not None else ModelConfig(name_or_path=spec)
-    return Target(spec, base.model_copy(update={"name_or_path": spec, "gguf_file": None, "revision": None}), None)
-
-
 def eval_settings(recipe: Recipe, cfg: EvalConfig, problems: Problems) -> dict[str, Any]:
     data = eval_source(recipe, cfg)
     return {
@@ -323,7 +204,7 @@ def run_eval(specs: list[str], recipe: Recipe | None, cfg_overrides: dict[str, A
     import sys
 
     from grpo_cli.models.loading import load_tokenizer, quiet_libraries
-    from grpo_cli.run.cpus import apply_threads
+    from grpo_cli.process.cpus import apply_threads
 
     quiet_libraries()
     resolved = {s: resolve_target(s, recipe) for s in specs if s != "base"}  # `base` needs the recipe first
@@ -369,7 +250,7 @@ def _backend(backend: str, t: Target, tokenizer, recipe: Recipe, seed: int):
     from grpo_cli.models.loading import load_model, resolve_model_source
     from grpo_cli.models.lora import load_adapter_model
     from grpo_cli.rollout.backends import backend_of, for_eval
-    from grpo_cli.rollout.source import build_generator
+    from grpo_cli.rollout.backends import build_generator
 
     cfg = for_eval(recipe.rollout, backend)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

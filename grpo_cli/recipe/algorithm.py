@@ -7,13 +7,10 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from grpo_cli.algo.specs import ESTIMATORS
+from grpo_cli.algo.specs import CISPO_CAP, ESTIMATORS, LOSSES
 from grpo_cli.recipe.section import Section
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
-
-CISPO_CAP = 5.0  # TRL's suggested epsilon_high for cispo; MiniMax-M1 (arXiv:2506.13585) caps the IS weight itself
-LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
+LossType = Literal[tuple(LOSSES)]  # type: ignore[valid-type]  (algo/specs.py's table)
 ScaleMode = Literal["group", "batch", "none"]
 Estimator = Literal[tuple(ESTIMATORS)]  # type: ignore[valid-type]  (algo/specs.py's table)
 
@@ -34,11 +31,13 @@ class AlgorithmConfig(Section):
     beta: float = Field(0.0, ge=0, description="KL coefficient (k3 estimator); 0 loads no reference model.")
     epsilon: float = Field(0.2, ge=0, description="Lower clip range: ratios below 1 - epsilon are clipped.")
     epsilon_high: float | None = Field(
-        None, ge=0, description="Upper clip range (DAPO clip-higher: 0.28). For cispo the cap on the importance weight "
-        f"itself, >= 1 (default {CISPO_CAP}, as TRL suggests). Default: epsilon.",
+        None, ge=0, description="Upper clip range (DAPO clip-higher: 0.28). For " + ", ".join(
+            s.name for s in LOSSES.values() if s.weight_cap) + f" the cap on the importance weight itself, >= 1 "
+        f"(default {CISPO_CAP}, as TRL suggests). Default: epsilon.",
     )
     delta: float | None = Field(None, description="Two-sided clipping bound on the ratio (INTELLECT-2); > 1 + epsilon_high.")
-    loss_type: LossType = Field("dapo", description="Loss aggregation / objective: " + " | ".join(LOSS_TYPES) + ".")
+    loss_type: LossType = Field("dapo", description="The per-token objective and its aggregation: " + "; ".join(
+        f"`{s.name}`: {s.what}" for s in LOSSES.values()) + ".")
     scale_rewards: ScaleMode = Field("group", description="Divide advantages by the std of the group, the batch, or none (Dr. GRPO).")
     advantage_estimator: Estimator = Field("grpo", description="What each completion's reward is compared with: "
                                            + "; ".join(f"`{s.name}`: {s.baseline} ({s.paper})"
@@ -102,18 +101,20 @@ class AlgorithmConfig(Section):
     @property
     def epsilon_high_value(self) -> float:
         if self.epsilon_high is None:
-            return CISPO_CAP if self.loss_type == "cispo" else self.epsilon
+            return LOSSES[self.loss_type].weight_cap or self.epsilon
         return self.epsilon_high
 
     @model_validator(mode="after")
     def _clip_ranges(self) -> AlgorithmConfig:
-        if self.loss_type != "cispo" and self.epsilon_high_value < self.epsilon:
+        loss = LOSSES[self.loss_type]
+        if loss.weight_cap is None and self.epsilon_high_value < self.epsilon:
             raise ValueError(f"algorithm.epsilon_high ({self.epsilon_high}) must be >= algorithm.epsilon ({self.epsilon})")
-        if self.loss_type == "cispo" and self.epsilon_high_value < 1:
+        if loss.weight_cap is not None and self.epsilon_high_value < 1:
             raise ValueError(
-                f"algorithm.epsilon_high ({self.epsilon_high}) is below 1: for loss_type cispo it is the cap on the "
-                "importance weight itself (not 1 + epsilon_high as in the clipped losses), so every token would be "
-                f"clipped; use a value >= 1, usually {CISPO_CAP} (TRL's suggestion; unset means {CISPO_CAP})"
+                f"algorithm.epsilon_high ({self.epsilon_high}) is below 1: for loss_type {loss.name} it is the cap on "
+                "the importance weight itself (not 1 + epsilon_high as in the clipped losses), so every token would be "
+                f"clipped; use a value >= 1, usually {loss.weight_cap} (TRL's suggestion; unset means "
+                f"{loss.weight_cap})"
             )
         if self.sync_ref_model and self.beta == 0:
             raise ValueError("algorithm.sync_ref_model refreshes the reference model, and beta = 0 loads none: set "
@@ -133,15 +134,9 @@ class AlgorithmConfig(Section):
             raise ValueError(f"algorithm.multi_objective_aggregation normalize_then_sum is GDPO's per-function "
                              f"normalisation, a grpo estimator of its own: with advantage_estimator {spec.name}, "
                              "use sum_then_normalize")
-        if self.loss_type == "luspo" and self.importance_sampling_level != "sequence":
-            raise ValueError(
-                "algorithm.loss_type luspo is GSPO's sequence-level objective with each sequence's loss scaled by its "
-                "length (arXiv:2602.05261): set algorithm.importance_sampling_level: sequence (TRL only warns and "
-                "then trains a token-level ratio the paper does not describe)"
-            )
-        if self.loss_type == "vespo" and self.importance_sampling_level != "token":
-            raise ValueError("algorithm.loss_type vespo builds its own sequence-level weight from the token ratios: "
-                             "leave algorithm.importance_sampling_level at token")
+        if loss.level is not None and self.importance_sampling_level != loss.level:
+            raise ValueError(f"algorithm.loss_type {loss.name} is defined on importance_sampling_level {loss.level}: "
+                             f"{loss.level_reason}; set algorithm.importance_sampling_level: {loss.level}")
         if self.use_adaptive_entropy and self.entropy_coef_min > self.entropy_coef_max:
             raise ValueError(f"algorithm.entropy_coef_min ({self.entropy_coef_min}) must be <= entropy_coef_max "
                              f"({self.entropy_coef_max})")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from grpo_cli.algo.specs import LOSSES
 from grpo_cli.recipe.names import is_reward_model, unique_log_names
 from grpo_cli.rollout.backends import backend_of
 
@@ -85,11 +86,11 @@ def check_sampler_logprobs(ro, algorithm) -> None:
     (A structured-outputs regex off vLLM is refused before, by check_generation.)"""
     records = backend_of(ro).own_weights or ro.dtype != "policy"
     corrects = ro.importance_sampling != "none" or algorithm.off_policy_mask_threshold is not None
-    if records and algorithm.loss_type == "vespo" and ro.importance_sampling.startswith("sequence"):
+    if records and LOSSES[algorithm.loss_type].takes_sampler_weights and ro.importance_sampling.startswith("sequence"):
         raise ValueError(
-            f"rollout.importance_sampling ({ro.importance_sampling}) with algorithm.loss_type vespo: vespo folds the "
-            "sampler's per-token ratios into its own sequence weight, so it takes token_truncate or token_mask (as "
-            "TRL), or none")
+            f"rollout.importance_sampling ({ro.importance_sampling}) with algorithm.loss_type {algorithm.loss_type}: "
+            f"{algorithm.loss_type} folds the sampler's per-token ratios into its own sequence weight, so it takes "
+            "token_truncate or token_mask (as TRL), or none")
     found = unreplayed(ro.repetition_penalty, ro.generation_kwargs, ro.vllm.structured_outputs_regex)
     if records and corrects and found:
         named = [f"rollout.{n}" + (f" ({ro.repetition_penalty})" if n == "repetition_penalty" else "") for n in found]

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo_cli.algo.specs import LOSSES
 from grpo_cli.errors import ConversionError
 from grpo_cli.recipe.checks import unreplayed
 from grpo_cli.recipe.trl_fields import GRPO_CONFIG, TRL_VERSION
@@ -62,7 +63,7 @@ def unknown_fields(config: dict[str, Any]) -> list[str]:
 def convert(config: dict[str, Any], *, num_processes: int = 1, name: str | None = None) -> Conversion:
     """A `trl grpo --config` YAML (as a dict) -> the recipe, its notes and what could not be mapped."""
     renamed = []
-    if "warmup_ratio" in config:  # transformers < 5 (most TRL configs before it); TRL 1.16 takes a fraction in warmup_steps
+    if "warmup_ratio" in config:  # transformers < 5 (most TRL configs before it); TRL 1.16: a fraction in warmup_steps
         config = dict(config)
         ratio = config.pop("warmup_ratio")
         if config.get("warmup_steps"):
@@ -73,21 +74,8 @@ def convert(config: dict[str, Any], *, num_processes: int = 1, name: str | None 
             renamed.append(f"warmup_ratio {ratio} is older transformers' name of a fractional warmup_steps")
     unknown = sorted(k for k in config if k not in accepted_fields())
     renamed += [f"{old} is older TRL's name of {LEGACY[old]}" for old in config if old in LEGACY]
-    config = {LEGACY.get(k, k): v for k, v in config.items()}
-    given = {k: v for k, v in config.items() if k in known_fields()}
-    cfg = {**GRPO_CONFIG, **given}  # TRL's defaults where the file is silent: a converted run trains TRL's algorithm
-    out = Conversion(recipe={}, unknown=unknown, notes=renamed)
-    r = out.recipe
-    handled: set[str] = set()
-
-    def take(*keys: str) -> None:
-        handled.update(keys)
-
-    def unmapped(key: str, why: str | None = None) -> None:
-        handled.add(key)
-        if key in given and given[key] != GRPO_CONFIG.get(key, None):
-            out.unmapped.append((key, given[key], why or HOMES[key][1]))
-
+    sections = Sections(config, Conversion(recipe={}, unknown=unknown, notes=renamed))
+    cfg, r = sections.cfg, sections.out.recipe
     if not cfg.get("model_name_or_path"):
         raise ConversionError("model_name_or_path is missing: the recipe needs a model")
     if not cfg.get("dataset_name"):
@@ -95,240 +83,298 @@ def convert(config: dict[str, Any], *, num_processes: int = 1, name: str | None 
     # a recipe name is [A-Za-z0-9._-]+: a run name or a model path may hold anything else
     r["name"] = name or re.sub(r"[^A-Za-z0-9._-]+", "-", str(cfg.get("run_name") or (
         str(cfg["model_name_or_path"]).rstrip("/").split("/")[-1] + "-grpo"))).strip("-") or "grpo"
-    take("run_name")
+    sections.take("run_name")
+    sections.model()
+    sections.data()
+    column_note = sections.rewards()
+    prompts = sections.algorithm(num_processes)
+    sections.rollout()
+    sections.train(prompts)
+    sections.logging()
+    return sections.finish(column_note)
 
-    # the model
-    bf16 = cfg.get("bf16") if cfg.get("bf16") is not None else not cfg.get("fp16")  # TRL 1.16: bf16 unless fp16
-    init = dict(cfg.get("model_init_kwargs") or {})
-    # TRL 1.16 loads the model in float32 unless told otherwise (ModelConfig.dtype; `trl grpo` passes it on)
-    asked = init.pop("dtype", None) or init.pop("torch_dtype", None) or cfg.get("dtype")
-    asked = asked or "float32 (TRL's default)"
-    dtype = {"auto": "bfloat16" if bf16 else "float32", "bf16": "bfloat16", "fp16": "float16",
-             "float32 (TRL's default)": "float32"}.get(asked, asked)
-    model: dict[str, Any] = {"name_or_path": cfg["model_name_or_path"], "dtype": dtype,
-                             "trust_remote_code": bool(init.pop("trust_remote_code", cfg.get("trust_remote_code"))),
-                             "gradient_checkpointing": bool(cfg.get("gradient_checkpointing"))}
-    for key, ours in (("model_revision", "revision"), ("attn_implementation", "attn_implementation")):
-        value = init.pop(ours, None) or cfg.get(key)
-        if value is not None:
-            model[ours] = value
-    if init:
-        model["init_kwargs"] = init
-    if cfg.get("use_peft"):
-        lora = {"r": cfg.get("lora_r") or 16, "alpha": float(cfg.get("lora_alpha") or 32),
-                "dropout": float(cfg.get("lora_dropout") or 0.0),
-                "target_modules": cfg.get("lora_target_modules") or "all-linear",
-                "use_rslora": bool(cfg.get("use_rslora"))}
-        if cfg.get("lora_modules_to_save"):
-            lora["modules_to_save"] = cfg["lora_modules_to_save"]
-        model["lora"] = lora
-    if cfg.get("load_in_4bit"):
-        model["load_in_4bit"] = True
-    r["model"] = model
-    take("model_name_or_path", "model_revision", "dtype", "attn_implementation", "trust_remote_code",
-         "gradient_checkpointing", "model_init_kwargs", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
-         "lora_target_modules", "lora_modules_to_save", "use_rslora", "load_in_4bit")
 
-    # data
-    data: dict[str, Any] = {"dataset": cfg["dataset_name"], "split": cfg.get("dataset_train_split") or "train",
-                            "prompt_column": "prompt", "chat_template": True,
-                            "shuffle": bool(cfg.get("shuffle_dataset", True))
-                            and cfg.get("train_sampling_strategy", "random") != "sequential"}
-    if cfg.get("dataset_config"):
-        data["config"] = cfg["dataset_config"]
-    if cfg.get("chat_template_kwargs"):
-        data["chat_template_kwargs"] = cfg["chat_template_kwargs"]
-    if cfg.get("data_seed") is not None:
-        data["seed"] = cfg["data_seed"]
-    if cfg.get("dataset_streaming"):
-        data["streaming"] = True
-    if config.get("max_prompt_length") is not None:  # TRL < 1.0 truncated prompts to it (from the left)
-        data["max_prompt_length"] = int(config["max_prompt_length"])
-    r["data"] = data
-    take("dataset_name", "dataset_config", "dataset_train_split", "shuffle_dataset", "train_sampling_strategy",
-         "chat_template_kwargs", "data_seed", "dataset_streaming")
+class Sections:
+    """The recipe's sections from a TRL config, one method each; every TRL field a section reads is `take`n, and one
+    it cannot map is `unmapped` with the reason."""
 
-    # rewards
-    rewards = []
-    for fn in cfg.get("reward_funcs") or []:
-        ours, kwargs = TRL_REWARDS.get(fn, (fn, {}))
-        if ours == fn and ":" not in fn and "." in fn:  # my_module.my_reward -> my_module:my_reward
-            ours = fn.rsplit(".", 1)[0] + ":" + fn.rsplit(".", 1)[1]
-        rewards.append({"name": ours, **({"kwargs": kwargs} if kwargs else {})})
-    if cfg.get("reward_model_name_or_path"):
-        rewards.append({"name": f"model:{cfg['reward_model_name_or_path']}"})
-    if not rewards:
-        raise ConversionError("reward_funcs (or reward_model_name_or_path) is missing: the recipe needs a reward")
-    reads_solution = [fn for fn in cfg.get("reward_funcs") or [] if fn in ("accuracy_reward", "reasoning_accuracy_reward")]
-    if reads_solution:  # TRL's accuracy rewards read the dataset column `solution`
-        data["answer_column"] = "solution"
-    column_note = (f"{reads_solution[0]} reads the dataset column `solution` (TRL's): data.answer_column: solution"
-                   if reads_solution else None)
-    weights = cfg.get("reward_weights")
-    if weights:
-        if len(weights) != len(rewards):
-            raise ConversionError(f"reward_weights has {len(weights)} values for {len(rewards)} rewards")
-        for rw, w in zip(rewards, weights):
-            rw["weight"] = float(w)
-    r["rewards"] = rewards
-    take("reward_funcs", "reward_model_name_or_path", "reward_weights")
+    def __init__(self, config: dict[str, Any], out: Conversion) -> None:
+        self.config = config = {LEGACY.get(k, k): v for k, v in config.items()}
+        self.given = {k: v for k, v in config.items() if k in known_fields()}
+        self.cfg = {**GRPO_CONFIG, **self.given}  # TRL's defaults where the file is silent: TRL's algorithm
+        self.out, self.handled = out, set()
+        self.bf16 = self.dtype = self.asked = None  # the model's, read by train's precision
+        self.per_device = 1  # completions per forward, from the batch arithmetic
 
-    # batch arithmetic: TRL counts completions, grpo prompts
-    G = int(cfg["num_generations"])
-    per_device, accumulation = int(cfg["per_device_train_batch_size"]), int(cfg["gradient_accumulation_steps"])
-    per_step = per_device * accumulation * num_processes
-    steps_per_generation = cfg.get("steps_per_generation")
-    generation = cfg.get("generation_batch_size")
-    if steps_per_generation is not None and int(steps_per_generation) != accumulation:
-        raise ConversionError(
-            f"steps_per_generation ({steps_per_generation}) != gradient_accumulation_steps ({accumulation}): TRL then "
-            "takes several optimizer steps on slices of one generation batch, which grpo does not do; use "
-            "num_iterations for several updates on one batch")
-    if generation is not None and int(generation) != per_step:
-        raise ConversionError(
-            f"generation_batch_size ({generation}) != per_device_train_batch_size x gradient_accumulation_steps x "
-            f"processes ({per_device} x {accumulation} x {num_processes} = {per_step}): grpo generates one batch per "
-            "optimizer step")
-    if per_step % G:
-        raise ConversionError(f"{per_step} completions per optimizer step is not a multiple of num_generations ({G})")
-    prompts = per_step // G
-    out.notes.append(
-        f"batch: TRL's optimizer step = per_device_train_batch_size x gradient_accumulation_steps x processes = "
-        f"{per_device} x {accumulation} x {num_processes} = {per_step} completions = {prompts} prompts x G={G} -> "
-        f"train.prompts_per_step: {prompts}, train.micro_batch_size: {per_device} (completions per forward); one "
-        "generation batch per optimizer step, as TRL with steps_per_generation = gradient_accumulation_steps")
-    algorithm = {"num_generations": G, "beta": cfg["beta"], "epsilon": cfg["epsilon"],
-                 "epsilon_high": cfg["epsilon_high"], "delta": cfg["delta"], "loss_type": cfg["loss_type"],
-                 "scale_rewards": {True: "group", False: "none"}.get(cfg["scale_rewards"], cfg["scale_rewards"]),
-                 "num_iterations": cfg["num_iterations"],
-                 "importance_sampling_level": cfg["importance_sampling_level"],
-                 "mask_truncated_completions": cfg["mask_truncated_completions"],
-                 "top_entropy_quantile": cfg["top_entropy_quantile"],
-                 "use_bias_correction_kl": cfg["use_bias_correction_kl"],
-                 "off_policy_mask_threshold": cfg["off_policy_mask_threshold"],
-                 "multi_objective_aggregation": cfg["multi_objective_aggregation"],
-                 "sync_ref_model": cfg["sync_ref_model"], "ref_model_mixup_alpha": cfg["ref_model_mixup_alpha"],
-                 "ref_model_sync_steps": cfg["ref_model_sync_steps"],
-                 "sapo_temperature_pos": cfg["sapo_temperature_pos"], "sapo_temperature_neg": cfg["sapo_temperature_neg"],
-                 **{k: cfg[k] for k in VESPO_FIELDS + ENTROPY_FIELDS}}
-    if algorithm["loss_type"] == "luspo" and algorithm["importance_sampling_level"] != "sequence":
-        algorithm["importance_sampling_level"] = "sequence"
-        out.notes.append(
-            "loss_type luspo with importance_sampling_level token: TRL warns and trains a token-level ratio the LUSPO "
-            "paper does not describe; grpo takes its sequence-level objective -> algorithm.importance_sampling_level: "
-            "sequence")
-    r["algorithm"] = algorithm
-    take("num_generations", "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
-         "generation_batch_size", "beta", "epsilon", "epsilon_high", "delta", "loss_type", "scale_rewards",
-         "num_iterations", "importance_sampling_level", "mask_truncated_completions", "top_entropy_quantile",
-         "use_bias_correction_kl", "off_policy_mask_threshold", "multi_objective_aggregation", "sync_ref_model",
-         "ref_model_mixup_alpha", "ref_model_sync_steps", "sapo_temperature_pos", "sapo_temperature_neg",
-         *VESPO_FIELDS, *ENTROPY_FIELDS)
+    def take(self, *keys: str) -> None:
+        self.handled.update(keys)
 
-    # rollout
-    rollout: dict[str, Any] = {
-        "backend": "vllm" if cfg["use_vllm"] else "hf", "max_completion_length": cfg["max_completion_length"],
-        "temperature": cfg["temperature"], "top_p": cfg["top_p"], "top_k": cfg["top_k"] or None,
-        "min_p": cfg["min_p"], "repetition_penalty": cfg["repetition_penalty"],
-    }
-    if cfg.get("generation_kwargs"):
-        rollout["generation_kwargs"] = cfg["generation_kwargs"]
-    if cfg.get("cache_implementation"):
-        rollout["cache_implementation"] = cfg["cache_implementation"]
-    if cfg.get("max_tool_calling_iterations"):
-        rollout["max_turns"] = int(cfg["max_tool_calling_iterations"]) + 1
-    if cfg["use_vllm"]:
-        url = cfg.get("vllm_server_base_url") or f"http://{cfg['vllm_server_host']}:{cfg['vllm_server_port']}"
-        url = url.replace("://0.0.0.0:", "://127.0.0.1:")
-        rollout["vllm"] = {"mode": cfg["vllm_mode"], "server_url": url,
-                           "request_timeout_s": float(cfg["vllm_server_timeout"]),
-                           "gpu_memory_utilization": cfg["vllm_gpu_memory_utilization"],
-                           "max_model_len": cfg["vllm_max_model_length"],
-                           "structured_outputs_regex": cfg["vllm_structured_outputs_regex"]}
-        correction = cfg["vllm_importance_sampling_correction"]
-        rollout["importance_sampling"] = cfg["vllm_importance_sampling_mode"] if correction else "none"
-        trl_names = {"repetition_penalty": f"repetition_penalty {cfg['repetition_penalty']}",
-                     "vllm.structured_outputs_regex": "vllm_structured_outputs_regex"}
-        shaped = [trl_names.get(n, n) for n in unreplayed(cfg["repetition_penalty"], cfg.get("generation_kwargs") or {},
-                                                          cfg["vllm_structured_outputs_regex"])]
-        if correction and shaped:
-            rollout["importance_sampling"] = "none"
-            out.notes.append(f"vllm_importance_sampling_correction: off, because {', '.join(shaped)} shape(s) the "
-                             "distribution vLLM samples in a way the trainer cannot replay; TRL's ratio would be "
-                             "biased")
-        cap = cfg.get("vllm_importance_sampling_cap") or cfg.get("vllm_importance_sampling_clip_max")
-        if cap:
-            rollout["importance_sampling_cap"] = float(cap)
-        if cfg["vllm_tensor_parallel_size"] != 1:
-            out.notes.append(f"vllm_tensor_parallel_size {cfg['vllm_tensor_parallel_size']}: start the server with "
-                             f"`grpo serve-vllm --tp {cfg['vllm_tensor_parallel_size']}`")
-    elif cfg.get("vllm_structured_outputs_regex"):
-        unmapped("vllm_structured_outputs_regex", "structured outputs need use_vllm")
-    r["rollout"] = rollout
-    take("use_vllm", "max_completion_length", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-         "generation_kwargs", "cache_implementation", "max_tool_calling_iterations", "vllm_mode",
-         "vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_server_timeout",
-         "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_structured_outputs_regex",
-         "vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "vllm_importance_sampling_cap",
-         "vllm_importance_sampling_clip_max", "vllm_tensor_parallel_size")
+    def unmapped(self, key: str, why: str | None = None) -> None:
+        self.handled.add(key)
+        if key in self.given and self.given[key] != GRPO_CONFIG.get(key, None):
+            self.out.unmapped.append((key, self.given[key], why or HOMES[key][1]))
 
-    # train
-    max_steps = int(cfg["max_steps"])
-    if max_steps <= 0:
-        raise ConversionError("max_steps is not set (TRL would derive it from num_train_epochs and the dataset size): "
-                              "give max_steps")
-    warmup = cfg.get("warmup_steps") or 0
-    if isinstance(warmup, float) and 0 < warmup < 1:
-        warmup = round(warmup * max_steps)
-        out.notes.append(f"warmup_steps {cfg['warmup_steps']} is a ratio: {warmup} of {max_steps} steps")
-    scheduler = SCHEDULERS.get(cfg["lr_scheduler_type"])
-    if scheduler is None:
-        unmapped("lr_scheduler_type", f"{cfg['lr_scheduler_type']} is not one of constant / linear / cosine: linear used")
-        scheduler = "linear"
-    optimizer = OPTIMIZERS.get(cfg["optim"])
-    if optimizer is None:
-        unmapped("optim", f"{cfg['optim']} has no counterpart: adamw used")
-        optimizer = "adamw"
-    precision = "fp16" if cfg.get("fp16") else ("bf16" if bf16 and dtype == "float32" else "no")
-    out.notes.append(precision_note(asked, dtype, precision, bf16, "bf16" in given))
-    r["train"] = {"max_steps": max_steps, "prompts_per_step": prompts, "micro_batch_size": per_device,
-                  "optimizer": optimizer, "learning_rate": cfg["learning_rate"], "scheduler": scheduler,
-                  "warmup_steps": int(warmup), "weight_decay": cfg["weight_decay"], "adam_beta1": cfg["adam_beta1"],
-                  "adam_beta2": cfg["adam_beta2"], "max_grad_norm": cfg["max_grad_norm"], "mixed_precision": precision,
-                  "seed": cfg["seed"]}
-    take("max_steps", "warmup_steps", "lr_scheduler_type", "optim", "fp16", "bf16", "learning_rate", "weight_decay",
-         "adam_beta1", "adam_beta2", "max_grad_norm", "seed", "use_cpu")
+    def model(self) -> None:
+        cfg, r = self.cfg, self.out.recipe
+        # TRL 1.16: bf16 unless fp16
+        self.bf16 = bf16 = cfg.get("bf16") if cfg.get("bf16") is not None else not cfg.get("fp16")
+        init = dict(cfg.get("model_init_kwargs") or {})
+        # TRL 1.16 loads the model in float32 unless told otherwise (ModelConfig.dtype; `trl grpo` passes it on)
+        asked = init.pop("dtype", None) or init.pop("torch_dtype", None) or cfg.get("dtype")
+        self.asked = asked = asked or "float32 (TRL's default)"
+        self.dtype = dtype = {"auto": "bfloat16" if bf16 else "float32", "bf16": "bfloat16", "fp16": "float16",
+                              "float32 (TRL's default)": "float32"}.get(asked, asked)
+        model: dict[str, Any] = {"name_or_path": cfg["model_name_or_path"], "dtype": dtype,
+                                 "trust_remote_code": bool(init.pop("trust_remote_code", cfg.get("trust_remote_code"))),
+                                 "gradient_checkpointing": bool(cfg.get("gradient_checkpointing"))}
+        for key, ours in (("model_revision", "revision"), ("attn_implementation", "attn_implementation")):
+            value = init.pop(ours, None) or cfg.get(key)
+            if value is not None:
+                model[ours] = value
+        if init:
+            model["init_kwargs"] = init
+        if cfg.get("use_peft"):
+            lora = {"r": cfg.get("lora_r") or 16, "alpha": float(cfg.get("lora_alpha") or 32),
+                    "dropout": float(cfg.get("lora_dropout") or 0.0),
+                    "target_modules": cfg.get("lora_target_modules") or "all-linear",
+                    "use_rslora": bool(cfg.get("use_rslora"))}
+            if cfg.get("lora_modules_to_save"):
+                lora["modules_to_save"] = cfg["lora_modules_to_save"]
+            model["lora"] = lora
+        if cfg.get("load_in_4bit"):
+            model["load_in_4bit"] = True
+        r["model"] = model
+        self.take("model_name_or_path", "model_revision", "dtype", "attn_implementation", "trust_remote_code",
+                  "gradient_checkpointing", "model_init_kwargs", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
+                  "lora_target_modules", "lora_modules_to_save", "use_rslora", "load_in_4bit")
 
-    # checkpoints, logging, eval
-    every = 0 if cfg["save_strategy"] == "no" else int(cfg["save_steps"])
-    if cfg["save_strategy"] == "epoch":
-        unmapped("save_strategy", "epoch is not supported: checkpoints every save_steps")
-    r["checkpoint"] = {"every_steps": every, "keep_last": cfg["save_total_limit"]}
-    report = cfg["report_to"]
-    report = [] if report in (None, "none", ["none"]) else ([report] if isinstance(report, str) else list(report))
-    trackers = [t for t in report if t in ("tensorboard", "wandb", "mlflow", "trackio", "comet_ml", "aim", "clearml")]
-    for t in report:
-        if t not in trackers and t != "all":
-            out.unmapped.append(("report_to", t, "not one of accelerate's trackers"))
-    prints = cfg["num_completions_to_print"] or (4 if cfg["log_completions"] else 0)
-    r["logging"] = {"output_dir": cfg["output_dir"] or f"runs/{r['name']}", "every_steps": int(cfg["logging_steps"]),
-                    "trackers": trackers, "num_completions_to_print": int(prints)}
-    take("save_strategy", "save_steps", "save_total_limit", "report_to", "output_dir", "logging_steps",
-         "log_completions", "num_completions_to_print")
-    if cfg["eval_strategy"] != "no" or cfg.get("dataset_test_split"):
-        steps = cfg.get("eval_steps") or cfg["logging_steps"]
-        r["eval"] = {"every_steps": int(steps) if cfg["eval_strategy"] == "steps" else 0,
-                     "split": cfg.get("dataset_test_split") or "test",
-                     "batch_size": int(cfg["per_device_eval_batch_size"])}
-    take("eval_strategy", "eval_steps", "dataset_test_split", "per_device_eval_batch_size")
+    def data(self) -> None:
+        cfg, r, config = self.cfg, self.out.recipe, self.config
+        data: dict[str, Any] = {"dataset": cfg["dataset_name"], "split": cfg.get("dataset_train_split") or "train",
+                                "prompt_column": "prompt", "chat_template": True,
+                                "shuffle": bool(cfg.get("shuffle_dataset", True))
+                                and cfg.get("train_sampling_strategy", "random") != "sequential"}
+        if cfg.get("dataset_config"):
+            data["config"] = cfg["dataset_config"]
+        if cfg.get("chat_template_kwargs"):
+            data["chat_template_kwargs"] = cfg["chat_template_kwargs"]
+        if cfg.get("data_seed") is not None:
+            data["seed"] = cfg["data_seed"]
+        if cfg.get("dataset_streaming"):
+            data["streaming"] = True
+        if config.get("max_prompt_length") is not None:  # TRL < 1.0 truncated prompts to it (from the left)
+            data["max_prompt_length"] = int(config["max_prompt_length"])
+        r["data"] = data
+        self.take("dataset_name", "dataset_config", "dataset_train_split", "shuffle_dataset", "train_sampling_strategy",
+                  "chat_template_kwargs", "data_seed", "dataset_streaming")
 
-    for key in given:
-        if key not in handled:
-            unmapped(key)
-    silent = [f"{k} {cfg[k]}" for k in ("beta", "loss_type", "use_bias_correction_kl", "learning_rate", "adam_beta2",
-                                        "max_grad_norm", "max_completion_length", "lr_scheduler_type") if k not in given]
-    if silent:  # only what the file does not say: the user's own values are theirs, not TRL's defaults
-        out.notes.append(f"TRL {TRL_VERSION}'s defaults are written out where the file is silent ({', '.join(silent)})")
-    if column_note:
-        out.notes.append(column_note)
-    return out
+    def rewards(self) -> str | None:
+        """-> the note on the answer column TRL's accuracy rewards read, if they do."""
+        cfg, r, data = self.cfg, self.out.recipe, self.out.recipe["data"]
+        rewards = []
+        for fn in cfg.get("reward_funcs") or []:
+            ours, kwargs = TRL_REWARDS.get(fn, (fn, {}))
+            if ours == fn and ":" not in fn and "." in fn:  # my_module.my_reward -> my_module:my_reward
+                ours = fn.rsplit(".", 1)[0] + ":" + fn.rsplit(".", 1)[1]
+            rewards.append({"name": ours, **({"kwargs": kwargs} if kwargs else {})})
+        if cfg.get("reward_model_name_or_path"):
+            rewards.append({"name": f"model:{cfg['reward_model_name_or_path']}"})
+        if not rewards:
+            raise ConversionError("reward_funcs (or reward_model_name_or_path) is missing: the recipe needs a reward")
+        reads_solution = [fn for fn in cfg.get("reward_funcs") or []
+                          if fn in ("accuracy_reward", "reasoning_accuracy_reward")]
+        if reads_solution:  # TRL's accuracy rewards read the dataset column `solution`
+            data["answer_column"] = "solution"
+        column_note = (f"{reads_solution[0]} reads the dataset column `solution` (TRL's): data.answer_column: solution"
+                       if reads_solution else None)
+        weights = cfg.get("reward_weights")
+        if weights:
+            if len(weights) != len(rewards):
+                raise ConversionError(f"reward_weights has {len(weights)} values for {len(rewards)} rewards")
+            for rw, w in zip(rewards, weights):
+                rw["weight"] = float(w)
+        r["rewards"] = rewards
+        self.take("reward_funcs", "reward_model_name_or_path", "reward_weights")
+        return column_note
+
+    def algorithm(self, num_processes: int) -> int:
+        """The batch arithmetic (TRL counts completions, grpo prompts) and the algorithm; -> prompts per step."""
+        cfg, r = self.cfg, self.out.recipe
+        G = int(cfg["num_generations"])
+        per_device, accumulation = int(cfg["per_device_train_batch_size"]), int(cfg["gradient_accumulation_steps"])
+        per_step = per_device * accumulation * num_processes
+        steps_per_generation = cfg.get("steps_per_generation")
+        generation = cfg.get("generation_batch_size")
+        if steps_per_generation is not None and int(steps_per_generation) != accumulation:
+            raise ConversionError(
+                f"steps_per_generation ({steps_per_generation}) != gradient_accumulation_steps ({accumulation}): "
+                "TRL then takes several optimizer steps on slices of one generation batch, which grpo does not do; "
+                "use num_iterations for several updates on one batch")
+        if generation is not None and int(generation) != per_step:
+            raise ConversionError(
+                f"generation_batch_size ({generation}) != per_device_train_batch_size x gradient_accumulation_steps x "
+                f"processes ({per_device} x {accumulation} x {num_processes} = {per_step}): grpo generates one batch "
+                "per optimizer step")
+        if per_step % G:
+            raise ConversionError(f"{per_step} completions per optimizer step is not a multiple of num_generations "
+                                  f"({G})")
+        prompts = per_step // G
+        self.out.notes.append(
+            f"batch: TRL's optimizer step = per_device_train_batch_size x gradient_accumulation_steps x processes = "
+            f"{per_device} x {accumulation} x {num_processes} = {per_step} completions = {prompts} prompts x G={G} -> "
+            f"train.prompts_per_step: {prompts}, train.micro_batch_size: {per_device} (completions per forward); one "
+            "generation batch per optimizer step, as TRL with steps_per_generation = gradient_accumulation_steps")
+        algorithm = {"num_generations": G, "beta": cfg["beta"], "epsilon": cfg["epsilon"],
+                     "epsilon_high": cfg["epsilon_high"], "delta": cfg["delta"], "loss_type": cfg["loss_type"],
+                     "scale_rewards": {True: "group", False: "none"}.get(cfg["scale_rewards"], cfg["scale_rewards"]),
+                     "num_iterations": cfg["num_iterations"],
+                     "importance_sampling_level": cfg["importance_sampling_level"],
+                     "mask_truncated_completions": cfg["mask_truncated_completions"],
+                     "top_entropy_quantile": cfg["top_entropy_quantile"],
+                     "use_bias_correction_kl": cfg["use_bias_correction_kl"],
+                     "off_policy_mask_threshold": cfg["off_policy_mask_threshold"],
+                     "multi_objective_aggregation": cfg["multi_objective_aggregation"],
+                     "sync_ref_model": cfg["sync_ref_model"], "ref_model_mixup_alpha": cfg["ref_model_mixup_alpha"],
+                     "ref_model_sync_steps": cfg["ref_model_sync_steps"],
+                     "sapo_temperature_pos": cfg["sapo_temperature_pos"],
+                     "sapo_temperature_neg": cfg["sapo_temperature_neg"],
+                     **{k: cfg[k] for k in VESPO_FIELDS + ENTROPY_FIELDS}}
+        loss = LOSSES.get(algorithm["loss_type"])
+        if loss is not None and loss.level is not None and algorithm["importance_sampling_level"] != loss.level:
+            self.out.notes.append(
+                f"loss_type {loss.name} with importance_sampling_level {algorithm['importance_sampling_level']}: "
+                f"{loss.level_reason} -> algorithm.importance_sampling_level: {loss.level}")
+            algorithm["importance_sampling_level"] = loss.level
+        r["algorithm"] = algorithm
+        self.take("num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
+                  "steps_per_generation", "generation_batch_size", "beta", "epsilon", "epsilon_high", "delta",
+                  "loss_type", "scale_rewards", "num_iterations", "importance_sampling_level",
+                  "mask_truncated_completions", "top_entropy_quantile", "use_bias_correction_kl",
+                  "off_policy_mask_threshold", "multi_objective_aggregation", "sync_ref_model", "ref_model_mixup_alpha",
+                  "ref_model_sync_steps", "sapo_temperature_pos", "sapo_temperature_neg", *VESPO_FIELDS,
+                  *ENTROPY_FIELDS)
+        self.per_device = per_device
+        return prompts
+
+    def rollout(self) -> None:
+        cfg, r = self.cfg, self.out.recipe
+        rollout: dict[str, Any] = {
+            "backend": "vllm" if cfg["use_vllm"] else "hf", "max_completion_length": cfg["max_completion_length"],
+            "temperature": cfg["temperature"], "top_p": cfg["top_p"], "top_k": cfg["top_k"] or None,
+            "min_p": cfg["min_p"], "repetition_penalty": cfg["repetition_penalty"],
+        }
+        if cfg.get("generation_kwargs"):
+            rollout["generation_kwargs"] = cfg["generation_kwargs"]
+        if cfg.get("cache_implementation"):
+            rollout["cache_implementation"] = cfg["cache_implementation"]
+        if cfg.get("max_tool_calling_iterations"):
+            rollout["max_turns"] = int(cfg["max_tool_calling_iterations"]) + 1
+        if cfg["use_vllm"]:
+            url = cfg.get("vllm_server_base_url") or f"http://{cfg['vllm_server_host']}:{cfg['vllm_server_port']}"
+            url = url.replace("://0.0.0.0:", "://127.0.0.1:")
+            rollout["vllm"] = {"mode": cfg["vllm_mode"], "server_url": url,
+                               "request_timeout_s": float(cfg["vllm_server_timeout"]),
+                               "gpu_memory_utilization": cfg["vllm_gpu_memory_utilization"],
+                               "max_model_len": cfg["vllm_max_model_length"],
+                               "structured_outputs_regex": cfg["vllm_structured_outputs_regex"]}
+            correction = cfg["vllm_importance_sampling_correction"]
+            rollout["importance_sampling"] = cfg["vllm_importance_sampling_mode"] if correction else "none"
+            trl_names = {"repetition_penalty": f"repetition_penalty {cfg['repetition_penalty']}",
+                         "vllm.structured_outputs_regex": "vllm_structured_outputs_regex"}
+            found = unreplayed(cfg["repetition_penalty"], cfg.get("generation_kwargs") or {},
+                               cfg["vllm_structured_outputs_regex"])
+            shaped = [trl_names.get(n, n) for n in found]
+            if correction and shaped:
+                rollout["importance_sampling"] = "none"
+                self.out.notes.append(f"vllm_importance_sampling_correction: off, because {', '.join(shaped)} "
+                                      "shape(s) the distribution vLLM samples in a way the trainer cannot replay; "
+                                      "TRL's ratio would be biased")
+            cap = cfg.get("vllm_importance_sampling_cap") or cfg.get("vllm_importance_sampling_clip_max")
+            if cap:
+                rollout["importance_sampling_cap"] = float(cap)
+            if cfg["vllm_tensor_parallel_size"] != 1:
+                tp = cfg["vllm_tensor_parallel_size"]
+                self.out.notes.append(f"vllm_tensor_parallel_size {tp}: start the server with `grpo serve-vllm --tp "
+                                      f"{tp}`")
+        elif cfg.get("vllm_structured_outputs_regex"):
+            self.unmapped("vllm_structured_outputs_regex", "structured outputs need use_vllm")
+        r["rollout"] = rollout
+        self.take("use_vllm", "max_completion_length", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                  "generation_kwargs", "cache_implementation", "max_tool_calling_iterations", "vllm_mode",
+                  "vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_server_timeout",
+                  "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_structured_outputs_regex",
+                  "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
+                  "vllm_importance_sampling_cap", "vllm_importance_sampling_clip_max", "vllm_tensor_parallel_size")
+
+    def train(self, prompts: int) -> None:
+        cfg, r, per_device = self.cfg, self.out.recipe, self.per_device
+        bf16, dtype, asked, given = self.bf16, self.dtype, self.asked, self.given
+        max_steps = int(cfg["max_steps"])
+        if max_steps <= 0:
+            raise ConversionError("max_steps is not set (TRL would derive it from num_train_epochs and the dataset "
+                                  "size): give max_steps")
+        warmup = cfg.get("warmup_steps") or 0
+        if isinstance(warmup, float) and 0 < warmup < 1:
+            warmup = round(warmup * max_steps)
+            self.out.notes.append(f"warmup_steps {cfg['warmup_steps']} is a ratio: {warmup} of {max_steps} steps")
+        scheduler = SCHEDULERS.get(cfg["lr_scheduler_type"])
+        if scheduler is None:
+            self.unmapped("lr_scheduler_type",
+                          f"{cfg['lr_scheduler_type']} is not one of constant / linear / cosine: linear used")
+            scheduler = "linear"
+        optimizer = OPTIMIZERS.get(cfg["optim"])
+        if optimizer is None:
+            self.unmapped("optim", f"{cfg['optim']} has no counterpart: adamw used")
+            optimizer = "adamw"
+        precision = "fp16" if cfg.get("fp16") else ("bf16" if bf16 and dtype == "float32" else "no")
+        self.out.notes.append(precision_note(asked, dtype, precision, bf16, "bf16" in given))
+        r["train"] = {"max_steps": max_steps, "prompts_per_step": prompts, "micro_batch_size": per_device,
+                      "optimizer": optimizer, "learning_rate": cfg["learning_rate"], "scheduler": scheduler,
+                      "warmup_steps": int(warmup), "weight_decay": cfg["weight_decay"], "adam_beta1": cfg["adam_beta1"],
+                      "adam_beta2": cfg["adam_beta2"], "max_grad_norm": cfg["max_grad_norm"],
+                      "mixed_precision": precision, "seed": cfg["seed"]}
+        self.take("max_steps", "warmup_steps", "lr_scheduler_type", "optim", "fp16", "bf16", "learning_rate",
+                  "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm", "seed", "use_cpu")
+
+    def logging(self) -> None:
+        """Checkpoints, logging, eval."""
+        cfg, r = self.cfg, self.out.recipe
+        every = 0 if cfg["save_strategy"] == "no" else int(cfg["save_steps"])
+        if cfg["save_strategy"] == "epoch":
+            self.unmapped("save_strategy", "epoch is not supported: checkpoints every save_steps")
+        r["checkpoint"] = {"every_steps": every, "keep_last": cfg["save_total_limit"]}
+        report = cfg["report_to"]
+        report = [] if report in (None, "none", ["none"]) else ([report] if isinstance(report, str) else list(report))
+        trackers = [t for t in report
+                    if t in ("tensorboard", "wandb", "mlflow", "trackio", "comet_ml", "aim", "clearml")]
+        for t in report:
+            if t not in trackers and t != "all":
+                self.out.unmapped.append(("report_to", t, "not one of accelerate's trackers"))
+        prints = cfg["num_completions_to_print"] or (4 if cfg["log_completions"] else 0)
+        r["logging"] = {"output_dir": cfg["output_dir"] or f"runs/{r['name']}",
+                        "every_steps": int(cfg["logging_steps"]), "trackers": trackers,
+                        "num_completions_to_print": int(prints)}
+        self.take("save_strategy", "save_steps", "save_total_limit", "report_to", "output_dir", "logging_steps",
+                  "log_completions", "num_completions_to_print")
+        if cfg["eval_strategy"] != "no" or cfg.get("dataset_test_split"):
+            steps = cfg.get("eval_steps") or cfg["logging_steps"]
+            r["eval"] = {"every_steps": int(steps) if cfg["eval_strategy"] == "steps" else 0,
+                         "split": cfg.get("dataset_test_split") or "test",
+                         "batch_size": int(cfg["per_device_eval_batch_size"])}
+        self.take("eval_strategy", "eval_steps", "dataset_test_split", "per_device_eval_batch_size")
+
+    def finish(self, column_note: str | None) -> Conversion:
+        """Every field given and not read is unmapped; the notes on TRL's defaults and the answer column."""
+        cfg, given = self.cfg, self.given
+        for key in given:
+            if key not in self.handled:
+                self.unmapped(key)
+        silent = [f"{k} {cfg[k]}" for k in ("beta", "loss_type", "use_bias_correction_kl", "learning_rate",
+                                            "adam_beta2", "max_grad_norm", "max_completion_length",
+                                            "lr_scheduler_type") if k not in given]
+        if silent:  # only what the file does not say: the user's own values are theirs, not TRL's defaults
+            self.out.notes.append(f"TRL {TRL_VERSION}'s defaults are written out where the file is silent "
+                                  f"({', '.join(silent)})")
+        if column_note:
+            self.out.notes.append(column_note)
+        return self.out

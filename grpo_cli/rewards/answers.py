@@ -42,11 +42,10 @@ from __future__ import annotations
 import re
 import threading
 from decimal import Decimal
-from typing import Any
+from typing import Any, Callable
 
 from grpo_cli.rewards.numbers import NUMBER_WORDS, numbers_match, read_number, words_value
 
-EXTRACT_MODES = ("auto", "boxed", "tag", "gsm8k", "last_number")
 
 _DASHES = str.maketrans(dict.fromkeys("\u2212\u2013\u2012\u2010\u2011\ufe63\uff0d", "-"))
 _DOLLAR = re.compile(r"\\text\s*\{\s*\\\$\s*\}|\\textdollar\b\s*|\\\$")
@@ -247,29 +246,36 @@ def _last_number_or_math(text: str) -> str | None:
     return _as_answer(text, found[-1]) if found else None
 
 
+def _auto(text: str, tag: str) -> str | None:
+    """The module docstring's rule: boxed, then tag, then gsm8k, then the stated answer, then the last number."""
+    for find in (_last_boxed, lambda t: _last_tag(t, tag), _after_hashes, _stated_answer, _last_number_or_math):
+        found = find(text)
+        if found is not None:
+            return found
+    return None
+
+
+# answer extraction modes, in the order the docs and errors list them: (cleaned text, tag) -> the answer or None
+EXTRACTORS: dict[str, Callable[[str, str], str | None]] = {
+    "auto": _auto,
+    "boxed": lambda text, tag: _last_boxed(text),
+    "tag": lambda text, tag: _last_tag(text, tag),
+    "gsm8k": lambda text, tag: _after_hashes(text),
+    "last_number": lambda text, tag: _last_number(text),
+}
+EXTRACT_MODES = tuple(EXTRACTORS)
+
+
 def extract_answer(text: str, mode: str = "auto", tag: str = "answer") -> str | None:
     """The final answer written in `text`, cleaned (`clean_answer`), or None when there is none.
 
-    mode: `boxed` (last \\boxed{...}), `tag` (last <tag>...</tag>), `gsm8k` (after the last ####),
-    `last_number` (last number, a LaTeX fraction counts as one; "1,000" -> "1000"), `auto` (boxed,
-    then tag, then gsm8k, then the stated answer, then the last number: the module docstring's rule).
+    mode (an `EXTRACTORS` entry): `boxed` (last \\boxed{...}), `tag` (last <tag>...</tag>), `gsm8k` (after the last
+    ####), `last_number` (last number, a LaTeX fraction counts as one; "1,000" -> "1000"), `auto` (boxed, then tag,
+    then gsm8k, then the stated answer, then the last number: the module docstring's rule).
     """
-    text = clean_answer(text)
-    if mode == "boxed":
-        return _last_boxed(text)
-    if mode == "tag":
-        return _last_tag(text, tag)
-    if mode == "gsm8k":
-        return _after_hashes(text)
-    if mode == "last_number":
-        return _last_number(text)
-    if mode == "auto":
-        for find in (_last_boxed, lambda t: _last_tag(t, tag), _after_hashes, _stated_answer, _last_number_or_math):
-            found = find(text)
-            if found is not None:
-                return found
-        return None
-    raise ValueError(f"unknown answer extraction mode {mode!r}; valid: {', '.join(EXTRACT_MODES)}")
+    if mode not in EXTRACTORS:
+        raise ValueError(f"unknown answer extraction mode {mode!r}; valid: {', '.join(EXTRACT_MODES)}")
+    return EXTRACTORS[mode](clean_answer(text), tag)
 
 
 def reference_text(answer: Any) -> str | None:

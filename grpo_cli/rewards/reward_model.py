@@ -44,7 +44,7 @@ def _read_config(source: str) -> dict[str, Any]:
         if not path.is_file():
             raise ValueError(f"{source} has no config.json: not a transformers model folder")
     else:
-        from grpo_cli.run.hub import offline_chosen, unreachable
+        from grpo_cli.process.hub import offline_chosen, unreachable
 
         # an unreachable hub: the cache only, at once (five retries of the download would take ~25 s)
         why = "HF_HUB_OFFLINE is set" if offline_chosen() else unreachable()

@@ -48,7 +48,7 @@ from grpo_cli.rewards.builtin import REWARDS
 from grpo_cli.rewards.kwargs import check_kwargs
 from grpo_cli.rewards.outcomes import ChildFailure, Outcome, RewardSpec, interpret, user_frame
 from grpo_cli.rewards.steps import step_mean
-from grpo_cli.run.watchdog import phase
+from grpo_cli.process.watchdog import phase
 from grpo_cli.usercode import children, objects
 from grpo_cli.usercode.children import become_subreaper
 

@@ -1,14 +1,16 @@
 """Generation backends: what turns B prompts into B*G completions (a `Rollout`), and what each one can do.
 
-Every backend implements `Generator` (grpo_cli/rollout/source.py's `build_generator` makes the one a recipe
-names). Backends are registered in `BACKENDS` with their capabilities, so the rest of the package asks what a
-backend can do instead of comparing its name: `hf` (transformers `generate` on the policy itself),
-`vllm-colocate` (a vLLM engine in this process) and `vllm-server` (a `grpo serve-vllm` process over HTTP).
-This module imports neither torch nor a backend: the recipe's checks read the capabilities.
+Every backend implements `Generator`. A backend is one `BACKENDS` entry: its capabilities, so the rest of the
+package asks what a backend can do instead of comparing its name, and its builder (`build_generator` makes the one
+a recipe names): `hf` (transformers `generate` on the policy itself), `vllm-colocate` (a vLLM engine in this
+process) and `vllm-server` (a `grpo serve-vllm` process over HTTP). This module imports neither torch nor a
+backend (the builder is named as "module:function", imported when called): the recipe's checks read the
+capabilities.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -52,8 +54,9 @@ class Generator(Protocol):
 
 @dataclass(frozen=True)
 class Backend:
-    """What a rollout backend can do (grpo_cli/rollout/source.py builds it)."""
+    """What a rollout backend can do, and what builds it."""
 
+    builder: str  # "module:function": (cfg, *, tokenizer, model, model_dir, seed, synced) -> Generator
     own_weights: bool  # samples from its own copy of the weights: the policy's are pushed to it after each update
     in_process: bool  # runs in the trainer's process (False: another process samples, so rollouts can run ahead)
     structured_outputs: bool  # can constrain completions to a regular expression
@@ -72,10 +75,15 @@ class Backend:
 
 
 BACKENDS: Registry[Backend] = Registry("rollout backend")
-BACKENDS.register("hf")(Backend(own_weights=False, in_process=True, structured_outputs=False, compiled_decoding=True))
-BACKENDS.register("vllm-colocate")(Backend(own_weights=True, in_process=True, structured_outputs=True))
-BACKENDS.register("vllm-server")(Backend(own_weights=True, in_process=False, structured_outputs=True,
-                                         adapter_sync=True))
+BACKENDS.register("hf")(Backend(
+    "grpo_cli.rollout.hf:build_hf_generator", own_weights=False, in_process=True, structured_outputs=False,
+    compiled_decoding=True))
+BACKENDS.register("vllm-colocate")(Backend(
+    "grpo_cli.rollout.vllm_colocate:build_colocated_generator", own_weights=True, in_process=True,
+    structured_outputs=True))
+BACKENDS.register("vllm-server")(Backend(
+    "grpo_cli.rollout.vllm_server:build_server_generator", own_weights=True, in_process=False,
+    structured_outputs=True, adapter_sync=True))
 
 # `grpo eval --backend`: the rollout settings each choice means
 EVAL_BACKENDS = {"hf": {"backend": "hf"}, "vllm": {"backend": "vllm", "mode": "colocate"}}
@@ -97,3 +105,13 @@ def for_eval(cfg: Any, choice: str) -> Any:
     setting = EVAL_BACKENDS[choice]
     vllm = cfg.vllm.model_copy(update={"mode": setting["mode"]}) if "mode" in setting else cfg.vllm
     return cfg.model_copy(update={"backend": setting["backend"], "vllm": vllm})
+
+
+def build_generator(cfg: Any, *, tokenizer, model=None, model_dir: str | None = None, seed: int = 0,
+                    synced: bool = False) -> Generator:
+    """The backend `cfg` (a recipe's rollout section) names (training, `grpo eval` and the run's eval go through
+    it). `model`: the policy (hf samples with it); `model_dir`: the folder a colocated engine loads; `seed`:
+    per-request seeds (vLLM); `synced`: the policy's weights are sharded over processes (hf)."""
+    module, function = backend_of(cfg).builder.split(":")
+    build = getattr(importlib.import_module(module), function)
+    return build(cfg, tokenizer=tokenizer, model=model, model_dir=model_dir, seed=seed, synced=synced)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 
@@ -105,11 +106,11 @@ class SamplerLogprobs:
 
 
 def progress_criteria():
-    """A stopping criterion that never stops: each decoding step tells the watchdog (grpo_cli/run/watchdog.py) that
+    """A stopping criterion that never stops: each decoding step tells the watchdog (grpo_cli/process/watchdog.py) that
     generation moves on, so a long generate is not taken for a stalled one."""
     from transformers import StoppingCriteria, StoppingCriteriaList
 
-    from grpo_cli.run import watchdog
+    from grpo_cli.process import watchdog
 
     class DecodedToken(StoppingCriteria):
         def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
@@ -256,3 +257,8 @@ class HFGenerator:
         cmask, truncated = completion_mask_from_eos(completion_ids, self.eos_ids)
         logps = recorder.result(completion_ids).masked_fill(cmask == 0, 0.0) if recorder is not None else None
         return completion_ids.masked_fill(cmask == 0, self.pad_id), cmask, truncated, logps
+
+
+def build_hf_generator(cfg: RolloutConfig, *, tokenizer, model, synced: bool = False, **_: Any) -> HFGenerator:
+    """BACKENDS["hf"]'s builder: transformers `generate` on the policy itself."""
+    return HFGenerator(model, tokenizer, cfg, synced=synced)

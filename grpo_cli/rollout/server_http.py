@@ -21,7 +21,7 @@ import urllib.request
 from urllib.parse import urlparse
 
 from grpo_cli.errors import VLLMServerError
-from grpo_cli.run.watchdog import phase, progress_of, tick
+from grpo_cli.process.watchdog import phase, progress_of, tick
 from grpo_cli.serve.auth import TOKEN_ENV, client_token
 
 HEALTH_TIMEOUT_S = 5.0

@@ -37,7 +37,7 @@ from grpo_cli.rollout.common import (
     samples_from,
 )
 
-from grpo_cli.run.watchdog import progress_of, tick
+from grpo_cli.process.watchdog import progress_of, tick
 
 WORKER_EXTENSION = "grpo_cli.rollout.vllm_worker.WeightSyncExtension"
 
@@ -263,3 +263,9 @@ def _build_llm(model_dir: str, cfg: RolloutConfig, seed: int):
         worker_extension_cls=WORKER_EXTENSION, logprobs_mode="processed_logprobs",
         enable_sleep_mode=v.sleep_mode and torch.cuda.is_available(),
     )
+
+
+def build_colocated_generator(cfg: RolloutConfig, *, tokenizer, model_dir: str, seed: int,
+                              **_: Any) -> VLLMColocateGenerator:
+    """BACKENDS["vllm-colocate"]'s builder: a vLLM engine in this process, started from `model_dir`."""
+    return VLLMColocateGenerator(model_dir, tokenizer, cfg, seed)

@@ -26,6 +26,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import torch
@@ -45,7 +46,7 @@ from grpo_cli.rollout.common import (
     samples_from,
 )
 from grpo_cli.rollout.server_http import ServerHTTP
-from grpo_cli.run.watchdog import progress_of
+from grpo_cli.process.watchdog import progress_of
 from grpo_cli.serve.auth import is_loopback
 
 ADAPTER_PREFIX = "grpo-adapter-"  # an adapter's file name starts so (load_weights sends it to /update_adapter)
@@ -277,3 +278,8 @@ def _unshared_cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         out[k] = t.clone() if ptr in seen else t
         seen.add(ptr)
     return out
+
+
+def build_server_generator(cfg: RolloutConfig, *, tokenizer, seed: int, **_: Any) -> VLLMServerGenerator:
+    """BACKENDS["vllm-server"]'s builder: a client of `grpo serve-vllm` (rollout.vllm.server_url)."""
+    return VLLMServerGenerator(tokenizer, cfg, seed)

@@ -24,7 +24,7 @@ from grpo_cli.run.checkpoints import (
 from grpo_cli.run.statefiles import (
     decode_parts, encode_parts, load_state, require, restore_rng, rng_state, save_optimizer, save_scheduler, save_state,
 )
-from grpo_cli.run.watchdog import folder_bytes, progress_of, tick
+from grpo_cli.process.watchdog import folder_bytes, progress_of, tick
 
 
 def _sha256_and_fsync(path: Path) -> str:

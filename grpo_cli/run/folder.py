@@ -46,7 +46,7 @@ from grpo_cli.run.trackers import OUTPUTS as TRACKER_OUTPUTS
 
 LOGS = ("metrics.jsonl", "rollouts.jsonl")
 RECIPE_CHANGES = "recipe_changes.jsonl"
-# what --start-over deletes, nothing else (replay/: grpo_cli/run/replays.py; stalls/: grpo_cli/run/watchdog.py;
+# what --start-over deletes, nothing else (replay/: grpo_cli/run/replays.py; stalls/: grpo_cli/process/watchdog.py;
 # abandoned/: what rewinds and re-saves set aside, grpo_cli/run/rewind.py)
 OUTPUTS = (*LOGS, CHECKPOINTS, "recipe.yaml", RECIPE_CHANGES, RESUMES, "replay", "stalls", ABANDONED, *TRACKER_OUTPUTS)
 # Fields a resume may change without --allow-recipe-change: how long to train, where and how often to save,

@@ -3,9 +3,9 @@
 `fcntl.flock` is released by the kernel when its holder dies in any way (kill -9 and the OOM killer
 included), so a lock file left behind by a dead run never blocks the next one; its content (pid,
 host, start time, command) only tells a refused second trainer who holds the folder. The lock is
-taken before anything is written or a model is loaded. Re-entrant within one process: `grpo train`
-takes it before importing torch and the Engine takes it again, for callers that build one directly.
-Multi-process runs: the launcher holds it and tells its workers so through $GRPO_RUN_LOCK_HOLDER;
+taken before anything is written or a model is loaded, by the run's front door (grpo_cli/preflight/prepare.py's
+prepare_run, for `grpo train` and `grpo_cli.train`; `grpo replay` for its own folder). Re-entrant within one
+process. Multi-process runs: the launcher holds it and tells its workers so through $GRPO_RUN_LOCK_HOLDER;
 workers started by hand (`accelerate launch -m grpo_cli train ...`) let global rank 0 take it.
 Importing this module must not import torch.
 """

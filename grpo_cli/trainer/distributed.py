@@ -8,7 +8,7 @@ import os
 import torch
 
 from grpo_cli.errors import SetupError
-from grpo_cli.run.watchdog import COLLECTIVE, phase
+from grpo_cli.process.watchdog import COLLECTIVE, phase
 
 
 def is_fsdp(accelerator) -> bool:

@@ -2,8 +2,8 @@
 
 `train_step` is one iteration of its inner loop: B prompts -> B*G completions -> rewards -> group-relative
 advantages -> mu clipped policy updates, then the outer loop's reference refresh and the last line's reward-model
-update. Every choice a recipe makes lives behind a name the loop calls: the rollout source (backends, episodes,
-the asynchronous pipeline, dynamic sampling), the advantage estimator, the loss, the reference, the reward
+update. Every choice a recipe makes lives behind a name the loop calls: the rollouts (backends, episodes, batches
+sampled ahead, dynamic sampling, a replay's records), the advantage estimator, the loss, the reference, the reward
 models, the step's report. The generation batch (rows of a group contiguous) is split evenly over processes.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -20,9 +20,11 @@ from grpo_cli.algo.advantages import step_advantages
 from grpo_cli.algo.losses import trained_mask
 from grpo_cli.datatypes import StepBatch
 from grpo_cli.recipe.schema import Recipe
-from grpo_cli.run.cpus import SlowSteps, apply_threads
+from grpo_cli.rollout.protocol import Rollouts
+from grpo_cli.rollout.rollouts import build_rollouts
+from grpo_cli.process.cpus import SlowSteps, apply_threads
 from grpo_cli.run.replays import record_step
-from grpo_cli.run.watchdog import phase
+from grpo_cli.process.watchdog import phase
 from grpo_cli.trainer.reporting import Clock
 
 
@@ -30,30 +32,23 @@ class Engine:
     """One training run: its policy, rollouts, update, logs and checkpoints."""
 
     def __init__(self, recipe: Recipe, run_dir: str | Path, resume: str | None = None, *, start_over: bool = False,
-                 allow_recipe_change: bool = False, rewind: bool = False) -> None:
+                 allow_recipe_change: bool = False, rewind: bool = False,
+                 rollouts: Callable[..., Rollouts] = build_rollouts, record: bool = True) -> None:
         """`start_over`, `allow_recipe_change`, `rewind`: the CLI's --start-over, --allow-recipe-change and --rewind
-        (grpo_cli/run/folder.py)."""
-        import os
+        (grpo_cli/run/folder.py). `rollouts`: what builds the run's rollouts, called with `build_rollouts`'s
+        keywords once the policy exists (`grpo replay`: the recorded ones); `record`: False leaves logging.replay's
+        records unwritten (a replay's steps are the run's records already). The caller holds the run folder: `grpo
+        train` and `grpo_cli.train` take its lock in grpo_cli/preflight/prepare.py's prepare_run, before anything loads."""
+        self.recipe, self.run_dir, self._records = recipe, Path(run_dir), record and recipe.logging.replay
+        self._setup(resume, start_over, allow_recipe_change, rewind, rollouts)
 
-        from grpo_cli.run import lock
-
-        self.recipe, self.run_dir = recipe, Path(run_dir)
-        # one trainer per run folder, locked before anything is written or loaded (global rank 0, or the launcher)
-        main = os.environ.get("RANK", "0") == "0"
-        self._lock = lock.acquire(self.run_dir) if main and not lock.inherited(self.run_dir) else None
-        try:
-            self._setup(resume, start_over, allow_recipe_change, rewind)
-        except BaseException:
-            self._release_lock()
-            raise
-
-    def _setup(self, resume: str | None, start_over: bool, allow_recipe_change: bool, rewind: bool) -> None:
+    def _setup(self, resume: str | None, start_over: bool, allow_recipe_change: bool, rewind: bool,
+               build_rollouts: Callable[..., Rollouts]) -> None:
         """Everything a step needs, in the order that fixes what every RNG draws (grpo_cli/trainer/setup.py)."""
         from accelerate import Accelerator
 
         from grpo_cli.models.loading import quiet_libraries, resolve_mixed_precision
         from grpo_cli.rewards.rm_update import RewardModelUpdates
-        from grpo_cli.rollout.source import build_rollout_source
         from grpo_cli.run.statefiles import seed_process
         from grpo_cli.run.trackers import tracker_folders
         from grpo_cli.trainer.distributed import Collectives, process_rows
@@ -79,7 +74,7 @@ class Engine:
         self.model_summary, self.sharded = p.summary, p.sharded
         self.reference = Reference(p.reference, r.algorithm)
         self.stream = build_stream(r, p.tokenizer, acc)
-        self.rollouts = build_rollout_source(
+        self.rollouts = build_rollouts(
             r, policy=acc.unwrap_model(p.model), tokenizer=p.tokenizer, stream=self.stream, procs=self.procs,
             rows=self.rows, device=acc.device, sharded=p.sharded, model_cfg=p.model_cfg,
             resumed_adapters=self.checkpoint_path is not None and bool(r.model.lora.r))
@@ -105,26 +100,26 @@ class Engine:
         """Every stateful part of the run, by the name it is saved under."""
         from grpo_cli.trainer.state import OptimizerState, ProcessRNG, RunState
 
+        shared, per_process = self.rollouts.checkpoint_parts()  # e.g. batches sampled ahead, the sampler's seeds
         parts: dict[str, Any] = {"optimizer": OptimizerState(self.accelerator, self.policy, self.optimizer),
-                                 "scheduler": self.scheduler, "data": self.stream, "nonfinite": self.update.nonfinite}
-        if self.recipe.rollout.max_staleness:
-            parts["in_flight"] = self.rollouts  # the batches sampled ahead, with weights that are gone
+                                 "scheduler": self.scheduler, "data": self.stream, "nonfinite": self.update.nonfinite,
+                                 **shared}
         if self.recipe.algorithm.sync_ref_model:
             parts["ref_model"] = self.reference
         if self.recipe.algorithm.use_adaptive_entropy:
             parts["entropy_control"] = self.update.entropy  # the coefficient and the last step's entropy
         if self.reward_models:
             parts["reward_models"] = self.reward_models
-        return RunState(parts, per_process={"rng_per_rank": ProcessRNG(), "generator_per_rank": self.rollouts.generator})
+        return RunState(parts, per_process={"rng_per_rank": ProcessRNG(), **per_process})
 
     # ----- the loop ---------------------------------------------------------------------------
     def fit(self, *, raise_on_stall: bool = False) -> int:
         """Train to train.max_steps; returns the last completed step. SIGINT/SIGTERM stop after a checkpoint; a
         phase without progress for train.stall_timeout_s stops the process with its stacks written
-        (grpo_cli/run/watchdog.py), or with `raise_on_stall` (a run started from Python) raises StallInterrupt."""
+        (grpo_cli/process/watchdog.py), or with `raise_on_stall` (a run started from Python) raises StallInterrupt."""
         import threading
 
-        from grpo_cli.run.watchdog import Watchdog
+        from grpo_cli.process.watchdog import Watchdog
         from grpo_cli.trainer.reporting import start_line
 
         main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers
@@ -141,7 +136,7 @@ class Engine:
         with phase("prepare"):  # once: rollout.compile's compiled decoding; a server's LoRA sync choice
             readied = self.rollouts.prepare()
         self.console.print(start_line(self.model_summary, self.recipe, self.mixed_precision,
-                                      self.reference.model is not None, getattr(self.rollouts.generator, "copy", None),
+                                      self.reference.model is not None, self.rollouts.sampling_copy(),
                                       self.accelerator.device, self.threads, readied))
         slow = SlowSteps(torch.get_num_threads(), self.accelerator.device.type)
         self.rollouts.start(step)
@@ -154,7 +149,7 @@ class Engine:
                 if self._should_eval(step):
                     with phase("eval"):
                         metrics.update(self.evaluate())
-                self._log(step, metrics)
+                self.log(step, metrics)
                 self.update.nonfinite.stop_if_over(step, self.run_dir)  # train.max_nonfinite_steps in a row: an error
                 if (warning := slow(step, metrics["time/step"])) and self.procs.is_main:
                     self.console.print(warning)
@@ -193,11 +188,11 @@ class Engine:
 
     # ----- logging, eval, checkpoints, signals -----------------------------------------------
     def record(self, step: int, s: StepBatch) -> None:
-        if self.recipe.logging.replay:
+        if self._records:
             with phase("record for replay"):
                 record_step(self.run_dir, step, s, self.procs.index, self.procs.count)
 
-    def _log(self, step: int, metrics: dict[str, Any]) -> None:
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
         if self.metrics_log is not None:
             self.metrics_log.write({"step": step, **metrics})
         if self.recipe.logging.trackers:
@@ -229,7 +224,7 @@ class Engine:
         check_weights(self.accelerator.unwrap_model(self.policy), self.procs, step)  # never NaN or infinite weights
         save_run(self.run_dir, step, self.procs, self.accelerator, policy=self.policy, tokenizer=self.tokenizer,
                  recipe=self.recipe, state=self.state, sharded=self.sharded, say=self.console.print)
-        if self.recipe.logging.replay and self.recipe.checkpoint.keep_last is not None and self.procs.is_main:
+        if self._records and self.recipe.checkpoint.keep_last is not None and self.procs.is_main:
             from grpo_cli.run.checkpoints import list_checkpoints, step_of
             from grpo_cli.run.replays import prune
 
@@ -244,8 +239,8 @@ class Engine:
                            "(send it again to exit at once)")
 
     def close(self, end_distributed: bool = False) -> None:
-        """Logs, rollouts, the data stream, trackers and the run lock; `end_distributed` (a run every process finished) also
-        destroys the process group: left to interpreter exit, gloo's worker threads can abort the process."""
+        """Logs, rollouts, the data stream and trackers; `end_distributed` (a run every process finished) also destroys
+        the process group: left to interpreter exit, gloo's worker threads can abort the process."""
         self.console.close()
         for log in self._logs:
             if log is not None:
@@ -259,11 +254,3 @@ class Engine:
         elif self.recipe.logging.trackers:
             for tracker in self.accelerator.trackers:
                 tracker.finish()
-        self._release_lock()
-
-    def _release_lock(self) -> None:
-        from grpo_cli.run import lock
-
-        if self._lock is not None:
-            lock.release(self._lock)
-            self._lock = None

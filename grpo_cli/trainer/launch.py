@@ -124,3 +124,15 @@ def relaunch(num_processes: int | None, config_file: Path | None, train_args: li
         signal.signal(signal.SIGTERM, previous)
     # the launcher itself reports a signal as a failure (1): exit as a single process would, 143 / 130
     return 143 if forwarded else 130 if interrupted else code
+
+
+def relaunch_run(run, recipe: Path, overrides: list[str], num_processes: int | None, config_file: Path | None) -> int:
+    """`grpo train` of a prepared run (grpo_cli/preflight/prepare.py) again under accelerate launch, its workers told
+    that this process holds the run folder's lock; -> the launch's exit code."""
+    from grpo_cli.run import lock
+
+    flags = [f for f, on in (("--start-over", run.start_over), ("--allow-recipe-change", run.allow_recipe_change),
+                             ("--rewind", run.rewind)) if on]
+    args = ["train", str(recipe), *overrides, "--output-dir", str(run.folder), *flags]
+    os.environ[lock.HOLDER_ENV] = f"{os.getpid()}:{run.folder.resolve()}"  # the workers' lock is ours
+    return relaunch(num_processes, config_file, args + (["--resume", run.resume] if run.resume else []))

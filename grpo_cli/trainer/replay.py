@@ -3,9 +3,10 @@ batches (grpo_cli/run/replays.py), without generating.
 
 The run's own recipe, with the overrides, builds an Engine that resumes from the newest checkpoint before step N
 (or starts from the base model when there is none: the state before step 1) in a folder of its own; each recorded
-step from there to N goes through `Engine.train_step`, its rollout source handing it the recorded batch. Without overrides the result is the
-original run's: its loss and gradient norm, and, where the run kept a checkpoint at step N, its weights (byte for
-byte on the CPU). With overrides it shows how the same data would have moved the model.
+step from there to N goes through `Engine.train_step`, the engine built with the recorded rollouts
+(grpo_cli/rollout/recorded.py). Without overrides the result is the original run's: its loss and gradient norm,
+and, where the run kept a checkpoint at step N, its weights (byte for byte on the CPU). With overrides it shows how
+the same data would have moved the model.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class ReplayResult:
 
 def replay(run_dir: Path, step: int, overrides: list[str], out: Path | None = None, say=print) -> ReplayResult:
     from grpo_cli.recipe.files import load_recipe
+    from grpo_cli.rollout.recorded import recorded_rollouts
+    from grpo_cli.run import lock
     from grpo_cli.run.checkpoints import list_checkpoints, step_of
     from grpo_cli.run.replays import processes_of, recorded_steps
     from grpo_cli.trainer.engine import Engine
@@ -61,15 +64,18 @@ def replay(run_dir: Path, step: int, overrides: list[str], out: Path | None = No
     if changed:
         recipe = load_recipe(run_dir / "recipe.yaml", [*overrides, *changed])
     out = out or run_dir / "replays" / f"step-{step}-{time.strftime('%Y%m%d-%H%M%S')}"
-    engine = Engine(recipe, out, resume=str(start) if start is not None else None, allow_recipe_change=True)
-    # the replay's batches are the run's records: nothing to write again (Engine.record reads this field)
-    engine.recipe = engine.recipe.model_copy(update={"logging": engine.recipe.logging.model_copy(update={"replay": False})})
-    engine.rollouts = RecordedRollouts(run_dir, engine.accelerator.device, engine.rollouts)
+    key = lock.acquire(out)  # the replay's own folder: one writer
+    try:
+        engine = Engine(recipe, out, resume=str(start) if start is not None else None, allow_recipe_change=True,
+                        rollouts=recorded_rollouts(run_dir), record=False)  # the records are the run's
+    except BaseException:
+        lock.release(key)
+        raise
     metrics: dict = {}
     try:
         for t in range(first, step + 1):
             metrics = engine.train_step(t)
-            engine._log(t, metrics)
+            engine.log(t, metrics)
         policy = engine.accelerator.unwrap_model(engine.policy)
         result = ReplayResult(step, start.name if start is not None else "the base model", list(range(first, step + 1)),
                               out)
@@ -82,25 +88,8 @@ def replay(run_dir: Path, step: int, overrides: list[str], out: Path | None = No
         result.equal = same_metrics and same_weights is not False
     finally:
         engine.close(end_distributed=True)
+        lock.release(key)
     return result
-
-
-class RecordedRollouts:
-    """The rollout source of a replay: each step's recorded batch, nothing sampled, no weights to hand on."""
-
-    def __init__(self, run_dir: Path, device, built) -> None:
-        self.run_dir, self.device, self.built = run_dir, device, built  # built: the engine's own source, closed with it
-
-    def next(self, step: int, clock):
-        from grpo_cli.run.replays import load_step
-
-        return load_step(self.run_dir, step, 0, self.device)
-
-    def after_update(self, policy, step: int) -> dict:
-        return {}
-
-    def close(self) -> None:
-        self.built.close()
 
 
 def _yaml(v) -> str:

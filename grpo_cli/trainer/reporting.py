@@ -16,7 +16,7 @@ import torch
 from grpo_cli.algo.advantages import Advantages, group_std
 from grpo_cli.datatypes import Processes, StepBatch, group_of
 from grpo_cli.run.logs import METRICS, ROLLOUTS, JsonlLog
-from grpo_cli.run.memory import PhasePeaks, peak_memory_gib
+from grpo_cli.process.memory import PhasePeaks, peak_memory_gib
 from grpo_cli.trainer.nonfinite import NonFiniteSteps, largest
 
 
@@ -29,7 +29,7 @@ def settle(device: torch.device) -> None:
 class Clock:
     """A step's time and peak memory by region: `with clock("train"): ...` adds the seconds spent in it (GPU kernels
     waited for) to time/train and records its peak memory as memory/train_gib; `clock.memory("optimizer")` records a
-    phase's peak memory only (grpo_cli/run/memory.py). `times()` adds time/step, everything since the clock started."""
+    phase's peak memory only (grpo_cli/process/memory.py). `times()` adds time/step, everything since the clock started."""
 
     def __init__(self, device: torch.device) -> None:
         self.device, self.start, self.spent = device, time.perf_counter(), {}
@@ -53,7 +53,7 @@ class Clock:
 def start_line(model_summary: str, recipe, mixed_precision: str, ref_copy: bool, sampling_copy, device,
                threads=None, sampler: str | None = None) -> str:
     """The line a run starts with: the policy, the precision of its forwards and sampling, the reference, the CPU
-    threads (`threads`: grpo_cli/run/cpus.py's choice, on the CPU), what the sampler readied for the run (`sampler`:
+    threads (`threads`: grpo_cli/process/cpus.py's choice, on the CPU), what the sampler readied for the run (`sampler`:
     rollout.compile's compiled decoding and how long it took, or how a server gets LoRA weights)."""
     ref = "none (beta = 0)" if recipe.algorithm.beta == 0 else (
         "a second copy" if ref_copy else "the base with adapters disabled (no copy)")

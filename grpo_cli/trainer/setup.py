@@ -122,7 +122,7 @@ def build_policy(recipe, accelerator, checkpoint: Path | None) -> Policy:
     summary = parameter_summary(model)
     params = [p for p in model.parameters() if p.requires_grad]
     fused = not (is_fsdp(accelerator) or is_deepspeed(accelerator)) and accelerator.device.type in ("cpu", "cuda")
-    optimizer = build_optimizer(params, t, fused=fused and t.optimizer == "adamw", device=accelerator.device)
+    optimizer = build_optimizer(params, t, fused=fused and OPTIMIZERS[t.optimizer].fusable, device=accelerator.device)
     scheduler = make_scheduler(optimizer, t.scheduler, t.warmup_steps, t.max_steps * r.algorithm.num_iterations)
     if is_deepspeed(accelerator):  # no dataloader to infer these from; grpo accumulates itself
         accelerator.state.deepspeed_plugin.deepspeed_config.update(
@@ -139,7 +139,8 @@ def build_policy(recipe, accelerator, checkpoint: Path | None) -> Policy:
 
 def build_stream(recipe, tokenizer, accelerator):
     """The endless, seeded, resumable stream of the recipe's prompts (grpo_cli/data/prompts.py)."""
-    from grpo_cli.data.prompts import PromptStream, load_rows
+    from grpo_cli.data.prompts import PromptStream
+    from grpo_cli.data.sources import load_rows
 
     d = recipe.data
     data_seed = d.seed if d.seed is not None else recipe.train.seed

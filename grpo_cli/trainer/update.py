@@ -116,7 +116,7 @@ class PolicyUpdate:
 
     def __call__(self, rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor, memory=None) -> MetricSums:
         """`adv`: [n] per completion or [n, T] per token; `mask` [n, T]: the tokens trained on. `memory`: a
-        grpo_cli.run.memory.PhasePeaks, which records the peak memory of the reference's forwards, of forward and
+        grpo_cli.process.memory.PhasePeaks, which records the peak memory of the reference's forwards, of forward and
         backward, and of the optimizer step."""
         a, t = self.recipe.algorithm, self.recipe.train
         phase = memory if memory is not None else _unmeasured

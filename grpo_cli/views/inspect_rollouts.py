@@ -27,14 +27,13 @@ from grpo_cli.views.rollouts import (
     metrics_by_step,
     parse_where,
     read_from,
-    render_markdown,
-    render_prompt_markdown,
     resolve_step,
     reward_names,
     rollouts_path,
     select,
     skipped_note,
 )
+from grpo_cli.views.rollouts_markdown import render_markdown, render_prompt_markdown
 from grpo_cli.views.rollouts_console import make_console, print_prompt_table, print_table
 
 

@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
-from grpo_cli.algo.losses import POLICY_LOSSES, off_policy_sequence_mask
+from grpo_cli.algo.losses import AGGREGATIONS, OBJECTIVES, POLICY_LOSSES, off_policy_sequence_mask
+from grpo_cli.algo.specs import LOSSES
 from grpo_cli.errors import RecipeError
-from grpo_cli.recipe.algorithm import LOSS_TYPES
+from grpo_cli.recipe.algorithm import AlgorithmConfig
 from grpo_cli.recipe.files import load_recipe
 
 from helpers import loss_of
@@ -28,8 +29,12 @@ def run(loss_type, w=W, mask=MASK, adv=ADV, **kw):
     return loss, m, logps
 
 
-def test_registry_matches_schema():
-    assert sorted(POLICY_LOSSES.names()) == sorted(LOSS_TYPES)
+def test_every_loss_of_the_table_is_a_schema_choice_made_of_registered_parts():
+    choices = set(AlgorithmConfig.model_fields["loss_type"].annotation.__args__)
+    assert choices == set(LOSSES) == set(POLICY_LOSSES.names()) and len(choices) == 8
+    for spec in LOSSES.values():
+        assert spec.objective in OBJECTIVES and spec.aggregation in AGGREGATIONS, spec
+        assert spec.name in AlgorithmConfig.model_fields["loss_type"].description
 
 
 # Clipped per-token losses: row 0 (A=+1): min(1.5, 1.2) = 1.2 -> -1.2; min(0.5, 0.8) = 0.5 -> -0.5
@@ -310,7 +315,7 @@ def test_vespo_and_luspo_recipes_and_their_requirements():
     assert r.algorithm.loss_type == "luspo"
     with pytest.raises(RecipeError, match="importance_sampling_level: sequence"):
         load_recipe("recipes/ci-tiny.yaml", ["algorithm.loss_type=luspo"])
-    with pytest.raises(RecipeError, match="leave algorithm.importance_sampling_level at token"):
+    with pytest.raises(RecipeError, match="set algorithm.importance_sampling_level: token"):
         load_recipe("recipes/ci-tiny.yaml", ["algorithm.loss_type=vespo", "algorithm.importance_sampling_level=sequence"])
     r = load_recipe("recipes/ci-tiny.yaml", ["algorithm.loss_type=vespo", "algorithm.vespo_k_pos=1.5"])
     assert (r.algorithm.vespo_k_pos, r.algorithm.vespo_lambda_pos, r.algorithm.vespo_k_neg,

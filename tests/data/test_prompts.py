@@ -14,7 +14,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from grpo_cli.data.generators import GENERATORS  # noqa: E402
-from grpo_cli.data.prompts import PromptStream, encode_prompts, load_rows, render_prompt  # noqa: E402
+from grpo_cli.data.prompts import PromptStream, encode_prompts, render_prompt  # noqa: E402
+from grpo_cli.data.sources import load_rows  # noqa: E402
 from grpo_cli.errors import DataError  # noqa: E402
 from grpo_cli.recipe.schema import DataConfig, ModelConfig  # noqa: E402
 

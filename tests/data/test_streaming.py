@@ -13,7 +13,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from grpo_cli.data.prompts import PromptStream, load_rows  # noqa: E402
+from grpo_cli.data.prompts import PromptStream  # noqa: E402
+from grpo_cli.data.sources import load_rows  # noqa: E402
 from grpo_cli.data.streaming import StreamedRows  # noqa: E402
 from grpo_cli.errors import DataError  # noqa: E402
 from grpo_cli.recipe.schema import DataConfig, ModelConfig  # noqa: E402

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_cli.eval.evaluate import k_values, majority_answer, normalize_answer, pass_at_k, resolve_target, summarize
+from grpo_cli.eval.metrics import k_values, majority_answer, normalize_answer, pass_at_k, summarize
+from grpo_cli.eval.targets import resolve_target
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes/ci-tiny.yaml"

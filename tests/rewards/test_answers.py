@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from grpo_cli.eval.evaluate import majority_answer, normalize_answer, summarize
+from grpo_cli.eval.metrics import majority_answer, normalize_answer, summarize
 from grpo_cli.rewards import answers_match, extract_answer
 from grpo_cli.rewards.builtin import accuracy
 

@@ -188,7 +188,7 @@ def test_a_generate_longer_than_the_stall_limit_is_progress_step_by_step(gen, to
     is progress now: 128 sequences of 384 tokens (EOS ignored) take several times the 0.2 s limit, ms a step."""
     import time
 
-    from grpo_cli.run.watchdog import Watchdog, phase
+    from grpo_cli.process.watchdog import Watchdog, phase
 
     monkeypatch.setattr(gen, "cfg", gen.cfg.model_copy(update={"generation_kwargs": {"ignore_eos": True}}))
     ids = [tokenizer("Once upon a time")["input_ids"]] * 128

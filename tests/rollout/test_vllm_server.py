@@ -205,7 +205,7 @@ def test_structured_outputs_and_sampling_kwargs_reach_the_server(client):
 def test_a_long_generate_on_the_server_is_progress_for_the_trainers_watchdog(client, monkeypatch, tmp_path):
     """Issue 35: one /generate request is silent until it ends; the client watches the server's /health activity
     (engine steps) while it waits, so a request longer than train.stall_timeout_s is not a stall."""
-    from grpo_cli.run.watchdog import Watchdog, phase
+    from grpo_cli.process.watchdog import Watchdog, phase
 
     monkeypatch.setattr(client, "cfg", client.cfg.model_copy(update={"generation_kwargs": {"ignore_eos": True}}))
     client.sample([[5, 6, 7]] * 64, [384] * 64)  # warm-up: the first step of a new batch shape takes seconds

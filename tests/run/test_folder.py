@@ -398,7 +398,7 @@ def test_full_disk_is_a_message_and_the_last_checkpoint_stays_intact(base_run, t
 @pytest.mark.slow
 def test_eval_and_export_verify_the_manifest(base_run, tmp_path):
     from grpo_cli.errors import CheckpointError
-    from grpo_cli.eval.evaluate import resolve_target
+    from grpo_cli.eval.targets import resolve_target
     from grpo_cli.models.export import export_checkpoint
 
     run = copy_run(base_run, tmp_path / "run")

@@ -2,7 +2,7 @@
 loopback server writes (only its user can read it) and a trainer finds; a full upload disk is a 507 before a byte is
 stored; a bug's 500 names no exception text. The routes run in FastAPI's TestClient against a stand-in engine
 holding only what these routes read: a full disk and a bug of the server cannot be brought about on demand in a
-real one (the real server's tests: tests/serve/test_app.py, tests/rollout/test_source.py)."""
+real one (the real server's tests: tests/serve/test_app.py, tests/rollout/test_vllm_rollouts.py)."""
 
 from __future__ import annotations
 

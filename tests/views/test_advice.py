@@ -9,7 +9,7 @@ from grpo_cli.recipe.schema import schema_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 ADVISERS = ["grpo_cli/views/audit.py", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "grpo_cli/doctor").glob("*.py")),
-            "grpo_cli/trainer/nonfinite.py", "grpo_cli/run/cpus.py"]
+            "grpo_cli/trainer/nonfinite.py", "grpo_cli/process/cpus.py"]
 SECTIONS = ("model", "data", "algorithm", "rollout", "train", "checkpoint", "logging", "eval")
 KEY = re.compile(r"\b(?:" + "|".join(SECTIONS) + r")\.[a-z_]+(?:\.[a-z_]+)*")
 

@@ -22,16 +22,14 @@ from grpo_cli.views.rollouts import (
     group_stats,
     load_records,
     match_prompt,
-    md_cell,
     parse_where,
-    render_markdown,
-    render_prompt_markdown,
     reward_names,
     select,
     short_prompt,
     step_stats,
     visible,
 )
+from grpo_cli.views.rollouts_markdown import md_cell, render_markdown, render_prompt_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 CHATML = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"

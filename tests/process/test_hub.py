@@ -1,4 +1,4 @@
-"""The hub asked once (grpo_cli/run/hub.py): unreachable, a run works from the cache at once and says so in one line,
+"""The hub asked once (grpo_cli/process/hub.py): unreachable, a run works from the cache at once and says so in one line,
 instead of five retries per file with every warning printed twice; hub data and models the cache does not hold are
 named by `validate` and by `train` before any model loads. An unreachable hub is a closed port on 127.0.0.1
 (HF_ENDPOINT), a reachable one a listening socket; nothing here needs the network."""
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from grpo_cli.recipe.files import load_recipe
-from grpo_cli.run.hub import hub_names, is_hub_id, unreachable
+from grpo_cli.process.hub import hub_names, is_hub_id, unreachable
 
 from helpers import ROOT, cli
 

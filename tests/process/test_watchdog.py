@@ -1,4 +1,4 @@
-"""No silent hang (grpo_cli/run/watchdog.py): real processes that stall, real runs that stall in a reward, across two
+"""No silent hang (grpo_cli/process/watchdog.py): real processes that stall, real runs that stall in a reward, across two
 processes, and against a server that stops answering."""
 
 import json
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_cli.run import watchdog
+from grpo_cli.process import watchdog
 
 from helpers import ROOT, cli, read_jsonl, stable
 
@@ -30,7 +30,7 @@ def test_a_thread_stalled_in_a_phase_stops_the_process_with_its_stack(tmp_path):
     t0 = time.monotonic()
     p = python(tmp_path, f"""
         import threading, time
-        from grpo_cli.run.watchdog import Watchdog, phase
+        from grpo_cli.process.watchdog import Watchdog, phase
 
         def idle_helper():  # outside every phase: never watched, however long it waits
             time.sleep(3600)
@@ -65,8 +65,8 @@ def test_a_thread_stalled_in_a_phase_stops_the_process_with_its_stack(tmp_path):
 def test_progress_keeps_a_long_phase_alive_and_nothing_runs_while_disarmed(tmp_path):
     p = python(tmp_path, f"""
         import time
-        from grpo_cli.run import watchdog
-        from grpo_cli.run.watchdog import Watchdog, phase
+        from grpo_cli.process import watchdog
+        from grpo_cli.process.watchdog import Watchdog, phase
 
         with Watchdog({str(tmp_path)!r}, 0.5, poll_s=0.05), phase("generate"):
             for _ in range(30):  # 3 s in one phase, a tick every 0.1 s
@@ -89,7 +89,7 @@ def test_work_the_thread_cannot_see_progresses_while_its_measure_moves(tmp_path)
     p = python(tmp_path, f"""
         import threading, time
         from pathlib import Path
-        from grpo_cli.run.watchdog import Watchdog, folder_bytes, phase, progress_of
+        from grpo_cli.process.watchdog import Watchdog, folder_bytes, phase, progress_of
 
         out = Path({str(tmp_path)!r}) / "out"
         out.mkdir()
@@ -121,7 +121,7 @@ def test_an_earlier_runs_stall_files_do_not_stop_a_resumed_one(tmp_path):
     (stalls / "process-1.json").write_text(json.dumps(old))
     p = python(tmp_path, f"""
         import time
-        from grpo_cli.run.watchdog import Watchdog, phase
+        from grpo_cli.process.watchdog import Watchdog, phase
 
         with Watchdog({str(tmp_path)!r}, 30, process=0, processes=2, poll_s=0.05), phase("generate"):
             time.sleep(1.0)  # process 1's report is an hour old: not this run's

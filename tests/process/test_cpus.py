@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from grpo_cli.run.cpus import SlowSteps, busy_elsewhere, choose_threads, cpu_times, usable_cores
+from grpo_cli.process.cpus import SlowSteps, busy_elsewhere, choose_threads, cpu_times, usable_cores
 
 SPIN = "import time\nt = time.time()\nwhile time.time() - t < 30: pass\n"
 
@@ -73,7 +73,7 @@ def test_a_far_slower_step_says_why_once():
     assert "another job using this GPU" in gpu(5, 10.0)
 
 
-PROBE = ("import os\nfrom grpo_cli.run.cpus import choose_threads, prepare_openmp\nbusy = prepare_openmp({setting!r})\n"
+PROBE = ("import os\nfrom grpo_cli.process.cpus import choose_threads, prepare_openmp\nbusy = prepare_openmp({setting!r})\n"
          "print(os.environ.get('OMP_WAIT_POLICY'), '|', choose_threads({setting!r}).why)\n")
 
 
@@ -96,7 +96,7 @@ def test_a_shared_cpu_gets_the_passive_wait_policy_and_every_core(competitor):
 
 def test_the_start_measurement_is_reused_not_taken_again(monkeypatch):
     # prepare_openmp sampled /proc/stat for 0.3 s, then choose_threads sampled it again (and every launched worker)
-    import grpo_cli.run.cpus as cpus
+    import grpo_cli.process.cpus as cpus
 
     monkeypatch.setenv(cpus.BUSY_ENV, "1.2")  # what prepare_openmp saw (a launched worker inherits it)
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")

@@ -1,4 +1,4 @@
-"""Peak memory (grpo_cli/run/memory.py): the process's own, and by phase: each phase's own peak, phases nested, the
+"""Peak memory (grpo_cli/process/memory.py): the process's own, and by phase: each phase's own peak, phases nested, the
 process peak kept."""
 
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from grpo_cli.run.memory import PhasePeaks, peak_memory_gib
+from grpo_cli.process.memory import PhasePeaks, peak_memory_gib
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM and clear_refs are Linux's")
 CPU = torch.device("cpu")
@@ -76,7 +76,7 @@ def test_peak_memory_is_this_process_not_the_one_that_launched_it():
     pytest worker, a notebook) reported at least 1 GiB however small it was. memory/peak_gib is the process's own."""
     held = bytearray(1 << 30)
     held[::4096] = b"\1" * len(held[::4096])  # touched: resident
-    code = ("import torch; from grpo_cli.run.memory import peak_memory_gib; "
+    code = ("import torch; from grpo_cli.process.memory import peak_memory_gib; "
             "x = torch.ones(64 * 2**20, dtype=torch.uint8); print(peak_memory_gib(torch.device('cpu')))")
     own = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     del held

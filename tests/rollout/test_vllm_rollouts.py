@@ -3,8 +3,7 @@
 Weight sync is proven by the trainer's own metric: every step compares the trainer's log-probs of
 the sampled tokens with the sampler's (`sampling/sampling_logp_difference/mean`). With a learning
 rate that moves the tiny model a lot per step, a missed sync would show as a large difference.
-
-DAPO's dynamic sampling too: rounds sampled until B groups have signal, exact resume."""
+(The rollouts that need no vLLM: tests/rollout/test_rollouts.py.)"""
 
 import json
 import re
@@ -16,11 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_cli.recipe.files import load_recipe
-from grpo_cli.trainer.engine import Engine
 from grpo_cli.trainer.launch import free_port
 
-from helpers import read_jsonl, stable
+from helpers import read_jsonl
 from servers import TRAINER_TOKEN, start_server, train_env
 
 pytest.importorskip("vllm")
@@ -282,53 +279,3 @@ def test_episodes_on_vllm_colocate_and_server(tmp_path, turn_model, monkeypatch)
     finally:
         server.kill()
         server.wait()
-
-
-def _recipe(*extra):
-    return load_recipe("recipes/ci-tiny.yaml", [
-        "rewards=[{name: 'tests/signal_rewards.py:odd_answers_only'}]", "train.max_steps=4", "checkpoint.every_steps=2",
-        "checkpoint.keep_last=null", *extra,
-    ])
-
-
-def _data_position(ckpt) -> dict:
-    state = json.loads((ckpt / "trainer/trainer_state.json").read_text())
-    return state["data"]
-
-
-@pytest.mark.usefixtures("model_cache")
-def test_dynamic_sampling_trains_only_on_groups_with_signal_and_resumes_exactly(tmp_path):
-    Engine(_recipe(), tmp_path / "plain").fit()
-    plain = read_jsonl(tmp_path / "plain/metrics.jsonl")
-    assert max(m["frac_reward_zero_std"] for m in plain) > 0  # the data has groups without signal
-
-    on = ("algorithm.dynamic_sampling.enabled=true", "algorithm.dynamic_sampling.max_rounds=8")
-    Engine(_recipe(*on), tmp_path / "full").fit()
-    full = read_jsonl(tmp_path / "full/metrics.jsonl")
-    assert [m["frac_reward_zero_std"] for m in full] == [0.0] * 4
-    assert any(m["dynamic_sampling/rounds"] > 1 for m in full)
-    for m in full:  # every group sampled is trained, filtered out, or left over once B were found
-        assert m["dynamic_sampling/rounds"] * 2 == 2 + m["dynamic_sampling/filtered_groups"] + m["dynamic_sampling/surplus_groups"]
-    for x in read_jsonl(tmp_path / "full/rollouts.jsonl"):
-        assert int(x["answer"]) % 2 == 1  # only the odd answers have signal
-    # the data position counts every prompt sampled, kept or not
-    rounds = [m["dynamic_sampling/rounds"] for m in full]
-    assert _data_position(tmp_path / "full/checkpoints/step-4")["index"] == 2 * sum(rounds)
-
-    cut = tmp_path / "cut"
-    Engine(_recipe(*on, "train.max_steps=2"), cut).fit()
-    Engine(_recipe(*on), cut, resume="auto").fit()
-    assert [stable(m) for m in read_jsonl(cut / "metrics.jsonl")] == [stable(m) for m in full]
-
-
-@pytest.mark.usefixtures("model_cache")
-def test_too_few_groups_with_signal_complete_the_batch_and_say_so(tmp_path):
-    # a reward that is 0 everywhere: no group ever has signal
-    r = load_recipe("recipes/ci-tiny.yaml", ["rewards=[{name: 'tests/signal_rewards.py:odd_answers_only', weight: 0.0}]",
-                                             "train.max_steps=1", "checkpoint.every_steps=0",
-                                             "algorithm.dynamic_sampling={enabled: true, max_rounds: 3}"])
-    Engine(r, tmp_path / "run").fit()
-    (m,) = read_jsonl(tmp_path / "run/metrics.jsonl")
-    assert m["dynamic_sampling/rounds"] == 3 and m["frac_reward_zero_std"] == 1.0
-    assert m["dynamic_sampling/filtered_groups"] == 3 * 2 - 2 and m["dynamic_sampling/surplus_groups"] == 0
-    assert len(read_jsonl(tmp_path / "run/rollouts.jsonl")) == 8  # still B*G rows trained

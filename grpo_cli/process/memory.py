@@ -16,7 +16,7 @@ from typing import Iterator
 
 import torch
 
-from grpo_cli.run import watchdog
+from grpo_cli.process import watchdog
 
 # per device type, the highest counter value seen before a reset: the process peak is this or the counter's now
 _process_peak: dict[str, float] = {}
@@ -90,7 +90,7 @@ class PhasePeaks:
     @contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
         """Measure the block as `phase`; the watchdog sees it as that phase too (no progress in it for
-        train.stall_timeout_s stops the run: grpo_cli/run/watchdog.py)."""
+        train.stall_timeout_s stops the run: grpo_cli/process/watchdog.py)."""
         with watchdog.phase(phase), self._measured(phase):
             yield
 

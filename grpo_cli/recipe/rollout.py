@@ -1,0 +1,100 @@
+"""The recipe's `rollout` section: the backend that samples (transformers `generate` or vLLM, colocated or a `grpo
+serve-vllm` server), sampling settings, the importance-sampling correction, asynchronous rollouts, multi-turn
+episodes and tools. Checks across sections are checks.py's. Never imports torch."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from grpo_cli.recipe.section import Section
+
+
+class VLLMConfig(Section):
+    mode: Literal["colocate", "server"] = Field("colocate", description="`colocate`: a vLLM engine inside the trainer; `server`: `grpo serve-vllm`.")
+    server_url: str = Field("http://127.0.0.1:8000", description="Where `grpo serve-vllm` listens (server mode).")
+    request_timeout_s: float = Field(300.0, gt=0, description="Timeout of every request to the server.")
+    structured_outputs_regex: str | None = Field(
+        None, description="Constrain every completion to match this regular expression (vLLM structured outputs; "
+        "TRL's vllm_structured_outputs_regex, formerly vllm_guided_decoding_regex).",
+    )
+    lora_sync: Literal["auto", "adapter", "merged"] = Field(
+        "auto", description="Server mode with model.lora: `adapter` syncs the LoRA adapter alone (a server started "
+        "with `grpo serve-vllm --lora-rank R`), `merged` the merged weights; auto: the adapter when the server serves "
+        "adapters of that rank, else merged (the start line says which and why).")
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="Share of GPU memory vLLM may take (colocate).")
+    max_model_len: int | None = Field(None, ge=1, description="vLLM's context length; default: the model's.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="vLLM weights dtype.")
+    enforce_eager: bool | None = Field(
+        None, description="Skip compilation / CUDA graphs (faster start, slower decode). None: eager on CPU, where "
+        "compiling costs ~30 s for little gain, compiled on GPU."
+    )
+    sleep_mode: bool = Field(False, description="GPU: free vLLM's memory while the trainer updates (colocate).")
+    cpu_kv_cache_gib: float = Field(1.0, gt=0, description="CPU builds: KV cache size (VLLM_CPU_KVCACHE_SPACE).")
+
+
+class RolloutConfig(Section):
+    backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend: `hf` (transformers generate) or `vllm`.")
+    dtype: Literal["policy", "auto", "bfloat16", "float16"] = Field(
+        "policy", description="`hf` backend: `policy` samples with the policy itself; bfloat16/float16 with a copy of "
+        "it in that dtype, filled before every generate and freed after (~2x faster decoding on bf16 hardware; its "
+        "log-probs feed importance_sampling, as vLLM's do); auto: bfloat16 for a full float32 policy on one process "
+        "where the hardware computes bf16 natively (CUDA, CPUs with AVX512-BF16 or AMX), else policy.",
+    )
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="Used when backend is `vllm`.")
+    importance_sampling: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none"] = Field(
+        "token_truncate",
+        description="Correct the train/inference mismatch with sampler log-probs (vLLM): weight each token by "
+        "pi_train/pi_sampler, truncated at or masked above importance_sampling_cap; per token or per sequence.",
+    )
+    importance_sampling_cap: float = Field(3.0, gt=1, description="C: the cap of the importance weight.")
+    max_completion_length: int = Field(256, ge=1, description="Max new tokens per completion.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature (log-probs are computed at this temperature).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; 1 disables it.")
+    top_k: int | None = Field(None, ge=1, description="None disables top-k.")
+    min_p: float | None = Field(None, ge=0, le=1, description="Drop tokens below min_p x the top probability; None disables.")
+    repetition_penalty: float = Field(1.0, gt=0, description="> 1 discourages repeated tokens; 1 disables it.")
+    generation_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="More sampling settings: transformers GenerationConfig fields (hf), vLLM "
+        "SamplingParams fields (vllm), e.g. {min_new_tokens: 4} / {min_tokens: 4}. Settings with a key of their own "
+        "here (temperature, top_p, top_k, min_p, repetition_penalty, max tokens, stop ids, seed) are refused.",
+    )
+    cache_implementation: str | None = Field(
+        None, description="hf backend: the key/value cache `generate` uses, e.g. static (fixed-size, for "
+        "torch.compile) or offloaded; None: transformers' dynamic cache.",
+    )
+    compile: bool | Literal["auto"] = Field(
+        False, description="hf backend: compiled decoding. One static key/value cache for the run (this process's "
+        "B*G rows x prompt + max_completion_length positions, reset in place between steps) and transformers' "
+        "torch.compile of the decode step (CUDA graphs on a GPU: launch-bound decoding of small models gets "
+        "several times faster); compiled once at start (the time is in the start line), eager again with one line "
+        "if compiling fails. Same sampled tokens as the dynamic cache. auto: on for CUDA. Off by default until "
+        "measured on a GPU (bench/gpu_checks.sh).",
+    )
+    max_staleness: int = Field(
+        0, ge=0, description="k >= 1: asynchronous rollouts, sampled with the weights of k steps before the "
+        "synchronous ones (step t's with those after step t-1-k), so `grpo serve-vllm` samples the next batches "
+        "while the trainer updates; deterministic and resumable. 0: synchronous. Needs backend vllm, mode server.",
+    )
+    environment: str | None = Field(
+        None, description="Multi-turn episodes: `path/to/env.py:Class` (relative to the recipe file) or `module:Class`, "
+        "one instance per rollout: reset(row) -> str | None, step(completion_text) -> (observation, done), optional "
+        "reward() (the built-in reward `environment`). Observations become the next user turn.",
+    )
+    environment_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment class.")
+    environment_timeout_s: float | None = Field(
+        None, gt=0, description="Run each environment in a child process killed when a call takes longer; the "
+        "episode ends there and environment/timeouts counts it. None: in this process, no limit.",
+    )
+    tools: list[str] = Field(
+        default_factory=list, description="Functions the model may call (`path/to/file.py:fn`, `module:fn`): type hints "
+        "and a docstring describe them to it (the chat template's `tools=`); a `<tool_call>{\"name\": ..., "
+        "\"arguments\": {...}}</tool_call>` in an assistant turn runs it, its answer is the next (tool) turn.",
+    )
+    tool_timeout_s: float = Field(10.0, gt=0, description="Each tool call runs in a child process killed after this many seconds.")
+    max_turns: int = Field(1, ge=1, description="Assistant turns per episode (1: one completion per prompt).")
+    max_episode_length: int | None = Field(
+        None, ge=2, description="Tokens of a whole episode, prompt and observations included; an episode that reaches "
+        "it is truncated. None: the model's max_position_embeddings. max_completion_length bounds the sampled tokens.",
+    )
