@@ -91,7 +91,7 @@ def heading_anchors(page: Path) -> set[str]:
 
 
 def test_the_algorithms_page_has_a_row_for_every_loss_and_estimator_of_the_table():
-    from grpo_cli.algo.specs import ESTIMATORS, LOSSES
+    from grpo_cli.recipe.specs import ESTIMATORS, LOSSES
 
     page = (DOCS / "algorithms.md").read_text()
     for column, table in (("loss_type", LOSSES), ("advantage_estimator", ESTIMATORS)):

@@ -1,5 +1,5 @@
 """Group-relative advantages (GRPO, DeepSeekMath arXiv:2402.03300, sec. 4.1.2 "outcome supervision"), and the other
-estimators of `algorithm.advantage_estimator` (`ESTIMATORS`; their table is algo/specs.py): RLOO's leave-one-out
+estimators of `algorithm.advantage_estimator` (`ESTIMATORS`; their table is recipe/specs.py): RLOO's leave-one-out
 baseline and REINFORCE++-baseline's batch whitening.
 
 A_i = (r_i - mean(group)) / (std + 1e-4), where the std is the group's (`group`, the paper),
@@ -72,7 +72,7 @@ def _signal(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
 
 
 # algorithm.advantage_estimator -> fn(rewards [B, G] with NaN, scale) -> [B, G] advantages (NaN where no reward);
-# the names and their rules are algo/specs.py's table
+# the names and their rules are recipe/specs.py's table
 ESTIMATORS: Registry[Callable[[torch.Tensor, str], torch.Tensor]] = Registry("advantage estimator")
 
 

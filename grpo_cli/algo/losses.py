@@ -38,14 +38,14 @@ from typing import Callable
 
 import torch
 
-from grpo_cli.algo.specs import LOSSES, LossSpec
+from grpo_cli.recipe.specs import LOSSES, LossSpec
 from grpo_cli.datatypes import Rollout
 from grpo_cli.registry import Registry
 
 
 OBJECTIVES: Registry[Callable[..., torch.Tensor]] = Registry("policy objective")
 AGGREGATIONS: Registry[Callable[..., torch.Tensor]] = Registry("loss aggregation")
-POLICY_LOSSES: Registry[LossSpec] = Registry("loss_type")  # algo/specs.py's LOSSES: an objective and an aggregation
+POLICY_LOSSES: Registry[LossSpec] = Registry("loss_type")  # recipe/specs.py's LOSSES: an objective and an aggregation
 
 
 # Each objective: (w, adv, logps, **what it reads of: epsilon_low, epsilon_high, delta, sapo temperatures, vespo's

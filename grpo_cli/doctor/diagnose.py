@@ -16,7 +16,7 @@ def diagnose(recipe_path: Path, overrides: list[str], processes: int = 1, resume
     from grpo_cli.doctor.versions import check_versions
     from grpo_cli.preflight import resolve
     from grpo_cli.recipe.files import load_recipe
-    from grpo_cli.rollout.backends import backend_of
+    from grpo_cli.recipe.backends import backend_of
     from grpo_cli.process.hub import hub_names, work_offline_if_unreachable
 
     try:

@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_cli.algo.specs import OPTIMIZERS
+from grpo_cli.recipe.specs import OPTIMIZERS
 from grpo_cli.trainer.setup import ForwardChoices, forward_choices
 from grpo_cli.views.verdicts import Verdict
 
@@ -131,7 +131,7 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
     """The parts of a step's memory; `prompt_tokens`: the longest prompt (a batch is padded to its longest);
     `device_total`: the GPU's memory (a colocated vLLM takes a share of it); `choices`: how the trainer runs the
     forwards (trainer/setup.forward_choices; default: what it decides for this recipe without a config)."""
-    from grpo_cli.rollout.backends import backend_of
+    from grpo_cli.recipe.backends import backend_of
 
     m, t, a, ro = recipe.model, recipe.train, recipe.algorithm, recipe.rollout
     chunked = device == "cuda" if t.chunked_lm_head == "auto" else t.chunked_lm_head

@@ -93,7 +93,8 @@ def evaluate_model(model, tokenizer, recipe: Recipe, cfg: EvalConfig, problems: 
     from grpo_cli.agents.episodes import episode_runner
     from grpo_cli.datatypes import PromptBatch
     from grpo_cli.rewards import answers_match, extract_answer, reference_text, score_rollout
-    from grpo_cli.rollout.backends import build_generator, for_eval
+    from grpo_cli.recipe.backends import for_eval
+    from grpo_cli.rollout.backends import build_generator
 
     gen = generator or build_generator(for_eval(recipe.rollout, "hf"), tokenizer=tokenizer, model=model)
     episodes = episode_runner(recipe, tokenizer, gen, model)  # rollout.environment / tools: multi-turn, as in training
@@ -249,7 +250,7 @@ def _backend(backend: str, t: Target, tokenizer, recipe: Recipe, seed: int):
 
     from grpo_cli.models.loading import load_model, resolve_model_source
     from grpo_cli.models.lora import load_adapter_model
-    from grpo_cli.rollout.backends import backend_of, for_eval
+    from grpo_cli.recipe.backends import backend_of, for_eval
     from grpo_cli.rollout.backends import build_generator
 
     cfg = for_eval(recipe.rollout, backend)

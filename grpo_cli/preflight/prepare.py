@@ -30,7 +30,7 @@ from grpo_cli.recipe.schema import Recipe
 from grpo_cli.run import lock
 from grpo_cli.process.cpus import prepare_openmp
 from grpo_cli.run.folder import finished_step
-from grpo_cli.rollout.backends import EVAL_BACKENDS
+from grpo_cli.recipe.backends import EVAL_BACKENDS
 from grpo_cli.process.hub import hub_names, is_hub_id, work_offline_if_unreachable
 
 

@@ -7,12 +7,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from grpo_cli.algo.specs import CISPO_CAP, ESTIMATORS, LOSSES
+from grpo_cli.recipe.specs import CISPO_CAP, ESTIMATORS, LOSSES
 from grpo_cli.recipe.section import Section
 
-LossType = Literal[tuple(LOSSES)]  # type: ignore[valid-type]  (algo/specs.py's table)
+LossType = Literal[tuple(LOSSES)]  # type: ignore[valid-type]  (recipe/specs.py's table)
 ScaleMode = Literal["group", "batch", "none"]
-Estimator = Literal[tuple(ESTIMATORS)]  # type: ignore[valid-type]  (algo/specs.py's table)
+Estimator = Literal[tuple(ESTIMATORS)]  # type: ignore[valid-type]  (recipe/specs.py's table)
 
 
 class DynamicSamplingConfig(Section):

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 
-from grpo_cli.algo.specs import LOSSES
+from grpo_cli.recipe.specs import LOSSES
 from grpo_cli.recipe.names import is_reward_model, unique_log_names
-from grpo_cli.rollout.backends import backend_of
+from grpo_cli.recipe.backends import backend_of
 
 GENERATION_OWN = {  # rollout.generation_kwargs with a key of their own
     "temperature": "rollout.temperature", "top_p": "rollout.top_p", "top_k": "rollout.top_k", "min_p": "rollout.min_p",

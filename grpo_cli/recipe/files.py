@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from grpo_cli.errors import RecipeError
-from grpo_cli.recipe.names import PREFIX, is_reward_model
+from grpo_cli.recipe.names import PREFIX, is_file, is_reward_model
 from grpo_cli.recipe.schema import Recipe
 
 
@@ -99,15 +99,13 @@ def _local_path(value: Any, base: Path) -> bool:
 
 def _reward_path(name: Any, base: Path) -> Any:
     """`dir/file.py:fn` and `model:PATH` rewards with their path made absolute; other names unchanged."""
-    from grpo_cli.usercode.objects import is_file as _is_file
-
     if not isinstance(name, str) or ":" not in name:
         return name
     if is_reward_model(name):
         target = name.removeprefix(PREFIX)
         return f"{PREFIX}{_absolute(target, base)}" if _local_path(target, base) else name
     target, _, fn = name.rpartition(":")
-    return f"{_absolute(target, base)}:{fn}" if _is_file(target) else name
+    return f"{_absolute(target, base)}:{fn}" if is_file(target) else name
 
 
 def resolve_paths(raw: dict[str, Any], recipe_dir: Path, overridden: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:

@@ -1,7 +1,8 @@
-"""The grammar of the names a recipe gives its rewards: a reward model is `model:PATH_OR_HUB_ID`, and every reward
-is logged under a name made from its own (`accuracy`, `path/file.py:fn` -> `fn`, `model:x/my-rm` -> `rm_my-rm`,
-repeats `_2`, `_3`, ...). Pure string rules: the schema's checks and the scoring both read them, and nothing here
-imports what a name stands for."""
+"""The grammar of the names a recipe gives code: an object in a file is `path/file.py:attr` (a module's is
+`module:attr`), a reward model is `model:PATH_OR_HUB_ID`, and every reward is logged under a name made from its own
+(`accuracy`, `path/file.py:fn` -> `fn`, `model:x/my-rm` -> `rm_my-rm`, repeats `_2`, `_3`, ...). Pure string rules:
+the schema's checks, the importer of user code (grpo_cli/usercode/objects.py) and the scoring all read them, and
+nothing here imports what a name stands for."""
 
 from __future__ import annotations
 
@@ -9,6 +10,11 @@ import os
 from pathlib import Path
 
 PREFIX = "model:"
+
+
+def is_file(target: str) -> bool:
+    """The part before `:` names a file (`path/file.py`), not an importable module."""
+    return target.endswith(".py") or "/" in target or os.sep in target
 
 
 def is_reward_model(name: str) -> bool:

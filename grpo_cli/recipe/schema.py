@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from grpo_cli.algo.specs import OPTIMIZERS
+from grpo_cli.recipe.specs import OPTIMIZERS
 from grpo_cli.recipe.algorithm import AlgorithmConfig
 from grpo_cli.recipe.checks import INIT_OWN, check_across_sections, check_rewards, refuse_own_keys
 from grpo_cli.recipe.rollout import RolloutConfig
@@ -166,7 +166,7 @@ class TrainConfig(Section):
     max_steps: int = Field(..., ge=1, description="Training steps (one generation batch each).")
     prompts_per_step: int = Field(8, ge=1, description="B: prompts per step; the batch holds B * G completions.")
     micro_batch_size: int = Field(8, ge=1, description="Completions per forward/backward; the rest is gradient accumulation.")
-    optimizer: Literal[tuple(OPTIMIZERS)] = Field(  # type: ignore[valid-type]  (algo/specs.py's table)
+    optimizer: Literal[tuple(OPTIMIZERS)] = Field(  # type: ignore[valid-type]  (recipe/specs.py's table)
         "adamw", description="; ".join(f"{s.name}: {s.what}" for s in OPTIMIZERS.values()) + ".")
     learning_rate: float = Field(1e-6, gt=0, description="AdamW peak learning rate.")
     scheduler: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up: constant, linear or cosine to 0.")

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_cli.algo.specs import LOSSES
+from grpo_cli.recipe.specs import LOSSES
 from grpo_cli.errors import ConversionError
 from grpo_cli.recipe.checks import unreplayed
 from grpo_cli.recipe.trl_fields import GRPO_CONFIG, TRL_VERSION

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from grpo_cli.algo.specs import OPTIMIZERS
+from grpo_cli.recipe.specs import OPTIMIZERS
 from grpo_cli.errors import RunFolderError, SetupError
 from grpo_cli.registry import Registry
 from grpo_cli.trainer.distributed import is_deepspeed, is_fsdp
@@ -170,7 +170,7 @@ def build_optimizer(params, t, *, fused: bool, device: torch.device | None = Non
     return OPTIMIZER_BUILDERS.get(kind)(params, t, fused)
 
 
-# train.optimizer -> fn(params, train section, fused) -> torch optimizer; what each keeps is algo/specs.py's table
+# train.optimizer -> fn(params, train section, fused) -> torch optimizer; what each keeps is recipe/specs.py's table
 OPTIMIZER_BUILDERS: Registry[Callable[..., torch.optim.Optimizer]] = Registry("optimizer")
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from grpo_cli.recipe.names import is_file
+
 FORMS = ("`module:{what}` (an importable module) or `path/to/file.py:{what}` (in a recipe file: relative "
          "to its folder; in a command-line override: to the current directory)")
 _FILE_MODULES: dict[str, ModuleType] = {}  # absolute path -> module
@@ -36,10 +38,6 @@ def split(name: str, kind: str = "reward", what: str = "function") -> tuple[str,
     if not target or not attr:
         raise ValueError(f"{kind} {name!r}: expected {forms(what)}, with both parts non-empty")
     return target, attr
-
-
-def is_file(target: str) -> bool:
-    return target.endswith(".py") or "/" in target or os.sep in target
 
 
 def portable(name: str) -> str:

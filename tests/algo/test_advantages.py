@@ -267,7 +267,7 @@ def test_reinforce_plus_plus_baseline_whitens_the_group_centered_rewards_over_th
 
 def test_grpo_is_the_default_estimator_and_every_estimator_has_its_spec():
     from grpo_cli.algo.advantages import ESTIMATORS
-    from grpo_cli.algo.specs import ESTIMATORS as SPECS
+    from grpo_cli.recipe.specs import ESTIMATORS as SPECS
 
     r = torch.tensor([1.0, 0.0, 0.5, 0.5, 2.0, 2.0, 2.0, 1.0])
     torch.testing.assert_close(compute_advantages(r, 4, "group"), compute_advantages(r, 4, "group", "grpo"))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpo_cli.algo.losses import AGGREGATIONS, OBJECTIVES, POLICY_LOSSES, off_policy_sequence_mask
-from grpo_cli.algo.specs import LOSSES
+from grpo_cli.recipe.specs import LOSSES
 from grpo_cli.errors import RecipeError
 from grpo_cli.recipe.algorithm import AlgorithmConfig
 from grpo_cli.recipe.files import load_recipe

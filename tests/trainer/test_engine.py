@@ -187,7 +187,7 @@ def test_uneven_process_split_is_a_setup_error(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("estimator,scale", [("rloo", "none"), ("reinforce_plus_plus_baseline", "batch")])
 def test_an_advantage_estimator_trains_and_logs_its_advantages(estimator, scale, tmp_path):
-    # issue 36: algorithm.advantage_estimator, one entry per estimator (algo/specs.py, algo/advantages.ESTIMATORS)
+    # issue 36: algorithm.advantage_estimator, one entry per estimator (recipe/specs.py, algo/advantages.ESTIMATORS)
     from grpo_cli.algo.advantages import compute_advantages
 
     r = load_recipe(TINY, ["train.max_steps=2", "checkpoint.every_steps=0", "eval=null",

@@ -178,11 +178,11 @@ def test_settings_the_trainer_replays_are_accepted_everywhere():
 
 
 def test_every_optimizer_is_one_spec_and_one_builder():
-    # issue 36: optimizers are a table (algo/specs.py: what each keeps, for the schema and the doctor) and a registry
+    # issue 36: optimizers are a table (recipe/specs.py: what each keeps, for the schema and the doctor) and a registry
     # of builders under the same names
     import typing
 
-    from grpo_cli.algo.specs import OPTIMIZERS
+    from grpo_cli.recipe.specs import OPTIMIZERS
     from grpo_cli.recipe.schema import TrainConfig
     from grpo_cli.trainer.setup import OPTIMIZER_BUILDERS, build_optimizer
 
