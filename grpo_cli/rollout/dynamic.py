@@ -11,8 +11,9 @@ import torch
 from grpo_cli.algo.advantages import groups_with_signal
 from grpo_cli.algo.dynamic_sampling import Round, assemble, dynamic_sampling_metrics, pick_groups
 from grpo_cli.datatypes import RewardResult, Rollout, StepBatch
+from grpo_cli.process.clock import Clock
 from grpo_cli.rollout.backends import Generator
-from grpo_cli.rollout.protocol import Clock, Rounds, Scored
+from grpo_cli.rollout.protocol import Rounds, Scored
 
 
 class DynamicSampling:

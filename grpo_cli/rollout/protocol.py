@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
 
 from grpo_cli.datatypes import Processes, PromptBatch, RewardResult, Rollout, StepBatch
+from grpo_cli.process.clock import Clock
 from grpo_cli.rollout.backends import Generator
 
-Clock = Callable[[str], Any]  # clock("generate") -> a context manager that adds the time spent in it
 
 
 @dataclass

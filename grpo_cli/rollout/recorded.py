@@ -9,8 +9,9 @@ from typing import Any, Callable
 import torch
 
 from grpo_cli.datatypes import StepBatch
+from grpo_cli.process.clock import Clock
 from grpo_cli.rollout.backends import Generator
-from grpo_cli.rollout.protocol import Clock, Rollouts
+from grpo_cli.rollout.protocol import Rollouts
 from grpo_cli.run.replays import load_step
 
 

@@ -25,13 +25,14 @@ from grpo_cli.agents.episodes import episode_runner
 from grpo_cli.data.prompts import user_prompts
 from grpo_cli.datatypes import Processes, PromptBatch, Rollout, StepBatch
 from grpo_cli.models.loading import resolve_model_source
+from grpo_cli.process.clock import Clock
 from grpo_cli.recipe.names import is_reward_model
 from grpo_cli.rewards import score_rollout
 from grpo_cli.recipe.backends import backend_of
 from grpo_cli.rollout.backends import Generator, build_generator
 from grpo_cli.rollout.dynamic import DynamicSampling
 from grpo_cli.rollout.pipeline import Serialized, start_pipeline
-from grpo_cli.rollout.protocol import Clock, Rollouts, Scored
+from grpo_cli.rollout.protocol import Rollouts, Scored
 
 
 class Sampled:

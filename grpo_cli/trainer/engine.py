@@ -25,7 +25,7 @@ from grpo_cli.rollout.rollouts import build_rollouts
 from grpo_cli.process.cpus import SlowSteps, apply_threads
 from grpo_cli.run.replays import record_step
 from grpo_cli.process.watchdog import phase
-from grpo_cli.trainer.reporting import Clock
+from grpo_cli.process.clock import Clock
 
 
 class Engine:

@@ -1,53 +1,22 @@
 """What a training step reports: its metrics (TRL's names where they exist), reduced over processes; its
 completions (rollouts.jsonl, the console's tables); its time, region by region; and the run's logs, trackers and
-console (a progress bar with ETA and a compact line every few steps)."""
+console (a progress bar with ETA and a compact line every few steps). The step's clock is grpo_cli/process/clock.py's."""
 
 from __future__ import annotations
 
 import math
-import time
 from collections import defaultdict
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from grpo_cli.algo.advantages import Advantages, group_std
 from grpo_cli.datatypes import Processes, StepBatch, group_of
+from grpo_cli.process.clock import Clock
+from grpo_cli.process.memory import peak_memory_gib
 from grpo_cli.run.logs import METRICS, ROLLOUTS, JsonlLog
-from grpo_cli.process.memory import PhasePeaks, peak_memory_gib
 from grpo_cli.trainer.nonfinite import NonFiniteSteps, largest
-
-
-def settle(device: torch.device) -> None:
-    """Wait for the kernels queued on a GPU, so that the timer read next counts them (CUDA runs asynchronously)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class Clock:
-    """A step's time and peak memory by region: `with clock("train"): ...` adds the seconds spent in it (GPU kernels
-    waited for) to time/train and records its peak memory as memory/train_gib; `clock.memory("optimizer")` records a
-    phase's peak memory only (grpo_cli/process/memory.py). `times()` adds time/step, everything since the clock started."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device, self.start, self.spent = device, time.perf_counter(), {}
-        self.memory = PhasePeaks(device)
-
-    @contextmanager
-    def __call__(self, region: str) -> Iterator[None]:
-        t0 = time.perf_counter()
-        try:
-            with self.memory(region):
-                yield
-        finally:
-            settle(self.device)
-            self.spent[f"time/{region}"] = self.spent.get(f"time/{region}", 0.0) + time.perf_counter() - t0
-
-    def times(self) -> dict[str, float]:
-        """time/<region> and memory/<phase>_gib of every region and phase, and time/step."""
-        return {**self.spent, **self.memory.metrics(), "time/step": time.perf_counter() - self.start}
 
 
 def start_line(model_summary: str, recipe, mixed_precision: str, ref_copy: bool, sampling_copy, device,

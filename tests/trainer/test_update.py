@@ -87,7 +87,7 @@ def _grads_of_one_update(tmp_path, *overrides, adv_scale=0.0):
     """One PolicyUpdate of step 1's rows on ci-tiny, advantages times `adv_scale`; -> (engine, rollout, mask, the
     gradient the optimizer step saw, by parameter name)."""
     from grpo_cli.algo.losses import trained_mask
-    from grpo_cli.trainer.reporting import Clock
+    from grpo_cli.process.clock import Clock
 
     eng = Engine(load_recipe("recipes/ci-tiny.yaml", [*overrides, "checkpoint.every_steps=0"]), tmp_path)
     s = eng.rollouts.next(1, Clock(torch.device("cpu")))
