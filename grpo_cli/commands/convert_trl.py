@@ -55,11 +55,8 @@ def command(
         raise ConversionError(f"{config}: {e}{also}") from None
     if unknown:
         raise ConversionError(f"{config} has fields TRL does not know:\n" + "\n".join(unknown))
-    # the user's own reward functions may live in a module this machine cannot import: the rest must validate
-    unresolved = _unresolved_rewards(result.recipe)
-    rewards = [{"name": "accuracy"} if i in unresolved else r for i, r in enumerate(result.recipe.get("rewards") or [])]
-    try:
-        resolve(Recipe.model_validate({**result.recipe, "rewards": rewards}))
+    try:  # the user's own reward functions may live in a module this machine cannot import: the rest must validate
+        unresolved = resolve(Recipe.model_validate(result.recipe), elsewhere=True).unresolved
     except ValidationError as e:
         raise ConversionError(f"the converted recipe does not validate:\n{format_validation_error(e)}") from None
     except RecipeError as e:  # what a name stands for: the preflight's message has the same form
@@ -79,20 +76,3 @@ def command(
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(header + text)
         typer.echo(f"wrote {output}", err=True)
-
-
-def _unresolved_rewards(recipe: dict) -> dict[int, str]:
-    """The user's reward functions (`module:function`, `file.py:function`) that do not resolve on this machine, by
-    position: what resolving each one said."""
-    from grpo_cli.recipe.names import is_reward_model
-    from grpo_cli.rewards import check_reward_name
-
-    unresolved = {}
-    for i, reward in enumerate(recipe.get("rewards") or []):
-        name = str(reward.get("name", ""))
-        if ":" in name and not is_reward_model(name):
-            try:
-                check_reward_name(name)
-            except ValueError as e:
-                unresolved[i] = f"rewards.{i}.name: {e}"
-    return unresolved

@@ -9,7 +9,7 @@ validate, doctor, eval and convert-trl, from the command line and from Python (a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_cli.errors import RecipeError
@@ -25,30 +25,42 @@ class Resolved:
     rewards: tuple[Any, ...]  # each rewards[i]'s function; None for a reward model (the trainer loads its weights)
     tools: tuple[Any, ...]  # each rollout.tools[i]'s function
     environment: type | None  # rollout.environment's class
+    unresolved: dict[int, str] = field(default_factory=dict)  # with elsewhere=True: rewards[i] -> why not here
 
 
-def resolve(recipe: Recipe) -> Resolved:
-    """RecipeError ("invalid recipe:" and the field) unless every name resolves and fits its use."""
+def resolve(recipe: Recipe, *, elsewhere: bool = False) -> Resolved:
+    """RecipeError ("invalid recipe:" and the field) unless every name resolves and fits its use. `elsewhere`: the
+    recipe is for another machine (`grpo convert-trl`): a reward function of the user's own (`module:fn`,
+    `file.py:fn`) that does not resolve here is listed in `unresolved`, its slot None, instead of an error."""
     try:
-        rewards, tools, environment = _rewards(recipe), _tools(recipe), _environment(recipe)
+        rewards, unresolved = _rewards(recipe, elsewhere)
+        tools, environment = _tools(recipe), _environment(recipe)
         _generator(recipe)
         _cache_implementation(recipe)
     except ValueError as e:
         raise RecipeError(f"invalid recipe:\n  {e}") from None
-    return Resolved(recipe, rewards, tools, environment)
+    return Resolved(recipe, rewards, tools, environment, unresolved)
 
 
-def _rewards(recipe: Recipe) -> tuple[Any, ...]:
+def _rewards(recipe: Recipe, elsewhere: bool) -> tuple[tuple[Any, ...], dict[int, str]]:
     from grpo_cli.rewards import check_reward, resolve_reward
 
-    out = []
+    out, unresolved = [], {}
     for i, r in enumerate(recipe.rewards):
+        own = ":" in r.name and not is_reward_model(r.name)
+        if elsewhere and own:
+            try:
+                resolve_reward(r.name)
+            except ValueError as e:
+                unresolved[i] = f"rewards.{i}.name: {e}"
+                out.append(None)
+                continue
         try:
             check_reward(r.name, r.kwargs, r.timeout_s, r.level)
         except ValueError as e:
             raise ValueError(f"rewards.{i}.{e}") from None
         out.append(None if is_reward_model(r.name) else resolve_reward(r.name))
-    return tuple(out)
+    return tuple(out), unresolved
 
 
 def _tools(recipe: Recipe) -> tuple[Any, ...]:

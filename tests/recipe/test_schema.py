@@ -252,3 +252,24 @@ def test_validation_imports_no_named_code_and_resolve_names_the_field(tmp_path, 
     assert not any("mine_rewards_xyz" in m for m in set(sys.modules) - before)  # nothing imported
     resolved = resolve(r)
     assert resolved.recipe is r and resolved.rewards[0](completions=["a", "b"]) == [1.0, 1.0]
+
+
+def test_resolve_for_another_machine_lists_the_users_rewards_it_cannot_import(monkeypatch):
+    """`grpo convert-trl` writes a recipe for the machine that has the user's reward module: resolve(elsewhere=True)
+    lists such a reward instead of refusing it (it resolved each reward twice before, once to find these); anything
+    else still fails: a built-in's bad kwargs, a tool that does not import."""
+    monkeypatch.chdir(ROOT)
+    r = load_recipe(ROOT / "recipes/ci-tiny.yaml", ["rewards=[{name: accuracy}, {name: no_such_module_xyz:fn}]"])
+    resolved = resolve(r, elsewhere=True)
+    assert resolved.rewards[1] is None and callable(resolved.rewards[0])
+    assert list(resolved.unresolved) == [1] and resolved.unresolved[1].startswith("rewards.1.name: ")
+    assert "no_such_module_xyz" in resolved.unresolved[1]
+    with pytest.raises(RecipeError, match="rewards.1.name"):
+        resolve(r)
+    bad = load_recipe(ROOT / "recipes/ci-tiny.yaml", ["rewards=[{name: accuracy, kwargs: {mode: boxd}}, "
+                                                      "{name: no_such_module_xyz:fn}]"])
+    with pytest.raises(RecipeError, match="rewards.0.kwargs.mode"):
+        resolve(bad, elsewhere=True)
+    tools = load_recipe(ROOT / "recipes/ci-tiny.yaml", ["rollout.tools=[no_such_module_xyz:add]", "rollout.max_turns=2"])
+    with pytest.raises(RecipeError, match="rollout.tools.0"):
+        resolve(tools, elsewhere=True)
