@@ -30,6 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from train_memory import SHAPES as MODELS, build_model  # noqa: E402  (bench/: this script's folder)
 
+sys.path.insert(0, str(ROOT))
+from grpo_cli.doctor.memory import RETENTION  # noqa: E402  (the checkout's, not an installed one)
+
 COMMON = ["train.max_steps=2", "checkpoint.every_steps=0", "logging.rollouts=false", "eval=null",
           "rollout.max_completion_length=64", "train.prompts_per_step=4", "train.micro_batch_size=8"]
 SHAPES = {
@@ -139,7 +142,8 @@ def main() -> None:
                                         env).stdout)
                 evidence = {v["check"]: v for v in doctor["verdicts"]}["memory plan"]["evidence"]
                 planned = float(next(e for e in evidence if e.startswith("peak: ")).split()[1])
-                runtime = parts_of(evidence).get("runtime", 0.0)
+                found = parts_of(evidence)  # the tensors: the plan but what a process holds beside them
+                runtime = found.get("runtime", 0.0) + found.get(RETENTION, 0.0)
                 rows = {"tensors": (planned - runtime, tensors["tensors_gib"]), "resident": (planned, resident)}
                 cells = []
                 for kind, (plan, measured) in rows.items():

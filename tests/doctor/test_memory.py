@@ -237,3 +237,23 @@ def test_on_a_gpu_the_plan_counts_cublas_the_heads_summed_gradient_and_the_folde
     longer = forward(full, "cuda", 96) - forward(full, "cuda", 64)
     per_token = 2 * (8 * 64 + 2 * 16 + 2 * 128) * 4  # layers x a token's activations
     assert longer == 4 * 32 * per_token + 4 * 4 * (112 * 112 - 80 * 80) * 4
+
+
+def test_on_the_cpu_the_plan_counts_what_the_c_allocator_keeps_of_a_steps_largest_phase():
+    # issue 35 defect 6: the CPU's memory/peak_gib is resident memory, 12-21% above a plan of tensors alone on every
+    # shape of bench/doctor_memory.py (glibc keeps fragments of the freed ones); a GPU's allocator peak counts none
+    from transformers import Qwen2Config
+
+    from grpo_cli.doctor.memory import RETAINED, RETENTION, TRANSIENT, retention
+
+    config = Qwen2Config(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
+                         num_key_value_heads=2, vocab_size=32000, tie_word_embeddings=True)
+    recipe = load_recipe(ROOT / "recipes/ci-tiny.yaml")
+    v = check_memory(recipe, config, 1, PromptLengths(longest=64, first=64, rows=16))
+    found = {line.rpartition(": ")[0]: line for line in v.evidence}
+    assert RETENTION in found
+    parts = plan(recipe, model_sizes(config), 1, 64, "cpu", 0.0)
+    largest = max(p.bytes for p in parts if p.name.startswith(TRANSIENT))
+    kept = retention(parts)
+    assert kept.name == RETENTION and kept.bytes == pytest.approx(RETAINED * largest) and largest > 0
+    assert peak([*parts, kept]) == pytest.approx(peak(parts) + RETAINED * largest)  # counted once, beside the rest
