@@ -8,11 +8,15 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from grpo_cli.recipe.backends import BACKEND_CHOICES, MODE_CHOICES
 from grpo_cli.recipe.section import Section
+
+BackendName = Literal[BACKEND_CHOICES]  # type: ignore[valid-type]  (recipe/backends.py's entries)
+ModeName = Literal[MODE_CHOICES]  # type: ignore[valid-type]
 
 
 class VLLMConfig(Section):
-    mode: Literal["colocate", "server"] = Field("colocate", description="`colocate`: a vLLM engine inside the trainer; `server`: `grpo serve-vllm`.")
+    mode: ModeName = Field("colocate", description="`colocate`: a vLLM engine inside the trainer; `server`: `grpo serve-vllm`.")
     server_url: str = Field("http://127.0.0.1:8000", description="Where `grpo serve-vllm` listens (server mode).")
     request_timeout_s: float = Field(300.0, gt=0, description="Timeout of every request to the server.")
     structured_outputs_regex: str | None = Field(
@@ -35,7 +39,7 @@ class VLLMConfig(Section):
 
 
 class RolloutConfig(Section):
-    backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend: `hf` (transformers generate) or `vllm`.")
+    backend: BackendName = Field("hf", description="Generation backend: `hf` (transformers generate) or `vllm`.")
     dtype: Literal["policy", "auto", "bfloat16", "float16"] = Field(
         "policy", description="`hf` backend: `policy` samples with the policy itself; bfloat16/float16 with a copy of "
         "it in that dtype, filled before every generate and freed after (~2x faster decoding on bf16 hardware; its "

@@ -273,3 +273,27 @@ def test_resolve_for_another_machine_lists_the_users_rewards_it_cannot_import(mo
     tools = load_recipe(ROOT / "recipes/ci-tiny.yaml", ["rollout.tools=[no_such_module_xyz:add]", "rollout.max_turns=2"])
     with pytest.raises(RecipeError, match="rollout.tools.0"):
         resolve(tools, elsewhere=True)
+
+
+def test_a_backend_is_one_entry_whose_words_the_schema_and_eval_read(monkeypatch):
+    """Issue 36: backends were named in two tables and three vocabularies. Each BACKENDS entry says the rollout.backend
+    (and rollout.vllm.mode) that select it: the schema's choices, the entry a recipe gets and `grpo eval --backend`'s
+    choices all come from the entries."""
+    from grpo_cli.recipe.backends import BACKENDS, EVAL_BACKENDS, backend_name, for_eval
+    from grpo_cli.recipe.rollout import RolloutConfig, VLLMConfig
+
+    monkeypatch.chdir(ROOT)
+    words = {name: (BACKENDS[name].backend, BACKENDS[name].mode) for name in BACKENDS}
+    assert len(set(words.values())) == len(words) == 3
+    assert set(RolloutConfig.model_fields["backend"].annotation.__args__) == {b for b, _ in words.values()}
+    assert set(VLLMConfig.model_fields["mode"].annotation.__args__) == {m for _, m in words.values() if m}
+    for name, (backend, mode) in words.items():
+        r = load_recipe(ROOT / "recipes/ci-tiny.yaml", [f"rollout.backend={backend}"]
+                        + ([f"rollout.vllm.mode={mode}"] if mode else []))
+        assert backend_name(r.rollout) == name
+    server = load_recipe(ROOT / "recipes/ci-tiny.yaml", ["rollout.backend=vllm", "rollout.vllm.mode=server"])
+    assert EVAL_BACKENDS == {"hf": "hf", "vllm": "vllm-colocate"}  # an eval samples in its own process
+    assert backend_name(for_eval(server.rollout, "vllm")) == "vllm-colocate"
+    assert backend_name(for_eval(server.rollout, "hf")) == "hf"
+    with pytest.raises(ValueError, match=r"--backend 'sglang' is not available; valid: hf, vllm"):
+        for_eval(server.rollout, "sglang")
