@@ -37,6 +37,8 @@ def command(recipe: Path = RECIPE, overrides: Optional[list[str]] = OVERRIDES, o
 
       grpo train recipes/ci-tiny.yaml train.max_steps=5 -o runs/try
 
+      grpo train recipes/ci-tiny.yaml -o runs/try --resume auto train.max_steps=10
+
       grpo train recipes/ci-tiny.yaml -o runs/try --resume auto --allow-recipe-change train.learning_rate=3e-4
 
       grpo train recipes/ci-tiny.yaml -o runs/try --resume runs/try/checkpoints/step-2 --rewind
