@@ -16,7 +16,8 @@ from helpers import ROOT, build_reward_model, read_jsonl
 # the modules that put keys into a step's metrics, and the prefix the engine adds to theirs
 EMITTERS = {"trainer/reporting.py": "", "trainer/update.py": "", "rollout/rollouts.py": "", "algo/losses.py": "",
             "algo/advantages.py": "", "algo/dynamic_sampling.py": "", "rewards/rm_update.py": "",
-            "eval/evaluate.py": "eval/", "eval/metrics.py": "eval/", "process/memory.py": "", "trainer/nonfinite.py": ""}
+            "eval/evaluate.py": "eval/", "eval/metrics.py": "eval/", "process/memory.py": "", "process/clock.py": "",
+            "trainer/nonfinite.py": ""}
 SUMS = {"add_tokens", "add_weighted", "add_scalar", "add_extremes"}
 
 
