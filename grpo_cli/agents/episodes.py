@@ -28,6 +28,7 @@ import torch
 
 from grpo_cli.agents.environments import EnvFailure, Observations, call_all, open_environments
 from grpo_cli.agents.tools import ToolBox, parse_calls
+from grpo_cli.data.prompts import encode_prompts, render_prompt
 from grpo_cli.datatypes import PromptBatch, Rollout
 from grpo_cli.rollout.common import left_pad
 
@@ -72,8 +73,6 @@ class EpisodeRunner:
         """One episode per row of `batch` (each row's prompt, columns) -> the Rollout and the reward columns it
         adds: `turns`, and `environment_reward` (the environments' reward(), where `with_reward`). `sampling`:
         greedy / temperature / top_p for every turn (`grpo eval`)."""
-        from grpo_cli.data.prompts import encode_prompts, render_prompt
-
         c = self.cfg
         rows = [{k: v[i] for k, v in batch.columns.items()} for i in range(len(batch))]
         envs = open_environments(c.environment, c.environment_kwargs, len(rows), c.environment_timeout_s) \

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from grpo_cli.errors import AdapterError
+from grpo_cli.models.loading import load_model
 
 if TYPE_CHECKING:
     from grpo_cli.recipe.schema import ModelConfig
@@ -68,8 +69,6 @@ def _numel(p: torch.Tensor) -> int:
 def load_adapter_model(checkpoint: str | Path, base_cfg: ModelConfig, *, trainable: bool, device: Any = None) -> Any:
     """Base model per `base_cfg` (the checkpoint's recipe) + the checkpoint's adapter, checked against base_model.json."""
     import peft
-
-    from grpo_cli.models.loading import load_model
 
     checkpoint = Path(checkpoint)
     base = load_model(base_cfg, device=device if base_cfg.load_in_4bit else None)
@@ -129,8 +128,6 @@ def parameter_summary(model: Any) -> str:
 def load_policy(cfg, model_cfg, checkpoint_path, device):
     """The trained model: full weights (fresh, or from the checkpoint `cfg` points at), or base + LoRA adapters
     (fresh, or the checkpoint's). `model_cfg`: the recipe's model section (LoRA and 4-bit settings)."""
-    from grpo_cli.models.loading import load_model
-
     if checkpoint_path is not None and is_adapter_checkpoint(checkpoint_path):
         return load_adapter_model(checkpoint_path, model_cfg, trainable=True, device=device)
     model = load_model(cfg, device=device if model_cfg.load_in_4bit else None)

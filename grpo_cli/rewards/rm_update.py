@@ -33,8 +33,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from grpo_cli.data.prompts import user_prompts
 from grpo_cli.errors import RewardError
+from grpo_cli.recipe.checks import update_label
+from grpo_cli.recipe.names import unique_log_names
 from grpo_cli.rewards import reward_model as rm
+from grpo_cli.run.statefiles import TensorFile
 
 Group = list[dict[str, Any]]  # one prompt's completions: {"prompt", "user", "completion", "label"}
 
@@ -232,8 +236,6 @@ class RewardModelUpdater:
 
 def build_updaters(recipe, log_names: list[str]) -> list[RewardModelUpdater]:
     """One updater per reward with `update` (recipe validation has checked its label)."""
-    from grpo_cli.recipe.checks import update_label
-
     return [RewardModelUpdater(i, spec, update_label(recipe.rewards, i), log_names[i], recipe.train.seed)
             for i, spec in enumerate(recipe.rewards) if spec.update is not None]
 
@@ -251,8 +253,6 @@ class RewardModelUpdates:
     updater, which trains when its period ends. Falsy when the recipe updates none."""
 
     def __init__(self, recipe, procs) -> None:
-        from grpo_cli.rewards import unique_log_names
-
         self.recipe, self.procs = recipe, procs
         self.updaters = build_updaters(recipe, unique_log_names([s.name for s in recipe.rewards]))
 
@@ -265,8 +265,6 @@ class RewardModelUpdates:
         if not self.updaters:
             return {}
         import time
-
-        from grpo_cli.data.prompts import user_prompts
 
         t0 = time.perf_counter()
         G = self.recipe.algorithm.num_generations
@@ -285,8 +283,6 @@ class RewardModelUpdates:
 
     def state_dict(self) -> dict:
         """Each updater's buffer and period so far, and its weights once it trained (reward_model_<i>.safetensors)."""
-        from grpo_cli.run.statefiles import TensorFile
-
         return {u.key: {**u.state_dict(), **({"weights": TensorFile(u.key, u.tensors())} if u.updates else {})}
                 for u in self.updaters}
 

@@ -7,13 +7,17 @@ from typing import Any
 
 import torch
 
+from grpo_cli.algo.logprobs import distinct_rows, position_ids_from_mask
 from grpo_cli.algo.sampling import TruncatedSampling, Truncation
 from grpo_cli.datatypes import Rollout
 from grpo_cli.errors import NonFiniteError
 from grpo_cli.models.finite import nonfinite_weights
 from grpo_cli.models.loading import native_bf16, without_autocast
+from grpo_cli.models.lora import is_peft_model
+from grpo_cli.process import watchdog
 from grpo_cli.recipe.schema import RolloutConfig
 from grpo_cli.rollout.common import Samples, build_rollout, completion_mask_from_eos, eos_token_ids, left_pad, pad_id_of
+from grpo_cli.rollout.static import StaticDecoding, compile_wanted
 
 
 def sampler_dtype(setting: str, model, *, full_model: bool) -> torch.dtype | None:
@@ -37,8 +41,6 @@ def shared_prefill(model, ids: torch.Tensor, mask: torch.Tensor):
 
     -> a cache over all but the last prompt position (generate runs that one and samples), or None when no two
     rows share a prompt. Same sampled tokens as without it, to float rounding."""
-    from grpo_cli.algo.logprobs import distinct_rows, position_ids_from_mask
-
     shared = distinct_rows(ids, mask) if ids.shape[1] >= 2 else None
     if shared is None:
         return None
@@ -110,8 +112,6 @@ def progress_criteria():
     generation moves on, so a long generate is not taken for a stalled one."""
     from transformers import StoppingCriteria, StoppingCriteriaList
 
-    from grpo_cli.process import watchdog
-
     class DecodedToken(StoppingCriteria):
         def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
             watchdog.tick()
@@ -125,8 +125,6 @@ class HFGenerator:
     (rollout.dtype) filled from the policy before every call, so nothing needs syncing after an update."""
 
     def __init__(self, model, tokenizer, cfg: RolloutConfig, synced: bool = False) -> None:
-        from grpo_cli.models.lora import is_peft_model
-
         # synced: the weights are sharded over processes (FSDP, ZeRO-3); a process whose sequences are done
         # keeps running forwards until every process is done, or the others would wait forever
         self.model, self.tokenizer, self.cfg, self.synced = model, tokenizer, cfg, synced
@@ -139,8 +137,6 @@ class HFGenerator:
     def prepare(self, rows: int, prompt_width: int | None) -> str | None:
         """Before step 1, with rollout.compile: the static cache for `rows` rows and the compiled decode step; -> the
         start line's words about it (None: eager decoding, as configured)."""
-        from grpo_cli.rollout.static import StaticDecoding, compile_wanted
-
         if not compile_wanted(self.cfg.compile, next(self.model.parameters()).device):
             return None
         if self.synced:

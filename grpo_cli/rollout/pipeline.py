@@ -26,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 from grpo_cli.datatypes import PromptBatch, Rollout
+from grpo_cli.rollout.common import build_rollout, pad_completions
 
 
 @dataclass
@@ -106,8 +107,6 @@ class RolloutPipeline:
 
     def restore(self, state: list[dict], batch_of: Callable[[list[int]], PromptBatch]) -> None:
         """Batches in flight at a checkpoint, from `state()`; `batch_of` renders data rows as the stream does."""
-        from grpo_cli.rollout.common import build_rollout, pad_completions
-
         G, gen = self.G, self.generator
         for item in state:
             batch = batch_of(item["indices"])

@@ -25,6 +25,9 @@ from typing import Any, Callable
 import torch
 
 from grpo_cli.datatypes import Rollout
+from grpo_cli.models.loading import quiet_vllm
+from grpo_cli.models.lora import export_state_dict
+from grpo_cli.process.watchdog import progress_of, tick
 from grpo_cli.recipe.schema import RolloutConfig
 from grpo_cli.rollout.common import (
     GenerationConfigOf,
@@ -37,7 +40,6 @@ from grpo_cli.rollout.common import (
     samples_from,
 )
 
-from grpo_cli.process.watchdog import progress_of, tick
 
 WORKER_EXTENSION = "grpo_cli.rollout.vllm_worker.WeightSyncExtension"
 
@@ -143,8 +145,6 @@ class VLLMColocateGenerator:
         """Push the trainer's weights (the unwrapped HF model) into vLLM in place; -> seconds taken."""
         t0 = time.perf_counter()
         self.version += 1
-        from grpo_cli.models.lora import export_state_dict
-
         # HF checkpoint names, what reload_weights(is_checkpoint_format=True) reads; LoRA adapters merged
         state = export_state_dict(model)
         if self.in_process:
@@ -246,8 +246,6 @@ def _build_llm(model_dir: str, cfg: RolloutConfig, seed: int):
             "rollout.vllm.mode=colocate supports a single training process for now; "
             "with several processes run `grpo serve-vllm` and set rollout.vllm.mode=server"
         )
-    from grpo_cli.models.loading import quiet_vllm
-
     try:
         quiet_vllm()  # warnings only, each once: vLLM repeats its lines at every weight sync (--verbose: all)
         import vllm

@@ -33,6 +33,8 @@ import torch
 
 from grpo_cli.datatypes import Rollout
 from grpo_cli.errors import VLLMServerError
+from grpo_cli.models.lora import export_state_dict, is_peft_model
+from grpo_cli.process.watchdog import progress_of
 from grpo_cli.recipe.schema import RolloutConfig
 from grpo_cli.rollout.common import (
     GenerationConfigOf,
@@ -46,7 +48,7 @@ from grpo_cli.rollout.common import (
     samples_from,
 )
 from grpo_cli.rollout.server_http import ServerHTTP
-from grpo_cli.process.watchdog import progress_of
+from grpo_cli.serve.adapters import CONFIG_KEY, base_mismatch, fingerprint, unservable
 from grpo_cli.serve.auth import is_loopback
 
 ADAPTER_PREFIX = "grpo-adapter-"  # an adapter's file name starts so (load_weights sends it to /update_adapter)
@@ -201,16 +203,12 @@ class VLLMServerGenerator:
         """Whether syncs send the LoRA adapter alone: decided at the first sync (rollout.vllm.lora_sync, the
         server's --lora-rank, what vLLM can serve); `sync_note` says which and why."""
         if self.adapter_sync is None:
-            from grpo_cli.models.lora import is_peft_model
-
             setting = self.cfg.vllm.lora_sync
             if not is_peft_model(model) or setting == "merged":
                 self.adapter_sync = False
                 if is_peft_model(model):
                     self.sync_note = "merged weights synced (rollout.vllm.lora_sync: merged)"
                 return False
-            from grpo_cli.serve.adapters import base_mismatch, fingerprint, unservable
-
             info = self.info()
             why = unservable(model.peft_config["default"].to_dict(), int(info.get("lora_rank") or 0),
                              bool(info.get("base_replaced")))
@@ -260,8 +258,6 @@ def _adapter_state(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dic
     metadata (grpo_cli/serve/adapters.py)."""
     from peft import get_peft_model_state_dict
 
-    from grpo_cli.serve.adapters import CONFIG_KEY
-
     state = {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(model).items()}
     config = model.peft_config["default"].to_dict()
     return state, {CONFIG_KEY: json.dumps(config, default=lambda x: sorted(x) if isinstance(x, set) else str(x))}
@@ -270,8 +266,6 @@ def _adapter_state(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dic
 def _unshared_cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """state_dict on the CPU, tied tensors (embed_tokens / lm_head) copied: safetensors refuses shared storage."""
     out, seen = {}, set()
-    from grpo_cli.models.lora import export_state_dict
-
     for k, v in export_state_dict(model).items():  # LoRA adapters merged
         t = v.detach().cpu().contiguous()
         ptr = t.untyped_storage().data_ptr()

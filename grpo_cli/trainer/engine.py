@@ -11,21 +11,35 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from accelerate import Accelerator
 
 from grpo_cli.algo.advantages import step_advantages
 from grpo_cli.algo.losses import trained_mask
 from grpo_cli.datatypes import StepBatch
+from grpo_cli.eval.evaluate import evaluate_during_training
+from grpo_cli.models.loading import quiet_libraries, resolve_mixed_precision
+from grpo_cli.process.clock import Clock
+from grpo_cli.process.cpus import SlowSteps, apply_threads
+from grpo_cli.process.watchdog import Watchdog, phase
 from grpo_cli.recipe.schema import Recipe
+from grpo_cli.rewards.rm_update import RewardModelUpdates
 from grpo_cli.rollout.protocol import Rollouts
 from grpo_cli.rollout.rollouts import build_rollouts
-from grpo_cli.process.cpus import SlowSteps, apply_threads
-from grpo_cli.run.replays import record_step
-from grpo_cli.process.watchdog import phase
-from grpo_cli.process.clock import Clock
+from grpo_cli.run.checkpoints import list_checkpoints, step_of
+from grpo_cli.run.replays import prune, record_step
+from grpo_cli.run.statefiles import seed_process
+from grpo_cli.run.trackers import tracker_folders
+from grpo_cli.trainer.distributed import Collectives, process_rows
+from grpo_cli.trainer.nonfinite import check_weights
+from grpo_cli.trainer.reporting import StepReport, open_run_logs, start_line
+from grpo_cli.trainer.setup import build_policy, build_stream, start_from
+from grpo_cli.trainer.state import OptimizerState, ProcessRNG, RunState, restore_run, save_run
+from grpo_cli.trainer.update import PolicyUpdate, Reference
 
 
 class Engine:
@@ -45,17 +59,6 @@ class Engine:
     def _setup(self, resume: str | None, start_over: bool, allow_recipe_change: bool, rewind: bool,
                build_rollouts: Callable[..., Rollouts]) -> None:
         """Everything a step needs, in the order that fixes what every RNG draws (grpo_cli/trainer/setup.py)."""
-        from accelerate import Accelerator
-
-        from grpo_cli.models.loading import quiet_libraries, resolve_mixed_precision
-        from grpo_cli.rewards.rm_update import RewardModelUpdates
-        from grpo_cli.run.statefiles import seed_process
-        from grpo_cli.run.trackers import tracker_folders
-        from grpo_cli.trainer.distributed import Collectives, process_rows
-        from grpo_cli.trainer.reporting import StepReport, open_run_logs
-        from grpo_cli.trainer.setup import build_policy, build_stream, start_from
-        from grpo_cli.trainer.state import restore_run
-        from grpo_cli.trainer.update import PolicyUpdate, Reference
 
         quiet_libraries()
         r, t = self.recipe, self.recipe.train
@@ -98,8 +101,6 @@ class Engine:
 
     def _run_state(self):
         """Every stateful part of the run, by the name it is saved under."""
-        from grpo_cli.trainer.state import OptimizerState, ProcessRNG, RunState
-
         shared, per_process = self.rollouts.checkpoint_parts()  # e.g. batches sampled ahead, the sampler's seeds
         parts: dict[str, Any] = {"optimizer": OptimizerState(self.accelerator, self.policy, self.optimizer),
                                  "scheduler": self.scheduler, "data": self.stream, "nonfinite": self.update.nonfinite,
@@ -117,10 +118,6 @@ class Engine:
         """Train to train.max_steps; returns the last completed step. SIGINT/SIGTERM stop after a checkpoint; a
         phase without progress for train.stall_timeout_s stops the process with its stacks written
         (grpo_cli/process/watchdog.py), or with `raise_on_stall` (a run started from Python) raises StallInterrupt."""
-        import threading
-
-        from grpo_cli.process.watchdog import Watchdog
-        from grpo_cli.trainer.reporting import start_line
 
         main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)} if main_thread else {}
@@ -207,7 +204,6 @@ class Engine:
 
     def evaluate(self) -> dict[str, float]:
         """The recipe's eval on the main process (its own RNG: training's random stream is untouched)."""
-        from grpo_cli.eval.evaluate import evaluate_during_training
 
         return evaluate_during_training(self.accelerator, self.accelerator.unwrap_model(self.policy), self.tokenizer,
                                         self.recipe, self.rollouts.eval_generator(self.sharded), self._eval_cache,
@@ -218,15 +214,11 @@ class Engine:
         return step == self.recipe.train.max_steps or self.stop_requested or (every > 0 and step % every == 0)
 
     def save(self, step: int) -> None:
-        from grpo_cli.trainer.nonfinite import check_weights
-        from grpo_cli.trainer.state import save_run
 
         check_weights(self.accelerator.unwrap_model(self.policy), self.procs, step)  # never NaN or infinite weights
         save_run(self.run_dir, step, self.procs, self.accelerator, policy=self.policy, tokenizer=self.tokenizer,
                  recipe=self.recipe, state=self.state, sharded=self.sharded, say=self.console.print)
         if self._records and self.recipe.checkpoint.keep_last is not None and self.procs.is_main:
-            from grpo_cli.run.checkpoints import list_checkpoints, step_of
-            from grpo_cli.run.replays import prune
 
             kept = list_checkpoints(self.run_dir)  # a step replays from a checkpoint before it: none precedes these
             prune(self.run_dir, step_of(kept[0]) if kept else 0)

@@ -15,8 +15,12 @@ from grpo_cli.algo.advantages import Advantages, group_std
 from grpo_cli.datatypes import Processes, StepBatch, group_of
 from grpo_cli.process.clock import Clock
 from grpo_cli.process.memory import peak_memory_gib
-from grpo_cli.run.logs import METRICS, ROLLOUTS, JsonlLog
+from grpo_cli.recipe.files import flat_config, recipe_to_yaml
+from grpo_cli.run.folder import record_resume, report_changes
+from grpo_cli.run.logs import JsonlLog, METRICS, ROLLOUTS
+from grpo_cli.run.trackers import start_trackers
 from grpo_cli.trainer.nonfinite import NonFiniteSteps, largest
+from grpo_cli.views.summary import live_bar_works
 
 
 def start_line(model_summary: str, recipe, mixed_precision: str, ref_copy: bool, sampling_copy, device,
@@ -219,8 +223,6 @@ class Console:
             BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
         )
 
-        from grpo_cli.views.summary import live_bar_works
-
         self.console = RichConsole(stderr=True)
         self.progress = Progress(
             TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -264,9 +266,6 @@ class Console:
 def open_run_logs(run_dir: Path, recipe, start_step: int, checkpoint_path: Path | None, changes: dict, accelerator):
     """The run's recipe.yaml, metrics.jsonl and rollouts.jsonl (main process; lines after `start_step` written by
     an interrupted run are dropped and counted), its trackers, and its console -> (metrics, rollouts, console)."""
-    from grpo_cli.recipe.files import flat_config, recipe_to_yaml
-    from grpo_cli.run.folder import record_resume, report_changes
-
     main = accelerator.is_main_process
     metrics_log = rollout_log = None
     if main:
@@ -284,8 +283,6 @@ def open_run_logs(run_dir: Path, recipe, start_step: int, checkpoint_path: Path 
                 print(f"{log.path.name}: dropped {log.dropped} lines of steps after {start_step}, "
                       f"logged after the checkpoint {checkpoint_path} was saved")
     if recipe.logging.trackers:  # the same tracker runs as before a resume (grpo_cli/run/trackers.py)
-        from grpo_cli.run.trackers import start_trackers
-
         start_trackers(accelerator, recipe.name, flat_config(recipe.model_dump(mode="json")), run_dir, start_step,
                        recipe.logging.trackers)
     return metrics_log, rollout_log, Console(recipe.train.max_steps, start_step, recipe.logging.every_steps, main)

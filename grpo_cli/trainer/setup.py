@@ -16,9 +16,18 @@ from typing import Any
 
 import torch
 
-from grpo_cli.recipe.specs import OPTIMIZERS
+from grpo_cli.agents.tools import schemas
+from grpo_cli.algo.logprobs import HEAD_CHUNKED
+from grpo_cli.data.prompts import PromptStream
+from grpo_cli.data.sources import load_rows
 from grpo_cli.errors import RunFolderError, SetupError
+from grpo_cli.models.attention import grouped_heads
+from grpo_cli.models.loading import disable_dropout, load_model, load_tokenizer, resolve_mixed_precision
+from grpo_cli.models.lora import load_policy, parameter_summary
+from grpo_cli.recipe.specs import OPTIMIZERS
 from grpo_cli.registry import Registry
+from grpo_cli.run.folder import check_drift, start_point
+from grpo_cli.run.rewind import rewind as set_aside_later
 from grpo_cli.trainer.distributed import is_deepspeed, is_fsdp
 
 
@@ -27,9 +36,6 @@ def start_from(run_dir: Path, resume: str | None, start_over: bool, allow_recipe
     """The checkpoint to continue from (None: step 1) and the recipe fields that differ from its; RunFolderError for
     a folder that would be rewound or overwritten silently, or a change a resume may not make. `rewind`: the later
     checkpoints of the folder are set aside once the resume is known to go ahead (grpo_cli/run/rewind.py)."""
-    from grpo_cli.run.folder import check_drift, start_point
-    from grpo_cli.run.rewind import rewind as set_aside_later
-
     main = accelerator.is_main_process
     say = print if main else (lambda _: None)
     with accelerator.main_process_first():  # the main process carries out --start-over before the others look
@@ -61,10 +67,6 @@ class ForwardChoices:
 def forward_choices(recipe, device_type: str, config: Any, sharded: bool = False) -> ForwardChoices:
     """The trainer's choices for a training forward (`sharded`: FSDP or ZeRO-3 weights): what build_policy and the
     forwards it runs decide, from what is known before any weight is loaded."""
-    from grpo_cli.algo.logprobs import HEAD_CHUNKED
-    from grpo_cli.models.attention import grouped_heads
-    from grpo_cli.models.loading import resolve_mixed_precision
-
     t, m = recipe.train, recipe.model
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     # a group's prompt runs once per micro-batch through the key/value cache, which gradient checkpointing turns
@@ -102,9 +104,6 @@ class Policy:
 def build_policy(recipe, accelerator, checkpoint: Path | None) -> Policy:
     """Tokenizer, policy (fresh, or the checkpoint's weights or LoRA adapters), the reference copy, the optimizer
     and the schedule, all prepared by accelerate."""
-    from grpo_cli.models.loading import disable_dropout, load_model, load_tokenizer
-    from grpo_cli.models.lora import load_policy, parameter_summary
-
     r, t = recipe, recipe.train
     cfg = r.model
     if checkpoint is not None:  # weights and tokenizer come from the checkpoint
@@ -139,17 +138,12 @@ def build_policy(recipe, accelerator, checkpoint: Path | None) -> Policy:
 
 def build_stream(recipe, tokenizer, accelerator):
     """The endless, seeded, resumable stream of the recipe's prompts (grpo_cli/data/prompts.py)."""
-    from grpo_cli.data.prompts import PromptStream
-    from grpo_cli.data.sources import load_rows
-
     d = recipe.data
     data_seed = d.seed if d.seed is not None else recipe.train.seed
     with accelerator.local_main_process_first():  # one download / cache write per node
         dataset = load_rows(d, data_seed)
     tools = None
     if recipe.rollout.tools:  # every prompt describes them
-        from grpo_cli.agents.tools import schemas
-
         tools = schemas(recipe.rollout.tools)
     return PromptStream(dataset, d, tokenizer, recipe.train.prompts_per_step, data_seed, tools=tools,
                         in_flight=recipe.rollout.max_staleness + 1)

@@ -14,6 +14,12 @@ from typing import Any, Protocol
 import torch
 
 from grpo_cli.datatypes import Processes
+from grpo_cli.errors import CheckpointError
+from grpo_cli.models.lora import BASE_MODEL, base_identity, is_peft_model
+from grpo_cli.recipe.files import recipe_to_yaml
+from grpo_cli.run.checkpoint_io import load_trainer_tensors, load_training_state, save_checkpoint
+from grpo_cli.run.folder import apply_optimizer_changes
+from grpo_cli.run.statefiles import rng_state, set_rng_state
 from grpo_cli.trainer.distributed import full_optimizer_state, is_deepspeed, is_fsdp, load_full_optimizer_state
 
 FILE_PARTS = ("optimizer", "scheduler")  # parts with files of their own (trainer/optimizer.json, scheduler.json)
@@ -30,13 +36,9 @@ class ProcessRNG:
     by the checkpoint reader itself (grpo_cli/run/statefiles.restore_rng), which also reads older layouts."""
 
     def state_dict(self) -> dict:
-        from grpo_cli.run.statefiles import rng_state
-
         return rng_state()
 
     def load_state_dict(self, state: dict) -> None:
-        from grpo_cli.run.statefiles import set_rng_state
-
         set_rng_state(state)
 
 
@@ -70,10 +72,6 @@ class RunState:
 def save_run(run_dir: Path, step: int, procs: Processes, accelerator, *, policy, tokenizer, recipe, state: RunState,
              sharded: bool, say) -> None:
     """Checkpoint step `step` (collective: every process calls it; the main one writes)."""
-    from grpo_cli.models.lora import BASE_MODEL, base_identity, is_peft_model
-    from grpo_cli.recipe.files import recipe_to_yaml
-    from grpo_cli.run.checkpoint_io import save_checkpoint
-
     per_process = {name: procs.gather_rows([part.state_dict()]) for name, part in state.per_process.items()}
     weights = accelerator.get_state_dict(policy) if sharded else None  # every process takes part in gathering
     parts = {name: part.state_dict() for name, part in state.parts.items()}  # FSDP's optimizer: after the weights
@@ -95,10 +93,6 @@ def save_run(run_dir: Path, step: int, procs: Processes, accelerator, *, policy,
 def restore_run(checkpoint: Path, procs: Processes, state: RunState, *, changes: set[str], train) -> int:
     """Every part of `state` from `checkpoint` (this process's own per-process parts), then the optimizer settings
     the resume changed (--allow-recipe-change); -> the checkpoint's step."""
-    from grpo_cli.errors import CheckpointError
-    from grpo_cli.run.checkpoint_io import load_training_state
-    from grpo_cli.run.folder import apply_optimizer_changes
-
     optimizer, scheduler = (state.parts.get(name) for name in FILE_PARTS)
     deepspeed = isinstance(optimizer, OptimizerState) and is_deepspeed(optimizer.accelerator)
     saved = legacy_parts(checkpoint, load_training_state(
@@ -129,8 +123,6 @@ def restore_run(checkpoint: Path, procs: Processes, state: RunState, *, changes:
 def legacy_parts(checkpoint: Path, saved: dict) -> dict:
     """Checkpoints written before the run's state was saved by part name: the refresh count of the reference was
     `ref_model_syncs`, and a reward model's part did not name its weights file (the files are the same)."""
-    from grpo_cli.run.checkpoint_io import load_trainer_tensors
-
     if "ref_model" not in saved and saved.get("ref_model_syncs"):
         saved["ref_model"] = {"syncs": saved["ref_model_syncs"], "weights": load_trainer_tensors(checkpoint, "ref_model")}
     for key, rm in (saved.get("reward_models") or {}).items():

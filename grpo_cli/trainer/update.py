@@ -18,11 +18,12 @@ import torch
 
 from grpo_cli.algo.entropy import EntropyControl
 from grpo_cli.algo.logprobs import logps_no_grad, token_logprobs
-from grpo_cli.algo.losses import SEQUENCE_METRICS, LossConfig, compute_loss, entropy_mask, sampler_correction
+from grpo_cli.algo.losses import LossConfig, SEQUENCE_METRICS, compute_loss, entropy_mask, sampler_correction
 from grpo_cli.algo.reference import mix_into
 from grpo_cli.algo.sampling import Truncation
 from grpo_cli.datatypes import Processes, Rollout
 from grpo_cli.models.loading import has_dropout
+from grpo_cli.run.statefiles import TensorFile
 from grpo_cli.trainer.nonfinite import NonFiniteSteps
 from grpo_cli.trainer.reporting import MetricSums
 
@@ -60,8 +61,6 @@ class Reference:
 
     def state_dict(self) -> dict[str, Any]:
         """The refresh count, and the weights once they are no longer the starting policy's (ref_model.safetensors)."""
-        from grpo_cli.run.statefiles import TensorFile
-
         weights = {"weights": TensorFile("ref_model", dict(self.model.named_parameters()))} if self.syncs else {}
         return {"syncs": self.syncs, **weights}
 
