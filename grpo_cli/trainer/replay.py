@@ -40,7 +40,6 @@ def replay(run_dir: Path, step: int, overrides: list[str], out: Path | None = No
     from grpo_cli.run.checkpoints import list_checkpoints, step_of
     from grpo_cli.run.replays import processes_of, recorded_steps
     from grpo_cli.trainer.engine import Engine
-    from grpo_cli.views.run_metrics import load_run_records
 
     run_dir = Path(run_dir)
     recorded = set(recorded_steps(run_dir))
@@ -64,31 +63,36 @@ def replay(run_dir: Path, step: int, overrides: list[str], out: Path | None = No
     if changed:
         recipe = load_recipe(run_dir / "recipe.yaml", [*overrides, *changed])
     out = out or run_dir / "replays" / f"step-{step}-{time.strftime('%Y%m%d-%H%M%S')}"
-    key = lock.acquire(out)  # the replay's own folder: one writer
+    held = lock.acquire(out)  # the replay's own folder: one writer
     try:
         engine = Engine(recipe, out, resume=str(start) if start is not None else None, allow_recipe_change=True,
                         rollouts=recorded_rollouts(run_dir), record=False)  # the records are the run's
-    except BaseException:
-        lock.release(key)
-        raise
-    metrics: dict = {}
-    try:
-        for t in range(first, step + 1):
-            metrics = engine.train_step(t)
-            engine.log(t, metrics)
-        policy = engine.accelerator.unwrap_model(engine.policy)
-        result = ReplayResult(step, start.name if start is not None else "the base model", list(range(first, step + 1)),
-                              out)
-        original = {r["step"]: r for r in load_run_records(run_dir)}.get(step, {})
-        for key in COMPARED:
-            if key in original or key in metrics:
-                result.rows.append((key, original.get(key), metrics.get(key)))
-        result.weights, same_weights = compare_weights(policy, run_dir, step)
-        same_metrics = all(_same(a, b) for _, a, b in result.rows)
-        result.equal = same_metrics and same_weights is not False
+        try:
+            result = _replayed(engine, run_dir, step, first, start, out)
+        finally:
+            engine.close(end_distributed=True)
     finally:
-        engine.close(end_distributed=True)
-        lock.release(key)
+        lock.release(held)
+    return result
+
+
+def _replayed(engine, run_dir: Path, step: int, first: int, start: Path | None, out: Path) -> ReplayResult:
+    """Steps `first` to `step` through the engine; -> the comparison with the original run."""
+    from grpo_cli.views.run_metrics import load_run_records
+
+    metrics: dict = {}
+    for t in range(first, step + 1):
+        metrics = engine.train_step(t)
+        engine.log(t, metrics)
+    policy = engine.accelerator.unwrap_model(engine.policy)
+    result = ReplayResult(step, start.name if start is not None else "the base model", list(range(first, step + 1)), out)
+    original = {r["step"]: r for r in load_run_records(run_dir)}.get(step, {})
+    for key in COMPARED:
+        if key in original or key in metrics:
+            result.rows.append((key, original.get(key), metrics.get(key)))
+    result.weights, same_weights = compare_weights(policy, run_dir, step)
+    same_metrics = all(_same(a, b) for _, a, b in result.rows)
+    result.equal = same_metrics and same_weights is not False
     return result
 
 

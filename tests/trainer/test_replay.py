@@ -127,3 +127,16 @@ def test_a_lora_step_replays_to_the_same_adapter(tmp_path, cache_env):
     assert p.returncode == 0, p.stderr[-3000:]
     assert rows(p.stdout)["grad_norm"][2] == "equal"
     assert re.search(r"weights: equal to step-2's, byte for byte \(\d+ tensors\)", p.stdout)  # the adapter's
+
+
+def test_a_replay_in_this_process_gives_its_folders_lock_back(run, tmp_path, cache_env, monkeypatch):
+    # the replay took its output folder's lock and released, by a name its metric loop reused, a metric's name: the
+    # lock stayed held for the life of the process (a notebook could not replay into that folder, or delete it)
+    from grpo_cli.run import lock
+    from grpo_cli.trainer.replay import replay
+
+    monkeypatch.setenv("GRPO_CACHE_DIR", cache_env["GRPO_CACHE_DIR"])
+    torch.set_num_threads(1)
+    result = replay(run, 3, [], tmp_path / "r3", say=lambda _: None)
+    assert result.equal is True and result.steps == [3]
+    assert not lock.holds(tmp_path / "r3")
