@@ -1,22 +1,29 @@
-"""Environments of multi-turn episodes (`rollout.environment`): naming, checking, calling, and the tokens of
-what they say.
+"""Environments of multi-turn episodes (`rollout.environment`): naming, checking, calling.
 
-Protocol: a class, one instance per rollout, constructed with `rollout.environment_kwargs`:
+A class, one instance per rollout, constructed with its `rollout.environment_kwargs`. Two contracts
+(`rollout.environment_api`; auto: `tools` when the class has `get_reward` or no `step`, else `turns`):
 
-  reset(row) -> str | None          optional; `row`: the dataset row's columns. Text for the first user turn,
-                                    appended to the prompt's last user message
-  step(completion_text) -> (observation: str | None, done: bool)
-                                    after every assistant turn that ended with EOS; the observation becomes the
-                                    next user turn; done (or None for the observation) ends the episode
-  reward() -> float | None          optional; the built-in reward `environment`
+  turns (grpo's):   reset(row) -> str | None      optional; `row`: the dataset row's columns as one dict
+                    step(completion_text) -> (observation: str | None, done: bool)
+                                                  after every assistant turn that ended with EOS (and made no tool
+                                                  call); the observation is the next user turn; done ends it
+                    reward() -> float | None      optional; the built-in reward `environment`
+  tools (TRL's):    reset(**columns) -> str | None
+                                                  the row's columns as keyword arguments (the routing column left
+                                                  out); its text is appended to the last user message, so with no
+                                                  dataset prompt it is the prompt
+                    public methods                tools the model calls (type hints and a docstring describe them);
+                                                  a turn with no call ends the episode
+                    get_reward() -> float | None  optional; the built-in reward `environment`
+
+`rollout.environment` names one class, or maps the values of a row's `rollout.environment_column` to classes
+(TRL's `environment_factory` dict): each row gets its own class's instance and only its tools.
 
 Calls run in this process; with `rollout.environment_timeout_s` each instance lives in a child process
-(children.py) that is killed when a call overruns. A call that raises or times out ends its episode: the failure
-is counted (environment/errors, environment/timeouts) and the first of each kind is printed, as for rewards.
-
-Observation tokens are the chat template's own rendering of a user (or tool) message after an assistant turn,
-tokenized once: what the template puts after the assistant's end-of-turn token, the message, and the next
-assistant header. Nothing sampled is decoded and re-encoded. Importing this module must not import torch.
+(children.py) that is killed when a call overruns. A call that raises or times out ends its episode (a tool method
+that raises is answered with the error instead, as a tool is): the failure is counted (environment/errors,
+environment/timeouts) and the first of each kind is printed, as for rewards. Importing this module must not import
+torch.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ import logging
 import os
 import time
 import traceback
+import types
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from grpo_cli.usercode import objects
@@ -35,6 +44,8 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
 log = logging.getLogger(__name__)
+
+RESERVED = ("reset", "get_reward")  # a tools-contract class's methods that are not tools (TRL's rule)
 
 
 # ---------------------------------------------------------------- naming and checking
@@ -48,35 +59,132 @@ def resolve_environment(name: str) -> type:
     return cls
 
 
-def check_environment(name: str, kwargs: dict[str, Any], *, needs_reward: bool) -> None:
-    """ValueError starting with the field (`rollout.environment: ...`, `rollout.environment_kwargs: ...`) unless
-    `name` is a class with a callable `step(text)`, callable `reset`/`reward` where present (`reward` where the
-    recipe uses the `environment` reward), and a constructor that takes `kwargs`."""
+@dataclass(frozen=True)
+class EnvSpec:
+    """One environment class of a recipe and how an episode talks to it."""
+
+    route: str | None  # the routing column's value that selects it; None: the recipe's only environment
+    name: str  # path/to/env.py:Class or module:Class
+    kwargs: dict[str, Any]
+    api: str  # "turns" or "tools" (module docstring)
+    tools: tuple[str, ...] = ()  # tools contract: the methods the model may call
+    schemas: tuple[dict, ...] = ()  # and their JSON schemas, as the chat template gets them
+
+    @property
+    def reward_method(self) -> str:
+        return "get_reward" if self.api == "tools" else "reward"
+
+    def reset_args(self, row: dict[str, Any], column: str) -> tuple[tuple, dict]:
+        """reset's (args, kwargs) for a row: the row itself (turns), or its columns as keywords (tools), without the
+        routing column; a reset without **kwargs gets only the columns it names."""
+        if self.api == "turns":
+            return (row,), {}
+        columns = {k: v for k, v in row.items() if not (self.route is not None and k == column)}
+        params = _parameters(resolve_environment(self.name), "reset")
+        if params is not None and not any(p.kind is p.VAR_KEYWORD for p in params):
+            columns = {k: v for k, v in columns.items() if k in {p.name for p in params}}
+        return (), columns
+
+
+def _parameters(cls: type, method: str) -> list[inspect.Parameter] | None:
     try:
-        cls = resolve_environment(name)
-    except ValueError as e:
-        raise ValueError(f"rollout.environment: {e}") from None
-    step = getattr(cls, "step", None)
-    if not callable(step):
-        raise ValueError(f"rollout.environment: {name} has no method step(completion_text) -> (observation, done)")
-    try:
-        inspect.signature(step).bind(None, "text")  # self, completion_text
-    except TypeError:
-        raise ValueError(f"rollout.environment: {name}.step must take one argument, the assistant turn's text "
-                         f"(it is {cls.__name__}.step{inspect.signature(step)})") from None
-    except ValueError:
-        pass  # no signature to read (a builtin): called as it is
-    for method in ("reset", "reward"):
+        return list(inspect.signature(getattr(cls, method)).parameters.values())[1:]  # without self
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def contract(cls: type, asked: str = "auto") -> str:
+    """`turns` or `tools` (module docstring): what the recipe asked, or by the class's methods."""
+    if asked != "auto":
+        return asked
+    return "tools" if callable(getattr(cls, "get_reward", None)) or not callable(getattr(cls, "step", None)) \
+        else "turns"
+
+
+def tool_methods(cls: type) -> list[str]:
+    """A tools-contract class's tools: its public functions, reset and get_reward aside (TRL's rule)."""
+    return [n for n, _ in inspect.getmembers(cls, predicate=inspect.isfunction)
+            if not n.startswith("_") and n not in RESERVED]
+
+
+def method_schema(cls: type, method: str) -> dict:
+    """The JSON schema of a method as a tool (self left out)."""
+    from transformers.utils import get_json_schema
+
+    return get_json_schema(types.MethodType(getattr(cls, method), object()))
+
+
+def environment_specs(ro) -> dict[str | None, EnvSpec]:
+    """rollout.environment -> {route: spec} ({None: spec} for one class); ValueError naming the field when a class
+    is missing, lacks a method its contract calls, cannot take its kwargs, or has a method no schema describes."""
+    if ro.environment is None:
+        return {}
+    named = ro.environment if isinstance(ro.environment, dict) else {None: ro.environment}
+    out = {}
+    for route, name in named.items():
+        field = "rollout.environment" + ("" if route is None else f".{route}")
+        kwargs = ro.environment_kwargs if route is None else ro.environment_kwargs.get(route, {})
+        try:
+            cls = resolve_environment(name)
+        except ValueError as e:
+            raise ValueError(f"{field}: {e}") from None
+        api = contract(cls, ro.environment_api)
+        tools = tuple(tool_methods(cls)) if api == "tools" else ()
+        schemas = []
+        for method in tools:
+            try:
+                schemas.append(method_schema(cls, method))
+            except Exception as e:  # noqa: BLE001 - transformers' TypeHintParsingException, DocstringParsingException
+                raise ValueError(f"{field}: {cls.__name__}.{method} is a public method, so a tool (TRL's contract), "
+                                 f"and cannot be described to the model ({type(e).__name__}: {e}); give it type "
+                                 "hints and a docstring with an Args: section, or start its name with _") from None
+        out[route] = EnvSpec(route, name, dict(kwargs), api, tools, tuple(schemas))
+        _check_class(cls, out[route], field, ro)
+    return out
+
+
+def _check_class(cls: type, spec: EnvSpec, field: str, ro) -> None:
+    name = spec.name
+    if spec.api == "turns":
+        step = getattr(cls, "step", None)
+        if not callable(step):
+            raise ValueError(f"{field}: {name} has no method step(completion_text) -> (observation, done)")
+        try:
+            inspect.signature(step).bind(None, "text")  # self, completion_text
+        except TypeError:
+            raise ValueError(f"{field}: {name}.step must take one argument, the assistant turn's text "
+                             f"(it is {cls.__name__}.step{inspect.signature(step)})") from None
+        except ValueError:
+            pass  # no signature to read (a builtin): called as it is
+    else:
+        if not spec.tools and not ro.tools:
+            raise ValueError(f"{field}: {name} has no method step(completion_text) -> (observation, done) (grpo's "
+                             "contract) and no public method the model could call as a tool (TRL's): nothing "
+                             "answers the model")
+        if ro.max_turns < 2:
+            raise ValueError(f"rollout.max_turns ({ro.max_turns}): {name}'s methods are tools (TRL's contract), and "
+                             "a tool's answer comes in the next turn: set rollout.max_turns >= 2")
+    for method in ("reset", spec.reward_method):
         if hasattr(cls, method) and not callable(getattr(cls, method)):
-            raise ValueError(f"rollout.environment: {name}.{method} is not a method")
-    if needs_reward and not callable(getattr(cls, "reward", None)):
-        raise ValueError(f"rollout.environment: the recipe uses the reward `environment`, but {name} has no method "
-                         "reward() -> float | None")
+            raise ValueError(f"{field}: {name}.{method} is not a method")
+    kwargs_field = "rollout.environment_kwargs" + ("" if spec.route is None else f".{spec.route}")
     try:
-        inspect.signature(cls).bind(**kwargs)
+        inspect.signature(cls).bind(**spec.kwargs)
     except TypeError as e:
-        raise ValueError(f"rollout.environment_kwargs: {cls.__name__}{inspect.signature(cls)} does not take "
-                         f"{kwargs}: {e}") from None
+        raise ValueError(f"{kwargs_field}: {cls.__name__}{inspect.signature(cls)} does not take "
+                         f"{spec.kwargs}: {e}") from None
+
+
+def check_environment(ro, *, needs_reward: bool) -> dict[str | None, EnvSpec]:
+    """environment_specs, and with the `environment` reward every class has its reward method."""
+    specs = environment_specs(ro)
+    rewarding = [s for s in specs.values() if callable(getattr(resolve_environment(s.name), s.reward_method, None))]
+    if needs_reward and specs and not rewarding:  # routed: the rows of a class without one get None, as in TRL
+        spec = next(iter(specs.values()))
+        what = f"{spec.name} has no method" if len(specs) == 1 else "none of its classes has a method"
+        raise ValueError(f"rollout.environment: the recipe uses the reward `environment`, but {what} "
+                         f"{' or '.join(sorted({s.reward_method for s in specs.values()}))}() -> float | None")
+    return specs
 
 
 # ---------------------------------------------------------------- calling
@@ -108,18 +216,18 @@ class LocalEnv:
         else:
             self.failure = None
 
-    def send(self, method: str, *args: Any) -> None:
-        self._pending = (method, args)
+    def send(self, method: str, *args: Any, **kwargs: Any) -> None:
+        self._pending = (method, args, kwargs)
 
     def receive(self, deadline: float) -> Any:
         if self.failure is not None:
             raise self.failure
-        method, args = self._pending
+        method, args, kwargs = self._pending
         fn = getattr(self.env, method, None)
         if fn is None:  # reset and reward are optional
             return None
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - user code
             raise EnvFailure("error", f"{method} raised {_describe(e)}") from None
 
@@ -140,13 +248,13 @@ def _env_main(name: str, kwargs: dict[str, Any], conn: Connection) -> None:
     env = LocalEnv(name, kwargs)
     while True:
         try:
-            method, args = conn.recv()
+            method, args, kwargs = conn.recv()
         except EOFError:
             break
         if method == "close":
             env.close()
             break
-        env.send(method, *args)
+        env.send(method, *args, **kwargs)
         try:
             conn.send(("ok", env.receive(0.0)))
         except EnvFailure as e:
@@ -169,11 +277,11 @@ class ChildEnv:
         child.close()
         self.timeout_s, self.dead, self._method = timeout_s, False, ""
 
-    def send(self, method: str, *args: Any) -> None:
+    def send(self, method: str, *args: Any, **kwargs: Any) -> None:
         self._method = method
         if not self.dead:
             try:
-                self.conn.send((method, args))
+                self.conn.send((method, args, kwargs))
             except (BrokenPipeError, OSError):
                 self.dead = True
 
@@ -197,7 +305,7 @@ class ChildEnv:
     def close(self) -> None:
         if not self.dead and self.proc.is_alive():
             try:
-                self.conn.send(("close", ()))
+                self.conn.send(("close", (), {}))
             except (BrokenPipeError, OSError):
                 pass
             self.proc.join(1)
@@ -208,15 +316,18 @@ class ChildEnv:
         self.conn.close()
 
 
-def open_environments(name: str, kwargs: dict[str, Any], n: int, timeout_s: float | None) -> list:
-    return [ChildEnv(name, kwargs, timeout_s) if timeout_s else LocalEnv(name, kwargs) for _ in range(n)]
+def open_environments(specs: list[EnvSpec], timeout_s: float | None) -> list:
+    """An instance of each spec's class (one per episode): in a child process with `timeout_s`, else here."""
+    return [ChildEnv(s.name, s.kwargs, timeout_s) if timeout_s else LocalEnv(s.name, s.kwargs) for s in specs]
 
 
-def call_all(envs: list, method: str, args: list[tuple], timeout_s: float | None) -> list[Any]:
-    """`method(*args[i])` on every `envs[i]`, children concurrently under one deadline -> each result, or the
-    EnvFailure it raised."""
-    for env, a in zip(envs, args, strict=True):
-        env.send(method, *a)
+def call_all(envs: list, method: str | list[str], args: list[tuple], timeout_s: float | None,
+             kwargs: list[dict] | None = None) -> list[Any]:
+    """`method(*args[i], **kwargs[i])` (or `method[i]`) on every `envs[i]`, children concurrently under one deadline
+    -> each result, or the EnvFailure it raised."""
+    methods = [method] * len(envs) if isinstance(method, str) else method
+    for env, m, a, k in zip(envs, methods, args, kwargs or [{}] * len(envs), strict=True):
+        env.send(m, *a, **k)
     deadline = time.monotonic() + (timeout_s or 0.0)
     out: list[Any] = []
     for env in envs:
@@ -225,39 +336,3 @@ def call_all(envs: list, method: str, args: list[tuple], timeout_s: float | None
         except EnvFailure as e:
             out.append(e)
     return out
-
-
-# ---------------------------------------------------------------- what they say, as tokens
-
-
-SENTINEL = "grpo-sentinel-2f9c1a"
-
-
-class Observations:
-    """Token ids of an environment's message after an assistant turn, as the chat template renders it."""
-
-    def __init__(self, tokenizer: Any, template_kwargs: dict | None = None) -> None:
-        self.tok, self.kwargs = tokenizer, dict(template_kwargs or {})  # data.chat_template_kwargs
-        base = [{"role": "user", "content": "u"}, {"role": "assistant", "content": SENTINEL}]
-        self.base = base
-        self.before = tokenizer.apply_chat_template(base, tokenize=False, **self.kwargs)
-        at = self.before.rfind(SENTINEL)
-        if at < 0:
-            raise ValueError("the chat template drops assistant messages' text: observations cannot be placed")
-        self.after_assistant = self.before[at + len(SENTINEL):]  # e.g. "<|im_end|>\n"
-
-    def text(self, messages: list[dict], last_token: int) -> str:
-        """What follows the assistant turn that ended with `last_token`: the rest of its end of turn, then the
-        messages (an environment's user message, or a turn's tool answers) and the next assistant header."""
-        full = self.tok.apply_chat_template(self.base + messages, tokenize=False, add_generation_prompt=True,
-                                            **self.kwargs)
-        if not full.startswith(self.before):
-            raise ValueError("the chat template renders earlier turns differently once a message follows: "
-                             "observation tokens cannot be appended")
-        end = self.tok.decode([last_token])
-        tail = self.after_assistant
-        tail = tail[len(end):] if end and tail.startswith(end) else tail  # the sampled EOS is that end of turn
-        return tail + full[len(self.before):]
-
-    def ids(self, messages: list[dict], last_token: int) -> list[int]:
-        return self.tok(self.text(messages, last_token), add_special_tokens=False)["input_ids"]

@@ -26,10 +26,12 @@ from typing import Any
 
 import torch
 
-from grpo_cli.agents.environments import EnvFailure, Observations, call_all, open_environments
-from grpo_cli.agents.tools import ToolBox, parse_calls
+from grpo_cli.agents.environments import EnvFailure, EnvSpec, call_all, environment_specs, open_environments
+from grpo_cli.agents.observations import Observations
+from grpo_cli.agents.tools import Call, ToolBox, parse_calls
 from grpo_cli.data.prompts import encode_prompts, render_prompt
 from grpo_cli.datatypes import PromptBatch, Rollout
+from grpo_cli.errors import DataError
 from grpo_cli.rollout.common import left_pad
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,7 @@ class Episode:
     done: bool = False
     truncated: bool = False
     failed: bool = False  # an environment call raised or timed out
+    spec: EnvSpec | None = None  # its environment's class and contract
 
 
 class EpisodeRunner:
@@ -56,6 +59,8 @@ class EpisodeRunner:
         self.context_limit = context_limit
         self.observations = Observations(tokenizer, data_cfg.chat_template_kwargs)
         self.toolbox = ToolBox(cfg.tools, cfg.tool_timeout_s) if cfg.tools else None
+        self.specs = environment_specs(cfg)  # {route: EnvSpec}
+        self.uses_tools = bool(cfg.tools) or any(s.tools for s in self.specs.values())
         self.counts = self._zero()
         self._reported: set[str] = set()
         self._sampler_logps = False  # whether the backend reports log-probs (vLLM, a sampling copy)
@@ -71,41 +76,66 @@ class EpisodeRunner:
 
     def run(self, batch: PromptBatch, *, with_reward: bool, **sampling: Any) -> tuple[Rollout, dict[str, list]]:
         """One episode per row of `batch` (each row's prompt, columns) -> the Rollout and the reward columns it
-        adds: `turns`, and `environment_reward` (the environments' reward(), where `with_reward`). `sampling`:
-        greedy / temperature / top_p for every turn (`grpo eval`)."""
+        adds: `turns`, and `environment_reward` (the environments' reward() / get_reward(), where `with_reward`).
+        `sampling`: greedy / temperature / top_p for every turn (`grpo eval`)."""
         c = self.cfg
         rows = [{k: v[i] for k, v in batch.columns.items()} for i in range(len(batch))]
-        envs = open_environments(c.environment, c.environment_kwargs, len(rows), c.environment_timeout_s) \
-            if c.environment else None
+        specs = [self._route(row) for row in rows]
+        envs = open_environments(specs, c.environment_timeout_s) if self.specs else None
         self.counts["episodes"] += len(rows)
         try:
-            texts, prompt_ids = list(batch.texts), [list(x) for x in batch.input_ids]
-            episodes = [Episode(prompt=ids) for ids in prompt_ids]
-            resets = call_all(envs, "reset", [(row,) for row in rows], c.environment_timeout_s) if envs else []
+            texts = list(batch.texts)
+            episodes = [Episode(prompt=list(ids), spec=spec) for ids, spec in zip(batch.input_ids, specs)]
+            resets = [s.reset_args(row, c.environment_column) for s, row in zip(specs, rows)] if envs else []
+            resets = call_all(envs, "reset", [a for a, _ in resets], c.environment_timeout_s,
+                              [k for _, k in resets]) if envs else []
             for i, extra in enumerate(resets):
                 if isinstance(extra, EnvFailure):
                     self._fail(episodes[i], extra)
-                elif extra:  # text for the first user turn: this row's prompt is rendered again with it
-                    texts[i] = render_prompt(rows[i], self.data_cfg, self.tok, extra_user_text=str(extra),
-                                             tools=self.toolbox.schemas if self.toolbox else None)
-                    episodes[i].prompt = prompt_ids[i] = encode_prompts([texts[i]], self.tok,
-                                                                        self.data_cfg.max_prompt_length)[0]
+                elif extra or specs[i].tools:  # the prompt again, with reset's text and this environment's tools
+                    texts[i] = render_prompt(rows[i], self.data_cfg, self.tok, extra_user_text=str(extra or ""),
+                                             tools=self._schemas(episodes[i]) or None)
+                    episodes[i].prompt = encode_prompts([texts[i]], self.tok, self.data_cfg.max_prompt_length)[0]
             for turn in range(c.max_turns):
                 self._turn(episodes, envs, last=turn == c.max_turns - 1, sampling=sampling)
-            rewards = [None] * len(episodes)
-            if with_reward and envs:
-                alive = [i for i, e in enumerate(episodes) if not e.failed]
-                for i, r in zip(alive, call_all([envs[i] for i in alive], "reward", [()] * len(alive),
-                                                c.environment_timeout_s)):
-                    if isinstance(r, EnvFailure):
-                        self._fail(episodes[i], r)
-                    else:
-                        rewards[i] = r
+            rewards = self._rewards(episodes, envs) if with_reward and envs else [None] * len(episodes)
         finally:
             for env in envs or []:
                 env.close()
         rollout = self._rollout(episodes, texts)
         return rollout, {"turns": rollout.turns, "environment_reward": rewards}
+
+    def _route(self, row: dict[str, Any]) -> EnvSpec | None:
+        if not self.specs:
+            return None
+        if None in self.specs:
+            return self.specs[None]
+        column = self.cfg.environment_column
+        if column not in row:
+            raise DataError(f"rollout.environment routes rows by their {column!r} column (rollout.environment_column)"
+                            f", which the data does not have; columns: {', '.join(row)}")
+        route = row[column]
+        if route not in self.specs:
+            raise DataError(f"a row's {column!r} is {route!r}, which is not a route of rollout.environment "
+                            f"({', '.join(map(str, self.specs))})")
+        return self.specs[route]
+
+    def _schemas(self, e: Episode) -> list[dict]:
+        """The tools this episode's model sees: rollout.tools, then its environment's methods (TRL's contract)."""
+        return list(self.toolbox.schemas if self.toolbox else []) + list(e.spec.schemas if e.spec else [])
+
+    def _rewards(self, episodes: list[Episode], envs: list) -> list[float | None]:
+        """Each episode's environment reward; None where it failed or its class has no reward method."""
+        rewards: list[float | None] = [None] * len(episodes)
+        for method in sorted({e.spec.reward_method for e in episodes}):
+            alive = [i for i, e in enumerate(episodes) if not e.failed and e.spec.reward_method == method]
+            for i, r in zip(alive, call_all([envs[i] for i in alive], method, [()] * len(alive),
+                                            self.cfg.environment_timeout_s)):
+                if isinstance(r, EnvFailure):
+                    self._fail(episodes[i], r)
+                else:
+                    rewards[i] = r
+        return rewards
 
     def _turn(self, episodes: list[Episode], envs: list | None, last: bool, sampling: dict) -> None:
         c = self.cfg
@@ -135,14 +165,14 @@ class EpisodeRunner:
                 e.truncated = e.done = True
                 continue
             # the raw text: a template may make the call tags special tokens, which the turn's text leaves out
-            calls = parse_calls(self.tok.decode(toks)) if self.toolbox is not None else []
+            calls = parse_calls(self.tok.decode(toks)) if self._schemas(e) else []
             if calls:
                 calling.append((i, calls))
-            elif envs is not None:
+            elif e.spec is not None and e.spec.api == "turns":
                 stepping.append(i)
-            else:  # tools, no environment: a turn without a call is the final answer
+            else:  # tools (rollout.tools, or TRL's contract): a turn without a call is the final answer
                 e.done = True
-        self._answer_calls(episodes, calling, last)
+        self._answer_calls(episodes, envs, calling, last)
         results = call_all([envs[i] for i in stepping], "step", [(episodes[i].turns[-1]["text"],) for i in stepping],
                            c.environment_timeout_s) if stepping else []
         for i, result in zip(stepping, results):
@@ -156,21 +186,64 @@ class EpisodeRunner:
                 continue
             self._observe(e, [{"role": "user", "content": observation}], "environment", observation)
 
-    def _answer_calls(self, episodes: list[Episode], calling: list[tuple[int, list]], last: bool) -> None:
-        """Run the turn's tool calls (every episode's together) and append their answers as `tool` messages."""
+    def _answer_calls(self, episodes: list[Episode], envs: list | None, calling: list[tuple[int, list[Call]]],
+                      last: bool) -> None:
+        """Run the turn's tool calls (every episode's together: functions in children, environment methods on their
+        instances) and append their answers as `tool` messages."""
         if not calling:
             return
         if last:  # no turn left to read the answers in
             for i, _ in calling:
                 episodes[i].done = True
             return
-        answers = self.toolbox.run([call for _, calls in calling for call in calls])
-        self.counts["tool_calls"] += len(answers)
-        self.counts["tool_failures"] += sum(not ok for _, ok in answers)
+        answers: dict[tuple[int, int], tuple[str, bool]] = {}
+        functions, methods = [], []  # (episode, call index, call)
         for i, calls in calling:
-            mine, answers = answers[: len(calls)], answers[len(calls) :]
+            spec = episodes[i].spec
+            for j, call in enumerate(calls):
+                if call.error is not None:
+                    answers[i, j] = (f"error: {call.error}", False)
+                elif spec is not None and call.name in spec.tools:
+                    methods.append((i, j, call))
+                elif self.toolbox is not None and call.name in self.toolbox.names:
+                    functions.append((i, j, call))
+                else:
+                    names = [s["function"]["name"] for s in self._schemas(episodes[i])]
+                    answers[i, j] = (f"error: there is no tool {call.name!r}; the tools are: {', '.join(names)}", False)
+        if functions:
+            for (i, j, _), answer in zip(functions, self.toolbox.run([call for _, _, call in functions])):
+                answers[i, j] = answer
+        self._call_methods(episodes, envs, methods, answers)
+        self.counts["tool_calls"] += len(answers)
+        self.counts["tool_failures"] += sum(not ok for _, ok in answers.values())
+        for i, calls in calling:
+            e = episodes[i]
+            if e.failed:  # its environment's process died in a call (a timeout): the episode ends there
+                continue
+            mine = [answers[i, j] for j in range(len(calls))]
             messages = [{"role": "tool", "content": text} for text, _ in mine]
-            self._observe(episodes[i], messages, "tool", "\n".join(text for text, _ in mine))
+            self._observe(e, messages, "tool", "\n".join(text for text, _ in mine))
+
+    def _call_methods(self, episodes: list[Episode], envs: list, methods: list[tuple[int, int, Call]],
+                      answers: dict) -> None:
+        """Environment methods called as tools: each episode's calls in order, all episodes' k-th calls together. A
+        method that raises is answered with the error (a tool's rule); a timeout kills the instance and ends the
+        episode."""
+        pending: dict[int, list[tuple[int, Call]]] = {}
+        for i, j, call in methods:
+            pending.setdefault(i, []).append((j, call))
+        while pending:
+            batch = [(i, *calls.pop(0)) for i, calls in pending.items() if not episodes[i].failed]
+            results = call_all([envs[i] for i, _, _ in batch], [c.name for _, _, c in batch], [()] * len(batch),
+                               self.cfg.environment_timeout_s, [c.arguments for _, _, c in batch])
+            for (i, j, _), result in zip(batch, results):
+                if not isinstance(result, EnvFailure):
+                    answers[i, j] = (str(result), True)
+                    continue
+                answers[i, j] = (f"error: {result.text}", False)
+                if result.kind == "timeout" or getattr(envs[i], "dead", False):
+                    self._fail(episodes[i], result)
+            pending = {i: calls for i, calls in pending.items() if calls and not episodes[i].failed}
 
     def _observe(self, e: Episode, messages: list[dict], role: str, text: str) -> None:
         """Append an observation's tokens, or end the episode (truncated) if they leave no room for the model."""
@@ -189,7 +262,7 @@ class EpisodeRunner:
         if failure.kind not in self._reported:
             self._reported.add(failure.kind)
             log.warning("environment %s: %s (the episode ends there; later ones are only counted in "
-                        "environment/%s)", self.cfg.environment, failure.text,
+                        "environment/%s)", e.spec.name if e.spec else "", failure.text,
                         "timeouts" if failure.kind == "timeout" else "errors")
 
     def _rollout(self, episodes: list[Episode], texts: list[str]) -> Rollout:

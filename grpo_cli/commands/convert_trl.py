@@ -10,7 +10,8 @@ import typer
 
 def command(
     config: Path = typer.Argument(..., help="The YAML `trl grpo --config` reads (GRPOConfig fields, model and dataset "
-                                  "arguments, reward_funcs).", show_default=False),
+                                  "arguments, reward_funcs; GRPOTrainer's environment_factory and tools as import "
+                                  "paths).", show_default=False),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the recipe here (default: print it)."),
     num_processes: int = typer.Option(1, "--num-processes", min=1, help="Processes the TRL run used (accelerate "
                                       "launch): TRL's batch sizes are per device."),
@@ -48,8 +49,17 @@ def command(
     if not isinstance(data, dict):
         raise ConversionError(f"{config}: a TRL config is a YAML mapping of fields")
     unknown = unknown_fields(data)
+
+    def owns_reward(path: str) -> bool:  # TRL adds an environment's get_reward as a reward
+        from grpo_cli.agents.environments import resolve_environment
+
+        try:
+            return callable(getattr(resolve_environment(path), "get_reward", None))
+        except ValueError as e:
+            raise ConversionError(f"environment_factory: {e}") from None
+
     try:
-        result = convert(data, num_processes=num_processes, name=name)
+        result = convert(data, num_processes=num_processes, name=name, owns_reward=owns_reward)
     except ConversionError as e:  # a field it misses may be one of them, misspelt: name them too
         also = "\nand it has fields TRL does not know:\n" + "\n".join(unknown) if unknown else ""
         raise ConversionError(f"{config}: {e}{also}") from None

@@ -139,6 +139,13 @@ def _evaluate(operands: list[int], ops: list[str]) -> Fraction:
     return sum((s * t for s, t in zip(signs, terms)), Fraction(0))
 
 
+@GENERATORS.register("blank")
+def blank(n: int, seed: int) -> list[dict[str, Any]]:
+    """Rows whose prompt is empty, for an environment that owns its data: its reset() writes each prompt (the
+    default data of a recipe with rollout.environment and no data section; TRL's placeholder dataset)."""
+    return [{"prompt": ""} for _ in range(n)]
+
+
 @GENERATORS.register("reasoning_gym")
 def reasoning_gym_problems(n: int, seed: int, task: str = "basic_arithmetic", **kwargs: Any) -> list[dict[str, Any]]:
     """Problems from reasoning-gym (`pip install reasoning-gym`), e.g. task=gsm_symbolic | basic_arithmetic | chain_sum.

@@ -61,10 +61,11 @@ def check_columns(cfg: DataConfig, columns: list[str], source: str, needs_answer
                 f"data.template uses column(s) {missing}{_did_you_mean(missing[0], columns)} that {source} does not "
                 f"have; columns: {listing}; fix data.template"
             )
-    elif cfg.prompt_column not in columns:
+    elif cfg.prompt_column is not None and cfg.prompt_column not in columns:
         raise DataError(
             f"data.prompt_column {cfg.prompt_column!r}{_did_you_mean(cfg.prompt_column, columns)} is not a column "
-            f"of {source}; columns: {listing}; set data.prompt_column or data.template"
+            f"of {source}; columns: {listing}; set data.prompt_column or data.template (or data.prompt_column: "
+            "null when an environment's reset() writes every prompt)"
         )
     if needs_answer is None:
         needs_answer = bool(cfg.answer_column) and cfg.answer_column != "answer"
@@ -81,7 +82,8 @@ def check_columns(cfg: DataConfig, columns: list[str], source: str, needs_answer
 def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, extra_user_text: str | None = None,
                   tools: list[dict] | None = None) -> str:
     """One row -> prompt text: template or prompt column, system prompt, chat template (with generation prompt).
-    `extra_user_text` (an environment's reset): appended to the last user message, after a blank line.
+    `extra_user_text` (an environment's reset): appended to the last user message, after a blank line (the
+    message itself when it is empty).
     `tools` (rollout.tools' JSON schemas): given to the chat template; one that ignores them gets system_text
     as (the end of) the system message instead."""
     if cfg.template:
@@ -92,6 +94,8 @@ def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, extra_us
         except (IndexError, ValueError) as e:
             _template_columns(cfg.template)  # raises the specific message for positional placeholders
             raise DataError(f"data.template cannot be formatted: {e}") from None
+    elif cfg.prompt_column is None:  # an environment's reset() writes the prompt
+        messages = [{"role": "user", "content": ""}]
     else:
         if cfg.prompt_column not in row:
             raise DataError(
@@ -103,7 +107,8 @@ def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, extra_us
         users = [i for i, m in enumerate(messages) if m["role"] == "user"]
         if users:
             m = messages[users[-1]]
-            messages[users[-1]] = {**m, "content": f"{m['content']}\n\n{extra_user_text}"}
+            text = f"{m['content']}\n\n{extra_user_text}" if m["content"] else extra_user_text
+            messages[users[-1]] = {**m, "content": text}
         else:
             messages.append({"role": "user", "content": extra_user_text})
     if cfg.system_prompt is not None:

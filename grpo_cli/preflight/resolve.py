@@ -24,7 +24,7 @@ class Resolved:
     recipe: Recipe
     rewards: tuple[Any, ...]  # each rewards[i]'s function; None for a reward model (the trainer loads its weights)
     tools: tuple[Any, ...]  # each rollout.tools[i]'s function
-    environment: type | None  # rollout.environment's class
+    environments: dict  # rollout.environment's classes: {route: agents.environments.EnvSpec}, {None: spec} for one
     unresolved: dict[int, str] = field(default_factory=dict)  # with elsewhere=True: rewards[i] -> why not here
 
 
@@ -34,12 +34,13 @@ def resolve(recipe: Recipe, *, elsewhere: bool = False) -> Resolved:
     `file.py:fn`) that does not resolve here is listed in `unresolved`, its slot None, instead of an error."""
     try:
         rewards, unresolved = _rewards(recipe, elsewhere)
-        tools, environment = _tools(recipe), _environment(recipe)
+        tools, environments = _tools(recipe), _environment(recipe)
+        _distinct_tools(tools, environments)
         _generator(recipe)
         _cache_implementation(recipe)
     except ValueError as e:
         raise RecipeError(f"invalid recipe:\n  {e}") from None
-    return Resolved(recipe, rewards, tools, environment, unresolved)
+    return Resolved(recipe, rewards, tools, environments, unresolved)
 
 
 def _rewards(recipe: Recipe, elsewhere: bool) -> tuple[tuple[Any, ...], dict[int, str]]:
@@ -70,15 +71,23 @@ def _tools(recipe: Recipe) -> tuple[Any, ...]:
     return tuple(resolve_tool(name) for name in recipe.rollout.tools)
 
 
-def _environment(recipe: Recipe) -> type | None:
-    ro = recipe.rollout
-    if ro.environment is None:
-        return None
-    from grpo_cli.agents.environments import check_environment, resolve_environment
+def _environment(recipe: Recipe) -> dict:
+    """{route: EnvSpec} of rollout.environment ({} without one)."""
+    if recipe.rollout.environment is None:
+        return {}
+    from grpo_cli.agents.environments import check_environment
 
-    check_environment(ro.environment, ro.environment_kwargs,
-                      needs_reward=any(r.name == "environment" for r in recipe.rewards))
-    return resolve_environment(ro.environment)
+    return check_environment(recipe.rollout, needs_reward=any(r.name == "environment" for r in recipe.rewards))
+
+
+def _distinct_tools(tools: tuple, environments: dict) -> None:
+    names = {fn.__name__: i for i, fn in enumerate(tools)}
+    for route, spec in environments.items():
+        for method in spec.tools:
+            if method in names:
+                field = "rollout.environment" + ("" if route is None else f".{route}")
+                raise ValueError(f"{field}: its method {method} is a tool, and rollout.tools.{names[method]} has that "
+                                 "name too; tool names must differ")
 
 
 def _generator(recipe: Recipe) -> None:

@@ -113,6 +113,17 @@ def check_episodes(recipe) -> None:
             raise ValueError(f"rollout.max_turns ({ro.max_turns}) needs rollout.environment or rollout.tools: after "
                              "each turn something must answer the model")
         return
+    if isinstance(ro.environment, dict):
+        if not ro.environment:
+            raise ValueError("rollout.environment: the mapping of routes to classes is empty")
+        for route, kwargs in ro.environment_kwargs.items():
+            if route not in ro.environment:
+                raise ValueError(f"rollout.environment_kwargs.{route}: not a route of rollout.environment "
+                                 f"({', '.join(ro.environment)}); with several environments, environment_kwargs "
+                                 "maps a route to its class's kwargs")
+            if not isinstance(kwargs, dict):
+                raise ValueError(f"rollout.environment_kwargs.{route}: the kwargs of {ro.environment[route]}, a "
+                                 f"mapping (got {type(kwargs).__name__})")
     if ro.tools and ro.max_turns < 2:
         raise ValueError("rollout.tools needs rollout.max_turns >= 2: a tool's answer comes in the next turn")
     what = "rollout.environment" if ro.environment is not None else "rollout.tools"

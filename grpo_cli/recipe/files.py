@@ -141,6 +141,9 @@ def resolve_paths(raw: dict[str, Any], recipe_dir: Path, overridden: list[str] |
     ro = section("rollout")
     if isinstance(ro.get("environment"), str):  # path/to/env.py:Class, like a reward file
         ro["environment"] = _reward_path(ro["environment"], base("rollout.environment"))
+    elif isinstance(ro.get("environment"), dict):  # {route: path/to/env.py:Class}
+        ro["environment"] = {k: _reward_path(v, base(f"rollout.environment.{k}")) if isinstance(v, str) else v
+                             for k, v in ro["environment"].items()}
     if isinstance(ro.get("tools"), list):
         ro["tools"] = [_reward_path(t, base(f"rollout.tools.{i}")) for i, t in enumerate(ro["tools"])]
     rewards = raw.get("rewards")

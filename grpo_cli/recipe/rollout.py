@@ -81,12 +81,25 @@ class RolloutConfig(Section):
         "synchronous ones (step t's with those after step t-1-k), so `grpo serve-vllm` samples the next batches "
         "while the trainer updates; deterministic and resumable. 0: synchronous. Needs backend vllm, mode server.",
     )
-    environment: str | None = Field(
+    environment: str | dict[str, str] | None = Field(
         None, description="Multi-turn episodes: `path/to/env.py:Class` (relative to the recipe file) or `module:Class`, "
-        "one instance per rollout: reset(row) -> str | None, step(completion_text) -> (observation, done), optional "
-        "reward() (the built-in reward `environment`). Observations become the next user turn.",
+        "one instance per rollout; or a mapping {route: class} that routes each row by its environment_column (TRL's "
+        "environment_factory dict). grpo's contract: reset(row) -> str | None, step(completion_text) -> "
+        "(observation, done), reward(); TRL's: reset(**columns) -> str | None, public methods as tools, "
+        "get_reward(). The built-in reward `environment` is reward() / get_reward().",
     )
-    environment_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment class.")
+    environment_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the environment class; with a mapping of classes, "
+        "{route: kwargs}.")
+    environment_api: Literal["auto", "turns", "tools"] = Field(
+        "auto", description="Which contract the environment follows: `turns` (grpo's: step answers each turn), "
+        "`tools` (TRL's: its public methods are tools, a turn without a call ends the episode). auto: `tools` when "
+        "the class has get_reward or no step.",
+    )
+    environment_column: str = Field(
+        "environment", description="With a mapping of environments: the row's column that names its environment "
+        "(TRL's `environment` field); not passed to reset.",
+    )
     environment_timeout_s: float | None = Field(
         None, gt=0, description="Run each environment in a child process killed when a call takes longer; the "
         "episode ends there and environment/timeouts counts it. None: in this process, no limit.",

@@ -78,7 +78,9 @@ class DataConfig(Section):
     )
     generator: str | None = Field(None, description="Offline problem generator, e.g. `arithmetic`.")
     generator_kwargs: dict[str, Any] = Field(default_factory=dict, description="Arguments of the generator.")
-    prompt_column: str = Field("prompt", description="Column holding the prompt when no template is given.")
+    prompt_column: str | None = Field(
+        "prompt", description="Column holding the prompt when no template is given; null: no prompt column, each "
+        "prompt is an empty user message that an environment's reset() writes (a dataset that only routes rows).")
     template: str | None = Field(None, description="Prompt template with {column} placeholders.")
     system_prompt: str | None = Field(None, description="System message placed before each prompt.")
     chat_template: bool = Field(True, description="Wrap prompts with the tokenizer's chat template.")
@@ -278,8 +280,10 @@ class EvalConfig(Section):
 class Recipe(Section):
     name: str = Field(..., pattern=r"^[A-Za-z0-9._-]+$", description="Run name; the default output dir is runs/<name>.")
     model: ModelConfig
-    data: DataConfig
-    rewards: list[RewardConfig] = Field(..., min_length=1)
+    data: DataConfig = Field(description="Where the prompts come from. Optional with rollout.environment: an "
+                             "environment whose reset() writes each prompt owns its data (data.generator: blank).")
+    rewards: list[RewardConfig] = Field(..., min_length=1, description="Optional with rollout.environment: "
+                                        "[{name: environment}], the environment's own reward.")
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     train: TrainConfig
@@ -294,6 +298,21 @@ class Recipe(Section):
     @property
     def output_dir(self) -> str:
         return self.logging.output_dir or f"runs/{self.name}"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _environment_owns(cls, raw: Any) -> Any:
+        """With rollout.environment, data and rewards may be left out (TRL: the environment owns the data and, with
+        get_reward, the reward): blank rows whose prompt reset() writes, and the reward `environment`."""
+        rollout = raw.get("rollout") if isinstance(raw, dict) else None
+        if not isinstance(rollout, dict) or not rollout.get("environment"):
+            return raw
+        raw = dict(raw)
+        if raw.get("data") is None:
+            raw["data"] = {"generator": "blank"}
+        if raw.get("rewards") is None:
+            raw["rewards"] = [{"name": "environment"}]
+        return raw
 
     @model_validator(mode="after")
     def _across_sections(self) -> Recipe:

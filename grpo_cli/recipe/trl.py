@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from grpo_cli.recipe.specs import LOSSES
 from grpo_cli.errors import ConversionError
-from grpo_cli.recipe.checks import unreplayed
 from grpo_cli.recipe.trl_fields import GRPO_CONFIG, TRL_VERSION
+from grpo_cli.recipe.trl_rollout import agents, import_path, vllm
 from grpo_cli.recipe.trl_homes import HOMES, LEGACY, OPTIMIZERS, SCHEDULERS, TRL_REWARDS, accepted_fields, known_fields
 
 VESPO_FIELDS = ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")
@@ -60,8 +60,10 @@ def unknown_fields(config: dict[str, Any]) -> list[str]:
             for k in sorted(config) if k not in known and k != "warmup_ratio"]
 
 
-def convert(config: dict[str, Any], *, num_processes: int = 1, name: str | None = None) -> Conversion:
-    """A `trl grpo --config` YAML (as a dict) -> the recipe, its notes and what could not be mapped."""
+def convert(config: dict[str, Any], *, num_processes: int = 1, name: str | None = None,
+            owns_reward: Callable[[str], bool] | None = None) -> Conversion:
+    """A `trl grpo --config` YAML (as a dict) -> the recipe, its notes and what could not be mapped.
+    `owns_reward(path)`: whether an environment_factory class has get_reward (assumed when not given)."""
     renamed = []
     if "warmup_ratio" in config:  # transformers < 5 (most TRL configs before it); TRL 1.16: a fraction in warmup_steps
         config = dict(config)
@@ -74,12 +76,13 @@ def convert(config: dict[str, Any], *, num_processes: int = 1, name: str | None 
             renamed.append(f"warmup_ratio {ratio} is older transformers' name of a fractional warmup_steps")
     unknown = sorted(k for k in config if k not in accepted_fields())
     renamed += [f"{old} is older TRL's name of {LEGACY[old]}" for old in config if old in LEGACY]
-    sections = Sections(config, Conversion(recipe={}, unknown=unknown, notes=renamed))
+    sections = Sections(config, Conversion(recipe={}, unknown=unknown, notes=renamed), owns_reward)
     cfg, r = sections.cfg, sections.out.recipe
     if not cfg.get("model_name_or_path"):
         raise ConversionError("model_name_or_path is missing: the recipe needs a model")
-    if not cfg.get("dataset_name"):
-        raise ConversionError("dataset_name is missing: the recipe needs training data")
+    if not cfg.get("dataset_name") and not cfg.get("environment_factory"):
+        raise ConversionError("dataset_name is missing: the recipe needs training data (or an environment_factory "
+                              "whose reset() writes the prompts)")
     # a recipe name is [A-Za-z0-9._-]+: a run name or a model path may hold anything else
     r["name"] = name or re.sub(r"[^A-Za-z0-9._-]+", "-", str(cfg.get("run_name") or (
         str(cfg["model_name_or_path"]).rstrip("/").split("/")[-1] + "-grpo"))).strip("-") or "grpo"
@@ -98,7 +101,9 @@ class Sections:
     """The recipe's sections from a TRL config, one method each; every TRL field a section reads is `take`n, and one
     it cannot map is `unmapped` with the reason."""
 
-    def __init__(self, config: dict[str, Any], out: Conversion) -> None:
+    def __init__(self, config: dict[str, Any], out: Conversion,
+                 owns_reward: Callable[[str], bool] | None = None) -> None:
+        self.owns_reward = owns_reward
         self.config = config = {LEGACY.get(k, k): v for k, v in config.items()}
         self.given = {k: v for k, v in config.items() if k in known_fields()}
         self.cfg = {**GRPO_CONFIG, **self.given}  # TRL's defaults where the file is silent: TRL's algorithm
@@ -150,10 +155,16 @@ class Sections:
 
     def data(self) -> None:
         cfg, r, config = self.cfg, self.out.recipe, self.config
-        data: dict[str, Any] = {"dataset": cfg["dataset_name"], "split": cfg.get("dataset_train_split") or "train",
+        data: dict[str, Any] = {"dataset": cfg.get("dataset_name"), "split": cfg.get("dataset_train_split") or "train",
                                 "prompt_column": "prompt", "chat_template": True,
                                 "shuffle": bool(cfg.get("shuffle_dataset", True))
                                 and cfg.get("train_sampling_strategy", "random") != "sequential"}
+        if not cfg.get("dataset_name"):  # the environment owns the data: blank rows, reset() writes each prompt
+            data = {"generator": "blank", "chat_template": True}
+        elif isinstance(cfg.get("environment_factory"), dict):
+            self.out.notes.append("environment_factory is a mapping: rows route by their `environment` column "
+                                  "(rollout.environment_column); a dataset with no prompt column needs "
+                                  "data.prompt_column: null")
         if cfg.get("dataset_config"):
             data["config"] = cfg["dataset_config"]
         if cfg.get("chat_template_kwargs"):
@@ -174,13 +185,15 @@ class Sections:
         rewards = []
         for fn in cfg.get("reward_funcs") or []:
             ours, kwargs = TRL_REWARDS.get(fn, (fn, {}))
-            if ours == fn and ":" not in fn and "." in fn:  # my_module.my_reward -> my_module:my_reward
-                ours = fn.rsplit(".", 1)[0] + ":" + fn.rsplit(".", 1)[1]
+            if ours == fn:  # my_module.my_reward -> my_module:my_reward
+                ours = import_path(fn)
             rewards.append({"name": ours, **({"kwargs": kwargs} if kwargs else {})})
         if cfg.get("reward_model_name_or_path"):
             rewards.append({"name": f"model:{cfg['reward_model_name_or_path']}"})
-        if not rewards:
-            raise ConversionError("reward_funcs (or reward_model_name_or_path) is missing: the recipe needs a reward")
+        owned = self.environment_reward()
+        if not rewards and not owned:
+            raise ConversionError("reward_funcs (or reward_model_name_or_path) is missing: the recipe needs a reward "
+                                  "(or an environment_factory whose class has get_reward)")
         reads_solution = [fn for fn in cfg.get("reward_funcs") or []
                           if fn in ("accuracy_reward", "reasoning_accuracy_reward")]
         if reads_solution:  # TRL's accuracy rewards read the dataset column `solution`
@@ -193,9 +206,20 @@ class Sections:
                 raise ConversionError(f"reward_weights has {len(weights)} values for {len(rewards)} rewards")
             for rw, w in zip(rewards, weights):
                 rw["weight"] = float(w)
+        if owned:  # TRL adds get_reward as one more reward, weight 1, after reward_funcs
+            rewards.append({"name": "environment", "weight": 1.0})
         r["rewards"] = rewards
         self.take("reward_funcs", "reward_model_name_or_path", "reward_weights")
         return column_note
+
+    def environment_reward(self) -> bool:
+        """Whether environment_factory's class (any of them) has get_reward, which TRL adds as a reward; told by
+        `owns_reward` (the command resolves the class), assumed without it."""
+        factory = self.cfg.get("environment_factory")
+        if not factory:
+            return False
+        named = factory if isinstance(factory, dict) else {None: factory}
+        return self.owns_reward is None or any(self.owns_reward(import_path(p)) for p in named.values())
 
     def algorithm(self, num_processes: int) -> int:
         """The batch arithmetic (TRL counts completions, grpo prompts) and the algorithm; -> prompts per step."""
@@ -267,40 +291,15 @@ class Sections:
             rollout["generation_kwargs"] = cfg["generation_kwargs"]
         if cfg.get("cache_implementation"):
             rollout["cache_implementation"] = cfg["cache_implementation"]
-        if cfg.get("max_tool_calling_iterations"):
-            rollout["max_turns"] = int(cfg["max_tool_calling_iterations"]) + 1
+        rollout |= agents(cfg)
         if cfg["use_vllm"]:
-            url = cfg.get("vllm_server_base_url") or f"http://{cfg['vllm_server_host']}:{cfg['vllm_server_port']}"
-            url = url.replace("://0.0.0.0:", "://127.0.0.1:")
-            rollout["vllm"] = {"mode": cfg["vllm_mode"], "server_url": url,
-                               "request_timeout_s": float(cfg["vllm_server_timeout"]),
-                               "gpu_memory_utilization": cfg["vllm_gpu_memory_utilization"],
-                               "max_model_len": cfg["vllm_max_model_length"],
-                               "structured_outputs_regex": cfg["vllm_structured_outputs_regex"]}
-            correction = cfg["vllm_importance_sampling_correction"]
-            rollout["importance_sampling"] = cfg["vllm_importance_sampling_mode"] if correction else "none"
-            trl_names = {"repetition_penalty": f"repetition_penalty {cfg['repetition_penalty']}",
-                         "vllm.structured_outputs_regex": "vllm_structured_outputs_regex"}
-            found = unreplayed(cfg["repetition_penalty"], cfg.get("generation_kwargs") or {},
-                               cfg["vllm_structured_outputs_regex"])
-            shaped = [trl_names.get(n, n) for n in found]
-            if correction and shaped:
-                rollout["importance_sampling"] = "none"
-                self.out.notes.append(f"vllm_importance_sampling_correction: off, because {', '.join(shaped)} "
-                                      "shape(s) the distribution vLLM samples in a way the trainer cannot replay; "
-                                      "TRL's ratio would be biased")
-            cap = cfg.get("vllm_importance_sampling_cap") or cfg.get("vllm_importance_sampling_clip_max")
-            if cap:
-                rollout["importance_sampling_cap"] = float(cap)
-            if cfg["vllm_tensor_parallel_size"] != 1:
-                tp = cfg["vllm_tensor_parallel_size"]
-                self.out.notes.append(f"vllm_tensor_parallel_size {tp}: start the server with `grpo serve-vllm --tp "
-                                      f"{tp}`")
+            rollout |= vllm(cfg, self.out.notes)
         elif cfg.get("vllm_structured_outputs_regex"):
             self.unmapped("vllm_structured_outputs_regex", "structured outputs need use_vllm")
         r["rollout"] = rollout
         self.take("use_vllm", "max_completion_length", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                  "generation_kwargs", "cache_implementation", "max_tool_calling_iterations", "vllm_mode",
+                  "generation_kwargs", "cache_implementation", "max_tool_calling_iterations", "environment_factory",
+                  "tools", "vllm_mode",
                   "vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_server_timeout",
                   "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_structured_outputs_regex",
                   "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",

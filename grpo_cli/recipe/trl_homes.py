@@ -130,7 +130,15 @@ HOMES: dict[str, tuple[str | None, str]] = {
                                "the tiny model on the CI CPU (generate: 0.05 s); vLLM is the continuous-batching backend"),
     "use_transformers_continuous_batching": (None, "as use_transformers_paged"),
     "transformers_continuous_batching_config": (None, "as use_transformers_paged"),
-    "max_tool_calling_iterations": ("rollout.max_turns", "iterations + 1 assistant turns (tools: rollout.tools)"),
+    "max_tool_calling_iterations": ("rollout.max_turns", "iterations + 1 assistant turns (tools: rollout.tools); "
+                                    "TRL's None (no limit) with tools: max_completion_length turns, which never "
+                                    "binds first (every turn samples a token)"),
+    # GRPOTrainer's arguments that `trl grpo` has no flag for, written as import paths in the config
+    "environment_factory": ("rollout.environment", "a class's import path (my_envs.IncrementEnv -> "
+                            "my_envs:IncrementEnv), or a mapping {route: path} routed by the rows' `environment` "
+                            "column; with get_reward the reward `environment` (weight 1) is added; without "
+                            "dataset_name the environment owns the data"),
+    "tools": ("rollout.tools", "import paths of the functions (my_tools.add -> my_tools:add)"),
     "use_vllm": ("rollout.backend", "true -> vllm"),
     "vllm_mode": ("rollout.vllm.mode", _SAME),
     "vllm_model_impl": (None, "vLLM's own implementation"),
@@ -261,8 +269,11 @@ OPTIMIZERS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": 
 SCHEDULERS = {"constant": "constant", "constant_with_warmup": "constant", "linear": "linear", "cosine": "cosine"}
 
 
+TRAINER_ARGS = ("environment_factory", "tools")  # GRPOTrainer's arguments, given as import paths
+
+
 def known_fields() -> set[str]:
-    return set(GRPO_CONFIG) | set(MODEL_ARGS) | set(SCRIPT_ARGS)
+    return set(GRPO_CONFIG) | set(MODEL_ARGS) | set(SCRIPT_ARGS) | set(TRAINER_ARGS)
 
 
 def accepted_fields() -> set[str]:
@@ -273,7 +284,7 @@ def accepted_fields() -> set[str]:
 def trl_table() -> str:
     """The README's table: every field of TRL 1.16's GRPOConfig and `trl grpo` arguments, its key here or why none."""
     rows = ["| TRL field | TRL default | `grpo` recipe key | how / why not |", "|---|---|---|---|"]
-    defaults = {**{k: None for k in (*MODEL_ARGS, *SCRIPT_ARGS)}, **GRPO_CONFIG}
+    defaults = {**{k: None for k in (*MODEL_ARGS, *SCRIPT_ARGS, *TRAINER_ARGS)}, **GRPO_CONFIG}
     for name in sorted(defaults):
         key, note = HOMES[name]
         default = "" if name not in GRPO_CONFIG else f"`{GRPO_CONFIG[name]!r}`"

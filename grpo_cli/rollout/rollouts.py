@@ -114,7 +114,8 @@ class Sampled:
         if rollout.weight_step is not None:  # steps between the weights that sampled and the ones being trained
             metrics["sampling/staleness/mean"] = metrics["sampling/staleness/max"] = float(step - 1 - rollout.weight_step)
         if self.episodes is not None:  # environment failures and tool calls this step, every process's
-            metrics |= episode_metrics(self.episodes.take_counts(), self.recipe.rollout, self.procs.total)
+            metrics |= episode_metrics(self.episodes.take_counts(), self.recipe.rollout, self.procs.total,
+                                       tools=self.episodes.uses_tools)
         columns = [[math.nan if v is None else v for v in col] for col in rewards.per_function.values()]
         return StepBatch(
             prompts=batch, rollout=rollout, rewards=rewards, rows=self.rows, total=chosen.total,
@@ -169,14 +170,16 @@ class Ahead(Sampled):
         super().close()
 
 
-def episode_metrics(counts: dict[str, int], rollout_cfg, total: Callable[[float], float]) -> dict[str, float]:
+def episode_metrics(counts: dict[str, int], rollout_cfg, total: Callable[[float], float], *,
+                    tools: bool) -> dict[str, float]:
     """Multi-turn counters of this process (EpisodeRunner.take_counts) -> the step's metrics; `total` sums a
     number over processes. tools/call_frequency: tool calls per episode; tools/failure_frequency: the share of
-    calls that failed (malformed, unknown tool, an exception, a timeout)."""
+    calls that failed (malformed, unknown tool, an exception, a timeout); `tools`: whether the model has any
+    (rollout.tools, or an environment's methods)."""
     m: dict[str, float] = {}
     if rollout_cfg.environment is not None:
         m["environment/errors"], m["environment/timeouts"] = total(counts["errors"]), total(counts["timeouts"])
-    if rollout_cfg.tools:
+    if tools:
         calls, episodes = total(counts["tool_calls"]), total(counts["episodes"])
         m["tools/call_frequency"] = calls / max(episodes, 1.0)
         m["tools/failure_frequency"] = total(counts["tool_failures"]) / calls if calls else 0.0

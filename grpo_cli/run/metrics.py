@@ -55,9 +55,9 @@ METRICS: list[Metric] = [
         ("environment/errors", "Episodes ended by an environment call that raised.", "rollout.environment"),
         ("environment/timeouts", "Episodes ended by an environment call past environment_timeout_s.",
          "rollout.environment"),
-        ("tools/call_frequency", "Tool calls per episode.", "rollout.tools"),
+        ("tools/call_frequency", "Tool calls per episode.", "rollout.tools or an environment's methods"),
         ("tools/failure_frequency", "Share of tool calls that failed (malformed, unknown, raised, timed out).",
-         "rollout.tools"),
+         "rollout.tools or an environment's methods"),
     ]),
     *_group("update", [
         ("loss", "The step's objective as TRL logs it: each optimizer step's micro-batch losses as backpropagated, "

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_cli.agents.environments import Observations
+from grpo_cli.agents.observations import Observations
 from grpo_cli.agents.episodes import EpisodeRunner
 from grpo_cli.datatypes import PromptBatch
 from grpo_cli.preflight import resolve

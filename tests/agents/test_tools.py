@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from grpo_cli.agents.environments import Observations
+from grpo_cli.agents.observations import Observations
 from grpo_cli.agents.episodes import EpisodeRunner
 from grpo_cli.agents.tools import Call, ToolBox, parse_calls
 from grpo_cli.data.prompts import system_text

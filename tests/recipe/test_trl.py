@@ -289,3 +289,45 @@ def test_unknown_fields_exit_2_naming_them(tmp_path):
     out = convert_cli(tmp_path, typo)
     assert out.returncode == 2 and "max_steps is not set" in out.stderr, out.stderr
     assert "max_step: not a field of TRL 1.16.0's GRPOConfig" in out.stderr and "did you mean 'max_steps'" in out.stderr
+
+
+ENV_CONFIG = {"model_name_or_path": "Qwen/Qwen3-0.6B", "environment_factory": "recipes.envs.increment.IncrementEnv",
+              "max_steps": 1000, "chat_template_kwargs": {"enable_thinking": False}}
+
+
+def test_environment_factory_and_tools_convert():
+    out = convert(ENV_CONFIG, owns_reward=lambda path: True)
+    r = out.recipe
+    assert r["data"] == {"generator": "blank", "chat_template": True, "chat_template_kwargs": {"enable_thinking": False}}
+    assert r["rewards"] == [{"name": "environment", "weight": 1.0}]  # get_reward, TRL's weight 1
+    assert r["rollout"]["environment"] == "recipes.envs.increment:IncrementEnv"
+    assert r["rollout"]["max_turns"] == 512  # max_completion_length (TRL 1.16: 512): TRL's unlimited tool calls: every turn samples a token
+    routed = {**DOC, "environment_factory": {"coding": "my_envs.CodingEnv", "game": "my_envs.GameEnv"},
+              "tools": ["my_tools.add"], "reward_funcs": ["my_rewards.fmt"], "reward_weights": [0.5],
+              "max_tool_calling_iterations": 3}
+    r = convert(routed, owns_reward=lambda path: path == "my_envs:CodingEnv").recipe
+    assert r["rollout"]["environment"] == {"coding": "my_envs:CodingEnv", "game": "my_envs:GameEnv"}
+    assert r["rollout"]["tools"] == ["my_tools:add"] and r["rollout"]["max_turns"] == 4
+    assert r["rewards"] == [{"name": "my_rewards:fmt", "weight": 0.5}, {"name": "environment", "weight": 1.0}]
+    assert r["data"]["dataset"] == DOC["dataset_name"]
+    r = convert({**routed, "environment_factory": "my_envs.GameEnv"}, owns_reward=lambda path: False).recipe
+    assert [w["name"] for w in r["rewards"]] == ["my_rewards:fmt"]  # no get_reward: nothing added
+    with pytest.raises(ConversionError, match="or an environment_factory whose class has get_reward"):
+        convert({k: v for k, v in routed.items() if k != "reward_funcs"}, owns_reward=lambda path: False)
+
+
+@pytest.mark.slow
+def test_a_converted_environment_factory_config_trains(tmp_path, model_cache):
+    small = {**ENV_CONFIG, "model_name_or_path": "builtin:tiny-qwen2", "max_completion_length": 16,
+             "max_tool_calling_iterations": 2, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
+             "num_generations": 4, "gradient_checkpointing": False, "bf16": False, "max_steps": 2}
+    out = convert_cli(tmp_path, small)
+    assert out.returncode == 0, out.stderr[-3000:]
+    recipe = yaml.safe_load((tmp_path / "recipe.yaml").read_text())
+    assert recipe["rollout"]["environment"] == "recipes.envs.increment:IncrementEnv" and recipe["rollout"]["max_turns"] == 3
+    p = train_two_steps(tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2] and all("rewards/environment/mean" in m for m in metrics)
+    bad = convert_cli(tmp_path, {**small, "environment_factory": "recipes.envs.increment.Missing"})
+    assert bad.returncode == 2 and "environment_factory:" in bad.stderr

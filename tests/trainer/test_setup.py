@@ -36,7 +36,7 @@ def test_model_init_kwargs_reach_from_pretrained(model_cache):
 def test_chat_template_kwargs_reach_the_template(model_cache):
     from transformers import AutoTokenizer
 
-    from grpo_cli.agents.environments import Observations
+    from grpo_cli.agents.observations import Observations
     from grpo_cli.data.prompts import render_prompt
     from grpo_cli.models.loading import resolve_model_source
 
