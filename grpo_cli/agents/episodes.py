@@ -265,6 +265,24 @@ class EpisodeRunner:
                         "environment/%s)", e.spec.name if e.spec else "", failure.text,
                         "timeouts" if failure.kind == "timeout" else "errors")
 
+    def saved(self, rollout: Rollout) -> dict[str, Any]:
+        """A rollout of `run` as JSON (an asynchronous run's batch in flight at a checkpoint), for `restored`."""
+        pm, cm = rollout.prompt_mask.bool(), rollout.completion_mask.bool()
+        rows = lambda t, m: [row[k].tolist() for row, k in zip(t, m)]  # noqa: E731
+        return {"prompts": rows(rollout.prompt_ids, pm), "texts": list(rollout.prompts),
+                "tokens": rows(rollout.completion_ids, cm), "observed": rows(rollout.observation_mask, cm),
+                "logps": None if rollout.sampling_logps is None else rows(rollout.sampling_logps, cm),
+                "turns": rollout.turns, "truncated": rollout.truncated.tolist()}
+
+    def restored(self, saved: dict[str, Any]) -> Rollout:
+        """The rollout `saved` describes, token for token."""
+        logps = saved["logps"] or [[0.0] * len(t) for t in saved["tokens"]]
+        episodes = [Episode(prompt=p, tokens=t, observed=o, logps=lp, turns=turns, truncated=tr)
+                    for p, t, o, lp, turns, tr in zip(saved["prompts"], saved["tokens"], saved["observed"], logps,
+                                                     saved["turns"], saved["truncated"])]
+        self._sampler_logps = saved["logps"] is not None
+        return self._rollout(episodes, saved["texts"])
+
     def _rollout(self, episodes: list[Episode], texts: list[str]) -> Rollout:
         pad = self.generator.pad_id
         prompt_ids, prompt_mask = left_pad([e.prompt for e in episodes], pad)

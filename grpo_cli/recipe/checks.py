@@ -126,10 +126,6 @@ def check_episodes(recipe) -> None:
                                  f"mapping (got {type(kwargs).__name__})")
     if ro.tools and ro.max_turns < 2:
         raise ValueError("rollout.tools needs rollout.max_turns >= 2: a tool's answer comes in the next turn")
-    what = "rollout.environment" if ro.environment is not None else "rollout.tools"
-    if ro.max_staleness:
-        raise ValueError(f"{what} does not combine with rollout.max_staleness: asynchronous rollouts sample single "
-                         "completions")
 
 
 def update_label(rewards: list, i: int) -> int:

@@ -36,11 +36,15 @@ class InFlight:
 
 
 class RolloutPipeline:
-    """Rollouts of a `grpo serve-vllm` generator, `staleness` steps ahead of the trainer."""
+    """Rollouts of a `grpo serve-vllm` generator, `staleness` steps ahead of the trainer; single completions, or
+    multi-turn episodes run by `episodes` (an EpisodeRunner) on the worker, environments and tools included."""
 
-    def __init__(self, generator, staleness: int, group_size: int, loaded_step: int) -> None:
-        """`loaded_step`: the step whose weights the server holds now (the run's start or its checkpoint)."""
+    def __init__(self, generator, staleness: int, group_size: int, loaded_step: int, episodes=None,
+                 with_reward: bool = False) -> None:
+        """`loaded_step`: the step whose weights the server holds now (the run's start or its checkpoint);
+        `with_reward`: episodes ask their environments for the reward `environment`."""
         self.generator, self.staleness, self.G = generator, staleness, group_size
+        self.episodes, self.with_reward = episodes, with_reward
         self.pending: collections.deque[InFlight] = collections.deque()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-rollouts")
         self._loaded_step = loaded_step  # whose weights the server holds, as far as the worker has got
@@ -75,8 +79,10 @@ class RolloutPipeline:
 
         def generate():
             rows = batch.per_row(range(len(batch) * G), G)
-            rollout = self.generator.generate(rows.input_ids, rows.texts)
-            return rollout, self._loaded_step
+            if self.episodes is None:
+                return self.generator.generate(rows.input_ids, rows.texts), self._loaded_step, {}, None
+            rollout, columns = self.episodes.run(rows, with_reward=self.with_reward)
+            return rollout, self._loaded_step, columns, self.episodes.take_counts()
 
         self.pending.append(InFlight(batch, self._run(generate)))
 
@@ -85,24 +91,27 @@ class RolloutPipeline:
         return self._run(fn).result()
 
     # ---------------------------------------------------------------- results
-    def next(self) -> tuple[PromptBatch, Rollout]:
-        """The oldest batch in flight: its prompts and its rollout (`weight_step`: whose weights sampled it)."""
+    def next(self) -> tuple[PromptBatch, Rollout, dict[str, list], dict[str, int] | None]:
+        """The oldest batch in flight: its prompts, its rollout (`weight_step`: whose weights sampled it), the
+        reward columns its episodes add (turns, environment rewards) and their counts (EpisodeRunner.take_counts)."""
         item = self.pending.popleft()
-        rollout, policy_step = item.result.result()
-        return item.batch, replace(rollout, weight_step=policy_step)
+        rollout, policy_step, columns, counts = item.result.result()
+        return item.batch, replace(rollout, weight_step=policy_step), columns, counts
 
     def state(self) -> list[dict]:
-        """The batches in flight, waited for, as JSON (the generator's request counter is then final too)."""
+        """The batches in flight, waited for, as JSON (the generator's request counter is then final too); an
+        episode's environment is gone by then, so its reward and counts are stored with it."""
         out = []
         for item in self.pending:
-            rollout, policy_step = item.result.result()
+            rollout, policy_step, columns, counts = item.result.result()
+            out.append({"indices": item.batch.indices, "policy_step": policy_step})
+            if self.episodes is not None:
+                out[-1]["episodes"] = self.episodes.saved(rollout) | {"columns": columns, "counts": counts}
+                continue
             mask = rollout.completion_mask.bool()
-            out.append({
-                "indices": item.batch.indices, "policy_step": policy_step,
-                "completion_ids": [row[m].tolist() for row, m in zip(rollout.completion_ids, mask)],
-                "sampling_logps": [row[m].tolist() for row, m in zip(rollout.sampling_logps, mask)],
-                "truncated": rollout.truncated.tolist(),
-            })
+            out[-1] |= {"completion_ids": [row[m].tolist() for row, m in zip(rollout.completion_ids, mask)],
+                        "sampling_logps": [row[m].tolist() for row, m in zip(rollout.sampling_logps, mask)],
+                        "truncated": rollout.truncated.tolist()}
         return out
 
     def restore(self, state: list[dict], batch_of: Callable[[list[int]], PromptBatch]) -> None:
@@ -110,13 +119,18 @@ class RolloutPipeline:
         G, gen = self.G, self.generator
         for item in state:
             batch = batch_of(item["indices"])
-            completion_ids, mask, logps = pad_completions(item["completion_ids"], item["sampling_logps"], gen.pad_id,
-                                                          gen.eos_ids)
-            rows = batch.per_row(range(len(batch) * G), G)
-            rollout = build_rollout(rows.input_ids, rows.texts, 1, completion_ids, mask, torch.tensor(item["truncated"]),
-                                    gen.tokenizer, gen.pad_id, logps)
+            columns, counts = {}, None
+            if "episodes" in item:
+                saved = item["episodes"]
+                rollout, columns, counts = self.episodes.restored(saved), saved["columns"], saved["counts"]
+            else:
+                completion_ids, mask, logps = pad_completions(item["completion_ids"], item["sampling_logps"],
+                                                              gen.pad_id, gen.eos_ids)
+                rows = batch.per_row(range(len(batch) * G), G)
+                rollout = build_rollout(rows.input_ids, rows.texts, 1, completion_ids, mask,
+                                        torch.tensor(item["truncated"]), gen.tokenizer, gen.pad_id, logps)
             done: Future = Future()
-            done.set_result((rollout, int(item["policy_step"])))
+            done.set_result((rollout, int(item["policy_step"]), columns, counts))
             self.pending.append(InFlight(batch, done))
 
     def close(self) -> None:
@@ -124,11 +138,13 @@ class RolloutPipeline:
         self._worker.shutdown(wait=False, cancel_futures=True)
 
 
-def start_pipeline(generator, recipe, group_size: int, start_step: int, saved: list[dict] | None, stream) -> RolloutPipeline:
+def start_pipeline(generator, recipe, group_size: int, start_step: int, saved: list[dict] | None, stream,
+                   episodes=None) -> RolloutPipeline:
     """The pipeline of a run starting at `start_step`: the batches in flight at its checkpoint (`saved`), topped up
     to k + 1 (a fresh run; one resumed with a larger train.max_steps samples them with the weights it has)."""
     k, max_steps = recipe.rollout.max_staleness, recipe.train.max_steps
-    pipeline = RolloutPipeline(generator, k, group_size, loaded_step=start_step)
+    pipeline = RolloutPipeline(generator, k, group_size, loaded_step=start_step, episodes=episodes,
+                               with_reward=any(s.name == "environment" for s in recipe.rewards))
     if saved:
         pipeline.restore(saved, stream.batch_of)
     for _ in range(min(k + 1, max_steps - start_step) - len(pipeline.pending)):

@@ -76,6 +76,9 @@ class Sampled:
     def close(self) -> None:
         self.generator.close()
 
+    def _episode_counts(self) -> dict[str, int]:
+        return self.episodes.take_counts()
+
     # ------------------------------------------------------------------ a round: sampled, then scored
     def round(self, step: int, clock: Clock, wake: bool = False) -> Scored:
         """B prompts -> this process's rows of their B*G completions, scored, and the weighted rewards of all rows
@@ -114,7 +117,7 @@ class Sampled:
         if rollout.weight_step is not None:  # steps between the weights that sampled and the ones being trained
             metrics["sampling/staleness/mean"] = metrics["sampling/staleness/max"] = float(step - 1 - rollout.weight_step)
         if self.episodes is not None:  # environment failures and tool calls this step, every process's
-            metrics |= episode_metrics(self.episodes.take_counts(), self.recipe.rollout, self.procs.total,
+            metrics |= episode_metrics(self._episode_counts(), self.recipe.rollout, self.procs.total,
                                        tools=self.episodes.uses_tools)
         columns = [[math.nan if v is None else v for v in col] for col in rewards.per_function.values()]
         return StepBatch(
@@ -132,15 +135,20 @@ class Ahead(Sampled):
     def __init__(self, recipe, **parts: Any) -> None:
         super().__init__(recipe, **parts)
         self._in_flight: list[dict] = []  # at the checkpoint resumed from
+        self._counts: dict[str, int] | None = None  # the episode counts of the batch taken last
         self.pipeline = None  # started by `start`
 
     def start(self, step: int) -> None:
         """The first k + 1 batches, or those in flight at the checkpoint, topped up."""
-        self.pipeline = start_pipeline(self.generator, self.recipe, self.G, step, self._in_flight, self.stream)
+        self.pipeline = start_pipeline(self.generator, self.recipe, self.G, step, self._in_flight, self.stream,
+                                       self.episodes)
 
     def _sample(self, wake: bool) -> tuple[PromptBatch, PromptBatch, Rollout, dict[str, list]]:
-        batch, rollout = self.pipeline.next()  # the wait is what shows as generate
-        return batch, batch.per_row(self.rows, self.G), rollout, {}
+        batch, rollout, columns, self._counts = self.pipeline.next()  # the wait is what shows as generate
+        return batch, batch.per_row(self.rows, self.G), rollout, columns
+
+    def _episode_counts(self) -> dict[str, int]:
+        return self._counts  # the batch's own: its episodes ran on the pipeline's worker
 
     def after_update(self, policy: torch.nn.Module, step: int) -> dict[str, int]:
         """The weights are written now and loaded by the server after the batches sampled before them."""

@@ -74,6 +74,35 @@ def test_episode_tokens_are_sampled_plus_template_rendered_observations(turn_mod
     assert three_turns >= 2  # the model ends its turns: most episodes run all three
 
 
+def test_asynchronous_episodes_and_their_checkpointed_batches(turn_model, tmp_path):
+    """rollout.max_staleness with an environment: the pipeline's worker runs the episodes; a batch in flight at a
+    checkpoint comes back token for token, with its turns, observation mask, environment rewards and counts."""
+    import json
+
+    from grpo_cli.rollout.pipeline import RolloutPipeline
+
+    torch.manual_seed(0)
+    runner, tok = runner_for(turn_model, tmp_path, environment=f"{ENVS}:Echo", environment_kwargs={"turns": 3},
+                             max_turns=3)
+    batches = [batch_of(tok, ["What is 3 + 4?", "What is 1 + 1?"]), batch_of(tok, ["What is 2 + 2?"] * 2)]
+    pipe = RolloutPipeline(runner.generator, 1, group_size=2, loaded_step=0, episodes=runner, with_reward=True)
+    for b in batches:
+        pipe.submit_batch(b)
+    state = json.loads(json.dumps(pipe.state()))  # as a checkpoint stores it
+    again = RolloutPipeline(runner.generator, 1, group_size=2, loaded_step=0, episodes=runner, with_reward=True)
+    again.restore(state, lambda idx: batches[0] if idx == batches[0].indices else batches[1])
+    for _ in batches:
+        (b1, a, c1, n1), (b2, b, c2, n2) = pipe.next(), again.next()
+        assert b1.indices == b2.indices and n1 == n2 and n1["episodes"] == 4 and c1 == c2
+        assert [t["role"] for t in c1["turns"][0]][:2] == ["assistant", "environment"]
+        assert all(r in (0.0, 1.0) for r in c1["environment_reward"])
+        for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "observation_mask", "truncated"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+        assert a.turns == b.turns and a.completions == b.completions and a.prompts == b.prompts
+    pipe.close()
+    again.close()
+
+
 def test_observation_text_follows_the_end_of_turn(turn_model):
     from transformers import AutoTokenizer
 
@@ -132,14 +161,14 @@ def test_validation_refuses_bad_environments():
     base = {"name": "t", "model": {"name_or_path": "builtin:tiny-qwen2"}, "data": {"generator": "arithmetic"},
             "rewards": [{"name": "accuracy"}], "train": {"max_steps": 1}}
     resolve(Recipe.model_validate({**base, "rollout": {"environment": f"{ENVS}:Echo", "max_turns": 2}}))
+    asynchronous = {"environment": f"{ENVS}:Echo", "backend": "vllm", "vllm": {"mode": "server"}, "max_staleness": 1}
+    assert resolve(Recipe.model_validate({**base, "rollout": asynchronous})).recipe.rollout.max_staleness == 1
     cases = [
         ({"environment": f"{ENVS}:Missing"}, "rollout.environment: environment"),
         ({"environment": f"{ENVS}:NoStep"}, "rollout.environment: " + ENVS + ":NoStep has no method step"),
         ({"environment": f"{ENVS}:not_a_class"}, "is a function, not a class"),
         ({"environment": f"{ENVS}:Echo", "environment_kwargs": {"turnz": 2}}, "rollout.environment_kwargs: Echo"),
         ({"max_turns": 2}, "rollout.max_turns (2) needs rollout.environment"),
-        ({"environment": f"{ENVS}:Echo", "backend": "vllm", "vllm": {"mode": "server"}, "max_staleness": 1},
-         "rollout.environment does not combine with rollout.max_staleness"),
     ]
     for rollout, message in cases:
         with pytest.raises(ValueError) as e:

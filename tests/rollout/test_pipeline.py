@@ -68,8 +68,8 @@ def test_batch_s_is_sampled_with_the_weights_after_step_s_minus_1_minus_k(k):
     for _ in range(k + 1):
         pipe.submit_batch(_batch(next(stream)))
     for t in range(1, steps + 1):
-        batch, rollout = pipe.next()
-        assert batch.indices == [t - 1]
+        batch, rollout, columns, counts = pipe.next()
+        assert batch.indices == [t - 1] and columns == {} and counts is None  # single completions
         expected = max(0, t - 1 - k)  # synchronous GRPO: t - 1
         assert rollout.weight_step == expected
         assert rollout.completion_ids[:, 0].tolist() == [10 + expected] * 2  # and the server really held them
@@ -94,7 +94,7 @@ def test_batches_in_flight_survive_a_checkpoint_exactly():
     again = RolloutPipeline(FakeServer(), 1, group_size=2, loaded_step=1)
     again.restore(state, lambda idx: _batch(idx[0]))
     for before, after in zip(list(pipe.pending), list(again.pending)):
-        (a, sa), (b, sb) = before.result.result(), after.result.result()
+        (a, sa, *_), (b, sb, *_) = before.result.result(), after.result.result()
         assert sa == sb and before.batch.indices == after.batch.indices
         for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated", "sampling_logps"):
             assert torch.equal(getattr(a, name), getattr(b, name)), name

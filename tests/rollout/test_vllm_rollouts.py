@@ -276,6 +276,15 @@ def test_episodes_on_vllm_colocate_and_server(tmp_path, turn_model, monkeypatch)
                   f"rollout.vllm.server_url=http://127.0.0.1:{port}", *EPISODES, GRPO_SERVER_TOKEN=TRAINER_TOKEN)
         assert p.returncode == 0, p.stderr[-3000:]
         check_episodes(tmp_path / "server")
+        # asynchronous rollouts with an environment (issue 37 item 5): the pipeline's worker runs the episodes
+        p = train(tmp_path / "async", cache, "rollout.vllm.mode=server", f"model.name_or_path={turn_model}",
+                  f"rollout.vllm.server_url=http://127.0.0.1:{port}", *EPISODES, "rollout.max_staleness=1",
+                  "train.max_steps=3", GRPO_SERVER_TOKEN=TRAINER_TOKEN)
+        assert p.returncode == 0, p.stderr[-3000:]
+        metrics = read_jsonl(tmp_path / "async" / "metrics.jsonl")
+        assert [m["sampling/staleness/max"] for m in metrics] == [0.0, 1.0, 1.0]
+        assert max(m["turns/max"] for m in metrics) >= 2 and all(m["environment/errors"] == 0 for m in metrics)
+        assert all("rewards/environment/mean" in m for m in metrics)
     finally:
         server.kill()
         server.wait()
