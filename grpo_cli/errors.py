@@ -143,7 +143,8 @@ class StartError(UserError):
 
 
 class RequestError(Exception):
-    """A request `grpo serve-vllm` refuses: HTTP `status`, a message for people, the field it is about."""
+    """A request a server of ours refuses (`grpo serve-vllm`, the agent endpoint): HTTP `status`, a message for
+    people, the field it is about."""
 
     def __init__(self, status: int, message: str, field: str | None = None) -> None:
         super().__init__(f"{field}: {message}" if field else message)

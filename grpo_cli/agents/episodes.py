@@ -51,7 +51,33 @@ class Episode:
     spec: EnvSpec | None = None  # its environment's class and contract
 
 
-class EpisodeRunner:
+class EpisodeRecords:
+    """Episodes to the trainer's Rollout and back to JSON (a batch in flight at an asynchronous run's checkpoint).
+    Needs `tok`, `generator` and `_sampler_logps` (whether the backend reported log-probs)."""
+
+    def saved(self, rollout: Rollout) -> dict[str, Any]:
+        """A rollout of `run` as JSON (an asynchronous run's batch in flight at a checkpoint), for `restored`."""
+        pm, cm = rollout.prompt_mask.bool(), rollout.completion_mask.bool()
+        rows = lambda t, m: [row[k].tolist() for row, k in zip(t, m)]  # noqa: E731
+        return {"prompts": rows(rollout.prompt_ids, pm), "texts": list(rollout.prompts),
+                "tokens": rows(rollout.completion_ids, cm), "observed": rows(rollout.observation_mask, cm),
+                "logps": None if rollout.sampling_logps is None else rows(rollout.sampling_logps, cm),
+                "turns": rollout.turns, "truncated": rollout.truncated.tolist()}
+
+    def restored(self, saved: dict[str, Any]) -> Rollout:
+        """The rollout `saved` describes, token for token."""
+        logps = saved["logps"] or [[0.0] * len(t) for t in saved["tokens"]]
+        episodes = [Episode(prompt=p, tokens=t, observed=o, logps=lp, turns=turns, truncated=tr)
+                    for p, t, o, lp, turns, tr in zip(saved["prompts"], saved["tokens"], saved["observed"], logps,
+                                                     saved["turns"], saved["truncated"])]
+        self._sampler_logps = saved["logps"] is not None
+        return self._rollout(episodes, saved["texts"])
+
+    def _rollout(self, episodes: list[Episode], texts: list[str]) -> Rollout:
+        return episodes_rollout(episodes, texts, self.tok, self.generator.pad_id, self._sampler_logps)
+
+
+class EpisodeRunner(EpisodeRecords):
     """Runs a generation batch's episodes against a generator; counts environment failures."""
 
     def __init__(self, cfg, data_cfg, tokenizer, generator, context_limit: int) -> None:
@@ -68,6 +94,9 @@ class EpisodeRunner:
     @staticmethod
     def _zero() -> dict[str, int]:
         return {"episodes": 0, "errors": 0, "timeouts": 0, "tool_calls": 0, "tool_failures": 0}
+
+    def close(self) -> None:
+        pass  # environments are closed with their episodes
 
     def take_counts(self) -> dict[str, int]:
         """Since the last call: episodes, environment failures (errors, timeouts), tool calls and failed ones."""
@@ -265,55 +294,29 @@ class EpisodeRunner:
                         "environment/%s)", e.spec.name if e.spec else "", failure.text,
                         "timeouts" if failure.kind == "timeout" else "errors")
 
-    def saved(self, rollout: Rollout) -> dict[str, Any]:
-        """A rollout of `run` as JSON (an asynchronous run's batch in flight at a checkpoint), for `restored`."""
-        pm, cm = rollout.prompt_mask.bool(), rollout.completion_mask.bool()
-        rows = lambda t, m: [row[k].tolist() for row, k in zip(t, m)]  # noqa: E731
-        return {"prompts": rows(rollout.prompt_ids, pm), "texts": list(rollout.prompts),
-                "tokens": rows(rollout.completion_ids, cm), "observed": rows(rollout.observation_mask, cm),
-                "logps": None if rollout.sampling_logps is None else rows(rollout.sampling_logps, cm),
-                "turns": rollout.turns, "truncated": rollout.truncated.tolist()}
 
-    def restored(self, saved: dict[str, Any]) -> Rollout:
-        """The rollout `saved` describes, token for token."""
-        logps = saved["logps"] or [[0.0] * len(t) for t in saved["tokens"]]
-        episodes = [Episode(prompt=p, tokens=t, observed=o, logps=lp, turns=turns, truncated=tr)
-                    for p, t, o, lp, turns, tr in zip(saved["prompts"], saved["tokens"], saved["observed"], logps,
-                                                     saved["turns"], saved["truncated"])]
-        self._sampler_logps = saved["logps"] is not None
-        return self._rollout(episodes, saved["texts"])
-
-    def _rollout(self, episodes: list[Episode], texts: list[str]) -> Rollout:
-        pad = self.generator.pad_id
-        prompt_ids, prompt_mask = left_pad([e.prompt for e in episodes], pad)
-        T = max(1, max(len(e.tokens) for e in episodes))
-        ids = torch.full((len(episodes), T), pad, dtype=torch.long)
-        mask = torch.zeros((len(episodes), T), dtype=torch.long)
-        observed = torch.zeros((len(episodes), T), dtype=torch.long)
-        logps = torch.zeros((len(episodes), T), dtype=torch.float32)
-        for r, e in enumerate(episodes):
-            n = len(e.tokens)
-            ids[r, :n] = torch.tensor(e.tokens, dtype=torch.long)
-            mask[r, :n] = 1
-            observed[r, :n] = torch.tensor(e.observed, dtype=torch.long)
-            logps[r, :n] = torch.tensor(e.logps, dtype=torch.float32)
-        return Rollout(
-            prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=ids, completion_mask=mask,
-            truncated=torch.tensor([e.truncated for e in episodes]), prompts=texts,
-            completions=[self.tok.decode(e.tokens, skip_special_tokens=True) for e in episodes],
-            sampling_logps=logps if self._sampler_logps else None, observation_mask=observed,
-            turns=[e.turns for e in episodes],
-        )
-
-
-def episode_runner(recipe, tokenizer, generator, model) -> EpisodeRunner | None:
-    """The runner of a recipe with rollout.environment or rollout.tools (None without): its context limit is
-    rollout.max_episode_length, else the model's max_position_embeddings."""
-    ro = recipe.rollout
-    if ro.environment is None and not ro.tools:
-        return None
-    limit = ro.max_episode_length or getattr(getattr(model, "config", None), "max_position_embeddings", None) or 2**31
-    return EpisodeRunner(ro, recipe.data, tokenizer, generator, limit)
+def episodes_rollout(episodes: list[Episode], texts: list[str], tokenizer, pad: int, sampler_logps: bool) -> Rollout:
+    """Episodes -> the Rollout the trainer reads: each prompt (left-padded), everything after it as the completion,
+    its observation mask, its sampler log-probs (where `sampler_logps`), its turns."""
+    prompt_ids, prompt_mask = left_pad([e.prompt for e in episodes], pad)
+    T = max(1, max(len(e.tokens) for e in episodes))
+    ids = torch.full((len(episodes), T), pad, dtype=torch.long)
+    mask = torch.zeros((len(episodes), T), dtype=torch.long)
+    observed = torch.zeros((len(episodes), T), dtype=torch.long)
+    logps = torch.zeros((len(episodes), T), dtype=torch.float32)
+    for r, e in enumerate(episodes):
+        n = len(e.tokens)
+        ids[r, :n] = torch.tensor(e.tokens, dtype=torch.long)
+        mask[r, :n] = 1
+        observed[r, :n] = torch.tensor(e.observed, dtype=torch.long)
+        logps[r, :n] = torch.tensor(e.logps, dtype=torch.float32)
+    return Rollout(
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=ids, completion_mask=mask,
+        truncated=torch.tensor([e.truncated for e in episodes]), prompts=texts,
+        completions=[tokenizer.decode(e.tokens, skip_special_tokens=True) for e in episodes],
+        sampling_logps=logps if sampler_logps else None, observation_mask=observed,
+        turns=[e.turns for e in episodes],
+    )
 
 
 def _step_result(result: Any) -> tuple[str | None, bool]:

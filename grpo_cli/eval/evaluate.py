@@ -12,6 +12,8 @@ metrics.py's, the targets targets.py's; this module loads the problems, samples 
 
 from __future__ import annotations
 
+import contextlib
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +92,7 @@ def evaluate_model(model, tokenizer, recipe: Recipe, cfg: EvalConfig, problems: 
     own RNG (seeded with cfg.seed) and leaves the caller's RNG untouched."""
     import torch
 
-    from grpo_cli.agents.episodes import episode_runner
+    from grpo_cli.agents.runners import episode_runner
     from grpo_cli.datatypes import PromptBatch
     from grpo_cli.rewards import answers_match, extract_answer, reference_text, score_rollout
     from grpo_cli.recipe.backends import for_eval
@@ -102,7 +104,8 @@ def evaluate_model(model, tokenizer, recipe: Recipe, cfg: EvalConfig, problems: 
     max_len, n = cfg.max_new_tokens or recipe.rollout.max_completion_length, cfg.num_samples
     samples: list[dict[str, Any]] = []
     batches = [list(range(s, min(s + cfg.batch_size, len(problems)))) for s in range(0, len(problems), cfg.batch_size)]
-    with torch.random.fork_rng(devices=[]), _progress(progress, len(problems), label) as advance:
+    with torch.random.fork_rng(devices=[]), _progress(progress, len(problems), label) as advance, \
+            contextlib.closing(episodes) if episodes is not None else contextlib.nullcontext():  # agent endpoints
         torch.manual_seed(cfg.seed)
         for rows in batches:
             ids, texts = [problems.input_ids[i] for i in rows], [problems.texts[i] for i in rows]

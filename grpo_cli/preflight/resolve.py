@@ -35,6 +35,10 @@ def resolve(recipe: Recipe, *, elsewhere: bool = False) -> Resolved:
     try:
         rewards, unresolved = _rewards(recipe, elsewhere)
         tools, environments = _tools(recipe), _environment(recipe)
+        if recipe.rollout.agent is not None:
+            from grpo_cli.agents.programs import check_program
+
+            check_program(recipe.rollout.agent, recipe.rollout.agent_kwargs)
         _distinct_tools(tools, environments)
         _generator(recipe)
         _cache_implementation(recipe)

@@ -106,8 +106,14 @@ def check_episodes(recipe) -> None:
     """Multi-turn settings that fit together (naming the field)."""
     ro = recipe.rollout
     uses_reward = [i for i, r in enumerate(recipe.rewards) if r.name == "environment"]
+    if ro.agent is not None:
+        if ro.environment is not None or ro.tools:
+            raise ValueError(f"rollout.agent: an agent program owns its tool loop and environment; it does not "
+                             f"combine with rollout.{'environment' if ro.environment is not None else 'tools'}")
+        return
     if ro.environment is None and uses_reward:
-        raise ValueError(f"rewards.{uses_reward[0]}.name: the reward `environment` needs rollout.environment")
+        raise ValueError(f"rewards.{uses_reward[0]}.name: the reward `environment` needs rollout.environment (or "
+                         "rollout.agent)")
     if ro.environment is None and not ro.tools:
         if ro.max_turns > 1:
             raise ValueError(f"rollout.max_turns ({ro.max_turns}) needs rollout.environment or rollout.tools: after "

@@ -144,6 +144,8 @@ def resolve_paths(raw: dict[str, Any], recipe_dir: Path, overridden: list[str] |
     elif isinstance(ro.get("environment"), dict):  # {route: path/to/env.py:Class}
         ro["environment"] = {k: _reward_path(v, base(f"rollout.environment.{k}")) if isinstance(v, str) else v
                              for k, v in ro["environment"].items()}
+    if isinstance(ro.get("agent"), str):
+        ro["agent"] = _reward_path(ro["agent"], base("rollout.agent"))
     if isinstance(ro.get("tools"), list):
         ro["tools"] = [_reward_path(t, base(f"rollout.tools.{i}")) for i, t in enumerate(ro["tools"])]
     rewards = raw.get("rewards")

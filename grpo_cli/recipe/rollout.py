@@ -110,7 +110,21 @@ class RolloutConfig(Section):
         "\"arguments\": {...}}</tool_call>` in an assistant turn runs it, its answer is the next (tool) turn.",
     )
     tool_timeout_s: float = Field(10.0, gt=0, description="Each tool call runs in a child process killed after this many seconds.")
-    max_turns: int = Field(1, ge=1, description="Assistant turns per episode (1: one completion per prompt).")
+    agent: str | None = Field(
+        None, description="Agent programs that own their tool loop: `path/to/agent.py:fn` or `module:fn`, "
+        "fn(base_url, api_key, row, **agent_kwargs) -> reward | None, one call per rollout in its own process; it "
+        "talks to the policy through the OpenAI-compatible endpoint at base_url (the `openai` client), which "
+        "records every turn's tokens for training. Its return value is the built-in reward `environment`.",
+    )
+    agent_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the agent program.")
+    agent_timeout_s: float = Field(
+        300.0, gt=0, description="An agent program still running after this is killed; its episode is cut where it "
+        "was (agent/timeouts).")
+    agent_concurrency: int = Field(16, ge=1, description="Agent programs running at once (their requests are "
+                                   "sampled together).")
+    agent_max_body_bytes: int = Field(4 * 2**20, ge=1024, description="The endpoint refuses a larger request (413).")
+    max_turns: int = Field(1, ge=1, description="Assistant turns per episode (1: one completion per prompt); with "
+                           "rollout.agent, the answers a program gets per episode.")
     max_episode_length: int | None = Field(
         None, ge=2, description="Tokens of a whole episode, prompt and observations included; an episode that reaches "
         "it is truncated. None: the model's max_position_embeddings. max_completion_length bounds the sampled tokens.",

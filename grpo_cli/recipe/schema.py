@@ -302,10 +302,11 @@ class Recipe(Section):
     @model_validator(mode="before")
     @classmethod
     def _environment_owns(cls, raw: Any) -> Any:
-        """With rollout.environment, data and rewards may be left out (TRL: the environment owns the data and, with
-        get_reward, the reward): blank rows whose prompt reset() writes, and the reward `environment`."""
+        """With rollout.environment (or rollout.agent), data and rewards may be left out (TRL: the environment owns
+        the data and, with get_reward, the reward): blank rows whose prompt reset() writes, and the reward
+        `environment` (an agent program's return value)."""
         rollout = raw.get("rollout") if isinstance(raw, dict) else None
-        if not isinstance(rollout, dict) or not rollout.get("environment"):
+        if not isinstance(rollout, dict) or not (rollout.get("environment") or rollout.get("agent")):
             return raw
         raw = dict(raw)
         if raw.get("data") is None:

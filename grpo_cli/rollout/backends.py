@@ -30,8 +30,9 @@ class Generator(Protocol):
         """B prompts -> B*n completions, each prompt's n samples in contiguous rows."""
 
     def sample(self, token_ids: list[list[int]], max_new_tokens: list[int], *, greedy: bool = False,
-               temperature: float | None = None, top_p: float | None = None) -> Samples:
-        """Continue each token sequence by at most its own budget (the turns of multi-turn episodes)."""
+               temperature: float | None = None, top_p: float | None = None, logprobs: bool = False) -> Samples:
+        """Continue each token sequence by at most its own budget (the turns of multi-turn episodes). `logprobs`:
+        report the sampler's log-probs of the drawn tokens (vLLM always does)."""
 
     def sync_weights(self, model: torch.nn.Module) -> float:
         """Sample with `model`'s current weights from now on; -> seconds taken. Sets `sync_bytes`: what the sync

@@ -185,10 +185,11 @@ class HFGenerator:
                              sampling_logps=logps)
 
     def sample(self, token_ids: list[list[int]], max_new_tokens: list[int], *, greedy: bool = False,
-               temperature: float | None = None, top_p: float | None = None) -> Samples:
-        """Each sequence continued by at most its own budget: one `generate` to the largest, each row cut to its."""
+               temperature: float | None = None, top_p: float | None = None, logprobs: bool = False) -> Samples:
+        """Each sequence continued by at most its own budget: one `generate` to the largest, each row cut to its.
+        `logprobs`: record the sampler's log-probs of the drawn tokens (a sampling copy always does)."""
         completion_ids, cmask, truncated, logps = self._run(token_ids, max_new_tokens=max(max_new_tokens), greedy=greedy,
-                                                            temperature=temperature, top_p=top_p)
+                                                            temperature=temperature, top_p=top_p, logprobs=logprobs)
         tokens, out_logps, finished = [], [] if logps is not None else None, []
         for r, budget in enumerate(max_new_tokens):
             n = int(cmask[r].sum())  # up to and including the EOS; all of them when there is none
@@ -199,7 +200,8 @@ class HFGenerator:
         return Samples(tokens, out_logps, finished)
 
     def _run(self, rows: list[list[int]], *, greedy: bool = False, temperature: float | None = None,
-             top_p: float | None = None, max_new_tokens: int | None = None, min_new_tokens: int | None = None):
+             top_p: float | None = None, max_new_tokens: int | None = None, min_new_tokens: int | None = None,
+             logprobs: bool = False):
         """Token rows -> completion ids [n, T] (pad after the EOS), mask [n, T], truncated [n], sampler log-probs."""
         from transformers import GenerationConfig
 
@@ -224,7 +226,7 @@ class HFGenerator:
             **(self.static.generation_settings() if static is not None else {}), **extra,
         )
         # a sampling copy is a different policy: its log-probs go with the rollout (importance sampling)
-        recorder = SamplerLogprobs(temperature) if self.copy is not None and not greedy else None
+        recorder = SamplerLogprobs(temperature) if (self.copy is not None or logprobs) and not greedy else None
         processors += [recorder] if recorder is not None else []
         was_training = self.model.training
         self.model.eval()

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from grpo_cli.agents.episodes import episode_runner
+from grpo_cli.agents.runners import episode_runner
 from grpo_cli.data.prompts import user_prompts
 from grpo_cli.datatypes import Processes, PromptBatch, Rollout, StepBatch
 from grpo_cli.models.loading import resolve_model_source
@@ -74,6 +74,8 @@ class Sampled:
         return {}, {"generator_per_rank": self.generator}  # e.g. vLLM's request seeds continue where they were
 
     def close(self) -> None:
+        if self.episodes is not None:
+            self.episodes.close()  # an agent endpoint's server
         self.generator.close()
 
     def _episode_counts(self) -> dict[str, int]:
@@ -187,6 +189,10 @@ def episode_metrics(counts: dict[str, int], rollout_cfg, total: Callable[[float]
     m: dict[str, float] = {}
     if rollout_cfg.environment is not None:
         m["environment/errors"], m["environment/timeouts"] = total(counts["errors"]), total(counts["timeouts"])
+    if rollout_cfg.agent is not None:
+        from grpo_cli.agents.programs import agent_metrics
+
+        m |= agent_metrics(counts, total)
     if tools:
         calls, episodes = total(counts["tool_calls"]), total(counts["episodes"])
         m["tools/call_frequency"] = calls / max(episodes, 1.0)

@@ -105,7 +105,7 @@ class VLLMColocateGenerator:
         return build_rollout(prompt_ids, prompts, n, completion_ids, cmask, truncated, self.tokenizer, self.pad_id, logps)
 
     def sample(self, token_ids: list[list[int]], max_new_tokens: list[int], *, greedy: bool = False,
-               temperature: float | None = None, top_p: float | None = None) -> Samples:
+               temperature: float | None = None, top_p: float | None = None, logprobs: bool = True) -> Samples:
         """Each token sequence continued by at most its own budget (multi-turn episodes), one request each."""
         from vllm.inputs import TokensPrompt
 

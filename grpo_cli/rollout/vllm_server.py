@@ -94,7 +94,7 @@ class VLLMServerGenerator:
         return build_rollout(prompt_ids, prompts, n, completion_ids, cmask, truncated, self.tokenizer, self.pad_id, logps)
 
     def sample(self, token_ids: list[list[int]], max_new_tokens: list[int], *, greedy: bool = False,
-               temperature: float | None = None, top_p: float | None = None) -> Samples:
+               temperature: float | None = None, top_p: float | None = None, logprobs: bool = True) -> Samples:
         """Each token sequence continued by at most its own budget (multi-turn episodes): one request to the
         largest budget, each row cut to its own."""
         body = self._generate_body(token_ids, 1, greedy, temperature, top_p, max(max_new_tokens))

@@ -50,14 +50,21 @@ METRICS: list[Metric] = [
         ("completions/max_length", "Most sampled tokens of a completion."),
         ("completions/clipped_ratio", "Share of completions that hit the length limit (no EOS)."),
         ("completions/mean_terminated_length", "Mean length of the completions that ended with EOS (0 when none did)."),
-        ("turns/mean", "Mean assistant turns per episode.", "rollout.environment or rollout.tools"),
-        ("turns/max", "Most assistant turns of an episode.", "rollout.environment or rollout.tools"),
+        ("turns/mean", "Mean assistant turns per episode.", "rollout.environment, rollout.tools or rollout.agent"),
+        ("turns/max", "Most assistant turns of an episode.", "rollout.environment, rollout.tools or rollout.agent"),
         ("environment/errors", "Episodes ended by an environment call that raised.", "rollout.environment"),
         ("environment/timeouts", "Episodes ended by an environment call past environment_timeout_s.",
          "rollout.environment"),
         ("tools/call_frequency", "Tool calls per episode.", "rollout.tools or an environment's methods"),
         ("tools/failure_frequency", "Share of tool calls that failed (malformed, unknown, raised, timed out).",
          "rollout.tools or an environment's methods"),
+        ("agent/errors", "Agent programs that raised (their reward is missing, their episode cut).", "rollout.agent"),
+        ("agent/timeouts", "Agent programs killed at rollout.agent_timeout_s (their episode cut where it was).",
+         "rollout.agent"),
+        ("agent/rewrites", "Requests whose history did not extend the one served: answered, not recorded (the "
+                           "episode ends before them).", "rollout.agent"),
+        ("agent/tool_call_frequency", "Tool calls the model wrote per episode (the program runs them).",
+         "rollout.agent"),
     ]),
     *_group("update", [
         ("loss", "The step's objective as TRL logs it: each optimizer step's micro-batch losses as backpropagated, "

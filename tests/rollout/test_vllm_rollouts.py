@@ -288,3 +288,32 @@ def test_episodes_on_vllm_colocate_and_server(tmp_path, turn_model, monkeypatch)
     finally:
         server.kill()
         server.wait()
+
+
+@pytest.mark.vllm
+def test_an_agent_program_on_vllm_colocate_and_server(tmp_path, turn_model):
+    """rollout.agent in front of a colocated vLLM and of grpo serve-vllm (issue 37 item 3): the program's turns are
+    sampled by vLLM, recorded with vLLM's log-probs, and trained."""
+    cache = tmp_path / "cache"
+    agent = ["rollout.agent=tests/agent_programs.py:tool_loop", "rollout.agent_kwargs={max_turns: 3, max_tokens: 8}",
+             "rollout.max_turns=3", "rollout.max_completion_length=24", "train.max_steps=2", "rewards=[{name: environment}]",
+             f"model.name_or_path={turn_model}"]
+
+    def check(run: Path) -> None:
+        for m in read_jsonl(run / "metrics.jsonl"):
+            assert m["agent/errors"] == 0 == m["agent/timeouts"] and m["turns/max"] >= 2, m
+            assert m["sampling/sampling_logp_difference/mean"] < 0.02, m  # vLLM's bf16 log-probs of the same tokens
+
+    p = train(tmp_path / "colocate", cache, "rollout.vllm.mode=colocate", *agent)
+    assert p.returncode == 0, p.stderr[-3000:]
+    check(tmp_path / "colocate")
+    port = free_port()
+    server = start_server(turn_model, port, cache, tmp_path / "server.log")
+    try:
+        p = train(tmp_path / "server", cache, "rollout.vllm.mode=server", f"rollout.vllm.server_url=http://127.0.0.1:{port}",
+                  *agent, GRPO_SERVER_TOKEN=TRAINER_TOKEN)
+        assert p.returncode == 0, p.stderr[-3000:]
+        check(tmp_path / "server")
+    finally:
+        server.kill()
+        server.wait()
