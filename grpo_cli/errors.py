@@ -95,6 +95,13 @@ class NonFiniteError(UserError):
     exit_code = 1
 
 
+class EnvironmentUnavailable(UserError):
+    """An environment that cannot run an episode at all (its server refuses the sessions a step needs): the run
+    stops, naming it, instead of training on failed episodes. An environment raises it from reset."""
+
+    exit_code = 1
+
+
 class VLLMServerError(UserError):
     """`grpo serve-vllm` could not be reached or refused a request. `status`: the HTTP status of a refusal,
     None when the server was not reached."""

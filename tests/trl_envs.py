@@ -82,3 +82,20 @@ class Undescribed:
 
     def poke(self, x):
         return x
+
+
+class Unavailable:
+    """Its reset finds no room: the run stops (grpo_cli.errors.EnvironmentUnavailable), in a child process too."""
+
+    def reset(self, **kwargs) -> str:
+        from grpo_cli.errors import EnvironmentUnavailable
+
+        raise EnvironmentUnavailable("no room for another session")
+
+    def poke(self, x: int) -> int:
+        """Poke.
+
+        Args:
+            x: How hard.
+        """
+        return x

@@ -37,6 +37,8 @@ import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from grpo_cli.agents.openenv import PREFIX, action_tool, is_openenv
+from grpo_cli.errors import EnvironmentUnavailable
 from grpo_cli.usercode import objects
 from grpo_cli.usercode.children import become_subreaper, kill_tree, mp_context
 
@@ -69,6 +71,7 @@ class EnvSpec:
     api: str  # "turns" or "tools" (module docstring)
     tools: tuple[str, ...] = ()  # tools contract: the methods the model may call
     schemas: tuple[dict, ...] = ()  # and their JSON schemas, as the chat template gets them
+    done_method: str | None = None  # asked after a turn's calls: True ends the episode (an OpenEnv step's done)
 
     @property
     def reward_method(self) -> str:
@@ -124,6 +127,20 @@ def environment_specs(ro) -> dict[str | None, EnvSpec]:
     for route, name in named.items():
         field = "rollout.environment" + ("" if route is None else f".{route}")
         kwargs = ro.environment_kwargs if route is None else ro.environment_kwargs.get(route, {})
+        if is_openenv(name):  # a server: its action is the tool (agents/openenv.py)
+            url = name.removeprefix(PREFIX)
+            try:
+                tool = action_tool(url)
+            except ValueError as e:
+                raise ValueError(f"{field}: {e}") from None
+            tool_name = tool["function"]["name"]
+            out[route] = EnvSpec(route, "grpo_cli.agents.openenv:OpenEnvEnvironment",
+                                 {"base_url": url, "tool": tool_name, **kwargs}, "tools", (tool_name,), (tool,),
+                                 done_method="is_done")
+            if ro.max_turns < 2:
+                raise ValueError(f"rollout.max_turns ({ro.max_turns}): the OpenEnv server's action is a tool, and a "
+                                 "tool's answer comes in the next turn: set rollout.max_turns >= 2")
+            continue
         try:
             cls = resolve_environment(name)
         except ValueError as e:
@@ -191,7 +208,8 @@ def check_environment(ro, *, needs_reward: bool) -> dict[str | None, EnvSpec]:
 
 
 class EnvFailure(Exception):
-    """A call that raised (`kind` error) or overran its time (`kind` timeout); `text` says which and where."""
+    """A call that raised (`kind` error), overran its time (`kind` timeout), or found the environment unable to run
+    at all (`kind` unavailable: EnvironmentUnavailable, which stops the run); `text` says which and where."""
 
     def __init__(self, kind: str, text: str) -> None:
         super().__init__(text)
@@ -228,6 +246,8 @@ class LocalEnv:
             return None
         try:
             return fn(*args, **kwargs)
+        except EnvironmentUnavailable as e:  # the run stops (the episode runner raises it again)
+            raise EnvFailure("unavailable", str(e)) from None
         except Exception as e:  # noqa: BLE001 - user code
             raise EnvFailure("error", f"{method} raised {_describe(e)}") from None
 
@@ -258,7 +278,7 @@ def _env_main(name: str, kwargs: dict[str, Any], conn: Connection) -> None:
         try:
             conn.send(("ok", env.receive(0.0)))
         except EnvFailure as e:
-            conn.send(("error", e.text))
+            conn.send(("unavailable" if e.kind == "unavailable" else "error", e.text))
         except Exception as e:  # noqa: BLE001 - e.g. a result that cannot be pickled
             conn.send(("error", f"{method}: its result could not be sent back ({_describe(e)})"))
     conn.close()
@@ -298,8 +318,8 @@ class ChildEnv:
         except EOFError:
             self.close()
             raise EnvFailure("error", f"{self._method}: its process exited ({self.proc.exitcode})") from None
-        if status == "error":
-            raise EnvFailure("error", value)
+        if status in ("error", "unavailable"):
+            raise EnvFailure(status, value)
         return value
 
     def close(self) -> None:

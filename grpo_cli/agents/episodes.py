@@ -31,7 +31,7 @@ from grpo_cli.agents.observations import Observations
 from grpo_cli.agents.tools import Call, ToolBox, parse_calls
 from grpo_cli.data.prompts import encode_prompts, render_prompt
 from grpo_cli.datatypes import PromptBatch, Rollout
-from grpo_cli.errors import DataError
+from grpo_cli.errors import DataError, EnvironmentUnavailable
 from grpo_cli.rollout.common import left_pad
 
 log = logging.getLogger(__name__)
@@ -252,6 +252,20 @@ class EpisodeRunner(EpisodeRecords):
             mine = [answers[i, j] for j in range(len(calls))]
             messages = [{"role": "tool", "content": text} for text, _ in mine]
             self._observe(e, messages, "tool", "\n".join(text for text, _ in mine))
+        self._ask_done(episodes, envs, [i for i, _ in calling])
+
+    def _ask_done(self, episodes: list[Episode], envs: list | None, called: list[int]) -> None:
+        """Environments that say when they are over (an OpenEnv step's done): asked after the turn's calls."""
+        asking = [i for i in called if not episodes[i].done and episodes[i].spec is not None
+                  and episodes[i].spec.done_method]
+        if not asking:
+            return
+        for i, over in zip(asking, call_all([envs[i] for i in asking], [episodes[i].spec.done_method for i in asking],
+                                            [()] * len(asking), self.cfg.environment_timeout_s)):
+            if isinstance(over, EnvFailure):
+                self._fail(episodes[i], over)
+            elif over:
+                episodes[i].done = True
 
     def _call_methods(self, episodes: list[Episode], envs: list, methods: list[tuple[int, int, Call]],
                       answers: dict) -> None:
@@ -286,6 +300,8 @@ class EpisodeRunner(EpisodeRecords):
         e.turns.append({"role": role, "text": text, "tokens": ids})
 
     def _fail(self, e: Episode, failure: EnvFailure) -> None:
+        if failure.kind == "unavailable":
+            raise EnvironmentUnavailable(f"environment {e.spec.name if e.spec else ''}: {failure.text}")
         e.done = e.failed = True
         self.counts["timeouts" if failure.kind == "timeout" else "errors"] += 1
         if failure.kind not in self._reported:

@@ -108,6 +108,11 @@ def _reward_path(name: Any, base: Path) -> Any:
     return f"{_absolute(target, base)}:{fn}" if is_file(target) else name
 
 
+def _environment_path(name: Any, base: Path) -> Any:
+    """An environment class's file made absolute; a server's URL (openenv:http://...) unchanged."""
+    return name if isinstance(name, str) and "://" in name else _reward_path(name, base)
+
+
 def resolve_paths(raw: dict[str, Any], recipe_dir: Path, overridden: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     """Local paths of a raw recipe made absolute, so the recipe works from any directory and the resolved
     recipe saved with a run names the same files wherever it is read.
@@ -140,9 +145,9 @@ def resolve_paths(raw: dict[str, Any], recipe_dir: Path, overridden: list[str] |
         m["name_or_path"] = _absolute(m["name_or_path"], base("model.name_or_path"))
     ro = section("rollout")
     if isinstance(ro.get("environment"), str):  # path/to/env.py:Class, like a reward file
-        ro["environment"] = _reward_path(ro["environment"], base("rollout.environment"))
+        ro["environment"] = _environment_path(ro["environment"], base("rollout.environment"))
     elif isinstance(ro.get("environment"), dict):  # {route: path/to/env.py:Class}
-        ro["environment"] = {k: _reward_path(v, base(f"rollout.environment.{k}")) if isinstance(v, str) else v
+        ro["environment"] = {k: _environment_path(v, base(f"rollout.environment.{k}"))
                              for k, v in ro["environment"].items()}
     if isinstance(ro.get("agent"), str):
         ro["agent"] = _reward_path(ro["agent"], base("rollout.agent"))

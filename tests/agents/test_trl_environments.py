@@ -146,6 +146,16 @@ def test_a_method_that_raises_is_answered_and_one_that_hangs_ends_the_episode(mo
     assert r.take_counts()["timeouts"] == 1
 
 
+@pytest.mark.parametrize("timeout", [None, 5])
+def test_an_environment_that_cannot_run_stops_the_run(timeout, model_cache):
+    from grpo_cli.errors import EnvironmentUnavailable
+
+    r, tok, recipe = setup({"rewards": [{"name": "format"}], "rollout": {
+        "environment": f"{ENVS}:Unavailable", "max_turns": 2, "environment_timeout_s": timeout}})
+    with pytest.raises(EnvironmentUnavailable, match="Unavailable: no room for another session"):
+        r.run(rows_batch(tok, recipe, {"prompt": [""] * 2}), with_reward=True)
+
+
 def test_validation_names_the_field():
     env = f"{ENVS}:IncrementEnv"
     cases = [
