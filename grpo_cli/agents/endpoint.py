@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-from grpo_cli.agents.observations import Observations
+from grpo_cli.agents.observations import Observations, history_notice
 from grpo_cli.agents.chat import answer_message, parse_request, template_message
 from grpo_cli.data.prompts import system_text
 from grpo_cli.errors import RequestError
@@ -131,6 +131,9 @@ class Endpoint:
         self.model_name, self.token = model_name, secrets.token_urlsafe(24)
         self.kwargs = dict(data_cfg.chat_template_kwargs)
         self.observations = Observations(tokenizer, data_cfg.chat_template_kwargs)
+        notice = history_notice(self.observations.changes_history, {"user", "tool"})
+        if notice:
+            log.warning(notice)
         self.sessions: dict[str, Session] = {}
         self.running = 0  # programs that may still send a request (the batcher waits for them)
         self.batcher = Batcher(generator, lambda: self.running)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from grpo_cli.agents.environments import EnvFailure, EnvSpec, call_all, environment_specs, open_environments
-from grpo_cli.agents.observations import Observations
+from grpo_cli.agents.observations import Observations, history_notice
 from grpo_cli.agents.tools import Call, ToolBox, parse_calls
 from grpo_cli.data.prompts import encode_prompts, render_prompt
 from grpo_cli.datatypes import PromptBatch, Rollout
@@ -87,6 +87,11 @@ class EpisodeRunner(EpisodeRecords):
         self.toolbox = ToolBox(cfg.tools, cfg.tool_timeout_s) if cfg.tools else None
         self.specs = environment_specs(cfg)  # {route: EnvSpec}
         self.uses_tools = bool(cfg.tools) or any(s.tools for s in self.specs.values())
+        roles = {"tool"} if self.uses_tools else set()
+        roles |= {"user"} if any(s.api == "turns" for s in self.specs.values()) else set()
+        notice = history_notice(self.observations.changes_history, roles)
+        if notice:
+            log.warning(notice)
         self.counts = self._zero()
         self._reported: set[str] = set()
         self._sampler_logps = False  # whether the backend reports log-probs (vLLM, a sampling copy)
