@@ -48,7 +48,7 @@ def rewrites_history(base_url, api_key, row):
     from openai import OpenAI
 
     client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-    first = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=6)
+    first = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=30)
     client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hello"}], max_tokens=6)
     return 1.0 if first.choices[0].message.content is not None else 0.0
 

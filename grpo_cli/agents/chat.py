@@ -5,6 +5,7 @@ OpenAI's tool calls. Importing this module must not import torch."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from grpo_cli.agents.tools import CALL, parse_calls
@@ -60,16 +61,23 @@ def normal(message: Any, where: str) -> dict:
     return out
 
 
-def parse_request(body: bytes) -> tuple[list[dict], list[dict] | None]:
-    """A chat completions body -> its normalised messages and tools; RequestError 400 naming what is wrong."""
+@dataclass
+class ChatRequest:
+    messages: list[dict]  # normalised (see `normal`)
+    tools: list[dict] | None
+    max_tokens: int | None  # max_completion_tokens or max_tokens: this turn's cap
+    stream: bool  # answer as server-sent events (`stream_events`)
+    include_usage: bool  # stream_options.include_usage: a last chunk with the usage
+
+
+def parse_request(body: bytes) -> ChatRequest:
+    """A chat completions body -> the request; RequestError 400 naming what is wrong."""
     try:
         req = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RequestError(400, f"the body is not JSON: {e}") from None
     if not isinstance(req, dict):
         raise RequestError(400, "the body is a JSON object")
-    if req.get("stream"):
-        raise RequestError(400, "stream: streamed answers are not served; ask without stream")
     if req.get("n", 1) != 1:
         raise RequestError(400, "n: one choice per request (each request is one turn of one episode)")
     messages = req.get("messages")
@@ -78,7 +86,27 @@ def parse_request(body: bytes) -> tuple[list[dict], list[dict] | None]:
     tools = req.get("tools")
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         raise RequestError(400, "tools: a list of tool objects ({\"type\": \"function\", \"function\": {...}})")
-    return [normal(m, f"messages.{i}") for i, m in enumerate(messages)], tools or None
+    cap = req.get("max_completion_tokens", req.get("max_tokens"))
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+        raise RequestError(400, "max_tokens: a positive integer")
+    options = req.get("stream_options") or {}
+    return ChatRequest([normal(m, f"messages.{i}") for i, m in enumerate(messages)], tools or None, cap,
+                       bool(req.get("stream")), bool(isinstance(options, dict) and options.get("include_usage")))
+
+
+def stream_events(completion: dict, include_usage: bool) -> bytes:
+    """A chat completion as OpenAI's server-sent events: the whole turn in one delta (it is sampled whole), then
+    the finish reason, the usage where asked, and [DONE]."""
+    head = {k: completion[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    choice = completion["choices"][0]
+    delta = dict(choice["message"])
+    if "tool_calls" in delta:
+        delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(delta["tool_calls"])]
+    chunks = [head | {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+              head | {"choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}]
+    if include_usage:
+        chunks.append(head | {"choices": [], "usage": completion["usage"]})
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
 
 
 def answer_message(text: str, raw: str) -> dict:

@@ -2,7 +2,8 @@
 loop talk to the policy through the `openai` client, and every turn they get is recorded, token for token.
 
 Routes, on 127.0.0.1 only, each behind `Authorization: Bearer <token>` (what the openai client sends its api_key as):
-  POST /sessions/<id>/v1/chat/completions   OpenAI's chat completions: messages and tools; n = 1, no streaming
+  POST /sessions/<id>/v1/chat/completions   OpenAI's chat completions: messages, tools, max_tokens; n = 1; with
+                                            `stream` the turn comes back as server-sent events (sampled whole)
   GET  /sessions/<id>/v1/models             the served model, for clients that ask first
 
 A session is one episode. Its first request's messages are rendered by the chat template (with its `tools`) into the
@@ -36,7 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 from grpo_cli.agents.observations import Observations, history_notice
-from grpo_cli.agents.chat import answer_message, parse_request, template_message
+from grpo_cli.agents.chat import ChatRequest, answer_message, parse_request, stream_events, template_message
 from grpo_cli.data.prompts import system_text
 from grpo_cli.errors import RequestError
 
@@ -161,14 +162,15 @@ class Endpoint:
         self.server.server_close()
 
     # ------------------------------------------------------------ one request
-    def chat(self, session: Session, body: bytes) -> dict:
-        messages, tools = parse_request(body)
+    def chat(self, session: Session, request: ChatRequest) -> dict:
+        messages, tools = request.messages, request.tools
         with session.lock:
             if session.closed:
                 raise RequestError(404, "this episode is over")
             context, record = self._context(session, messages, tools)
             c = self.cfg
-            room = min(c.max_completion_length - session.sampled, self.context_limit - len(context))
+            room = min(c.max_completion_length - session.sampled, self.context_limit - len(context),
+                       request.max_tokens or 2**31)
             if room <= 0 or session.answers >= c.max_turns:
                 session.truncated = session.truncated or record
                 return self._response(session, {"role": "assistant", "content": ""}, "length", len(context), 0)
@@ -197,15 +199,14 @@ class Endpoint:
             session.messages = messages
             return list(session.prompt), True
         served = session.messages
-        extends = len(messages) > len(served) and messages[: len(served)] == served and not session.truncated
-        if not extends:
-            if len(messages) == len(served) and messages == served:
-                raise RequestError(400, "messages: the conversation ends where it was answered; add a user or tool "
-                                        "message to continue it")
-            session.rewrites += 1
-            session.truncated = True  # the recorded episode ends here; this answer is served, not recorded
-            text = self._render(messages, tools)
-            return self.tok(text, add_special_tokens=False)["input_ids"], False
+        if messages == served:
+            raise RequestError(400, "messages: the conversation ends where it was answered; add a user or tool "
+                                    "message to continue it")
+        extends = len(messages) > len(served) and messages[: len(served)] == served
+        if session.truncated or not extends:  # the recorded episode ended (a cut turn, a bound, a rewrite) or ends
+            session.rewrites += not session.truncated  # here: this answer is served, not recorded
+            session.truncated = True
+            return self.tok(self._render(messages, tools), add_special_tokens=False)["input_ids"], False
         new = messages[len(served):]
         if session.messages[-1]["role"] != "assistant":  # the first request's answer is the last served message
             raise RequestError(400, "messages: extend the conversation after the assistant's answer")
@@ -261,11 +262,11 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
         def log_message(self, fmt: str, *args: Any) -> None:  # the run's output is not an access log
             log.debug("agent endpoint: " + fmt, *args)
 
-        def _send(self, status: int, payload: dict) -> None:
-            data = json.dumps(payload).encode()
+        def _send(self, status: int, payload: dict | bytes, kind: str = "application/json") -> None:
+            data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
             try:
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -279,7 +280,12 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                     self._send(200, {"object": "list", "data": [{"id": endpoint.model_name, "object": "model",
                                                                  "owned_by": "grpo"}]})
                 elif method == "POST" and what == "chat/completions":
-                    self._send(200, endpoint.chat(session, self._body()))
+                    request = parse_request(self._body())
+                    answer = endpoint.chat(session, request)
+                    if request.stream:
+                        self._send(200, stream_events(answer, request.include_usage), "text/event-stream")
+                    else:
+                        self._send(200, answer)
                 else:
                     raise RequestError(405, f"{method} is not served on {self.path}")
             except RequestError as e:

@@ -27,6 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 from grpo_cli.agents.endpoint import Endpoint, Session
 from grpo_cli.agents.episodes import Episode, EpisodeRecords
+from grpo_cli.agents.verifiers import PREFIX as VERIFIERS
+from grpo_cli.agents.verifiers import check as verifiers_check
+from grpo_cli.agents.verifiers import is_verifiers
 from grpo_cli.usercode import objects
 from grpo_cli.usercode.children import become_subreaper, kill_tree, mp_context
 
@@ -44,6 +47,12 @@ def resolve_program(name: str) -> Any:
 
 def check_program(name: str, kwargs: dict[str, Any]) -> None:
     """ValueError starting with the field unless `name` is a function taking (base_url, api_key, row, **kwargs)."""
+    if is_verifiers(name):  # grpo's own program runs the taskset's episodes
+        try:
+            verifiers_check(name, kwargs)
+        except ValueError as e:
+            raise ValueError(f"rollout.agent: {e}") from None
+        return
     try:
         fn = resolve_program(name)
     except ValueError as e:
@@ -90,7 +99,10 @@ class AgentRunner(EpisodeRecords):
     def __init__(self, cfg, data_cfg, tokenizer, generator, context_limit: int, model_name: str = "policy") -> None:
         self.cfg, self.tok, self.generator = cfg, tokenizer, generator
         self.endpoint = Endpoint(tokenizer, generator, cfg, data_cfg, context_limit, model_name=model_name)
-        self.name = objects.portable(cfg.agent)
+        self.name, self.kwargs = objects.portable(cfg.agent), dict(cfg.agent_kwargs)
+        if is_verifiers(cfg.agent):  # agents/verifiers.py: the taskset's Env, its harness and rubric, per episode
+            self.name = "grpo_cli.agents.verifiers:episode"
+            self.kwargs = {"taskset": cfg.agent.removeprefix(VERIFIERS), **self.kwargs}
         self.counts = self._zero()
         self._reported: set[str] = set()
         self._sampler_logps = False
@@ -152,7 +164,7 @@ class AgentRunner(EpisodeRecords):
                 i = waiting.pop(0)
                 reader, writer = ctx.Pipe(duplex=False)
                 proc = ctx.Process(target=_program_main, name="agent", args=(
-                    self.name, self.endpoint.base_url(sessions[i]), self.endpoint.token, rows[i], c.agent_kwargs,
+                    self.name, self.endpoint.base_url(sessions[i]), self.endpoint.token, rows[i], self.kwargs,
                     writer))
                 proc.start()
                 writer.close()
@@ -195,9 +207,3 @@ class AgentRunner(EpisodeRecords):
     def close(self) -> None:
         self.endpoint.close()
 
-
-def agent_metrics(counts: dict[str, int], total) -> dict[str, float]:
-    """The step's agent metrics from every process's counts (`total` sums over processes)."""
-    episodes = max(total(counts["episodes"]), 1.0)
-    return {"agent/errors": total(counts["errors"]), "agent/timeouts": total(counts["timeouts"]),
-            "agent/rewrites": total(counts["rewrites"]), "agent/tool_call_frequency": total(counts["tool_calls"]) / episodes}

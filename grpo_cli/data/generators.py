@@ -146,6 +146,18 @@ def blank(n: int, seed: int) -> list[dict[str, Any]]:
     return [{"prompt": ""} for _ in range(n)]
 
 
+@GENERATORS.register("verifiers")
+def verifiers_tasks(n: int, seed: int, taskset: str, taskset_config: dict | None = None) -> list[dict[str, Any]]:
+    """A verifiers taskset's tasks, one row each: {"task": index, "prompt": text} (`rollout.agent: verifiers:...`
+    runs them; data/tasksets.py)."""
+    from grpo_cli.data.tasksets import task_rows
+
+    try:
+        return task_rows(n, seed, taskset, taskset_config)
+    except ValueError as e:
+        raise DataError(f"data.generator 'verifiers': {e}") from None
+
+
 @GENERATORS.register("reasoning_gym")
 def reasoning_gym_problems(n: int, seed: int, task: str = "basic_arithmetic", **kwargs: Any) -> list[dict[str, Any]]:
     """Problems from reasoning-gym (`pip install reasoning-gym`), e.g. task=gsm_symbolic | basic_arithmetic | chain_sum.

@@ -149,8 +149,11 @@ def resolve_paths(raw: dict[str, Any], recipe_dir: Path, overridden: list[str] |
     elif isinstance(ro.get("environment"), dict):  # {route: path/to/env.py:Class}
         ro["environment"] = {k: _environment_path(v, base(f"rollout.environment.{k}"))
                              for k, v in ro["environment"].items()}
-    if isinstance(ro.get("agent"), str):
-        ro["agent"] = _reward_path(ro["agent"], base("rollout.agent"))
+    agent = ro.get("agent")
+    if isinstance(agent, str) and agent.startswith("verifiers:") and agent.endswith(".py"):  # a taskset's file
+        ro["agent"] = "verifiers:" + _absolute(agent.removeprefix("verifiers:"), base("rollout.agent"))
+    elif isinstance(agent, str):
+        ro["agent"] = _reward_path(agent, base("rollout.agent"))
     if isinstance(ro.get("tools"), list):
         ro["tools"] = [_reward_path(t, base(f"rollout.tools.{i}")) for i, t in enumerate(ro["tools"])]
     rewards = raw.get("rewards")

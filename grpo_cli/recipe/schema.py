@@ -309,6 +309,11 @@ class Recipe(Section):
         if not isinstance(rollout, dict) or not (rollout.get("environment") or rollout.get("agent")):
             return raw
         raw = dict(raw)
+        agent = rollout.get("agent")
+        if raw.get("data") is None and isinstance(agent, str) and agent.startswith("verifiers:"):
+            config = (rollout.get("agent_kwargs") or {}).get("taskset_config")  # the taskset's tasks are the rows
+            raw["data"] = {"generator": "verifiers", "generator_kwargs": {
+                "taskset": agent.removeprefix("verifiers:"), **({"taskset_config": config} if config else {})}}
         if raw.get("data") is None:
             raw["data"] = {"generator": "blank"}
         if raw.get("rewards") is None:

@@ -189,10 +189,10 @@ def episode_metrics(counts: dict[str, int], rollout_cfg, total: Callable[[float]
     m: dict[str, float] = {}
     if rollout_cfg.environment is not None:
         m["environment/errors"], m["environment/timeouts"] = total(counts["errors"]), total(counts["timeouts"])
-    if rollout_cfg.agent is not None:
-        from grpo_cli.agents.programs import agent_metrics
-
-        m |= agent_metrics(counts, total)
+    if rollout_cfg.agent is not None:  # agent programs (agents/programs.py)
+        m["agent/errors"], m["agent/timeouts"] = total(counts["errors"]), total(counts["timeouts"])
+        m["agent/rewrites"] = total(counts["rewrites"])
+        m["agent/tool_call_frequency"] = total(counts["tool_calls"]) / max(total(counts["episodes"]), 1.0)
     if tools:
         calls, episodes = total(counts["tool_calls"]), total(counts["episodes"])
         m["tools/call_frequency"] = calls / max(episodes, 1.0)

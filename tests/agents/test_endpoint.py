@@ -84,7 +84,7 @@ def test_bad_requests_get_4xx_and_the_endpoint_lives(turn_model):
     try:
         s = ep.open()
         url = ep.base_url(s) + "/chat/completions"
-        ok = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        ok = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 30}  # the turn ends
         assert post(url, ok, None)[0] == 401  # no token
         assert post(url, ok, "wrong")[0] == 401
         assert post(url.replace(s.id, "0123abcd"), ok, ep.token)[0] == 404  # unknown session
@@ -92,7 +92,7 @@ def test_bad_requests_get_4xx_and_the_endpoint_lives(turn_model):
         bad = [(b"{not json", "not JSON"), ({"messages": "hi"}, "messages: a non-empty list"),
                ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0: a message is an object with a role"),
                ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text parts"),
-               ({**ok, "stream": True}, "stream"), ({**ok, "n": 2}, "n: one choice"),
+               ({**ok, "max_tokens": 0}, "max_tokens: a positive integer"), ({**ok, "n": 2}, "n: one choice"),
                ({**ok, "tools": "add"}, "tools: a list")]
         for body, said in bad:
             status, payload = post(url, body, ep.token)
@@ -112,6 +112,19 @@ def test_bad_requests_get_4xx_and_the_endpoint_lives(turn_model):
         assert status == 405
         ep.close_session(s)
         assert post(url, ok, ep.token)[0] == 404  # its episode is over
+        streamed = ep.open()  # stream: the turn as server-sent events, the whole turn in one delta
+        req = urllib.request.Request(ep.base_url(streamed) + "/chat/completions", method="POST", data=json.dumps(
+            {**ok, "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}).encode(),
+            headers={"Authorization": f"Bearer {ep.token}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert r.headers["Content-Type"] == "text/event-stream"
+            events = [line.removeprefix(b"data: ") for line in r.read().split(b"\n\n") if line]
+        assert events[-1] == b"[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert chunks[0]["object"] == "chat.completion.chunk"
+        assert chunks[0]["choices"][0]["delta"]["content"] == tok.decode(streamed.tokens, skip_special_tokens=True)
+        assert chunks[1]["choices"][0]["finish_reason"] in ("stop", "length") and chunks[2]["usage"][
+            "completion_tokens"] == len(streamed.tokens) <= 2  # max_tokens caps the turn
     finally:
         stop.set()
         ep.close()
@@ -162,7 +175,7 @@ def test_programs_with_the_openai_client_are_recorded_token_for_token(turn_model
 
 
 def test_failing_hanging_and_rewriting_programs_are_cut_and_counted(turn_model, caplog):
-    tok, model, cfg, gen = parts(turn_model, agent_timeout_s=8)
+    tok, model, cfg, gen = parts(turn_model, agent_timeout_s=5)
     data = DataConfig(generator="arithmetic")
     for program, counts, turns in (("raises", {"errors": 1}, 0), ("hangs", {"timeouts": 1}, 1),
                                    ("rewrites_history", {"rewrites": 1}, 1), ("async_two_turns", {}, 3)):

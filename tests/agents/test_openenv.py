@@ -145,7 +145,7 @@ def test_a_server_without_room_for_the_episodes_stops_the_run_saying_so(echo_env
 @pytest.mark.slow
 def test_train_the_openenv_recipe(echo_server, tmp_path, model_cache):
     out = cli("train", "recipes/openenv-echo.yaml", f"rollout.environment=openenv:{echo_server}", "train.max_steps=2",
-              f"logging.output_dir={tmp_path / 'run'}", timeout=600)
+              "train.prompts_per_step=1", f"logging.output_dir={tmp_path / 'run'}", timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]

@@ -279,10 +279,10 @@ def test_episodes_on_vllm_colocate_and_server(tmp_path, turn_model, monkeypatch)
         # asynchronous rollouts with an environment (issue 37 item 5): the pipeline's worker runs the episodes
         p = train(tmp_path / "async", cache, "rollout.vllm.mode=server", f"model.name_or_path={turn_model}",
                   f"rollout.vllm.server_url=http://127.0.0.1:{port}", *EPISODES, "rollout.max_staleness=1",
-                  "train.max_steps=3", GRPO_SERVER_TOKEN=TRAINER_TOKEN)
+                  GRPO_SERVER_TOKEN=TRAINER_TOKEN)
         assert p.returncode == 0, p.stderr[-3000:]
         metrics = read_jsonl(tmp_path / "async" / "metrics.jsonl")
-        assert [m["sampling/staleness/max"] for m in metrics] == [0.0, 1.0, 1.0]
+        assert [m["sampling/staleness/max"] for m in metrics] == [0.0, 1.0]
         assert max(m["turns/max"] for m in metrics) >= 2 and all(m["environment/errors"] == 0 for m in metrics)
         assert all("rewards/environment/mean" in m for m in metrics)
     finally:
@@ -296,7 +296,7 @@ def test_an_agent_program_on_vllm_colocate_and_server(tmp_path, turn_model):
     sampled by vLLM, recorded with vLLM's log-probs, and trained."""
     cache = tmp_path / "cache"
     agent = ["rollout.agent=tests/agent_programs.py:tool_loop", "rollout.agent_kwargs={max_turns: 3, max_tokens: 8}",
-             "rollout.max_turns=3", "rollout.max_completion_length=24", "train.max_steps=2", "rewards=[{name: environment}]",
+             "rollout.max_turns=3", "rollout.max_completion_length=24", "train.max_steps=1", "rewards=[{name: environment}]",
              f"model.name_or_path={turn_model}"]
 
     def check(run: Path) -> None:
