@@ -32,7 +32,6 @@ import inspect
 import logging
 import os
 import time
-import traceback
 import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -40,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from grpo_cli.agents.openenv import PREFIX, action_tool, is_openenv
 from grpo_cli.errors import EnvironmentUnavailable
 from grpo_cli.usercode import objects
-from grpo_cli.usercode.children import become_subreaper, kill_tree, mp_context
+from grpo_cli.usercode.children import become_subreaper, kill_tree, mp_context, user_error_text
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -216,12 +215,6 @@ class EnvFailure(Exception):
         self.kind, self.text = kind, text
 
 
-def _describe(e: BaseException) -> str:
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if "grpo_cli" not in f.filename]
-    where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
-    return f"{type(e).__name__}: {e}{where}"
-
-
 class LocalEnv:
     """An environment instance in this process."""
 
@@ -230,7 +223,7 @@ class LocalEnv:
         try:
             self.env = resolve_environment(name)(**kwargs)
         except Exception as e:  # noqa: BLE001 - user code
-            self.failure = EnvFailure("error", f"constructing it raised {_describe(e)}")
+            self.failure = EnvFailure("error", f"constructing it raised {user_error_text(e)}")
         else:
             self.failure = None
 
@@ -249,7 +242,7 @@ class LocalEnv:
         except EnvironmentUnavailable as e:  # the run stops (the episode runner raises it again)
             raise EnvFailure("unavailable", str(e)) from None
         except Exception as e:  # noqa: BLE001 - user code
-            raise EnvFailure("error", f"{method} raised {_describe(e)}") from None
+            raise EnvFailure("error", f"{method} raised {user_error_text(e)}") from None
 
     def close(self) -> None:
         close = getattr(self.env, "close", None)
@@ -280,7 +273,7 @@ def _env_main(name: str, kwargs: dict[str, Any], conn: Connection) -> None:
         except EnvFailure as e:
             conn.send(("unavailable" if e.kind == "unavailable" else "error", e.text))
         except Exception as e:  # noqa: BLE001 - e.g. a result that cannot be pickled
-            conn.send(("error", f"{method}: its result could not be sent back ({_describe(e)})"))
+            conn.send(("error", f"{method}: its result could not be sent back ({user_error_text(e)})"))
     conn.close()
 
 

@@ -21,7 +21,6 @@ import inspect
 import logging
 import os
 import time
-import traceback
 from multiprocessing.connection import wait
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +30,7 @@ from grpo_cli.agents.verifiers import PREFIX as VERIFIERS
 from grpo_cli.agents.verifiers import check as verifiers_check
 from grpo_cli.agents.verifiers import is_verifiers
 from grpo_cli.usercode import objects
-from grpo_cli.usercode.children import become_subreaper, kill_tree, mp_context
+from grpo_cli.usercode.children import become_subreaper, kill_tree, mp_context, send_error
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -81,12 +80,7 @@ def _program_main(name: str, base_url: str, api_key: str, row: dict, kwargs: dic
             raise TypeError(f"it returned {type(result).__name__} {str(result)[:60]!r}, not a reward (float or None)")
         conn.send(("ok", None if result is None else float(result)))
     except BaseException as e:  # noqa: BLE001 - everything goes back, counted
-        frames = [f for f in traceback.extract_tb(e.__traceback__) if "grpo_cli" not in f.filename]
-        where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
-        try:
-            conn.send(("error", f"{type(e).__name__}: {e}{where}"))
-        except Exception:  # noqa: BLE001
-            conn.send(("error", type(e).__name__))
+        send_error(conn, e)
     finally:
         conn.close()
 

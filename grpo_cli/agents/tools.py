@@ -17,12 +17,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from grpo_cli.usercode import children, objects
-from grpo_cli.usercode.children import become_subreaper
+from grpo_cli.usercode.children import become_subreaper, send_error
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -112,12 +111,7 @@ def _tool_main(name: str, arguments: dict[str, Any], conn: Connection) -> None:
     try:
         conn.send(("ok", str(resolve_tool(name)(**arguments))))
     except BaseException as e:  # noqa: BLE001 - everything goes back as the tool's answer
-        frames = [f for f in traceback.extract_tb(e.__traceback__) if "grpo_cli" not in f.filename]
-        where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
-        try:
-            conn.send(("error", f"{type(e).__name__}: {e}{where}"))
-        except Exception:  # noqa: BLE001
-            conn.send(("error", type(e).__name__))
+        send_error(conn, e)
     finally:
         conn.close()
 

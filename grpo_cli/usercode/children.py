@@ -1,5 +1,5 @@
 """Child processes that can be killed with everything they started: rewards with `timeout_s`, environments
-with `rollout.environment_timeout_s` and tool calls run in them.
+with `rollout.environment_timeout_s`, tool calls and agent programs (`rollout.agent`) run in them.
 
 Children come from multiprocessing's "forkserver" (a clean server process forks each child, which is safe in a
 process holding CUDA or threads and costs milliseconds after the first); the child calls `os.setpgrp()` and
@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -30,6 +31,23 @@ def mp_context() -> multiprocessing.context.BaseContext:
     # Imported once in the server, not in every child (ignored if the server already runs).
     ctx.set_forkserver_preload(["grpo_cli.rewards.scoring", "grpo_cli.agents.environments", "math_verify"])
     return ctx
+
+
+def user_error_text(e: BaseException) -> str:
+    """`Type: message (at file.py:line)`: the last line of the user's code it came from (grpo_cli's frames left
+    out)."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if "grpo_cli" not in f.filename]
+    where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
+    return f"{type(e).__name__}: {e}{where}"
+
+
+def send_error(conn: Connection, e: BaseException) -> None:
+    """A child's failure back to its parent: ("error", user_error_text(e)), or its type alone if that cannot be
+    sent."""
+    try:
+        conn.send(("error", user_error_text(e)))
+    except Exception:  # noqa: BLE001 - e.g. a message that cannot be pickled
+        conn.send(("error", type(e).__name__))
 
 
 def become_subreaper() -> None:
