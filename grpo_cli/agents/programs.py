@@ -88,7 +88,7 @@ def _program_main(name: str, base_url: str, api_key: str, row: dict, kwargs: dic
 class AgentRunner(EpisodeRecords):
     """Runs a generation batch's rows as agent programs against the endpoint; the EpisodeRunner's interface."""
 
-    uses_tools = False  # the program owns its tools; the calls the model wrote are counted in agent/tool_calls
+    uses_tools = False  # the program owns its tools; the calls the model wrote: agent/tool_call_frequency
 
     def __init__(self, cfg, data_cfg, tokenizer, generator, context_limit: int, model_name: str = "policy") -> None:
         self.cfg, self.tok, self.generator = cfg, tokenizer, generator
@@ -138,7 +138,7 @@ class AgentRunner(EpisodeRecords):
         return rollout, {"turns": rollout.turns, "environment_reward": rewards}
 
     def _programs(self, sessions: list[Session], rows: list[dict]) -> list[float | None | str]:
-        """Every row's program, at most agent_concurrency at once -> each one's reward, or "error" / "timeout"."""
+        """Every row's program, at most agent_concurrency at once -> each one's reward, or "errors" / "timeouts"."""
         results: list[Any] = [None] * len(rows)
         waiting = list(range(len(rows)))
         live: dict[Any, tuple[int, Any, float]] = {}  # reader -> (row, process, deadline)

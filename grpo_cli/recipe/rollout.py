@@ -86,7 +86,8 @@ class RolloutConfig(Section):
         "one instance per rollout; or a mapping {route: class} that routes each row by its environment_column (TRL's "
         "environment_factory dict). grpo's contract: reset(row) -> str | None, step(completion_text) -> "
         "(observation, done), reward(); TRL's: reset(**columns) -> str | None, public methods as tools, "
-        "get_reward(). The built-in reward `environment` is reward() / get_reward().",
+        "get_reward(). The built-in reward `environment` is reward() / get_reward(). `openenv:<url>`: an OpenEnv "
+        "environment's server (its action is the tool, its step rewards sum to the reward).",
     )
     environment_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments of the environment class; with a mapping of classes, "
@@ -114,7 +115,9 @@ class RolloutConfig(Section):
         None, description="Agent programs that own their tool loop: `path/to/agent.py:fn` or `module:fn`, "
         "fn(base_url, api_key, row, **agent_kwargs) -> reward | None, one call per rollout in its own process; it "
         "talks to the policy through the OpenAI-compatible endpoint at base_url (the `openai` client), which "
-        "records every turn's tokens for training. Its return value is the built-in reward `environment`.",
+        "records every turn's tokens for training. Its return value is the built-in reward `environment`. "
+        "`verifiers:<taskset>` (an installed taskset's id, or path/to/taskset.py): a verifiers environment, its "
+        "episodes run by verifiers itself against that endpoint.",
     )
     agent_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the agent program.")
     agent_timeout_s: float = Field(
