@@ -262,12 +262,29 @@ def check_episodes(run: Path) -> None:
         assert r["length"] == sum(len(t["tokens"]) for t in r["turns"] if t["role"] == "assistant")
 
 
+def agent_run(turn_model) -> list[str]:
+    """rollout.agent in front of vLLM (issue 37 item 3): a program's turns sampled by vLLM, recorded with vLLM's
+    log-probs, and trained."""
+    return ["rollout.agent=tests/agent_programs.py:tool_loop", "rollout.agent_kwargs={max_turns: 3, max_tokens: 8}",
+            "rollout.max_turns=3", "rollout.max_completion_length=24", "train.max_steps=1",
+            "rewards=[{name: environment}]", f"model.name_or_path={turn_model}"]
+
+
+def check_agent(run: Path) -> None:
+    for m in read_jsonl(run / "metrics.jsonl"):
+        assert m["agent/errors"] == 0 == m["agent/timeouts"] and m["turns/max"] >= 2, m
+        assert m["sampling/sampling_logp_difference/mean"] < 0.02, m  # vLLM's bf16 log-probs of the same tokens
+
+
 @pytest.mark.vllm
-def test_episodes_on_vllm_colocate_and_server(tmp_path, turn_model, monkeypatch):
+def test_episodes_and_agent_programs_on_vllm_colocate_and_server(tmp_path, turn_model, monkeypatch):
     cache = tmp_path / "cache"
     p = train(tmp_path / "colocate", cache, "rollout.vllm.mode=colocate", f"model.name_or_path={turn_model}", *EPISODES)
     assert p.returncode == 0, p.stderr[-3000:]
     check_episodes(tmp_path / "colocate")
+    p = train(tmp_path / "agent-colocate", cache, "rollout.vllm.mode=colocate", *agent_run(turn_model))
+    assert p.returncode == 0, p.stderr[-3000:]
+    check_agent(tmp_path / "agent-colocate")
 
     port, log = free_port(), tmp_path / "server.log"
     server = start_server(turn_model, port, cache, log)
@@ -285,35 +302,12 @@ def test_episodes_on_vllm_colocate_and_server(tmp_path, turn_model, monkeypatch)
         assert [m["sampling/staleness/max"] for m in metrics] == [0.0, 1.0]
         assert max(m["turns/max"] for m in metrics) >= 2 and all(m["environment/errors"] == 0 for m in metrics)
         assert all("rewards/environment/mean" in m for m in metrics)
-    finally:
-        server.kill()
-        server.wait()
-
-
-@pytest.mark.vllm
-def test_an_agent_program_on_vllm_colocate_and_server(tmp_path, turn_model):
-    """rollout.agent in front of a colocated vLLM and of grpo serve-vllm (issue 37 item 3): the program's turns are
-    sampled by vLLM, recorded with vLLM's log-probs, and trained."""
-    cache = tmp_path / "cache"
-    agent = ["rollout.agent=tests/agent_programs.py:tool_loop", "rollout.agent_kwargs={max_turns: 3, max_tokens: 8}",
-             "rollout.max_turns=3", "rollout.max_completion_length=24", "train.max_steps=1", "rewards=[{name: environment}]",
-             f"model.name_or_path={turn_model}"]
-
-    def check(run: Path) -> None:
-        for m in read_jsonl(run / "metrics.jsonl"):
-            assert m["agent/errors"] == 0 == m["agent/timeouts"] and m["turns/max"] >= 2, m
-            assert m["sampling/sampling_logp_difference/mean"] < 0.02, m  # vLLM's bf16 log-probs of the same tokens
-
-    p = train(tmp_path / "colocate", cache, "rollout.vllm.mode=colocate", *agent)
-    assert p.returncode == 0, p.stderr[-3000:]
-    check(tmp_path / "colocate")
-    port = free_port()
-    server = start_server(turn_model, port, cache, tmp_path / "server.log")
-    try:
-        p = train(tmp_path / "server", cache, "rollout.vllm.mode=server", f"rollout.vllm.server_url=http://127.0.0.1:{port}",
-                  *agent, GRPO_SERVER_TOKEN=TRAINER_TOKEN)
+        p = train(tmp_path / "agent-server", cache, "rollout.vllm.mode=server",
+                  f"rollout.vllm.server_url=http://127.0.0.1:{port}", *agent_run(turn_model),
+                  GRPO_SERVER_TOKEN=TRAINER_TOKEN)  # the same server
         assert p.returncode == 0, p.stderr[-3000:]
-        check(tmp_path / "server")
+        check_agent(tmp_path / "agent-server")
     finally:
         server.kill()
         server.wait()
+
