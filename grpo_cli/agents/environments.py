@@ -110,10 +110,13 @@ def tool_methods(cls: type) -> list[str]:
 
 
 def method_schema(cls: type, method: str) -> dict:
-    """The JSON schema of a method as a tool (self left out)."""
+    """The JSON schema of a method as a tool (self left out; a staticmethod as it is)."""
     from transformers.utils import get_json_schema
 
-    return get_json_schema(types.MethodType(getattr(cls, method), object()))
+    fn = getattr(cls, method)
+    if isinstance(inspect.getattr_static(cls, method), staticmethod):
+        return get_json_schema(fn)
+    return get_json_schema(types.MethodType(fn, object()))
 
 
 def environment_specs(ro) -> dict[str | None, EnvSpec]:

@@ -188,3 +188,24 @@ def test_train_trl_recipe_without_data_or_rewards(tmp_path, model_cache):
     assert all(m["rewards/environment/mean"] >= 0 and "tools/call_frequency" in m for m in metrics)
     records = read_jsonl(tmp_path / "run" / "rollouts.jsonl")
     assert all(re.search(r"user\nIncrement the counter by [1-6]\.<\|im_end\|>", r["prompt"]) for r in records)
+
+
+def test_a_staticmethod_is_a_tool_with_all_its_arguments():
+    from grpo_cli.agents.environments import method_schema, tool_methods
+
+    class Env:
+        def reset(self, **kwargs) -> None:
+            return None
+
+        @staticmethod
+        def add(a: int, b: int) -> int:
+            """Add two numbers.
+
+            Args:
+                a: The first.
+                b: The second.
+            """
+            return a + b
+
+    assert tool_methods(Env) == ["add"]
+    assert method_schema(Env, "add")["function"]["parameters"]["required"] == ["a", "b"]  # no `self` to drop
