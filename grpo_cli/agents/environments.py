@@ -71,6 +71,7 @@ class EnvSpec:
     tools: tuple[str, ...] = ()  # tools contract: the methods the model may call
     schemas: tuple[dict, ...] = ()  # and their JSON schemas, as the chat template gets them
     done_method: str | None = None  # asked after a turn's calls: True ends the episode (an OpenEnv step's done)
+    reset_names: frozenset[str] | None = None  # tools contract: the columns a reset without **kwargs names
 
     @property
     def reward_method(self) -> str:
@@ -82,17 +83,18 @@ class EnvSpec:
         if self.api == "turns":
             return (row,), {}
         columns = {k: v for k, v in row.items() if not (self.route is not None and k == column)}
-        params = _parameters(resolve_environment(self.name), "reset")
-        if params is not None and not any(p.kind is p.VAR_KEYWORD for p in params):
-            columns = {k: v for k, v in columns.items() if k in {p.name for p in params}}
+        if self.reset_names is not None:
+            columns = {k: v for k, v in columns.items() if k in self.reset_names}
         return (), columns
 
 
-def _parameters(cls: type, method: str) -> list[inspect.Parameter] | None:
+def _reset_names(cls: type) -> frozenset[str] | None:
+    """The parameters of a reset without **kwargs (read once, when the spec is made); None: it takes any column."""
     try:
-        return list(inspect.signature(getattr(cls, method)).parameters.values())[1:]  # without self
+        params = list(inspect.signature(getattr(cls, "reset")).parameters.values())[1:]  # without self
     except (TypeError, ValueError, AttributeError):
         return None
+    return None if any(p.kind is p.VAR_KEYWORD for p in params) else frozenset(p.name for p in params)
 
 
 def contract(cls: type, asked: str = "auto") -> str:
@@ -157,7 +159,8 @@ def environment_specs(ro) -> dict[str | None, EnvSpec]:
                 raise ValueError(f"{field}: {cls.__name__}.{method} is a public method, so a tool (TRL's contract), "
                                  f"and cannot be described to the model ({type(e).__name__}: {e}); give it type "
                                  "hints and a docstring with an Args: section, or start its name with _") from None
-        out[route] = EnvSpec(route, name, dict(kwargs), api, tools, tuple(schemas))
+        out[route] = EnvSpec(route, name, dict(kwargs), api, tools, tuple(schemas),
+                             reset_names=_reset_names(cls) if api == "tools" else None)
         _check_class(cls, out[route], field, ro)
     return out
 
