@@ -70,6 +70,10 @@ class Rollout:
     # policy sampled it; observations are attended to (completion_mask) but never trained on (trained_mask)
     observation_mask: torch.Tensor | None = None  # [N, T] int64
     turns: list[list[dict]] | None = None  # [N] each episode's turns: {role, text, tokens}
+    # episodes split where the chat template changes the history (rollout.history_change: split): per row, each
+    # later training sample's [start, context ids]; its tokens are the row's completion from `start` to the next
+    # sample's, sampled in `context` (the template's rendering of the conversation, as a deployed model sees it)
+    segments: list[list[list]] | None = None  # [N]
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -92,7 +96,8 @@ class Rollout:
         observed = self.observation_mask[index] if self.observation_mask is not None else None
         return replace(self, **pick, prompts=[self.prompts[i] for i in rows], completions=[self.completions[i] for i in rows],
                        sampling_logps=logps, observation_mask=observed,
-                       turns=[self.turns[i] for i in rows] if self.turns is not None else None)
+                       turns=[self.turns[i] for i in rows] if self.turns is not None else None,
+                       segments=[self.segments[i] for i in rows] if self.segments is not None else None)
 
     @staticmethod
     def cat(parts: list[Rollout], pad_id: int) -> Rollout:
@@ -123,6 +128,8 @@ class Rollout:
             weight_step=parts[0].weight_step if len({r.weight_step for r in parts}) == 1 else None,
             observation_mask=torch.cat([right(r.observation_mask, T, 0) for r in parts]) if all(episodes) else None,
             turns=[t for r in parts for t in r.turns] if all(episodes) else None,
+            segments=([x for r in parts for x in (r.segments or [[] for _ in range(len(r))])]
+                      if any(r.segments is not None for r in parts) else None),
         )
 
     def to(self, device) -> Rollout:

@@ -28,9 +28,11 @@ ROOT = Path(__file__).resolve().parents[1]
 B, G, P, T = 3, 4, 7, 9  # 12 rows: with 2 processes group 1 (rows 4-7) spans both
 
 
-def fixed_rollout(vocab: int, full_length: bool = False) -> tuple[Rollout, torch.Tensor]:
+def fixed_rollout(vocab: int, full_length: bool = False, split: bool = False) -> tuple[Rollout, torch.Tensor]:
     """B*G rows of random ids; completion lengths 1..T at random, or all T (`full_length`: every micro-batch then
-    holds as many tokens, where TRL's per-micro-batch means equal the token mean of the whole window)."""
+    holds as many tokens, where TRL's per-micro-batch means equal the token mean of the whole window). `split`:
+    episodes split where their history changed (grpo_cli/trainer/samples.py), the first half of the rows in two
+    samples each (with 2 processes the first process has twice the other's samples)."""
     g = torch.Generator().manual_seed(1234)
     N = B * G
     prompt_ids = torch.randint(3, vocab, (N, P), generator=g)
@@ -43,13 +45,18 @@ def fixed_rollout(vocab: int, full_length: bool = False) -> tuple[Rollout, torch
     completion_mask = (torch.arange(T)[None] < lengths[:, None]).long()
     rollout = Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, lengths == T, [""] * N, [""] * N)
     rewards = torch.rand(N, generator=g).round(decimals=1)
+    if split:
+        contexts = torch.randint(3, vocab, (N, P + 2), generator=g).tolist()
+        rollout.segments = [[[int(n) // 2, contexts[r]]] if r < N // 2 and n >= 2 else []
+                            for r, n in enumerate(lengths)]
     return rollout, rewards
 
 
 def rows_of(rollout: Rollout, rows: range) -> Rollout:
     sl = slice(rows.start, rows.stop)
     tensors = {k: getattr(rollout, k)[sl] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated")}
-    return replace(rollout, **tensors, prompts=rollout.prompts[sl], completions=rollout.completions[sl])
+    return replace(rollout, **tensors, prompts=rollout.prompts[sl], completions=rollout.completions[sl],
+                   segments=rollout.segments[sl] if rollout.segments is not None else None)
 
 
 def capture_grads(e: Engine) -> list[dict[str, torch.Tensor]]:
@@ -65,7 +72,8 @@ def capture_grads(e: Engine) -> list[dict[str, torch.Tensor]]:
 
 
 def main(out: Path, cases: list[dict]) -> None:
-    """Each case: {"name", "overrides" (of recipes/ci-tiny.yaml), "micro_batch_size", "full_length" (optional)}: one
+    """Each case: {"name", "overrides" (of recipes/ci-tiny.yaml), "micro_batch_size", "full_length", "split"
+    (optional)}: one
     PolicyUpdate of the fixed
     rollout; the main process writes OUT/<name>.safetensors (every window's gradient, `<window>.<param>`, and the
     weights after the update, `weights.<param>`) and OUT/<name>.json (the update's metrics)."""
@@ -78,7 +86,7 @@ def main(out: Path, cases: list[dict]) -> None:
         e = Engine(r, out / f"run-{case['name']}")
         grads = capture_grads(e)
         rollout, rewards = fixed_rollout(e.accelerator.unwrap_model(e.policy).config.vocab_size,
-                                         case.get("full_length", False))
+                                         case.get("full_length", False), case.get("split", False))
         adv = compute_advantages(rewards, G, r.algorithm.scale_rewards)[e.rows.start : e.rows.stop]
         local = rows_of(rollout, e.rows)
         metrics = e.update(local, adv, local.completion_mask.clone()).means(e.procs)

@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-from grpo_cli.agents.observations import Observations, history_notice
+from grpo_cli.agents.observations import Observations, continued, history_notice, split_roles
 from grpo_cli.agents.chat import ChatRequest, answer_message, parse_request, stream_events, template_message
-from grpo_cli.data.prompts import system_text
+from grpo_cli.data.prompts import render_messages
 from grpo_cli.errors import RequestError
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,7 @@ class Session:
     observed: list[int] = field(default_factory=list)
     logps: list[float] = field(default_factory=list)
     turns: list[dict] = field(default_factory=list)
+    segments: list[list] = field(default_factory=list)  # where it was split (agents/records.py's Episode)
     messages: list[dict] | None = None  # the conversation served so far, normalised (see `normal`)
     sampled: int = 0
     answers: int = 0
@@ -132,7 +133,8 @@ class Endpoint:
         self.model_name, self.token = model_name, secrets.token_urlsafe(24)
         self.kwargs = dict(data_cfg.chat_template_kwargs)
         self.observations = Observations(tokenizer, data_cfg.chat_template_kwargs)
-        notice = history_notice(self.observations.changes_history, {"user", "tool"})
+        self.splitting = split_roles(self.observations.changes_history, {"user", "tool"}, cfg.history_change)
+        notice = history_notice(self.observations.changes_history, {"user", "tool"}, cfg.history_change)
         if notice:
             log.warning(notice)
         self.sessions: dict[str, Session] = {}
@@ -210,30 +212,25 @@ class Endpoint:
         new = messages[len(served):]
         if session.messages[-1]["role"] != "assistant":  # the first request's answer is the last served message
             raise RequestError(400, "messages: extend the conversation after the assistant's answer")
+        role = "tool" if all(m["role"] == "tool" for m in new) else "environment"
+        text = "\n".join(m["content"] for m in new)
+        session.messages = messages
+        if any(m["role"] in self.splitting for m in new):  # the template changes the history: a new sample
+            context = self.tok(self._render(messages, tools), add_special_tokens=False)["input_ids"]
+            session.segments.append([len(session.tokens), context])
+            session.turns.append({"role": role, "text": text, "tokens": [], "sample": len(session.segments)})
+            return context, True
         ids = self.observations.ids([template_message(m) for m in new], session.tokens[-1])
         session.tokens += ids
         session.observed += [1] * len(ids)
         session.logps += [0.0] * len(ids)
-        role = "tool" if all(m["role"] == "tool" for m in new) else "environment"
-        session.turns.append({"role": role, "text": "\n".join(m["content"] for m in new), "tokens": ids})
-        session.messages = messages
-        return session.prompt + session.tokens, True
+        session.turns.append({"role": role, "text": text, "tokens": ids})
+        return continued(session.prompt, session.tokens, session.segments), True
 
     def _render(self, messages: list[dict], tools: list[dict] | None) -> str:
-        template = [template_message(m) for m in messages]
-        render = dict(tokenize=False, add_generation_prompt=True, **self.kwargs)
+        tools = [{"type": "function", "function": t.get("function", t)} for t in tools] if tools else None
         try:
-            if tools:
-                text = self.tok.apply_chat_template(template, tools=tools, **render)
-                if text != self.tok.apply_chat_template(template, **render):
-                    return text
-                schemas = [t.get("function", t) for t in tools]
-                own = system_text([{"type": "function", "function": s} for s in schemas])
-                if template[0]["role"] == "system":
-                    template = [{**template[0], "content": f"{template[0]['content']}\n\n{own}"}, *template[1:]]
-                else:
-                    template = [{"role": "system", "content": own}, *template]
-            return self.tok.apply_chat_template(template, **render)
+            return render_messages([template_message(m) for m in messages], self.tok, self.kwargs, tools)
         except Exception as e:  # noqa: BLE001 - the template's own error (e.g. roles out of order)
             raise RequestError(400, f"messages: the chat template cannot render them ({type(e).__name__}: {e})") \
                 from None

@@ -16,65 +16,29 @@ are attended to but get no loss, no KL, no entropy and are not counted in length
 `max_completion_length` sampled tokens per episode and `max_episode_length` tokens in all (prompt + turns); an
 episode that hits either, or whose turn ends without EOS, is truncated. After `max_turns` assistant turns the
 episode ends (the environment still sees the last turn).
+
+Where the chat template renders the next turn's history differently from the tokens so far (Qwen3's drops earlier
+<think> blocks once a user turn follows; agents/observations.py detects it), `rollout.history_change: split` (the
+default) continues the episode from the template's rendering of the whole conversation, as a deployed model sees
+it: a new training sample of the same episode (grpo_cli/trainer/samples.py), its tokens still in the episode's row
+once. `keep` appends the observation's tokens as everywhere else. Budgets count the current sample's context.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
+from grpo_cli.agents.chat import answer_message
 from grpo_cli.agents.environments import EnvFailure, EnvSpec, call_all, environment_specs, open_environments
-from grpo_cli.agents.observations import Observations, history_notice
+from grpo_cli.agents.observations import Observations, history_notice, split_roles
+from grpo_cli.agents.records import Episode, EpisodeRecords
 from grpo_cli.agents.tools import Call, ToolBox, parse_calls
-from grpo_cli.data.prompts import encode_prompts, render_prompt
+from grpo_cli.data.prompts import encode_prompts, prompt_messages, render_messages, render_prompt
 from grpo_cli.datatypes import PromptBatch, Rollout
 from grpo_cli.errors import DataError, EnvironmentUnavailable
-from grpo_cli.rollout.common import left_pad
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Episode:
-    prompt: list[int]
-    tokens: list[int] = field(default_factory=list)  # after the prompt: sampled and observation tokens
-    observed: list[int] = field(default_factory=list)  # 1 where tokens[i] is an observation token
-    logps: list[float] = field(default_factory=list)  # the sampler's log-probs (0 at observations)
-    turns: list[dict] = field(default_factory=list)  # {role, text, tokens}
-    sampled: int = 0  # tokens the policy sampled
-    done: bool = False
-    truncated: bool = False
-    failed: bool = False  # an environment call raised or timed out
-    spec: EnvSpec | None = None  # its environment's class and contract
-
-
-class EpisodeRecords:
-    """Episodes to the trainer's Rollout and back to JSON (a batch in flight at an asynchronous run's checkpoint).
-    Needs `tok`, `generator` and `_sampler_logps` (whether the backend reported log-probs)."""
-
-    def saved(self, rollout: Rollout) -> dict[str, Any]:
-        """A rollout of `run` as JSON (an asynchronous run's batch in flight at a checkpoint), for `restored`."""
-        pm, cm = rollout.prompt_mask.bool(), rollout.completion_mask.bool()
-        rows = lambda t, m: [row[k].tolist() for row, k in zip(t, m)]  # noqa: E731
-        return {"prompts": rows(rollout.prompt_ids, pm), "texts": list(rollout.prompts),
-                "tokens": rows(rollout.completion_ids, cm), "observed": rows(rollout.observation_mask, cm),
-                "logps": None if rollout.sampling_logps is None else rows(rollout.sampling_logps, cm),
-                "turns": rollout.turns, "truncated": rollout.truncated.tolist()}
-
-    def restored(self, saved: dict[str, Any]) -> Rollout:
-        """The rollout `saved` describes, token for token."""
-        logps = saved["logps"] or [[0.0] * len(t) for t in saved["tokens"]]
-        episodes = [Episode(prompt=p, tokens=t, observed=o, logps=lp, turns=turns, truncated=tr)
-                    for p, t, o, lp, turns, tr in zip(saved["prompts"], saved["tokens"], saved["observed"], logps,
-                                                     saved["turns"], saved["truncated"])]
-        self._sampler_logps = saved["logps"] is not None
-        return self._rollout(episodes, saved["texts"])
-
-    def _rollout(self, episodes: list[Episode], texts: list[str]) -> Rollout:
-        return episodes_rollout(episodes, texts, self.tok, self.generator.pad_id, self._sampler_logps)
 
 
 class EpisodeRunner(EpisodeRecords):
@@ -89,7 +53,9 @@ class EpisodeRunner(EpisodeRecords):
         self.uses_tools = bool(cfg.tools) or any(s.tools for s in self.specs.values())
         roles = {"tool"} if self.uses_tools else set()
         roles |= {"user"} if any(s.api == "turns" for s in self.specs.values()) else set()
-        notice = history_notice(self.observations.changes_history, roles)
+        self.splitting = split_roles(self.observations.changes_history, roles, cfg.history_change)
+        self.splits = bool(self.splitting)
+        notice = history_notice(self.observations.changes_history, roles, cfg.history_change)
         if notice:
             log.warning(notice)
         self.counts = self._zero()
@@ -98,7 +64,7 @@ class EpisodeRunner(EpisodeRecords):
 
     @staticmethod
     def _zero() -> dict[str, int]:
-        return {"episodes": 0, "errors": 0, "timeouts": 0, "tool_calls": 0, "tool_failures": 0}
+        return {"episodes": 0, "samples": 0, "errors": 0, "timeouts": 0, "tool_calls": 0, "tool_failures": 0}
 
     def close(self) -> None:
         pass  # environments are closed with their episodes
@@ -130,9 +96,15 @@ class EpisodeRunner(EpisodeRecords):
                     texts[i] = render_prompt(rows[i], self.data_cfg, self.tok, extra_user_text=str(extra or ""),
                                              tools=self._schemas(episodes[i]) or None)
                     episodes[i].prompt = encode_prompts([texts[i]], self.tok, self.data_cfg.max_prompt_length)[0]
+            if self.splitting:  # the conversation, for the template to render where it changes the history
+                for e, row, extra in zip(episodes, rows, resets or [None] * len(rows)):
+                    e.messages = prompt_messages(row, self.data_cfg, None if isinstance(extra, EnvFailure) else
+                                                 str(extra or ""))
+                    e.tools = self._schemas(e) or None
             for turn in range(c.max_turns):
                 self._turn(episodes, envs, last=turn == c.max_turns - 1, sampling=sampling)
             rewards = self._rewards(episodes, envs) if with_reward and envs else [None] * len(episodes)
+            self.counts["samples"] += sum(1 + len(e.segments) for e in episodes)
         finally:
             for env in envs or []:
                 env.close()
@@ -177,7 +149,7 @@ class EpisodeRunner(EpisodeRecords):
         for i, e in enumerate(episodes):
             if e.done:
                 continue
-            room = min(c.max_completion_length - e.sampled, self.context_limit - len(e.prompt) - len(e.tokens))
+            room = min(c.max_completion_length - e.sampled, self.context_limit - len(e.context()))
             if room <= 0:
                 e.truncated = e.done = True
                 continue
@@ -185,7 +157,7 @@ class EpisodeRunner(EpisodeRecords):
             budgets.append(room)
         if not waiting:
             return
-        out = self.generator.sample([episodes[i].prompt + episodes[i].tokens for i in waiting], budgets, **sampling)
+        out = self.generator.sample([episodes[i].context() for i in waiting], budgets, **sampling)
         self._sampler_logps = out.logps is not None
         stepping, calling = [], []
         for k, i in enumerate(waiting):
@@ -194,7 +166,10 @@ class EpisodeRunner(EpisodeRecords):
             e.observed += [0] * len(toks)
             e.logps += out.logps[k] if out.logps is not None else [0.0] * len(toks)
             e.sampled += len(toks)
-            e.turns.append({"role": "assistant", "text": self.tok.decode(toks, skip_special_tokens=True), "tokens": toks})
+            text = self.tok.decode(toks, skip_special_tokens=True)
+            e.turns.append({"role": "assistant", "text": text, "tokens": toks})
+            if e.messages is not None:
+                e.messages.append(answer_message(text, self.tok.decode(toks)))
             if not out.finished[k]:  # no EOS within the budget: the turn is cut, the episode ends
                 e.truncated = e.done = True
                 continue
@@ -294,9 +269,22 @@ class EpisodeRunner(EpisodeRecords):
             pending = {i: calls for i, calls in pending.items() if calls and not episodes[i].failed}
 
     def _observe(self, e: Episode, messages: list[dict], role: str, text: str) -> None:
-        """Append an observation's tokens, or end the episode (truncated) if they leave no room for the model."""
+        """Append an observation's tokens, or end the episode (truncated) if they leave no room for the model. Where
+        the template changes the history after such messages (and rollout.history_change is split), the next turn
+        is a new training sample instead, sampled in the template's rendering of the whole conversation."""
+        if e.messages is not None:
+            e.messages += messages
+        if messages[0]["role"] in self.splitting:
+            context = self.tok(render_messages(e.messages, self.tok, self.data_cfg.chat_template_kwargs, e.tools),
+                               add_special_tokens=False)["input_ids"]
+            if len(context) + 1 > self.context_limit:
+                e.truncated = e.done = True
+                return
+            e.segments.append([len(e.tokens), context])
+            e.turns.append({"role": role, "text": text, "tokens": [], "sample": len(e.segments)})
+            return
         ids = self.observations.ids(messages, e.tokens[-1])
-        if len(e.prompt) + len(e.tokens) + len(ids) + 1 > self.context_limit:
+        if len(e.context()) + len(ids) + 1 > self.context_limit:
             e.truncated = e.done = True
             return
         e.tokens += ids
@@ -314,30 +302,6 @@ class EpisodeRunner(EpisodeRecords):
             log.warning("environment %s: %s (the episode ends there; later ones are only counted in "
                         "environment/%s)", e.spec.name if e.spec else "", failure.text,
                         "timeouts" if failure.kind == "timeout" else "errors")
-
-
-def episodes_rollout(episodes: list[Episode], texts: list[str], tokenizer, pad: int, sampler_logps: bool) -> Rollout:
-    """Episodes -> the Rollout the trainer reads: each prompt (left-padded), everything after it as the completion,
-    its observation mask, its sampler log-probs (where `sampler_logps`), its turns."""
-    prompt_ids, prompt_mask = left_pad([e.prompt for e in episodes], pad)
-    T = max(1, max(len(e.tokens) for e in episodes))
-    ids = torch.full((len(episodes), T), pad, dtype=torch.long)
-    mask = torch.zeros((len(episodes), T), dtype=torch.long)
-    observed = torch.zeros((len(episodes), T), dtype=torch.long)
-    logps = torch.zeros((len(episodes), T), dtype=torch.float32)
-    for r, e in enumerate(episodes):
-        n = len(e.tokens)
-        ids[r, :n] = torch.tensor(e.tokens, dtype=torch.long)
-        mask[r, :n] = 1
-        observed[r, :n] = torch.tensor(e.observed, dtype=torch.long)
-        logps[r, :n] = torch.tensor(e.logps, dtype=torch.float32)
-    return Rollout(
-        prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=ids, completion_mask=mask,
-        truncated=torch.tensor([e.truncated for e in episodes]), prompts=texts,
-        completions=[tokenizer.decode(e.tokens, skip_special_tokens=True) for e in episodes],
-        sampling_logps=logps if sampler_logps else None, observation_mask=observed,
-        turns=[e.turns for e in episodes],
-    )
 
 
 def _step_result(result: Any) -> tuple[str | None, bool]:

@@ -7,10 +7,10 @@ Nothing sampled is decoded and re-encoded.
 Some templates render an earlier assistant turn differently once another message follows it: Qwen3's drops the
 turn's <think> block (and the empty one its generation prompt writes with enable_thinking false) when a user turn
 follows, and keeps it across tool answers. For them the context a deployed model sees at the next turn is not an
-extension of the previous one; an episode here stays one token sequence (the sampled tokens as sampled, token in,
-token out), so it keeps what the deployed model would no longer see. `changes_history` says, per role, whether the
-tokenizer's template does this; the episode runner says so once at the start. Importing this module must not
-import torch.
+extension of the previous one. `changes_history` says, per role, whether the tokenizer's template does this;
+`split_roles` names the roles after which an episode continues from the template's rendering instead, as a new
+training sample (rollout.history_change: split, the default), and the runners say which they do once at the start
+(`history_notice`). Importing this module must not import torch.
 """
 
 from __future__ import annotations
@@ -63,13 +63,33 @@ class Observations:
 
 
 
-def history_notice(changes: dict[str, bool], roles: set[str]) -> str | None:
+def split_roles(changes: dict[str, bool], roles: set[str], mode: str) -> set[str]:
+    """The message roles after which an episode becomes a new training sample (rollout.history_change: split): those
+    of `roles` (the ones the recipe's episodes append) after which the template changes the history."""
+    return {r for r in roles if changes.get(r)} if mode == "split" else set()
+
+
+def history_notice(changes: dict[str, bool], roles: set[str], mode: str) -> str | None:
     """The start-of-run line for a template whose next turn does not extend the episode after a message of one of
     `roles` (those the recipe's episodes append), or None."""
     changed = sorted(r for r in roles if changes.get(r))
     if not changed:
         return None
-    return (f"the chat template renders an earlier assistant turn differently once a {' or '.join(changed)} message "
-            "follows it (Qwen3-style: its <think> block is dropped), so a deployed model sees a shorter history at "
-            "the next turn than the episode holds; episodes stay token in, token out and keep every sampled token "
-            "(docs/agents.md, thinking models)")
+    head = (f"the chat template renders an earlier assistant turn differently once a {' or '.join(changed)} message "
+            "follows it (Qwen3-style: its <think> block is dropped)")
+    if mode == "split":
+        return (f"{head}: after such a message the next turn is sampled from the template's rendering, as a deployed "
+                "model sees it, and trained as a new sample of the episode (rollout.history_change: split; "
+                "docs/agents.md, thinking models)")
+    return (f"{head}, so a deployed model sees a shorter history at the next turn than the episode holds; episodes "
+            "stay token in, token out and keep every sampled token (rollout.history_change: keep; docs/agents.md, "
+            "thinking models)")
+
+
+def continued(prompt: list[int], tokens: list[int], segments: list[list]) -> list[int]:
+    """What an episode's next turn continues: the prompt and every token since, or, once it was split, its last
+    sample's context and the tokens since."""
+    if not segments:
+        return prompt + tokens
+    start, context = segments[-1]
+    return context + tokens[start:]

@@ -25,7 +25,7 @@ from multiprocessing.connection import wait
 from typing import TYPE_CHECKING, Any
 
 from grpo_cli.agents.endpoint import Endpoint, Session
-from grpo_cli.agents.episodes import Episode, EpisodeRecords
+from grpo_cli.agents.records import Episode, EpisodeRecords
 from grpo_cli.agents.verifiers import PREFIX as VERIFIERS
 from grpo_cli.agents.verifiers import check as verifiers_check
 from grpo_cli.agents.verifiers import is_verifiers
@@ -97,13 +97,14 @@ class AgentRunner(EpisodeRecords):
         if is_verifiers(cfg.agent):  # agents/verifiers.py: the taskset's Env, its harness and rubric, per episode
             self.name = "grpo_cli.agents.verifiers:episode"
             self.kwargs = {"taskset": cfg.agent.removeprefix(VERIFIERS), **self.kwargs}
+        self.splits = bool(self.endpoint.splitting)  # rollout.history_change: split, on a template that needs it
         self.counts = self._zero()
         self._reported: set[str] = set()
         self._sampler_logps = False
 
     @staticmethod
     def _zero() -> dict[str, int]:
-        return {"episodes": 0, "errors": 0, "timeouts": 0, "rewrites": 0, "tool_calls": 0}
+        return {"episodes": 0, "samples": 0, "errors": 0, "timeouts": 0, "rewrites": 0, "tool_calls": 0}
 
     def take_counts(self) -> dict[str, int]:
         out, self.counts = self.counts, self._zero()
@@ -127,11 +128,13 @@ class AgentRunner(EpisodeRecords):
                 texts.append(batch.texts[i])
                 continue
             episodes.append(Episode(prompt=s.prompt, tokens=s.tokens, observed=s.observed, logps=s.logps,
-                                    turns=s.turns, sampled=s.sampled, done=True, truncated=s.truncated))
+                                    turns=s.turns, sampled=s.sampled, done=True, truncated=s.truncated,
+                                    segments=s.segments))
             texts.append(s.prompt_text)
             self.counts["rewrites"] += s.rewrites
             self.counts["tool_calls"] += s.tool_calls
         self.counts["episodes"] += len(rows)
+        self.counts["samples"] += sum(1 + len(e.segments) for e in episodes)
         self._sampler_logps = any(s.sampled for s in sessions) and self.endpoint.batcher.logps_seen
         rollout = self._rollout(episodes, texts)
         rewards = [r if with_reward and not isinstance(r, str) else None for r in results]

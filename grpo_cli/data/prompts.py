@@ -86,6 +86,18 @@ def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, extra_us
     message itself when it is empty).
     `tools` (rollout.tools' JSON schemas): given to the chat template; one that ignores them gets system_text
     as (the end of) the system message instead."""
+    messages = prompt_messages(row, cfg, extra_user_text)
+    if not cfg.chat_template:
+        return "\n\n".join(str(m["content"]) for m in messages)
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError("the tokenizer has no chat template; set data.chat_template: false to use plain text prompts")
+    # A conversation ending in an assistant turn is a prefix the completion continues (TRL convention).
+    return render_messages(messages, tokenizer, cfg.chat_template_kwargs, tools,
+                           continue_final=messages[-1]["role"] == "assistant")
+
+
+def prompt_messages(row: dict[str, Any], cfg: DataConfig, extra_user_text: str | None = None) -> list[dict]:
+    """One row -> its prompt's messages (render_prompt's, before the chat template)."""
     if cfg.template:
         try:
             messages = [{"role": "user", "content": cfg.template.format_map(row)}]
@@ -114,14 +126,16 @@ def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, extra_us
     if cfg.system_prompt is not None:
         # the recipe's system prompt applies to every row: it replaces one the conversation brings
         messages = [{"role": "system", "content": cfg.system_prompt}] + [m for m in messages if m["role"] != "system"]
-    if not cfg.chat_template:
-        return "\n\n".join(str(m["content"]) for m in messages)
-    if not getattr(tokenizer, "chat_template", None):
-        raise DataError("the tokenizer has no chat template; set data.chat_template: false to use plain text prompts")
-    # A conversation ending in an assistant turn is a prefix the completion continues (TRL convention).
-    prefix = messages[-1]["role"] == "assistant"
-    render = dict(tokenize=False, add_generation_prompt=not prefix, continue_final_message=prefix,
-                  **cfg.chat_template_kwargs)
+    return messages
+
+
+def render_messages(messages: list[dict], tokenizer: Any, template_kwargs: dict[str, Any],
+                    tools: list[dict] | None = None, continue_final: bool = False) -> str:
+    """A conversation as the chat template renders it, with the generation prompt (or, `continue_final`, open at
+    its last message). `tools`: given to the template; one that ignores them gets system_text as (the end of) the
+    system message instead."""
+    render = dict(tokenize=False, add_generation_prompt=not continue_final, continue_final_message=continue_final,
+                  **template_kwargs)
     if tools:
         with_tools = tokenizer.apply_chat_template(messages, tools=tools, **render)
         if with_tools != tokenizer.apply_chat_template(messages, **render):

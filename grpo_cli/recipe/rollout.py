@@ -128,6 +128,13 @@ class RolloutConfig(Section):
     agent_max_body_bytes: int = Field(4 * 2**20, ge=1024, description="The endpoint refuses a larger request (413).")
     max_turns: int = Field(1, ge=1, description="Assistant turns per episode (1: one completion per prompt); with "
                            "rollout.agent, the answers a program gets per episode.")
+    history_change: Literal["split", "keep"] = Field(
+        "split", description="Where the chat template renders the next turn's history differently from the episode "
+        "so far (Qwen3-style templates drop earlier <think> blocks once a user turn follows): `split` samples the "
+        "next turn from the template's rendering, as a deployed model sees it, and trains it as a new sample of the "
+        "episode (its reward and advantage); `keep` stays one token sequence, token in, token out, keeping every "
+        "sampled token in the context of later turns. Templates that extend the history are unaffected.",
+    )
     max_episode_length: int | None = Field(
         None, ge=2, description="Tokens of a whole episode, prompt and observations included; an episode that reaches "
         "it is truncated. None: the model's max_position_embeddings. max_completion_length bounds the sampled tokens.",

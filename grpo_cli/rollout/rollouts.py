@@ -120,7 +120,7 @@ class Sampled:
             metrics["sampling/staleness/mean"] = metrics["sampling/staleness/max"] = float(step - 1 - rollout.weight_step)
         if self.episodes is not None:  # environment failures and tool calls this step, every process's
             metrics |= episode_metrics(self._episode_counts(), self.recipe.rollout, self.procs.total,
-                                       tools=self.episodes.uses_tools)
+                                       tools=self.episodes.uses_tools, splits=self.episodes.splits)
         columns = [[math.nan if v is None else v for v in col] for col in rewards.per_function.values()]
         return StepBatch(
             prompts=batch, rollout=rollout, rewards=rewards, rows=self.rows, total=chosen.total,
@@ -181,11 +181,12 @@ class Ahead(Sampled):
 
 
 def episode_metrics(counts: dict[str, int], rollout_cfg, total: Callable[[float], float], *,
-                    tools: bool) -> dict[str, float]:
+                    tools: bool, splits: bool = False) -> dict[str, float]:
     """Multi-turn counters of this process (EpisodeRunner.take_counts) -> the step's metrics; `total` sums a
     number over processes. tools/call_frequency: tool calls per episode; tools/failure_frequency: the share of
     calls that failed (malformed, unknown tool, an exception, a timeout); `tools`: whether the model has any
-    (rollout.tools, or an environment's methods)."""
+    (rollout.tools, or an environment's methods). episodes/samples: training samples per episode, where episodes
+    are split where the template changes their history (`splits`, rollout.history_change: split)."""
     m: dict[str, float] = {}
     if rollout_cfg.environment is not None:
         m["environment/errors"], m["environment/timeouts"] = total(counts["errors"]), total(counts["timeouts"])
@@ -197,6 +198,8 @@ def episode_metrics(counts: dict[str, int], rollout_cfg, total: Callable[[float]
         calls, episodes = total(counts["tool_calls"]), total(counts["episodes"])
         m["tools/call_frequency"] = calls / max(episodes, 1.0)
         m["tools/failure_frequency"] = total(counts["tool_failures"]) / calls if calls else 0.0
+    if splits:
+        m["episodes/samples"] = total(counts["samples"]) / max(total(counts["episodes"]), 1.0)
     return m
 
 

@@ -52,6 +52,9 @@ METRICS: list[Metric] = [
         ("completions/mean_terminated_length", "Mean length of the completions that ended with EOS (0 when none did)."),
         ("turns/mean", "Mean assistant turns per episode.", "rollout.environment, rollout.tools or rollout.agent"),
         ("turns/max", "Most assistant turns of an episode.", "rollout.environment, rollout.tools or rollout.agent"),
+        ("episodes/samples", "Training samples per episode: an episode is split where the chat template changes "
+                             "its history (Qwen3-style thinking templates).",
+         "rollout.history_change: split on such a template"),
         ("environment/errors", "Episodes ended by an environment call that raised.", "rollout.environment"),
         ("environment/timeouts", "Episodes ended by an environment call past environment_timeout_s.",
          "rollout.environment"),

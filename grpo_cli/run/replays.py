@@ -4,8 +4,9 @@ that the update can run again without generating.
     RUN/replay/step-N/process-I.safetensors   the rollout's tensors as the update saw them (token ids, masks,
                                               sampler log-probs, observation mask; integers in the smallest
                                               dtype that holds them) and every row's rewards
-    RUN/replay/step-N/process-I.json          the rest: texts, rewards per function, step rewards, the prompts'
-                                              columns, which rows this process holds, sampling's metrics
+    RUN/replay/step-N/process-I.json          the rest: texts, turns and where episodes were split, rewards per
+                                              function, step rewards, the prompts' columns, which rows this
+                                              process holds, sampling's metrics
 
 One pair per process (each holds its own rows). Tensors keep their dtypes, so a replayed update is the same
 computation. A step is written to a temporary folder and renamed into place; a folder without its pairs is not a
@@ -50,7 +51,8 @@ def record_step(run_dir: str | Path, step: int, s: StepBatch, process: int, proc
     make_readable(tmp)  # safetensors writes 0600; the run's other outputs are readable
     rest = {"step": step, "process": process, "processes": processes, "dtypes": dtypes, "rows": [s.rows.start, s.rows.stop],
             "weights": s.weights, "steps": s.steps, "metrics": s.metrics,
-            "rollout": {"prompts": r.prompts, "completions": r.completions, "weight_step": r.weight_step, "turns": r.turns},
+            "rollout": {"prompts": r.prompts, "completions": r.completions, "weight_step": r.weight_step, "turns": r.turns,
+                        "segments": r.segments},
             "rewards": {"total": s.rewards.total, "per_function": s.rewards.per_function, "errors": s.rewards.errors,
                         "timeouts": s.rewards.timeouts, "nonfinite": s.rewards.nonfinite, "steps": s.rewards.steps},
             "prompts": {"texts": s.prompts.texts, "input_ids": s.prompts.input_ids, "columns": s.prompts.columns,
@@ -94,7 +96,8 @@ def load_step(run_dir: str | Path, step: int, process: int, device: torch.device
                load_file(str(folder / f"process-{process}.safetensors")).items()}
     ro = rest["rollout"]
     rollout = Rollout(**{k: tensors[k].to(device) if k in tensors else None for k in TENSORS},
-                      prompts=ro["prompts"], completions=ro["completions"], weight_step=ro["weight_step"], turns=ro["turns"])
+                      prompts=ro["prompts"], completions=ro["completions"], weight_step=ro["weight_step"], turns=ro["turns"],
+                      segments=ro.get("segments"))
     rw = rest["rewards"]
     rewards = RewardResult(total=rw["total"], per_function=rw["per_function"], errors=rw["errors"], timeouts=rw["timeouts"],
                            nonfinite=rw["nonfinite"], steps=_step_rewards(rw["steps"]))

@@ -26,6 +26,7 @@ from grpo_cli.models.loading import has_dropout
 from grpo_cli.run.statefiles import TensorFile
 from grpo_cli.trainer.nonfinite import NonFiniteSteps
 from grpo_cli.trainer.reporting import MetricSums
+from grpo_cli.trainer.samples import training_rows
 
 
 def loss_config(recipe) -> LossConfig:
@@ -114,11 +115,13 @@ class PolicyUpdate:
         self.named = [(n, p) for n, p in accelerator.unwrap_model(model).named_parameters() if p.requires_grad]
 
     def __call__(self, rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor, memory=None) -> MetricSums:
-        """`adv`: [n] per completion or [n, T] per token; `mask` [n, T]: the tokens trained on. `memory`: a
+        """`adv`: [n] per completion or [n, T] per token; `mask` [n, T]: the tokens trained on (an episode split where
+        its history changed trains as several rows, grpo_cli/trainer/samples.py). `memory`: a
         grpo_cli.process.memory.PhasePeaks, which records the peak memory of the reference's forwards, of forward and
         backward, and of the optimizer step."""
         a, t = self.recipe.algorithm, self.recipe.train
         phase = memory if memory is not None else _unmeasured
+        rollout, adv, mask = training_rows(rollout, adv, mask, self.procs)  # a split episode: a row per sample
         slices = [slice(s, s + t.micro_batch_size) for s in range(0, len(rollout), t.micro_batch_size)]
         separate_old = a.num_iterations > 1 and has_dropout(self.accelerator.unwrap_model(self.model))
         with phase("reference") if separate_old or self.loss.beta > 0 else nullcontext():

@@ -171,7 +171,7 @@ def test_programs_with_the_openai_client_are_recorded_token_for_token(turn_model
     lp = torch.log_softmax(logits[:, P - 1:-1].float(), -1).gather(-1, rollout.completion_ids.unsqueeze(-1)).squeeze(-1)
     trained = rollout.trained_mask().bool()
     assert (lp - rollout.sampling_logps)[trained].abs().max().item() < 1e-3
-    assert runner.take_counts() == {"episodes": 3, "errors": 0, "timeouts": 0, "rewrites": 0, "tool_calls": 0}
+    assert runner.take_counts() == {"episodes": 3, "samples": 3, "errors": 0, "timeouts": 0, "rewrites": 0, "tool_calls": 0}
 
 
 def test_failing_hanging_and_rewriting_programs_are_cut_and_counted(turn_model, caplog):
@@ -208,6 +208,39 @@ def test_validation_names_the_field():
         with pytest.raises(ValueError) as e:
             resolve(Recipe.model_validate({**base, "rollout": rollout}))
         assert message in str(e.value), (message, str(e.value))
+
+
+def test_a_thinking_template_splits_a_programs_episode_where_its_history_changes(turn_model):
+    from types import SimpleNamespace
+
+    from grpo_cli.algo.logprobs import token_logprobs
+    from grpo_cli.trainer.samples import training_rows
+
+    torch.manual_seed(0)
+    tok, model, cfg, gen = parts(turn_model)
+    tok.chat_template = (ROOT / "tests/fixtures/qwen3.jinja").read_text()  # drops <think> once a user turn follows
+    runner = AgentRunner(cfg, DataConfig(generator="arithmetic"), tok, gen, context_limit=1024)
+    try:
+        rollout, _ = runner.run(rows(tok, 2), with_reward=True)
+    finally:
+        runner.close()
+    assert runner.splits and runner.take_counts()["samples"] == 2 + sum(map(len, rollout.segments))
+    contexts = {tuple(ids): toks for ids, toks, _ in gen.calls}
+    for r in range(2):
+        turns, later = rollout.turns[r], rollout.segments[r]
+        users = [t for t in turns if t["role"] == "environment"]  # the program's "Go on.": a new sample each
+        assert len(users) >= 1 and len(later) == len(users) and all(t["tokens"] == [] for t in users)
+        n = int(rollout.completion_mask[r].sum())
+        ids = rollout.completion_ids[r, :n].tolist()
+        for start, context in later:  # sampled in the template's rendering of the program's messages
+            assert tok.decode(context).endswith("<|im_start|>user\nGo on.<|im_end|>\n<|im_start|>assistant\n")
+            assert ids[start:start + len(contexts[tuple(context)])] == contexts[tuple(context)]
+    # trained as its samples: the trainer's log-probs of every sampled token are the sampler's (fp32)
+    rows_, _, mask = training_rows(rollout, torch.zeros(2), rollout.trained_mask(), SimpleNamespace(count=1))
+    assert len(rows_) == 2 + sum(map(len, rollout.segments)) and mask.sum() == rollout.trained_mask().sum()
+    with torch.no_grad():
+        lp, _ = token_logprobs(model, rows_.prompt_ids, rows_.prompt_mask, rows_.completion_ids, rows_.completion_mask)
+    assert (lp - rows_.sampling_logps)[mask.bool()].abs().max().item() < 1e-3
 
 
 @pytest.mark.slow

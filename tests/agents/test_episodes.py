@@ -140,7 +140,7 @@ def test_failures_and_timeouts_end_the_episode_and_are_counted(turn_model, tmp_p
                              environment_kwargs={"raise_on_second": True}, max_turns=4)
     rollout, _ = runner.run(batch_of(tok, ["What is 3 + 4?"] * 3), with_reward=False)
     second = sum(sum(t["role"] == "assistant" for t in turns) >= 2 for turns in rollout.turns)
-    assert runner.take_counts() == {"episodes": 3, "errors": second, "timeouts": 0, "tool_calls": 0, "tool_failures": 0}
+    assert runner.take_counts() == {"episodes": 3, "samples": 3, "errors": second, "timeouts": 0, "tool_calls": 0, "tool_failures": 0}
     assert second >= 1
     assert "the environment broke" in caplog.text and "envs.py" in caplog.text
     assert all(sum(t["role"] == "assistant" for t in turns) <= 2 for turns in rollout.turns)
@@ -152,7 +152,7 @@ def test_failures_and_timeouts_end_the_episode_and_are_counted(turn_model, tmp_p
     t0 = time.monotonic()
     rollout, _ = runner.run(batch_of(tok, ["What is 3 + 4?"] * 3), with_reward=False)
     second = sum(sum(t["role"] == "assistant" for t in turns) >= 2 for turns in rollout.turns)
-    assert runner.take_counts() == {"episodes": 3, "errors": 0, "timeouts": second, "tool_calls": 0, "tool_failures": 0}
+    assert runner.take_counts() == {"episodes": 3, "samples": 3, "errors": 0, "timeouts": second, "tool_calls": 0, "tool_failures": 0}
     assert second >= 1
     assert time.monotonic() - t0 < 30  # all three hung at once, under one deadline, and were killed
 

@@ -126,7 +126,7 @@ def test_a_call_its_answer_and_the_final_turn(model_cache):
         assert rollout.completion_ids[row, :n].tolist() == [x for t in turns for x in t["tokens"]]
         assert rollout.observation_mask[row, :n].tolist() == [int(t["role"] == "tool") for t in turns for _ in t["tokens"]]
         assert not rollout.truncated[row]
-    assert r.take_counts() == {"episodes": 2, "errors": 0, "timeouts": 0, "tool_calls": 2, "tool_failures": 0}
+    assert r.take_counts() == {"episodes": 2, "samples": 2, "errors": 0, "timeouts": 0, "tool_calls": 2, "tool_failures": 0}
 
 
 def test_bad_calls_are_answered_and_counted(model_cache):
@@ -137,7 +137,7 @@ def test_bad_calls_are_answered_and_counted(model_cache):
     assert tool["role"] == "tool" and tool["text"].startswith("5\nerror: ValueError: broken tool got 1")
     assert "error: the tool call is not valid JSON" in tool["text"]
     assert r.take_counts()["tool_calls"] == 3 and r.take_counts() == {
-        "episodes": 0, "errors": 0, "timeouts": 0, "tool_calls": 0, "tool_failures": 0}  # taken: reset
+        "episodes": 0, "samples": 0, "errors": 0, "timeouts": 0, "tool_calls": 0, "tool_failures": 0}  # taken: reset
     r, tok = runner(two)
     r.run(batch(tok, 1), with_reward=False)
     assert r.take_counts()["tool_failures"] == 2

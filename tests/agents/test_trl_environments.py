@@ -98,7 +98,7 @@ def test_self_sampling_environment_writes_the_prompt_and_scores_itself(model_cac
         assert roles == [("assistant", '<tool_call>{"name": "increment", "arguments": {"step": %d}}</tool_call>' % target),
                          ("tool", str(target)), ("assistant", "done")]
     assert columns["environment_reward"] == [1.0] * 4  # get_reward: the counter reached the target
-    assert r.take_counts() == {"episodes": 4, "errors": 0, "timeouts": 0, "tool_calls": 4, "tool_failures": 0}
+    assert r.take_counts() == {"episodes": 4, "samples": 4, "errors": 0, "timeouts": 0, "tool_calls": 4, "tool_failures": 0}
 
 
 def test_dataset_columns_reach_reset_as_keywords(model_cache):
@@ -139,7 +139,7 @@ def test_a_method_that_raises_is_answered_and_one_that_hangs_ends_the_episode(mo
     rollout, _ = r.run(rows_batch(tok, recipe, {"environment": ["game"]}), with_reward=True)
     assert rollout.turns[0][1]["text"].startswith("error: move raised ValueError: unknown action 'sideways'")
     assert [t["role"] for t in rollout.turns[0]] == ["assistant", "tool", "assistant"]  # the episode went on
-    assert r.take_counts() == {"episodes": 1, "errors": 0, "timeouts": 0, "tool_calls": 1, "tool_failures": 1}
+    assert r.take_counts() == {"episodes": 1, "samples": 1, "errors": 0, "timeouts": 0, "tool_calls": 1, "tool_failures": 1}
     r, tok, recipe = setup(raw, action="down")
     rollout, columns = r.run(rows_batch(tok, recipe, {"environment": ["game", "coding"]}), with_reward=True)
     assert [t["role"] for t in rollout.turns[0]] == ["assistant"] and columns["environment_reward"] == [None, 1.0]

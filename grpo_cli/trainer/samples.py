@@ -1,0 +1,102 @@
+"""The update's rows: an episode split into its training samples where the chat template changed its history.
+
+With `rollout.history_change: split`, an episode whose template renders the next turn's history differently from
+the tokens so far (Qwen3's drops earlier <think> blocks once a user turn follows) continues from the template's
+rendering, as a deployed model would, and its rollout row records where (`Rollout.segments`). The row's completion
+holds every sampled token once; here it becomes one row per sample: the context it was sampled in as the prompt,
+its own tokens (and the observations between them) as the completion, the episode's advantage broadcast to it
+(per token: its own span of the row's). No token is trained twice, and the tokens trained on are the row's.
+
+With several processes the rows are padded to the same count (rows with no trained token), so that every process
+runs as many micro-batches, and as many collectives, as the others.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grpo_cli.datatypes import Processes, Rollout
+
+
+def training_rows(rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor,
+                  procs: Processes) -> tuple[Rollout, torch.Tensor, torch.Tensor]:
+    """(rollout [n], adv [n] or [n, T], mask [n, T]) -> the same for the training samples [m >= n]; unchanged where
+    no episode was split (and on a single process)."""
+    if rollout.segments is None:  # not episodes: every process has its n rows
+        return rollout, adv, mask
+    if any(rollout.segments):
+        rollout, adv, mask = _split(rollout, adv, mask)
+    if procs.count > 1:
+        most = int(procs.gather(torch.tensor([len(rollout)])).max())
+        if most > len(rollout):
+            rollout, adv, mask = _padded(rollout, adv, mask, most)
+    return rollout, adv, mask
+
+
+def _spans(rollout: Rollout) -> list[tuple[int, int, int, list[int] | None]]:
+    """Every sample as (row, start, end, context): context None for an episode's first (its prompt); later samples
+    with no token (the episode ended where it was split) are left out."""
+    out = []
+    for r, later in enumerate(rollout.segments):
+        n = int(rollout.completion_mask[r].sum())
+        starts = [0, *(int(s) for s, _ in later)]
+        contexts = [None, *(list(c) for _, c in later)]
+        for k, (a, context) in enumerate(zip(starts, contexts)):
+            b = starts[k + 1] if k + 1 < len(starts) else n
+            if k == 0 or b > a:
+                out.append((r, a, b, context))
+    return out
+
+
+def _split(rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor) -> tuple[Rollout, torch.Tensor, torch.Tensor]:
+    spans = _spans(rollout)
+    pad = _pad_value(rollout)
+    prompts = [rollout.prompt_ids[r][rollout.prompt_mask[r].bool()].tolist() if c is None else c for r, _, _, c in spans]
+    P, T = max(len(p) for p in prompts), max(1, max(b - a for _, a, b, _ in spans))
+    device = rollout.completion_ids.device
+    prompt_ids = torch.full((len(spans), P), pad, dtype=torch.long, device=device)
+    prompt_mask = torch.zeros((len(spans), P), dtype=torch.long, device=device)
+
+    def cut(x: torch.Tensor, value) -> torch.Tensor:  # [n, T'] -> [m, T], each sample's own span
+        out = torch.full((len(spans), T), value, dtype=x.dtype, device=x.device)
+        for i, (r, a, b, _) in enumerate(spans):
+            out[i, : b - a] = x[r, a:b]
+        return out
+
+    for i, p in enumerate(prompts):
+        if p:
+            prompt_ids[i, P - len(p):] = torch.tensor(p, dtype=torch.long, device=device)
+            prompt_mask[i, P - len(p):] = 1
+    rows = [r for r, _, _, _ in spans]
+    last = [k + 1 == len(spans) or spans[k + 1][0] != r for k, r in enumerate(rows)]  # an episode's last sample
+    split = Rollout(
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=cut(rollout.completion_ids, pad),
+        completion_mask=cut(rollout.completion_mask, 0),
+        truncated=rollout.truncated[rows] & torch.tensor(last, device=rollout.truncated.device),
+        prompts=[rollout.prompts[r] for r in rows], completions=[rollout.completions[r] for r in rows],
+        sampling_logps=cut(rollout.sampling_logps, 0.0) if rollout.sampling_logps is not None else None,
+        weight_step=rollout.weight_step,
+        observation_mask=cut(rollout.observation_mask, 0) if rollout.observation_mask is not None else None,
+        turns=[rollout.turns[r] for r in rows] if rollout.turns is not None else None,
+    )
+    index = torch.tensor(rows, dtype=torch.long, device=adv.device)
+    return split, (adv[index] if adv.dim() == 1 else cut(adv, 0.0)), cut(mask, 0)
+
+
+def _padded(rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor,
+            count: int) -> tuple[Rollout, torch.Tensor, torch.Tensor]:
+    """`count` rows: the last row repeated with nothing trained (no completion token, advantage 0)."""
+    extra = count - len(rollout)
+    more = rollout.select([len(rollout) - 1] * extra)
+    more.completion_mask = torch.zeros_like(more.completion_mask)
+    more.truncated = torch.zeros_like(more.truncated)
+    joined = Rollout.cat([rollout, more], _pad_value(rollout))
+    joined.segments = None
+    return (joined, torch.cat([adv, torch.zeros_like(adv[:1]).expand(extra, *adv.shape[1:])]),
+            torch.cat([mask, torch.zeros_like(mask[:1]).expand(extra, *mask.shape[1:])]))
+
+
+def _pad_value(rollout: Rollout) -> int:
+    """The id the rollout pads with (any id would do under a zero mask; this one keeps padding uniform)."""
+    padding = rollout.prompt_ids[rollout.prompt_mask == 0]
+    return int(padding[0]) if len(padding) else 0
