@@ -40,8 +40,9 @@ demo: demo-setup
 
 # Every test, after the docs build strict (a broken link or a stale reference page fails). Each test runs on one
 # core (torch.set_num_threads(1)), so TEST_WORKERS pytest-xdist workers share the machine's cores; a test file runs
-# whole, in order, on one worker (its module fixtures are built once). The 30 slowest tests are listed at the end:
-# the suite is to stay under 20 minutes.
+# whole, in order, on one worker (its module fixtures are built once). A test's `grpo` commands are forked from a
+# process that has done their imports (tests/zygote.py). The 30 slowest tests are listed at the end: the suite is
+# to stay under 20 minutes.
 test: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $(VENV)/site-check
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=30

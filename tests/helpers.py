@@ -20,10 +20,90 @@ def stable(m: dict) -> dict:
     return {k: v for k, v in m.items() if not k.startswith(VOLATILE)}
 
 
-def cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
-    """`python -m grpo_cli ARGS` from the repo root, output captured."""
-    return subprocess.run([sys.executable, "-m", "grpo_cli", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=timeout, **{"env": os.environ, **kw})
+def cli(*args: str, timeout: float = 300, fresh: bool = False, **kw) -> subprocess.CompletedProcess:
+    """`python -m grpo_cli ARGS` from the repo root, output captured: a child forked from this worker's zygote
+    (tests/zygote.py: the imports already done), or, with `fresh`, another environment for what libraries read at
+    import, or GRPO_TEST_FRESH set, a new interpreter."""
+    env = dict(kw.pop("env", os.environ))
+    argv = [sys.executable, "-m", "grpo_cli", *args]
+    if fresh or kw or os.environ.get("GRPO_TEST_FRESH") or not Zygote.serves(env):
+        return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=timeout, env=env, **kw)
+    return Zygote.get().run(argv, [os.fspath(a) for a in args], env, timeout)
+
+
+class Zygote:
+    """This worker's tests/zygote.py, started at its first command."""
+
+    IMPORT_TIME = ("HF_", "HUGGINGFACE", "TRANSFORMERS_", "TOKENIZERS_", "OMP_", "MKL_", "KMP_", "PYTHON", "TORCH",
+                   "CUDA_", "ACCELERATE_", "WANDB_", "MLFLOW_", "TENSORBOARD", "LD_")  # read by libraries at import
+    instance: "Zygote | None" = None
+
+    def __init__(self) -> None:
+        import tempfile
+
+        self.folder = tempfile.mkdtemp(prefix="grpo-zygote-")
+        self.path = os.path.join(self.folder, "socket")
+        self.env = dict(os.environ)
+        self.log = open(os.path.join(self.folder, "log"), "wb")
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests/zygote.py"), self.path], cwd=ROOT,
+                                     stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
+
+    @classmethod
+    def get(cls) -> "Zygote":
+        if cls.instance is None or cls.instance.proc.poll() is not None:
+            cls.instance = cls()
+        return cls.instance
+
+    @classmethod
+    def serves(cls, env: dict) -> bool:
+        """Whether a child of the zygote would see what a new interpreter with `env` would have imported."""
+        base = cls.instance.env if cls.instance is not None else os.environ
+
+        def imported(e):
+            return {k: v for k, v in e.items() if k.startswith(cls.IMPORT_TIME)}
+
+        return imported(env) == imported(base)
+
+    def _connect(self):
+        import socket
+        import time
+
+        deadline = time.monotonic() + 120
+        while True:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.connect(self.path)
+                return s
+            except OSError:
+                s.close()
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"tests/zygote.py did not start: {open(self.log.name).read()[-3000:]}")
+                time.sleep(0.05)
+
+    def run(self, argv: list[str], args: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+        import signal
+        import socket
+        import tempfile
+
+        request = json.dumps({"argv": args, "env": env, "cwd": str(ROOT)}).encode() + b"\n"
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, self._connect() as s:
+            sent = socket.send_fds(s, [request], [out.fileno(), err.fileno()])
+            s.sendall(request[sent:])
+            replies = s.makefile("rb")
+            pid = json.loads(replies.readline())["pid"]
+            s.settimeout(timeout)
+            try:
+                status = json.loads(replies.readline())["status"]
+            except TimeoutError:
+                os.kill(pid, signal.SIGKILL)
+                s.settimeout(30)
+                replies.readline()
+                out.seek(0), err.seek(0)
+                raise subprocess.TimeoutExpired(argv, timeout, output=out.read().decode(errors="replace"),
+                                                stderr=err.read().decode(errors="replace")) from None
+            out.seek(0), err.seek(0)
+            return subprocess.CompletedProcess(argv, os.waitstatus_to_exitcode(status),
+                                               out.read().decode(errors="replace"), err.read().decode(errors="replace"))
 
 
 def wait_for(predicate, timeout: float = 120, proc: subprocess.Popen | None = None) -> None:

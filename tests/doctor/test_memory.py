@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("model_cache")
 
 def planned_and_measured(tmp_path, recipe: str, *overrides: str) -> tuple[float, float]:
     run = tmp_path / "run"
-    p = cli("train", recipe, "-o", str(run), *overrides, timeout=900)
+    p = cli("train", recipe, "-o", str(run), *overrides, timeout=900, fresh=True)  # its own imports' memory
     assert p.returncode == 0, p.stderr[-3000:]
     measured = max(m["memory/peak_gib"] for m in read_jsonl(run / "metrics.jsonl"))
     p = cli("doctor", recipe, *overrides, "--json")
