@@ -216,3 +216,11 @@ def build_reward_model(folder, *, num_labels: int = 1, chat_template: bool = Tru
     auto.from_config(config).save_pretrained(folder)
     tok.save_pretrained(folder)
     return str(folder)
+
+
+def train_on_echo(model: str, out_dir, *args: str) -> subprocess.CompletedProcess:
+    """`grpo train` of the tiny recipe on 3-turn episodes with tests/envs.py's Echo environment."""
+    return cli("train", "recipes/ci-tiny.yaml", f"model.name_or_path={model}", "rollout.environment=tests/envs.py:Echo",
+               "rollout.max_turns=3", "rollout.environment_kwargs={turns: 3}", "rollout.max_completion_length=24",
+               "rewards=[{name: environment}, {name: recipes/rewards/toy.py:digit_fraction}]",
+               "checkpoint.every_steps=2", f"logging.output_dir={out_dir}", *args, timeout=300)

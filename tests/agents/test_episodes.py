@@ -15,7 +15,7 @@ from grpo_cli.preflight import resolve
 from grpo_cli.recipe.schema import Recipe, RolloutConfig
 from grpo_cli.rollout.hf import HFGenerator
 
-from helpers import ROOT, cli, read_jsonl, stable
+from helpers import ROOT, cli, read_jsonl, stable, train_on_echo
 
 torch.set_num_threads(1)
 ENVS = str(ROOT / "tests/envs.py")
@@ -187,17 +187,10 @@ def test_cli_validate_exits_2_naming_the_entry():
         out.stdout + out.stderr
 
 
-def train(turn_model, out_dir, *args):
-    return cli("train", "recipes/ci-tiny.yaml", f"model.name_or_path={turn_model}", "rollout.environment=tests/envs.py:Echo",
-               "rollout.max_turns=3", "rollout.environment_kwargs={turns: 3}", "rollout.max_completion_length=24",
-               "rewards=[{name: environment}, {name: recipes/rewards/toy.py:digit_fraction}]",
-               "checkpoint.every_steps=2", f"logging.output_dir={out_dir}", *args, timeout=300)
-
-
 @pytest.mark.slow
 def test_train_on_episodes_logs_turns_and_resumes_exactly(turn_model, tmp_path, model_cache):
     straight = tmp_path / "straight"
-    out = train(turn_model, straight, "train.max_steps=4")
+    out = train_on_echo(turn_model, straight, "train.max_steps=4")
     assert out.returncode == 0, out.stderr[-3000:]
     metrics, records = read_jsonl(straight / "metrics.jsonl"), read_jsonl(straight / "rollouts.jsonl")
     assert len(records) == 4 * 8
@@ -228,8 +221,8 @@ def test_train_on_episodes_logs_turns_and_resumes_exactly(turn_model, tmp_path, 
     assert all(s["rewards"]["environment"] in (0.0, 1.0) for s in samples if s["kind"] == "greedy")
 
     resumed = tmp_path / "resumed"
-    assert train(turn_model, resumed, "train.max_steps=2").returncode == 0
-    out = train(turn_model, resumed, "train.max_steps=4", "--resume", "auto")
+    assert train_on_echo(turn_model, resumed, "train.max_steps=2").returncode == 0
+    out = train_on_echo(turn_model, resumed, "train.max_steps=4", "--resume", "auto")
     assert out.returncode == 0, out.stderr[-3000:]
     assert [stable(m) for m in read_jsonl(resumed / "metrics.jsonl")] == [stable(m) for m in metrics]
     assert [x["turns"] for x in read_jsonl(resumed / "rollouts.jsonl")] == [x["turns"] for x in records]

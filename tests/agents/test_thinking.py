@@ -19,7 +19,7 @@ from grpo_cli.datatypes import PromptBatch
 from grpo_cli.recipe.schema import DataConfig, RolloutConfig
 from grpo_cli.rollout.common import Samples
 
-from helpers import ROOT, cli, read_jsonl, stable
+from helpers import ROOT, cli, read_jsonl, stable, train_on_echo
 
 torch.set_num_threads(1)
 ENVS = str(ROOT / "tests/envs.py")
@@ -200,17 +200,10 @@ def thinking_model(turn_model, tmp_path):
     return str(folder)
 
 
-def train(model, out_dir, *args):
-    return cli("train", "recipes/ci-tiny.yaml", f"model.name_or_path={model}", "rollout.environment=tests/envs.py:Echo",
-               "rollout.max_turns=3", "rollout.environment_kwargs={turns: 3}", "rollout.max_completion_length=24",
-               "rewards=[{name: environment}, {name: recipes/rewards/toy.py:digit_fraction}]", "logging.replay=true",
-               "checkpoint.every_steps=2", f"logging.output_dir={out_dir}", *args, timeout=300)
-
-
 @pytest.mark.slow
 def test_split_episodes_train_replay_and_resume_exactly(thinking_model, tmp_path, model_cache):
     straight = tmp_path / "straight"
-    out = train(thinking_model, straight, "train.max_steps=3")
+    out = train_on_echo(thinking_model, straight, "logging.replay=true", "train.max_steps=3")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "trained as a new sample of the episode" in out.stdout + out.stderr
     metrics, records = read_jsonl(straight / "metrics.jsonl"), read_jsonl(straight / "rollouts.jsonl")
@@ -228,7 +221,7 @@ def test_split_episodes_train_replay_and_resume_exactly(thinking_model, tmp_path
     assert replayed.returncode == 0, replayed.stderr[-3000:]
 
     resumed = tmp_path / "resumed"
-    assert train(thinking_model, resumed, "train.max_steps=2").returncode == 0
-    out = train(thinking_model, resumed, "train.max_steps=3", "--resume", "auto")
+    assert train_on_echo(thinking_model, resumed, "logging.replay=true", "train.max_steps=2").returncode == 0
+    out = train_on_echo(thinking_model, resumed, "logging.replay=true", "train.max_steps=3", "--resume", "auto")
     assert out.returncode == 0, out.stderr[-3000:]
     assert [stable(m) for m in read_jsonl(resumed / "metrics.jsonl")] == [stable(m) for m in metrics]
