@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from grpo_cli.datatypes import Processes, Rollout
+from grpo_cli.rollout.common import left_pad
 
 
 def training_rows(rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor,
@@ -52,10 +53,8 @@ def _split(rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor) -> tuple[Rol
     spans = _spans(rollout)
     pad = _pad_value(rollout)
     prompts = [rollout.prompt_ids[r][rollout.prompt_mask[r].bool()].tolist() if c is None else c for r, _, _, c in spans]
-    P, T = max(len(p) for p in prompts), max(1, max(b - a for _, a, b, _ in spans))
-    device = rollout.completion_ids.device
-    prompt_ids = torch.full((len(spans), P), pad, dtype=torch.long, device=device)
-    prompt_mask = torch.zeros((len(spans), P), dtype=torch.long, device=device)
+    prompt_ids, prompt_mask = left_pad(prompts, pad, rollout.prompt_ids.device)
+    T = max(1, max(b - a for _, a, b, _ in spans))
 
     def cut(x: torch.Tensor, value) -> torch.Tensor:  # [n, T'] -> [m, T], each sample's own span
         out = torch.full((len(spans), T), value, dtype=x.dtype, device=x.device)
@@ -63,10 +62,6 @@ def _split(rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor) -> tuple[Rol
             out[i, : b - a] = x[r, a:b]
         return out
 
-    for i, p in enumerate(prompts):
-        if p:
-            prompt_ids[i, P - len(p):] = torch.tensor(p, dtype=torch.long, device=device)
-            prompt_mask[i, P - len(p):] = 1
     rows = [r for r, _, _, _ in spans]
     last = [k + 1 == len(spans) or spans[k + 1][0] != r for k, r in enumerate(rows)]  # an episode's last sample
     split = Rollout(
