@@ -22,8 +22,8 @@ def stable(m: dict) -> dict:
 
 def cli(*args: str, timeout: float = 300, fresh: bool = False, **kw) -> subprocess.CompletedProcess:
     """`python -m grpo_cli ARGS` from the repo root, output captured: a child forked from this worker's zygote
-    (tests/zygote.py: the imports already done), or, with `fresh`, another environment for what libraries read at
-    import, or GRPO_TEST_FRESH set, a new interpreter."""
+    (tests/zygote.py: the imports already done). A new interpreter instead with `fresh`, with GRPO_TEST_FRESH set,
+    or where `env` changes what libraries read at import."""
     env = dict(kw.pop("env", os.environ))
     argv = [sys.executable, "-m", "grpo_cli", *args]
     if fresh or kw or os.environ.get("GRPO_TEST_FRESH") or not Zygote.serves(env):
@@ -90,8 +90,11 @@ class Zygote:
             sent = socket.send_fds(s, [request], [out.fileno(), err.fileno()])
             s.sendall(request[sent:])
             replies = s.makefile("rb")
-            pid = json.loads(replies.readline())["pid"]
             s.settimeout(timeout)
+            try:
+                pid = json.loads(replies.readline())["pid"]
+            except TimeoutError:  # the zygote never forked it
+                raise subprocess.TimeoutExpired(argv, timeout) from None
             try:
                 status = json.loads(replies.readline())["status"]
             except TimeoutError:
