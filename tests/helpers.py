@@ -20,49 +20,139 @@ def stable(m: dict) -> dict:
     return {k: v for k, v in m.items() if not k.startswith(VOLATILE)}
 
 
-def cli(*args: str, timeout: float = 300, fresh: bool = False, **kw) -> subprocess.CompletedProcess:
-    """`python -m grpo_cli ARGS` from the repo root, output captured: a child forked from this worker's zygote
-    (tests/zygote.py: the imports already done). A new interpreter instead with `fresh`, with GRPO_TEST_FRESH set,
-    or where `env` changes what libraries read at import."""
+def cli(*args: str, timeout: float = 300, fresh: bool = False, cwd=ROOT, **kw) -> subprocess.CompletedProcess:
+    """`python -m grpo_cli ARGS` in `cwd` (the repo root), output captured: a child forked from a zygote of this
+    worker (tests/zygote.py: the imports already done). A new interpreter instead with `fresh`, with GRPO_TEST_FRESH
+    set, with other subprocess.run arguments, or where no zygote serves `env` (Zygote.get)."""
     env = dict(kw.pop("env", os.environ))
+    args = tuple(os.fspath(a) for a in args)
     argv = [sys.executable, "-m", "grpo_cli", *args]
-    if fresh or kw or os.environ.get("GRPO_TEST_FRESH") or not Zygote.serves(env):
-        return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=timeout, env=env, **kw)
-    return Zygote.get().run(argv, [os.fspath(a) for a in args], env, timeout)
+    zygote = None if fresh or kw or os.environ.get("GRPO_TEST_FRESH") else Zygote.get(args, env)
+    if zygote is None:
+        return subprocess.run(argv, capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env, **kw)
+    return zygote.run(argv, list(args), env, os.fspath(cwd), timeout)
+
+
+def popen(*args: str, env: dict | None = None, stdout=None, stderr=None, cwd=None, fresh: bool = False):
+    """`python -m grpo_cli ARGS` started and not waited for (a server, a run to interrupt): a child forked from a
+    zygote as `cli` forks one, with subprocess.Popen's pid, returncode, poll, wait, send_signal, terminate and kill
+    (Forked); a subprocess.Popen where `cli` would start a new interpreter or where an output is a pipe."""
+    env = dict(os.environ if env is None else env)
+    argv = [sys.executable, "-m", "grpo_cli", *(os.fspath(a) for a in args)]
+    piped = subprocess.PIPE in (stdout, stderr)
+    zygote = None if fresh or piped or os.environ.get("GRPO_TEST_FRESH") else Zygote.get(args, env)
+    if zygote is None:
+        return subprocess.Popen(argv, env=env, stdout=stdout, stderr=stderr, cwd=cwd)
+    with open(os.devnull, "wb") as null:
+        def fd(target, inherited: int) -> int:  # as Popen reads stdout= and stderr=
+            return {None: inherited, subprocess.DEVNULL: null.fileno()}.get(target, target) if isinstance(
+                target, int) or target is None else target.fileno()
+
+        out = fd(stdout, 1)
+        err = out if stderr == subprocess.STDOUT else fd(stderr, 2)
+        pid, conn = zygote.start(argv[3:], env, [out, err], os.fspath(cwd or os.getcwd()))
+    return Forked(argv, pid, conn, zygote)
+
+
+class Forked:
+    """A command forked by a zygote, seen as subprocess.Popen shows a child: its status arrives on the zygote's
+    connection (a thread waits for it). A zygote that goes away before its child ends reads as a SIGKILL."""
+
+    def __init__(self, argv: list[str], pid: int, conn, zygote: "Zygote") -> None:
+        import threading
+
+        self.args, self.pid, self.returncode = argv, pid, None
+        self._ended = threading.Event()
+        zygote.children.append(self)
+        threading.Thread(target=self._await, args=(conn,), daemon=True).start()
+
+    def _await(self, conn) -> None:
+        import signal
+
+        with conn, conn.makefile("rb") as replies:
+            line = replies.readline()
+        self.returncode = os.waitstatus_to_exitcode(json.loads(line)["status"]) if line else -signal.SIGKILL
+        self._ended.set()
+
+    def poll(self) -> int | None:
+        return self.returncode if self._ended.is_set() else None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if not self._ended.is_set():
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGKILL)
+
+    def __enter__(self) -> "Forked":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wait()
 
 
 class Zygote:
-    """This worker's tests/zygote.py, started at its first command."""
+    """A tests/zygote.py of this worker. One per flavor (with vLLM imported or not) and per value of what libraries
+    read at import (IMPORT_TIME), started at its first command; at most LIMIT at a time: a new one replaces the one
+    used least recently that has no command running, and a command gets a new interpreter where every one has."""
 
     IMPORT_TIME = ("HF_", "HUGGINGFACE", "TRANSFORMERS_", "TOKENIZERS_", "OMP_", "MKL_", "KMP_", "PYTHON", "TORCH",
-                   "CUDA_", "ACCELERATE_", "WANDB_", "MLFLOW_", "TENSORBOARD", "LD_")  # read by libraries at import
-    instance: "Zygote | None" = None
+                   "CUDA_", "ACCELERATE_", "WANDB_", "MLFLOW_", "TENSORBOARD", "LD_", "VLLM_")  # read at import
+    LIMIT = 3
+    instances: dict[tuple, "Zygote"] = {}
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict, vllm: bool) -> None:
         import tempfile
 
         self.folder = tempfile.mkdtemp(prefix="grpo-zygote-")
         self.path = os.path.join(self.folder, "socket")
-        self.env = dict(os.environ)
         self.log = open(os.path.join(self.folder, "log"), "wb")
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests/zygote.py"), self.path], cwd=ROOT,
-                                     stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
+        self.children: list[Forked] = []  # popen's, while they run
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests/zygote.py"), self.path, *["--vllm"] * vllm],
+                                     cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
 
     @classmethod
-    def get(cls) -> "Zygote":
-        if cls.instance is None or cls.instance.proc.poll() is not None:
-            cls.instance = cls()
-        return cls.instance
+    def get(cls, args, env: dict) -> "Zygote | None":
+        """The zygote for a command: with vLLM imported where an argument names vLLM (serve-vllm, rollout.backend=
+        vllm, --backend vllm); None (a new interpreter) where `env` puts other folders on PYTHONPATH or every zygote is
+        busy. A child of it sees what a new interpreter with `env` would have imported."""
+        if env.get("PYTHONPATH") != os.environ.get("PYTHONPATH"):  # a sitecustomize there may read anything at start
+            return None
+        vllm = any("vllm" in os.fspath(a) for a in args)
+        key = (vllm, tuple(sorted((k, v) for k, v in env.items() if k.startswith(cls.IMPORT_TIME))))
+        zygote = cls.instances.pop(key, None)
+        if zygote is None or zygote.proc.poll() is not None:
+            while len(cls.instances) >= cls.LIMIT:
+                idle = [k for k, z in cls.instances.items() if not z.busy()]
+                if not idle:
+                    return None
+                cls.instances.pop(idle[0]).close()
+            zygote = cls(env, vllm)
+        cls.instances[key] = zygote  # (last: the order is of use)
+        return zygote
 
-    @classmethod
-    def serves(cls, env: dict) -> bool:
-        """Whether a child of the zygote would see what a new interpreter with `env` would have imported."""
-        base = cls.instance.env if cls.instance is not None else os.environ
+    def busy(self) -> bool:
+        self.children = [c for c in self.children if c.poll() is None]
+        return bool(self.children)
 
-        def imported(e):
-            return {k: v for k, v in e.items() if k.startswith(cls.IMPORT_TIME)}
+    def close(self) -> None:
+        import shutil
 
-        return imported(env) == imported(base)
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     def _connect(self):
         import socket
@@ -80,30 +170,49 @@ class Zygote:
                     raise RuntimeError(f"tests/zygote.py did not start: {open(self.log.name).read()[-3000:]}")
                 time.sleep(0.05)
 
-    def run(self, argv: list[str], args: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
-        import signal
+    def start(self, args: list[str], env: dict, fds: list[int], cwd: str, timeout: float = 120):
+        """Fork `python -m grpo_cli ARGS` with stdout and stderr on `fds`: (its pid, the connection its status
+        comes on)."""
         import socket
+
+        request = json.dumps({"argv": args, "env": env, "cwd": cwd}).encode() + b"\n"
+        s = self._connect()
+        try:
+            sent = socket.send_fds(s, [request], fds)
+            s.sendall(request[sent:])
+            s.settimeout(timeout)
+            line = b""
+            while not line.endswith(b"\n"):
+                more = s.recv(1)
+                if not more:
+                    raise RuntimeError(f"tests/zygote.py went away: {open(self.log.name).read()[-3000:]}")
+                line += more
+        except BaseException:
+            s.close()
+            raise
+        s.settimeout(None)
+        return json.loads(line)["pid"], s
+
+    def run(self, argv: list[str], args: list[str], env: dict, cwd: str, timeout: float) -> subprocess.CompletedProcess:
+        import signal
         import tempfile
 
-        request = json.dumps({"argv": args, "env": env, "cwd": str(ROOT)}).encode() + b"\n"
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, self._connect() as s:
-            sent = socket.send_fds(s, [request], [out.fileno(), err.fileno()])
-            s.sendall(request[sent:])
-            replies = s.makefile("rb")
-            s.settimeout(timeout)
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             try:
-                pid = json.loads(replies.readline())["pid"]
+                pid, s = self.start(args, env, [out.fileno(), err.fileno()], cwd, timeout)
             except TimeoutError:  # the zygote never forked it
                 raise subprocess.TimeoutExpired(argv, timeout) from None
-            try:
-                status = json.loads(replies.readline())["status"]
-            except TimeoutError:
-                os.kill(pid, signal.SIGKILL)
-                s.settimeout(30)
-                replies.readline()
-                out.seek(0), err.seek(0)
-                raise subprocess.TimeoutExpired(argv, timeout, output=out.read().decode(errors="replace"),
-                                                stderr=err.read().decode(errors="replace")) from None
+            with s, s.makefile("rb") as replies:
+                s.settimeout(timeout)
+                try:
+                    status = json.loads(replies.readline())["status"]
+                except TimeoutError:
+                    os.kill(pid, signal.SIGKILL)
+                    s.settimeout(30)
+                    replies.readline()
+                    out.seek(0), err.seek(0)
+                    raise subprocess.TimeoutExpired(argv, timeout, output=out.read().decode(errors="replace"),
+                                                    stderr=err.read().decode(errors="replace")) from None
             out.seek(0), err.seek(0)
             return subprocess.CompletedProcess(argv, os.waitstatus_to_exitcode(status),
                                                out.read().decode(errors="replace"), err.read().decode(errors="replace"))

@@ -2,7 +2,6 @@
 
 import os
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -11,7 +10,7 @@ import torch
 
 from grpo_cli.recipe.schema import ModelConfig
 
-from helpers import ROOT
+from helpers import ROOT, popen
 
 PROMPTS = [[5, 6, 7, 8], [9, 10]]  # B=2 ragged prompts
 TRAINER_TOKEN = "train-test-token"
@@ -71,13 +70,11 @@ def train_env(cache: Path, **extra) -> dict:
 
 
 def start_server(model_dir: str, port: int, cache: Path, log: Path, token: str | None = TRAINER_TOKEN,
-                 **env) -> subprocess.Popen:
-    """`grpo serve-vllm` on 127.0.0.1:port; `token` None: without $GRPO_SERVER_TOKEN (it writes its own token file)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "grpo_cli", "serve-vllm", "--model", model_dir, "--port", str(port)],
-        env=train_env(cache, **({"GRPO_SERVER_TOKEN": token} if token else {}), **env), stdout=open(log, "a"),
-        stderr=subprocess.STDOUT, cwd=ROOT,
-    )
+                 **env):
+    """`grpo serve-vllm` on 127.0.0.1:port (helpers.popen); `token` None: without $GRPO_SERVER_TOKEN (it writes its own
+    token file)."""
+    proc = popen("serve-vllm", "--model", model_dir, "--port", str(port), cwd=ROOT, stdout=open(log, "a"),
+                 env=train_env(cache, **({"GRPO_SERVER_TOKEN": token} if token else {}), **env), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         assert proc.poll() is None, log.read_text()[-3000:]

@@ -5,10 +5,12 @@ the 5-7 s of imports again (tests/helpers.py's `cli`; about half of the suite's 
 The child is a real process of the real CLI: its own pid, environment, working directory, argv, stdin from
 /dev/null, stdout and stderr to the caller's files, `grpo_cli`'s __main__ run as `python -m grpo_cli` runs it,
 atexit handlers at its end, its exit status (or the signal that killed it) reported. What a fork cannot give, a
-fresh interpreter's import-time state, is why `cli` starts a fresh process when the environment changes what
-libraries read at import (HF_*, OMP_*, ...) and when a test asks for one (`fresh=True`: peak-memory measurements).
+fresh interpreter's import-time state, is why a zygote is started with the environment its commands have where
+libraries read it at import (HF_*, OMP_*, VLLM_*, ...: one zygote per such environment, tests/helpers.py's
+Zygote), and why a test that measures a process's own memory asks for a new interpreter (`fresh=True`).
 
-    python tests/zygote.py SOCKET     serve until the socket's caller goes away (its parent process exits)
+    python tests/zygote.py SOCKET [--vllm]     serve until the socket's caller goes away (its parent process exits);
+                                              --vllm: vLLM and grpo's vLLM paths imported too (serve-vllm, vllm rollouts)
 
 Protocol, one Unix-socket connection per command: the caller sends {"argv", "env", "cwd"} as JSON with the
 stdout and stderr file descriptors attached; the zygote answers {"pid"} when the child runs and {"status"} (as
@@ -24,7 +26,7 @@ import socket
 import sys
 
 
-def preload() -> None:
+def preload(with_vllm: bool = False) -> None:
     import torch  # noqa: F401
     import transformers
     from transformers.models.qwen2 import modeling_qwen2  # noqa: F401  (the tiny test model's)
@@ -35,6 +37,19 @@ def preload() -> None:
 
     transformers.AutoModelForCausalLM, transformers.AutoTokenizer  # noqa: B018  (resolves the lazy modules)
     transformers.Qwen2TokenizerFast if hasattr(transformers, "Qwen2TokenizerFast") else None  # noqa: B018
+    if with_vllm:  # what a colocated engine, `grpo serve-vllm` and `grpo eval --backend vllm` import before they start one
+        import vllm  # noqa: F401
+        import vllm.entrypoints.llm  # noqa: F401
+        import vllm.v1.core.sched.scheduler  # noqa: F401
+        import vllm.v1.engine.async_llm  # noqa: F401
+        import vllm.v1.engine.core  # noqa: F401
+        import vllm.v1.engine.llm_engine  # noqa: F401
+        import vllm.v1.worker.cpu_model_runner  # noqa: F401
+        import vllm.v1.worker.cpu_worker  # noqa: F401
+
+        import grpo_cli.rollout.vllm_colocate  # noqa: F401
+        import grpo_cli.serve.app  # noqa: F401
+        import grpo_cli.serve.engine  # noqa: F401
 
 
 def child(request: dict, fds: list[int]) -> None:
@@ -82,8 +97,9 @@ def child(request: dict, fds: list[int]) -> None:
             os._exit(code)
 
 
-def serve(path: str) -> None:
-    preload()
+def serve(path: str, with_vllm: bool = False) -> None:
+    preload(with_vllm)
+    sys.stdout.flush(), sys.stderr.flush()  # nothing buffered is written again by each child
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen(16)
@@ -127,7 +143,7 @@ def serve(path: str) -> None:
 
 if __name__ == "__main__":
     try:
-        serve(sys.argv[1])
+        serve(sys.argv[1], with_vllm="--vllm" in sys.argv[2:])
     finally:  # its folder (the socket, the log) goes with it
         import shutil
 

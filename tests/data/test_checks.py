@@ -1,8 +1,6 @@
 """grpo_cli.data.checks: what `grpo validate` and `grpo train` check before loading a model (exit 2)."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +8,8 @@ import pytest
 from grpo_cli.data.checks import check_data, file_columns
 from grpo_cli.errors import DataError
 from grpo_cli.recipe.files import load_recipe
+
+from helpers import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes/ci-tiny.yaml"
@@ -109,8 +109,7 @@ def test_local_dataset_folder_columns_and_split(folder):
 def test_validate_and_train_exit_2_on_a_missing_file(tmp_path):
     for extra in ([], ["-o", str(tmp_path / "run")]):
         command = "train" if extra else "validate"
-        p = subprocess.run([sys.executable, "-m", "grpo_cli", command, str(TINY), "data.generator=null",
-                            "data.files=missing.jsonl", *extra], capture_output=True, text=True, cwd=tmp_path)
+        p = cli(command, TINY, "data.generator=null", "data.files=missing.jsonl", *extra, cwd=tmp_path)
         assert p.returncode == 2, (command, p.stdout, p.stderr)
         assert f"data.files: {tmp_path / 'missing.jsonl'} does not exist" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "run").exists()
@@ -150,17 +149,15 @@ def test_reward_parameters_that_fit_pass(folder):
     (folder / "my_rewards.py").write_text(REWARD_FILE)
     # the answer column reaches rewards as `answer`; a kwargs key fills a parameter too
     check_data(_recipe("rewards=[{name: 'my_rewards.py:fine'}, {name: 'my_rewards.py:settable', kwargs: {scale: 0.5}}]"))
-    p = subprocess.run([sys.executable, "-m", "grpo_cli", "validate", str(TINY), "data.files=rows.jsonl",
-                        "data.generator=null", "data.template={question}", "data.answer_column=solution",
-                        "rewards=[{name: 'my_rewards.py:typo'}]"], capture_output=True, text=True, cwd=folder)
+    p = cli("validate", TINY, "data.files=rows.jsonl", "data.generator=null", "data.template={question}",
+            "data.answer_column=solution", "rewards=[{name: 'my_rewards.py:typo'}]", cwd=folder)
     assert p.returncode == 2 and "parameter 'solutoin'" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
 def test_a_local_model_path_that_does_not_exist_is_named_before_the_run_folder_is_taken(tmp_path):
     # issue 22: it passed validate, and train left a run folder holding only its lock file
     for command, extra in (("validate", []), ("train", ["-o", str(tmp_path / "run")])):
-        p = subprocess.run([sys.executable, "-m", "grpo_cli", command, str(TINY), "model.name_or_path=./no-such-model",
-                            *extra], capture_output=True, text=True, cwd=tmp_path)
+        p = cli(command, TINY, "model.name_or_path=./no-such-model", *extra, cwd=tmp_path)
         assert p.returncode == 2, (command, p.stderr)
         assert f"model.name_or_path: {tmp_path / 'no-such-model'} does not exist" in p.stderr
     assert not (tmp_path / "run").exists()
@@ -211,8 +208,7 @@ def test_a_streamed_file_has_its_first_rows_checked_not_the_whole_of_it(folder):
 
 
 def test_validate_names_a_generator_that_is_asked_to_stream(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "grpo_cli", "validate", str(TINY), "data.streaming=true"],
-                       capture_output=True, text=True, cwd=tmp_path)
+    p = cli("validate", TINY, "data.streaming=true", cwd=tmp_path)
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert "data.streaming reads data.files or data.dataset; data.generator makes its rows in memory" in p.stdout + p.stderr
     assert "Traceback" not in p.stderr

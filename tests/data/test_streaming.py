@@ -19,6 +19,8 @@ from grpo_cli.data.streaming import StreamedRows  # noqa: E402
 from grpo_cli.errors import DataError  # noqa: E402
 from grpo_cli.recipe.schema import DataConfig, ModelConfig  # noqa: E402
 
+from helpers import cli, popen  # noqa: E402
+
 torch.set_num_threads(1)
 
 SHARDS = (7, 11, 5)  # uneven shards: blocks and batches run across their ends
@@ -278,8 +280,6 @@ def test_kill_9_and_resume_trains_on_the_same_prompts_as_the_uninterrupted_run(t
     checkpoints every 3 steps: killed with SIGKILL while step 4 or later is being scored, then --resume auto. The
     resumed run's prompts, completions and metrics are the uninterrupted run's."""
     import signal
-    import subprocess
-    import sys
     import time
     from collections import Counter
 
@@ -299,9 +299,10 @@ def test_kill_9_and_resume_trains_on_the_same_prompts_as_the_uninterrupted_run(t
             "rewards.1.name=tests/stall_rewards.py:waits_at_gate"]
 
     def train(run, *extra, wait=True):
-        cmd = [sys.executable, "-m", "grpo_cli", "train", "recipes/ci-tiny.yaml", "-o", str(run), *args, *extra]
-        kw = dict(cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        return subprocess.run(cmd, timeout=300, **kw) if wait else subprocess.Popen(cmd, **kw)
+        cmd = ["train", "recipes/ci-tiny.yaml", "-o", str(run), *args, *extra]
+        if wait:
+            return cli(*cmd)
+        return popen(*cmd, cwd=ROOT, stdout=open(tmp_path / "cut.out", "w"), stderr=open(tmp_path / "cut.err", "w"))
 
     p = train(tmp_path / "straight")
     assert p.returncode == 0, p.stderr[-3000:]
@@ -318,11 +319,11 @@ def test_kill_9_and_resume_trains_on_the_same_prompts_as_the_uninterrupted_run(t
     try:
         deadline = time.monotonic() + 240
         while not (cut / "checkpoints/step-3/trainer/manifest.json").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "cut.err").read_text()[-3000:]
             time.sleep(0.05)
         gate.touch()  # the next reward call holds: the run is surely mid-way when it dies
         while not Path(f"{gate}.reached").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "cut.err").read_text()[-3000:]
             time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -1,8 +1,6 @@
 """Every shipped recipe validates; bad recipes name the field, exit 2, no traceback."""
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +9,8 @@ from grpo_cli.errors import RecipeError
 from grpo_cli.preflight import resolve
 from grpo_cli.recipe.files import load_recipe, recipe_to_yaml
 from grpo_cli.recipe.schema import Recipe
+
+from helpers import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
@@ -115,7 +115,7 @@ def test_cli_bad_recipes_exit_2_without_traceback(tmp_path):
     ]
     expected = ["algorithm.num_generatoins", "algorithm.loss_type", "algorithm.beta", "recipe file not found"]
     for args, want in zip(cases, expected):
-        p = subprocess.run([sys.executable, "-m", "grpo_cli", *args], capture_output=True, text=True, cwd=ROOT)
+        p = cli(*args)
         assert p.returncode == 2, (args, p.stderr)
         assert want in p.stderr and "Traceback" not in p.stderr, p.stderr
 

@@ -8,7 +8,6 @@ import dataclasses
 import json
 import os
 import subprocess
-import sys
 import time
 import urllib.request
 
@@ -20,7 +19,7 @@ from grpo_cli.recipe.trl import convert
 from grpo_cli.recipe.trl_fields import GRPO_CONFIG, MODEL_ARGS, SCRIPT_ARGS
 from grpo_cli.recipe.trl_homes import HOMES, known_fields, trl_table
 
-from helpers import ROOT, cli, read_jsonl
+from helpers import ROOT, cli, popen, read_jsonl
 
 # TRL's documentation example (docs: GRPO Trainer, "trl grpo --config"), with the model and data made local below
 DOC = {"model_name_or_path": "Qwen/Qwen2-0.5B-Instruct", "dataset_name": "trl-lib/DeepMath-103K",
@@ -207,9 +206,8 @@ def convert_cli(tmp_path, config: dict, *args: str):
 
 
 def train_two_steps(tmp_path, *overrides: str, env=None):
-    return subprocess.run([sys.executable, "-m", "grpo_cli", "train", str(tmp_path / "recipe.yaml"), "train.max_steps=2",
-                           "train.threads=1", f"logging.output_dir={tmp_path / 'run'}", *overrides], capture_output=True,
-                          text=True, cwd=ROOT, env=env or os.environ, timeout=300)
+    return cli("train", tmp_path / "recipe.yaml", "train.max_steps=2", "train.threads=1",
+               f"logging.output_dir={tmp_path / 'run'}", *overrides, env=env or os.environ)
 
 
 VESPO_ENTROPY = {**DOC, "loss_type": "vespo", "use_adaptive_entropy": True, "entropy_target": 100.0}
@@ -257,8 +255,8 @@ def test_converted_server_config_trains_against_grpo_serve_vllm(tmp_path, local_
     assert out.returncode == 0, out.stderr[-3000:]
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_LOGGING_")}
     env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0", GRPO_SERVER_TOKEN="convert-test")
-    server = subprocess.Popen([sys.executable, "-m", "grpo_cli", "serve-vllm", "--model", turn_model, "--port", str(port)],
-                              env=env, stdout=open(tmp_path / "server.log", "a"), stderr=subprocess.STDOUT, cwd=ROOT)
+    server = popen("serve-vllm", "--model", turn_model, "--port", str(port), env=env, stdout=open(tmp_path / "server.log", "a"),
+                   stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         deadline = time.monotonic() + 120
         while True:

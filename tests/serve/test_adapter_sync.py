@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 
@@ -17,7 +16,7 @@ import torch
 from grpo_cli.recipe.schema import RolloutConfig
 from grpo_cli.trainer.launch import free_port
 
-from helpers import ROOT
+from helpers import ROOT, cli, popen
 from servers import PROMPTS, TRAINER_TOKEN, make_model, max_diff, train_env, trainer_logps, wait_healthy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("model_cache")]
@@ -30,10 +29,9 @@ def server(tmp_path_factory):
     port, log_path = free_port(), tmp_path_factory.mktemp("log") / "server.log"
     cache = tmp_path_factory.getbasetemp() / "grpo-cache"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "grpo_cli", "serve-vllm", "--model", str(model_dir), "--port",
-                                 str(port), "--dtype", "float32", "--lora-rank", "5"],
-                                env=train_env(cache, GRPO_SERVER_TOKEN=TRAINER_TOKEN), stdout=log,
-                                stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = popen("serve-vllm", "--model", model_dir, "--port", str(port), "--dtype", "float32", "--lora-rank", "5",
+                     env=train_env(cache, GRPO_SERVER_TOKEN=TRAINER_TOKEN), stdout=log, stderr=subprocess.STDOUT,
+                     cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     try:
         print(f"server healthy after {wait_healthy(url, proc, 180):.1f} s")
@@ -119,9 +117,7 @@ def test_training_with_lora_syncs_the_adapter(server, tmp_path):
     args = ["model.lora.r=8", "train.learning_rate=5e-2", "rollout.backend=vllm", "rollout.vllm.mode=server",
             f"rollout.vllm.server_url={server['url']}", "rollout.max_completion_length=12", "train.max_steps=2",
             ]
-    p = subprocess.run([sys.executable, "-m", "grpo_cli", "train", "recipes/ci-tiny.yaml", "-o", str(run), *args],
-                       cwd=ROOT, env=train_env(server["cache"], GRPO_SERVER_TOKEN=TRAINER_TOKEN), text=True,
-                       capture_output=True, timeout=300)
+    p = cli("train", "recipes/ci-tiny.yaml", "-o", run, *args, env=train_env(server["cache"], GRPO_SERVER_TOKEN=TRAINER_TOKEN))
     assert p.returncode == 0, p.stderr[-3000:]
     assert "the LoRA adapter synced alone" in p.stdout + p.stderr, p.stderr
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

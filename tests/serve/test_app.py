@@ -27,7 +27,7 @@ import torch
 from grpo_cli.recipe.schema import RolloutConfig
 from grpo_cli.trainer.launch import free_port
 
-from helpers import ROOT, cli
+from helpers import ROOT, cli, popen
 from servers import PROMPTS, bearer, make_model, max_diff, trainer_logps, wait_healthy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("model_cache")]
@@ -46,8 +46,8 @@ def server(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in ("GRPO_SERVER_TOKEN", "VLLM_CPU_KVCACHE_SPACE")}
     env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", GRPO_SERVER_TOKEN=TOKEN)  # in-process engine: starts in seconds
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "grpo_cli", "serve-vllm", "--model", str(model_dir), "--port", str(port)],
-                                env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = popen("serve-vllm", "--model", model_dir, "--port", str(port), env=env, stdout=log,
+                     stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         print(f"server healthy after {wait_healthy(url, proc, 180):.1f} s")
@@ -370,7 +370,10 @@ def _check_weights(ckpt: Path, completion: list[int], served_logps: list[float])
 
 def _serve(cmd: list[str], url: str, log: Path, env: dict, deadline_s: float = 180):
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        if cmd[1:3] == ["-m", "grpo_cli"]:
+            proc = popen(*cmd[3:], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        else:
+            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         print(f"{cmd[2]} healthy after {wait_healthy(url, proc, deadline_s):.1f} s")
     except (RuntimeError, TimeoutError) as e:

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +21,7 @@ from grpo_cli.serve import startup
 from grpo_cli.serve.startup import ModelShape, check_tp, plan_kv_cache
 from grpo_cli.trainer.launch import free_port
 
+from helpers import cli, popen
 from servers import bearer, make_model, wait_healthy
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -38,8 +38,8 @@ def _start(tmp_path, *args: str, **env) -> tuple[subprocess.Popen, str]:
     pytest.importorskip("vllm")
     model_dir, port = make_model(tmp_path), free_port()
     log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_cli", "serve-vllm", "--model", str(model_dir), "--port", str(port), *args],
-                            env=_env(**env), stdout=log, stderr=subprocess.STDOUT)
+    proc = popen("serve-vllm", "--model", model_dir, "--port", str(port), *args, env=_env(**env), stdout=log,
+                 stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         print(f"server ({' '.join(args) or 'defaults'}) healthy after {wait_healthy(url, proc, 240):.1f} s")
@@ -143,9 +143,8 @@ def test_a_failed_start_is_one_paragraph_with_the_log_file(tmp_path):
     pytest.importorskip("vllm")
     model_dir = make_model(tmp_path)
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "grpo_cli", "serve-vllm", "--model", str(model_dir), "--max-model-len", "100000",
-                          "--port", str(free_port())], env=_env(VLLM_ENABLE_V1_MULTIPROCESSING="0"),
-                         capture_output=True, text=True, timeout=180)
+    out = cli("serve-vllm", "--model", model_dir, "--max-model-len", "100000", "--port", str(free_port()),
+              env=_env(VLLM_ENABLE_V1_MULTIPROCESSING="0"), timeout=180)
     err = out.stderr.strip()
     print(f"exit {out.returncode} after {time.monotonic() - t0:.1f} s; stderr:\n{err}")
     assert out.returncode == 1 and "Traceback" not in err and len(err.splitlines()) <= 12
@@ -159,8 +158,8 @@ def test_a_failed_start_is_one_paragraph_with_the_log_file(tmp_path):
 def test_tp_beyond_the_cpu_cores_is_refused_before_vllm_starts(tmp_path):
     cores = len(os.sched_getaffinity(0))
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "grpo_cli", "serve-vllm", "--model", "builtin:tiny-qwen2", "--tp", str(cores + 1)],
-                         env=_env(GRPO_CACHE_DIR=str(tmp_path)), capture_output=True, text=True, timeout=120)
+    out = cli("serve-vllm", "--model", "builtin:tiny-qwen2", "--tp", str(cores + 1), env=_env(GRPO_CACHE_DIR=str(tmp_path)),
+              timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert f"--tp {cores + 1}" in out.stderr and f"{cores} CPU cores" in out.stderr
     assert time.monotonic() - t0 < 30

@@ -1,9 +1,6 @@
 """The training loop on a real tiny model: CLI run, learning, accumulation equivalence, exact resume."""
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,7 +12,7 @@ from grpo_cli.errors import SetupError
 from grpo_cli.recipe.files import load_recipe
 from grpo_cli.trainer.engine import Engine
 
-from helpers import cli, read_jsonl, stable
+from helpers import cli, popen, read_jsonl, stable
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes/ci-tiny.yaml"
@@ -152,15 +149,16 @@ def test_sigterm_saves_then_resume_matches_uninterrupted_run(tmp_path):
     assert full.returncode == 0, full.stderr
 
     run = tmp_path / "cut"
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_cli", "train", str(TINY), "-o", str(run), *common],
-                            cwd=ROOT, env=os.environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stderr = tmp_path / "cut.err"
+    proc = popen("train", TINY, "-o", run, *common, cwd=ROOT, stdout=open(tmp_path / "cut.out", "w"),
+                 stderr=open(stderr, "w"))
     metrics = run / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, err
+    proc.wait(timeout=120)
+    assert proc.returncode == 143, stderr.read_text()
     (ckpt,) = (run / "checkpoints").iterdir()
     k = int(ckpt.name.split("-")[1])
     assert 3 <= k < 24, k

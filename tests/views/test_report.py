@@ -23,6 +23,8 @@ from grpo_cli.views.run_metrics import (
     summary,
 )
 
+import helpers
+
 ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -255,7 +257,7 @@ def test_html_embeds_one_png_per_panel_and_the_summary(tmp_path):
 
 
 def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "grpo_cli", *args], capture_output=True, text=True, cwd=cwd)
+    return helpers.cli(*args, cwd=cwd)
 
 
 @pytest.mark.parametrize("case, message", [("missing", "no such run folder"), ("no_metrics", "has no metrics.jsonl"),

@@ -31,6 +31,8 @@ from grpo_cli.views.rollouts import (
 )
 from grpo_cli.views.rollouts_markdown import md_cell, render_markdown, render_prompt_markdown
 
+import helpers
+
 ROOT = Path(__file__).resolve().parents[2]
 CHATML = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
 # (step, group, data_index, question, answer, [(accuracy, format, advantage, length, truncated, completion)] x G=4)
@@ -82,8 +84,7 @@ def run_dir(tmp_path: Path) -> Path:
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "300"}  # wide enough that rich never wraps a header or a completion
-    return subprocess.run([sys.executable, "-m", "grpo_cli", "inspect-rollouts", *args], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=120)
+    return helpers.cli("inspect-rollouts", *args, env=env, timeout=120)
 
 
 # ----- reading ------------------------------------------------------------------------------------
@@ -346,8 +347,8 @@ def wait_for(condition, timeout: float = 60.0) -> None:
 def test_follow_waits_for_a_run_folder_that_does_not_exist_yet(tmp_path):
     run, out, err = tmp_path / "runs/new", tmp_path / "out.txt", tmp_path / "err.txt"
     with open(out, "w") as o, open(err, "w") as e:
-        proc = subprocess.Popen([sys.executable, "-m", "grpo_cli", "inspect-rollouts", str(run), "--follow",
-                                 "--format", "json", "--poll-interval", "0.05"], stdout=o, stderr=e, cwd=ROOT)
+        proc = helpers.popen("inspect-rollouts", run, "--follow", "--format", "json", "--poll-interval", "0.05", stdout=o,
+                             stderr=e, cwd=ROOT)
     try:
         wait_for(lambda: "waiting for" in err.read_text() or proc.poll() is not None)
         assert proc.poll() is None, err.read_text()  # it did not exit: it waits
@@ -372,8 +373,7 @@ def real_run(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("real")
     env = {**os.environ, "GRPO_CACHE_DIR": str(tmp / "cache")}
     out = tmp / "run"
-    p = subprocess.run([sys.executable, "-m", "grpo_cli", "train", "recipes/ci-tiny.yaml", "-o", str(out),
-                        "train.max_steps=2"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    p = helpers.cli("train", "recipes/ci-tiny.yaml", "-o", out, "train.max_steps=2", env=env)
     assert p.returncode == 0, p.stderr
     return out
 
@@ -400,8 +400,7 @@ def test_narrow_or_piped_output_wraps_completions_readably(real_run, columns):
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     if columns:
         env["COLUMNS"] = columns
-    p = subprocess.run([sys.executable, "-m", "grpo_cli", "inspect-rollouts", str(real_run), "--step", "all"],
-                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    p = helpers.cli("inspect-rollouts", real_run, "--step", "all", env=env, timeout=120)
     assert p.returncode == 0, p.stderr
     width = int(columns or 100)
     out = p.stdout.splitlines()
