@@ -3,8 +3,6 @@
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +10,8 @@ import torch
 
 from grpo_cli.eval.metrics import k_values, majority_answer, normalize_answer, pass_at_k, summarize
 from grpo_cli.eval.targets import resolve_target
+
+from helpers import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes/ci-tiny.yaml"
@@ -86,12 +86,9 @@ def test_target_errors(tmp_path):
 def test_eval_command_on_a_trained_run(tmp_path, monkeypatch):
     env = {**os.environ, "GRPO_CACHE_DIR": str(tmp_path / "cache")}
     run, out = tmp_path / "run", tmp_path / "eval"
-    p = subprocess.run([sys.executable, "-m", "grpo_cli", "train", str(TINY), "-o", str(run), "train.max_steps=2"],
-                       capture_output=True, text=True, cwd=ROOT, env=env)
+    p = cli("train", str(TINY), "-o", str(run), "train.max_steps=2", env=env)
     assert p.returncode == 0, p.stderr
-    p = subprocess.run([sys.executable, "-m", "grpo_cli", "eval", "base", str(run), "--recipe", str(TINY),
-                        "--limit", "6", "-n", "3", "--max-new-tokens", "8", "-o", str(out)],
-                       capture_output=True, text=True, cwd=ROOT, env=env)
+    p = cli("eval", "base", run, "--recipe", TINY, "--limit", "6", "-n", "3", "--max-new-tokens", "8", "-o", out, env=env)
     assert p.returncode == 0, p.stderr
     assert "1 CPU thread (train.threads: 1)" in p.stderr  # the recipe's train.threads (issue 22: it was ignored)
     # not a terminal: plain progress lines (issue 22: a log file stayed empty for 18 minutes), one per target here
@@ -119,13 +116,11 @@ def test_eval_command_on_a_trained_run(tmp_path, monkeypatch):
              for t in report["targets"]}
     assert probs["base"] == probs[str(run)]
     # greedy decoding is deterministic: the base model's greedy completions equal a second eval's
-    p = subprocess.run([sys.executable, "-m", "grpo_cli", "eval", "base", "--recipe", str(TINY), "--limit", "6",
-                        "--max-new-tokens", "8", "-o", str(tmp_path / "again"), "--threads", "auto"],
-                       capture_output=True, text=True, cwd=ROOT, env=env)
+    p = cli("eval", "base", "--recipe", TINY, "--limit", "6", "--max-new-tokens", "8", "-o", tmp_path / "again",
+            "--threads", "auto", env=env)
     assert "CPU thread" in p.stderr and "(auto: " in p.stderr
     # without -o, a run's eval goes into the run folder, not the working directory (issue 22)
-    p = subprocess.run([sys.executable, "-m", "grpo_cli", "eval", str(run / "checkpoints/step-2"), "--limit", "2",
-                        "--max-new-tokens", "4"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    p = cli("eval", str(run / "checkpoints/step-2"), "--limit", "2", "--max-new-tokens", "4", env=env, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     [written] = list((run / "eval").iterdir())
     assert (written / "eval.json").is_file() and f"wrote {written}/eval.json" in p.stdout
@@ -138,14 +133,10 @@ def test_format_compliance_is_told_apart_from_a_format_reward(tmp_path):
     # issue 35: `format_compliance 1` printed beside the user's format reward at 0, as if they measured one thing
     env = {**os.environ, "GRPO_CACHE_DIR": str(tmp_path / "cache")}
     recipe = tmp_path / "recipe.yaml"
-    p = subprocess.run([sys.executable, "-m", "grpo_cli", "print-recipe", str(TINY),
-                        "rewards=[{name: accuracy}, {name: format, weight: 0.2}]"], capture_output=True, text=True,
-                       cwd=ROOT, env=env)
+    p = cli("print-recipe", str(TINY), "rewards=[{name: accuracy}, {name: format, weight: 0.2}]", env=env)
     assert p.returncode == 0, p.stderr
     recipe.write_text(p.stdout)
-    p = subprocess.run([sys.executable, "-m", "grpo_cli", "eval", "base", "--recipe", str(recipe), "--limit", "4",
-                        "--max-new-tokens", "6", "-o", str(tmp_path / "eval")], capture_output=True, text=True, cwd=ROOT,
-                       env=env)
+    p = cli("eval", "base", "--recipe", recipe, "--limit", "4", "--max-new-tokens", "6", "-o", tmp_path / "eval", env=env)
     assert p.returncode == 0, p.stderr
     assert "rewards/format/mean" in p.stdout and "format_compliance" in p.stdout
     assert ("format_compliance is the share of greedy completions with an answer the accuracy extraction (mode 'auto') "
