@@ -24,9 +24,12 @@ def check_batch(recipe, processes: int, rows: int | None) -> Verdict:
     evidence = [
         f"{t.prompts_per_step} prompts x G={a.num_generations} = {N} completions a step, over {processes} process(es)"
         + (f": {per} each, {micro} micro-batch(es) of {t.micro_batch_size} (gradient accumulation {micro})"
+           if micro is not None and t.mini_batches == 1 else
+           f": {per} each, {t.mini_batches} mini-batches of {per // t.mini_batches} (one optimizer step each)"
            if micro is not None else ""),
-        f"{a.num_iterations} optimizer step(s) a training step (mu), {t.max_steps} steps: "
-        f"{t.max_steps * a.num_iterations} optimizer steps",
+        f"{a.num_iterations * t.mini_batches} optimizer step(s) a training step (mu {a.num_iterations} x "
+        f"train.mini_batches {t.mini_batches}), {t.max_steps} steps: "
+        f"{t.max_steps * a.num_iterations * t.mini_batches} optimizer steps",
         f"at most {tokens:,} tokens a step ({N} x ({prompt} prompt + {ro.max_completion_length} completion))",
         f"{rows:,} prompts in the data: an epoch is {rows / t.prompts_per_step:.1f} steps; "
         f"{t.max_steps} steps are {epochs:.2f} epoch(s)" if rows else
@@ -37,6 +40,11 @@ def check_batch(recipe, processes: int, rows: int | None) -> Verdict:
         return Verdict("batch", "fail", f"{N} completions do not split into {processes} process(es) x micro-batches of "
                        f"{t.micro_batch_size}", evidence,
                        "make prompts_per_step x num_generations a multiple of processes x train.micro_batch_size")
+    mini = per // t.mini_batches
+    if per % t.mini_batches or mini % min(t.micro_batch_size, mini):
+        return Verdict("batch", "fail", f"{per} completions a process do not split into train.mini_batches = "
+                       f"{t.mini_batches} mini-batches of whole micro-batches of {t.micro_batch_size}", evidence,
+                       "make the completions of a process a multiple of train.mini_batches x train.micro_batch_size")
     if a.num_generations < 2:
         return Verdict("batch", "fail", "G = 1: a group of one has no relative advantage", evidence,
                        "algorithm.num_generations >= 2 (8 or 16 is usual)")

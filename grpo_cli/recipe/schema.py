@@ -168,6 +168,11 @@ class TrainConfig(Section):
     max_steps: int = Field(..., ge=1, description="Training steps (one generation batch each).")
     prompts_per_step: int = Field(8, ge=1, description="B: prompts per step; the batch holds B * G completions.")
     micro_batch_size: int = Field(8, ge=1, description="Completions per forward/backward; the rest is gradient accumulation.")
+    mini_batches: int = Field(1, ge=1, description=(
+        "Optimizer steps per generation batch: each process's rows split in order into this many mini-batches, one "
+        "optimizer step each, the old policy's log-probs taken once before the first (verl's train_batch_size / "
+        "ppo_mini_batch_size; TRL's steps_per_generation / gradient_accumulation_steps). With mu "
+        "(algorithm.num_iterations) the step makes mu x mini_batches optimizer steps."))
     optimizer: Literal[tuple(OPTIMIZERS)] = Field(  # type: ignore[valid-type]  (recipe/specs.py's table)
         "adamw", description="; ".join(f"{s.name}: {s.what}" for s in OPTIMIZERS.values()) + ".")
     learning_rate: float = Field(1e-6, gt=0, description="AdamW peak learning rate.")

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from grpo_cli.recipe.specs import LOSSES
 from grpo_cli.errors import ConversionError
+from grpo_cli.recipe.trl_batch import layout
 from grpo_cli.recipe.trl_fields import GRPO_CONFIG, TRL_VERSION
 from grpo_cli.recipe.trl_rollout import agents, import_path, vllm
 from grpo_cli.recipe.trl_homes import HOMES, LEGACY, OPTIMIZERS, SCHEDULERS, TRL_REWARDS, accepted_fields, known_fields
@@ -224,30 +225,9 @@ class Sections:
     def algorithm(self, num_processes: int) -> int:
         """The batch arithmetic (TRL counts completions, grpo prompts) and the algorithm; -> prompts per step."""
         cfg, r = self.cfg, self.out.recipe
-        G = int(cfg["num_generations"])
-        per_device, accumulation = int(cfg["per_device_train_batch_size"]), int(cfg["gradient_accumulation_steps"])
-        per_step = per_device * accumulation * num_processes
-        steps_per_generation = cfg.get("steps_per_generation")
-        generation = cfg.get("generation_batch_size")
-        if steps_per_generation is not None and int(steps_per_generation) != accumulation:
-            raise ConversionError(
-                f"steps_per_generation ({steps_per_generation}) != gradient_accumulation_steps ({accumulation}): "
-                "TRL then takes several optimizer steps on slices of one generation batch, which grpo does not do; "
-                "use num_iterations for several updates on one batch")
-        if generation is not None and int(generation) != per_step:
-            raise ConversionError(
-                f"generation_batch_size ({generation}) != per_device_train_batch_size x gradient_accumulation_steps x "
-                f"processes ({per_device} x {accumulation} x {num_processes} = {per_step}): grpo generates one batch "
-                "per optimizer step")
-        if per_step % G:
-            raise ConversionError(f"{per_step} completions per optimizer step is not a multiple of num_generations "
-                                  f"({G})")
-        prompts = per_step // G
-        self.out.notes.append(
-            f"batch: TRL's optimizer step = per_device_train_batch_size x gradient_accumulation_steps x processes = "
-            f"{per_device} x {accumulation} x {num_processes} = {per_step} completions = {prompts} prompts x G={G} -> "
-            f"train.prompts_per_step: {prompts}, train.micro_batch_size: {per_device} (completions per forward); one "
-            "generation batch per optimizer step, as TRL with steps_per_generation = gradient_accumulation_steps")
+        self.layout = layout(cfg, num_processes)
+        self.out.notes.append(self.layout.note)
+        per_device, prompts, G = self.layout.micro_batch_size, self.layout.prompts_per_step, int(cfg["num_generations"])
         algorithm = {"num_generations": G, "beta": cfg["beta"], "epsilon": cfg["epsilon"],
                      "epsilon_high": cfg["epsilon_high"], "delta": cfg["delta"], "loss_type": cfg["loss_type"],
                      "scale_rewards": {True: "group", False: "none"}.get(cfg["scale_rewards"], cfg["scale_rewards"]),
@@ -308,13 +288,14 @@ class Sections:
     def train(self, prompts: int) -> None:
         cfg, r, per_device = self.cfg, self.out.recipe, self.per_device
         bf16, dtype, asked, given = self.bf16, self.dtype, self.asked, self.given
-        max_steps = int(cfg["max_steps"])
-        if max_steps <= 0:
+        trl_steps = int(cfg["max_steps"])
+        if trl_steps <= 0:
             raise ConversionError("max_steps is not set (TRL would derive it from num_train_epochs and the dataset "
                                   "size): give max_steps")
-        warmup = cfg.get("warmup_steps") or 0
+        max_steps = self.layout.steps(trl_steps)
+        warmup = cfg.get("warmup_steps") or 0  # optimizer steps on both sides
         if isinstance(warmup, float) and 0 < warmup < 1:
-            warmup = round(warmup * max_steps)
+            warmup = round(warmup * trl_steps)
             self.out.notes.append(f"warmup_steps {cfg['warmup_steps']} is a ratio: {warmup} of {max_steps} steps")
         scheduler = SCHEDULERS.get(cfg["lr_scheduler_type"])
         if scheduler is None:
@@ -328,6 +309,7 @@ class Sections:
         precision = "fp16" if cfg.get("fp16") else ("bf16" if bf16 and dtype == "float32" else "no")
         self.out.notes.append(precision_note(asked, dtype, precision, bf16, "bf16" in given))
         r["train"] = {"max_steps": max_steps, "prompts_per_step": prompts, "micro_batch_size": per_device,
+                      **({"mini_batches": self.layout.mini_batches} if self.layout.mini_batches > 1 else {}),
                       "optimizer": optimizer, "learning_rate": cfg["learning_rate"], "scheduler": scheduler,
                       "warmup_steps": int(warmup), "weight_decay": cfg["weight_decay"], "adam_beta1": cfg["adam_beta1"],
                       "adam_beta2": cfg["adam_beta2"], "max_grad_norm": cfg["max_grad_norm"],
@@ -338,7 +320,7 @@ class Sections:
     def logging(self) -> None:
         """Checkpoints, logging, eval."""
         cfg, r = self.cfg, self.out.recipe
-        every = 0 if cfg["save_strategy"] == "no" else int(cfg["save_steps"])
+        every = 0 if cfg["save_strategy"] == "no" else self.layout.steps(int(cfg["save_steps"]))
         if cfg["save_strategy"] == "epoch":
             self.unmapped("save_strategy", "epoch is not supported: checkpoints every save_steps")
         r["checkpoint"] = {"every_steps": every, "keep_last": cfg["save_total_limit"]}

@@ -64,10 +64,12 @@ HOMES: dict[str, tuple[str | None, str]] = {
     "per_device_train_batch_size": ("train.micro_batch_size", "completions per forward; with the accumulation steps and "
                                     "processes it makes train.prompts_per_step (see the printed arithmetic)"),
     "gradient_accumulation_steps": ("train.prompts_per_step", "folded into prompts_per_step"),
-    "steps_per_generation": ("train.prompts_per_step", "must equal gradient_accumulation_steps: one generation batch per "
-                             "optimizer step (several optimizer steps on slices of one batch are not supported)"),
-    "generation_batch_size": ("train.prompts_per_step", "must equal the optimizer step's completions (as above)"),
-    "max_steps": ("train.max_steps", "TRL's optimizer steps = grpo's steps when one generation batch is one step"),
+    "steps_per_generation": ("train.mini_batches", "the generation batch (train.prompts_per_step) and, over "
+                             "gradient_accumulation_steps, the optimizer steps taken on it (train.mini_batches)"),
+    "generation_batch_size": ("train.prompts_per_step", "the generation batch's completions / G; with the optimizer "
+                              "step's completions it makes train.mini_batches"),
+    "max_steps": ("train.max_steps", "TRL's optimizer steps / (mini_batches x num_iterations): grpo counts generation "
+                  "batches"),
     "num_train_epochs": (None, "give max_steps: the step count is not derived from the dataset size"),
     "learning_rate": ("train.learning_rate", _SAME),
     "lr_scheduler_type": ("train.scheduler", "constant / linear / cosine (constant_with_warmup -> constant)"),

@@ -258,7 +258,7 @@ def apply_optimizer_changes(optimizer: Any, scheduler: Any, changed: set[str], t
         if changed & {"train.adam_beta1", "train.adam_beta2"}:
             g["betas"] = (train.adam_beta1, train.adam_beta2)
     if changed & {"train.learning_rate", "train.scheduler", "train.warmup_steps", "train.max_steps",
-                  "algorithm.num_iterations"}:
+                  "algorithm.num_iterations", "train.mini_batches"}:
         for g, base, factor in zip(groups, scheduler.base_lrs, scheduler.lr_lambdas):
             g["initial_lr"], g["lr"] = base, base * factor(scheduler.last_epoch)
         scheduler._last_lr = [g["lr"] for g in groups]

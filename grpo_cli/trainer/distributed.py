@@ -32,11 +32,16 @@ def process_rows(accelerator, recipe) -> range:
             f"set up {acc.num_processes} process(es) of type {acc.distributed_type.name}; FSDP and DeepSpeed need "
             "GPUs: on CPU use `grpo train --num-processes N` (DDP over gloo)"
         )
-    P, N, mbs = acc.num_processes, recipe.generation_batch_size, recipe.train.micro_batch_size
+    P, N, mbs, k = acc.num_processes, recipe.generation_batch_size, recipe.train.micro_batch_size, recipe.train.mini_batches
     if N % P or (N // P) % mbs:
         raise SetupError(
             f"prompts_per_step * num_generations = {N} completions must split evenly over {P} processes "
             f"into micro-batches of train.micro_batch_size = {mbs}"
+        )
+    if (N // P) % k or (N // P // k) % min(mbs, N // P // k):
+        raise SetupError(
+            f"the {N // P} completions of each of {P} process(es) must split into train.mini_batches = {k} equal "
+            f"mini-batches of whole micro-batches of train.micro_batch_size = {mbs}"
         )
     if recipe.rollout.max_staleness and P > 1:
         raise SetupError(f"rollout.max_staleness runs one trainer process for now ({P} were launched); "

@@ -89,6 +89,7 @@ class StepReport:
         self.recipe, self.procs, self.device, self.stream = recipe, procs, device, stream
         self.rollout_log, self.console, self.nonfinite = rollout_log, console, nonfinite
         self.G = recipe.algorithm.num_generations
+        self.optimizer_steps = recipe.algorithm.num_iterations * recipe.train.mini_batches  # a step's
 
     def __call__(self, step: int, s: StepBatch, adv: Advantages, sums: MetricSums, clock: Clock,
                  extra: dict[str, float]) -> dict[str, Any]:
@@ -99,7 +100,7 @@ class StepReport:
         m |= adv.stats | s.metrics | extra
         m["memory/peak_gib"] = peak_memory_gib(self.device)  # this process's
         m |= self.nonfinite.end_step(step)  # optimizer steps skipped for a NaN or infinite loss or gradient
-        if warning := self.nonfinite.warning(step, self.recipe.algorithm.num_iterations, largest(s, adv.outcome)):
+        if warning := self.nonfinite.warning(step, self.optimizer_steps, largest(s, adv.outcome)):
             self.console.print(warning)
         logging = self.recipe.logging
         if logging.rollouts or logging.num_completions_to_print:  # every process gathers; the main one writes

@@ -9,6 +9,10 @@ its own tokens (and the observations between them) as the completion, the episod
 
 With several processes the rows are padded to the same count (rows with no trained token), so that every process
 runs as many micro-batches, and as many collectives, as the others.
+
+With train.mini_batches = k > 1 and several processes, the rows are dealt again (`dealt`): mini-batch j of every
+process together is block j of the whole batch, the rows a single process trains in its j-th optimizer step, so the
+weights do not depend on the process count.
 """
 
 from __future__ import annotations
@@ -32,6 +36,30 @@ def training_rows(rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor,
         if most > len(rollout):
             rollout, adv, mask = _padded(rollout, adv, mask, most)
     return rollout, adv, mask
+
+
+def dealt(rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor, procs: Processes,
+          mini_batches: int) -> tuple[Rollout, torch.Tensor, torch.Tensor]:
+    """The rows this process trains, in order, when its `mini_batches` mini-batches are its share of each block of
+    the whole batch (every process's rows in process order, as many on each: `training_rows`' output); unchanged on
+    one process or with one mini-batch."""
+    if procs.count == 1 or mini_batches == 1:
+        return rollout, adv, mask
+    device = mask.device
+    parts = procs.gather_rows([(rollout.to("cpu"), adv.cpu(), mask.cpu())])
+    T = max(r.completion_ids.shape[1] for r, _, _ in parts)
+
+    def right(x: torch.Tensor) -> torch.Tensor:  # [n, T'] -> [n, T], zeros after
+        return torch.nn.functional.pad(x, (0, T - x.shape[1])) if x.dim() == 2 else x
+
+    every = Rollout.cat([r for r, _, _ in parts], _pad_value(rollout))
+    every.segments = None
+    block = len(every) // mini_batches
+    share = block // procs.count
+    mine = [j * block + procs.index * share + i for j in range(mini_batches) for i in range(share)]
+    index = torch.tensor(mine)
+    return (every.select(mine).to(device), torch.cat([right(a) for _, a, _ in parts])[index].to(device),
+            torch.cat([right(m) for _, _, m in parts])[index].to(device))
 
 
 def _spans(rollout: Rollout) -> list[tuple[int, int, int, list[int] | None]]:

@@ -122,7 +122,8 @@ def build_policy(recipe, accelerator, checkpoint: Path | None) -> Policy:
     params = [p for p in model.parameters() if p.requires_grad]
     fused = not (is_fsdp(accelerator) or is_deepspeed(accelerator)) and accelerator.device.type in ("cpu", "cuda")
     optimizer = build_optimizer(params, t, fused=fused and OPTIMIZERS[t.optimizer].fusable, device=accelerator.device)
-    scheduler = make_scheduler(optimizer, t.scheduler, t.warmup_steps, t.max_steps * r.algorithm.num_iterations)
+    optimizer_steps = t.max_steps * r.algorithm.num_iterations * t.mini_batches
+    scheduler = make_scheduler(optimizer, t.scheduler, t.warmup_steps, optimizer_steps)
     if is_deepspeed(accelerator):  # no dataloader to infer these from; grpo accumulates itself
         accelerator.state.deepspeed_plugin.deepspeed_config.update(
             train_micro_batch_size_per_gpu=t.micro_batch_size, gradient_accumulation_steps=1)

@@ -1,10 +1,12 @@
 """The policy update of one step: DeepSeekMath Algorithm 1's inner loop, "for GRPO iteration = 1, ..., mu:
 update the policy model by maximizing the GRPO objective", each iteration one optimizer step over every
-micro-batch of the step's rows (gradient accumulation), and the reference it is regularised towards.
+micro-batch of the step's rows (gradient accumulation), or train.mini_batches optimizer steps over its mini-batches
+in order, and the reference it is regularised towards.
 
 mu > 1: the old policy is the one of iteration 0, whose forwards run before any optimizer step, so their
 detached log-probs are the old log-probs and need no forward of their own; with dropout every forward differs,
-and the old policy gets a separate one (as TRL computes it).
+and the old policy gets a separate one (as TRL computes it), as it does with mini-batches (the second one's forwards
+follow an optimizer step).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from grpo_cli.models.loading import has_dropout
 from grpo_cli.run.statefiles import TensorFile
 from grpo_cli.trainer.nonfinite import NonFiniteSteps
 from grpo_cli.trainer.reporting import MetricSums
-from grpo_cli.trainer.samples import training_rows
+from grpo_cli.trainer.samples import dealt, training_rows
 
 
 def loss_config(recipe) -> LossConfig:
@@ -89,6 +91,14 @@ class Window:
     nonfinite_loss: str | None = None  # this optimizer step's first non-finite loss, on this process
 
 
+def mini_batches(rows: int, count: int, micro_batch_size: int) -> list[list[slice]]:
+    """`rows` in order as `count` mini-batches (train.mini_batches; equal where `count` divides `rows`), each as its
+    micro-batches of at most `micro_batch_size` rows."""
+    bounds = [round(i * rows / count) for i in range(count + 1)]
+    return [[slice(s, min(s + micro_batch_size, end)) for s in range(start, end, micro_batch_size)]
+            for start, end in zip(bounds, bounds[1:]) if end > start]
+
+
 def _unmeasured(phase: str) -> nullcontext:
     return nullcontext()
 
@@ -122,10 +132,15 @@ class PolicyUpdate:
         a, t = self.recipe.algorithm, self.recipe.train
         phase = memory if memory is not None else _unmeasured
         rollout, adv, mask = training_rows(rollout, adv, mask, self.procs)  # a split episode: a row per sample
-        slices = [slice(s, s + t.micro_batch_size) for s in range(0, len(rollout), t.micro_batch_size)]
-        separate_old = a.num_iterations > 1 and has_dropout(self.accelerator.unwrap_model(self.model))
+        rollout, adv, mask = dealt(rollout, adv, mask, self.procs, t.mini_batches)  # the same steps on any count
+        minis = mini_batches(len(rollout), t.mini_batches, t.micro_batch_size)
+        slices = [sl for mini in minis for sl in mini]
+        # the old policy's forwards run before any optimizer step: iteration 0's own, unless a mini-batch after the
+        # first (its forwards follow a step) or dropout (every forward differs) asks for a forward of their own
+        separate_old = (a.num_iterations > 1 and has_dropout(self.accelerator.unwrap_model(self.model))
+                        or len(minis) > 1)
         with phase("reference") if separate_old or self.loss.beta > 0 else nullcontext():
-            w = self.window(rollout, adv.to(mask.device), mask, len(slices),
+            w = self.window(rollout, adv.to(mask.device), mask, len(minis[0]), mini_batches=len(minis),
                             old=self._logps_no_grad(self.model, rollout, slices) if separate_old else None,
                             ref=self._ref_logps(rollout, slices) if self.loss.beta > 0 else None)
         sums = MetricSums()
@@ -134,41 +149,48 @@ class PolicyUpdate:
         self.model.train()
         first_logps: list[torch.Tensor] = []
         for it in range(a.num_iterations):
-            for k, sl in enumerate(slices):
-                last = k == len(slices) - 1
-                # DDP/FSDP all-reduce only on the window's last backward; DeepSpeed steps its engine only then
-                self.accelerator.sync_gradients = last
-                with nullcontext() if last else self.accelerator.no_sync(self.model), phase("forward_backward"):
-                    logps = self._micro_step(w, sl, sums, first=it == 0)
-                if it == 0 and a.num_iterations > 1 and not separate_old:
-                    first_logps.append(logps)
-            if first_logps:
-                w.old, first_logps = torch.cat(first_logps), []  # [N, T]: the old policy of iterations 1 .. mu-1
-            with phase("optimizer"):
-                norm = self._optimizer_step(w)
-            if norm is not None:  # (a skipped step has no norm to average)
-                sums.add_scalar("grad_norm", norm)
-            if self.entropy is not None:  # the controller sees the step's entropy over every process's tokens
-                total, tokens = self.procs.reduce_sum(torch.tensor(w.entropy_sums, dtype=torch.float64)).tolist()
-                if norm is not None:
-                    self.entropy.step(total / max(tokens, 1.0))
-                sums.add_scalar("entropy_coef", self.entropy.coef)
-                w.entropy_sums = [0.0, 0.0]
+            for mini in minis:  # one optimizer step each
+                self.accumulate_over(w, len(mini))
+                for k, sl in enumerate(mini):
+                    last = k == len(mini) - 1
+                    # DDP/FSDP all-reduce only on the window's last backward; DeepSpeed steps its engine only then
+                    self.accelerator.sync_gradients = last
+                    with nullcontext() if last else self.accelerator.no_sync(self.model), phase("forward_backward"):
+                        logps = self._micro_step(w, sl, sums, first=it == 0)
+                    if it == 0 and a.num_iterations > 1 and not separate_old:
+                        first_logps.append(logps)
+                if first_logps:
+                    w.old, first_logps = torch.cat(first_logps), []  # [N, T]: the old policy of iterations 1 .. mu-1
+                with phase("optimizer"):
+                    norm = self._optimizer_step(w)
+                if norm is not None:  # (a skipped step has no norm to average)
+                    sums.add_scalar("grad_norm", norm)
+                if self.entropy is not None:  # the controller sees the window's entropy over every process's tokens
+                    total, tokens = self.procs.reduce_sum(torch.tensor(w.entropy_sums, dtype=torch.float64)).tolist()
+                    if norm is not None:
+                        self.entropy.step(total / max(tokens, 1.0))
+                    sums.add_scalar("entropy_coef", self.entropy.coef)
+                    w.entropy_sums = [0.0, 0.0]
         return sums
 
     def window(self, rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor, micro_batches: int,
-               old: torch.Tensor | None = None, ref: torch.Tensor | None = None) -> Window:
-        """This process's rows as `micro_batches` micro-batches of one optimizer step (a collective with several
-        processes): the normaliser every micro-batch's loss shares. Per-sequence and constant-length losses are
-        each micro-batch's mean / micro_batches (TRL's gradient accumulation); a global token mean divides by the
-        active tokens of every process's rows, times the process count that DDP's gradient average divides by."""
-        w = Window(rollout, adv, mask, old=old, ref=ref, micro_batches=micro_batches)
+               old: torch.Tensor | None = None, ref: torch.Tensor | None = None, mini_batches: int = 1) -> Window:
+        """This process's rows as `mini_batches` optimizer steps of `micro_batches` micro-batches each (a collective
+        with several processes): the normaliser every micro-batch's loss shares. Per-sequence and constant-length
+        losses are each micro-batch's mean / micro_batches (TRL's gradient accumulation); a global token mean divides
+        by the active tokens of every process's rows over the mini-batch count (TRL's num_items_in_batch x
+        gradient_accumulation_steps / steps_per_generation: every mini-batch the same normaliser), times the process
+        count that DDP's gradient average divides by."""
+        w = Window(rollout, adv, mask, old=old, ref=ref)
         if self.loss.global_token_mean:
-            w.num_active = self.procs.gather(mask.sum().reshape(1).float().cpu()).sum().item()
-            w.loss_scale = float(self.procs.count)
-        else:
-            w.loss_scale = 1.0 / micro_batches
+            w.num_active = self.procs.gather(mask.sum().reshape(1).float().cpu()).sum().item() / mini_batches
+        self.accumulate_over(w, micro_batches)
         return w
+
+    def accumulate_over(self, w: Window, micro_batches: int) -> None:
+        """The next optimizer step of `w` accumulates `micro_batches` micro-batches."""
+        w.micro_batches = micro_batches
+        w.loss_scale = float(self.procs.count) if self.loss.global_token_mean else 1.0 / micro_batches
 
     def _micro_step(self, w: Window, sl: slice, sums: MetricSums, first: bool) -> torch.Tensor:
         """One forward/backward of micro-batch `sl` of the window; -> its detached log-probs [b, T]."""

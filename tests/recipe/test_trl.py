@@ -87,8 +87,27 @@ def test_server_and_lora_configs_and_what_cannot_be_mapped():
     assert old.unknown == [] and old.recipe["data"]["max_prompt_length"] == 256
     assert "use_liger_loss is older TRL's name of use_liger_kernel" in old.notes
     assert sorted(k for k, _, _ in old.unmapped) == ["use_liger_kernel", "vllm_structured_outputs_regex"]  # no vLLM
-    with pytest.raises(ConversionError, match="steps_per_generation .4. != gradient_accumulation_steps .2."):
-        convert({**DOC, "steps_per_generation": 4})
+    with pytest.raises(ConversionError, match=r"steps_per_generation \(3\) is not a multiple of gradient_accumulation"):
+        convert({**DOC, "steps_per_generation": 3})
+    with pytest.raises(ConversionError, match="both set"):
+        convert({**DOC, "steps_per_generation": 4, "generation_batch_size": 32})
+
+
+def test_steps_per_generation_becomes_mini_batches_and_trls_optimizer_steps_become_grpo_steps():
+    # issue 38: 8 completions a micro-batch, an optimizer step every 2, a generation batch every 4 micro-batches: 32
+    # completions (4 prompts of G=8) and 2 optimizer steps on them; TRL's 100 optimizer steps are 50 grpo steps
+    for spg in ({"steps_per_generation": 4}, {"generation_batch_size": 32}):
+        out = convert({**DOC, **spg, "save_steps": 30, "warmup_steps": 10})
+        t = out.recipe["train"]
+        assert (t["prompts_per_step"], t["micro_batch_size"], t["mini_batches"]) == (4, 8, 2), t
+        assert (t["max_steps"], t["warmup_steps"], out.recipe["checkpoint"]["every_steps"]) == (50, 10, 15)
+        assert any("train.mini_batches: 2" in n for n in out.notes), out.notes
+    # with num_iterations 2 each grpo step is 4 of TRL's optimizer steps (rounded up: 25 and 8 of 30 / 4)
+    out = convert({**DOC, "steps_per_generation": 4, "num_iterations": 2, "save_steps": 30})
+    assert (out.recipe["train"]["max_steps"], out.recipe["checkpoint"]["every_steps"]) == (25, 8)
+    # the default (steps_per_generation = gradient_accumulation_steps): one optimizer step a generation batch
+    t = convert(DOC).recipe["train"]
+    assert (t["prompts_per_step"], t["max_steps"]) == (2, 100) and "mini_batches" not in t
     with pytest.raises(ConversionError, match="max_steps is not set"):
         convert({k: v for k, v in DOC.items() if k != "max_steps"})
 
@@ -226,7 +245,7 @@ def test_converted_recipes_train_the_tiny_model(config, tmp_path, local_data, tu
         small["bf16"] = False
     out = convert_cli(tmp_path, small)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "note: batch: TRL's optimizer step" in out.stderr
+    assert "note: batch: TRL's generation batch" in out.stderr
     if config is LORA:
         assert "not mapped: push_to_hub = True: no hub upload" in out.stderr
     assert cli("validate", str(tmp_path / "recipe.yaml"), timeout=120).returncode == 0

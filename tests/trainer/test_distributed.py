@@ -52,6 +52,10 @@ FULL_LENGTH = [
 # episodes split into several training samples where their history changed (issue 37): the processes hold unequal
 # sample counts, the fewer padded with rows that train nothing; a global token mean is the single process's
 SPLIT = [("split-episodes", ["algorithm.loss_type=dapo"], None)]
+# train.mini_batches (issue 38): 2 optimizer steps a window (4 with mu = 2), each on block j of the 12 rows: one
+# process's rows 6j..6j+5 (one micro-batch of 6), or each of two processes' share of them (one micro-batch of 3)
+MINI = [(f"mini-batches-{loss}", [f"algorithm.loss_type={loss}", "train.mini_batches=2"], None)
+        for loss in ("dapo", "grpo")]
 LOGGED = ("loss", "policy_loss", "entropy", "kl", "entropy_coef", "clip_ratio/region_mean", "vespo/phi_seq_mean")
 LR = 0.05  # the worker's learning rate
 
@@ -67,16 +71,18 @@ def test_two_processes_give_the_single_process_gradient_weights_and_metrics(tmp_
         (folder / "cases.json").write_text(json.dumps([
             {"name": name, "overrides": overrides, "micro_batch_size": (sizes or (12, 3))[k], "full_length": full,
              "split": cases is SPLIT}
-            for full, cases in ((False, CASES), (True, FULL_LENGTH), (False, SPLIT)) for name, overrides, sizes in cases]))
+            for full, cases in ((False, CASES), (True, FULL_LENGTH), (False, SPLIT), (False, MINI))
+            for name, overrides, sizes in cases]))
     p = run([sys.executable, worker, str(one), str(one / "cases.json")])
     assert p.returncode == 0, p.stderr[-3000:]
     argv, env = launch_argv(2, None, [], gpus=0)  # the route `grpo train --num-processes 2` takes on CPU
     argv = argv[: argv.index("-m", 3)] + [worker, str(two), str(two / "cases.json")]
     p = run(argv, env)
     assert p.returncode == 0, p.stderr[-3000:]
-    for name, _, _ in CASES + FULL_LENGTH + SPLIT:
+    for name, overrides, _ in CASES + FULL_LENGTH + SPLIT + MINI:
         a, b = load_file(str(one / f"{name}.safetensors")), load_file(str(two / f"{name}.safetensors"))
-        assert a.keys() == b.keys() and {k.split(".")[0] for k in a} == {"0", "1", "weights"}
+        windows = 2 * (2 if "train.mini_batches=2" in overrides else 1)  # mu = 2
+        assert a.keys() == b.keys() and {k.split(".")[0] for k in a} == {*map(str, range(windows)), "weights"}
         first = [k for k in a if k.startswith("0.")]
         assert max(a[k].abs().max().item() for k in first) > 1e-2, name  # a real gradient
         assert max((a[k] - b[k]).abs().max().item() for k in first) <= 1e-6, name
