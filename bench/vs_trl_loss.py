@@ -9,7 +9,9 @@ Both sides load the same tiny random Qwen2 (grpo's builtin:tiny-qwen2 folder) an
 completion ids, masks, advantages, old / reference / sampler log-probs. grpo's side runs its real update step
 (PolicyUpdate.window and _micro_step: one micro-batch, or two accumulated into one optimizer step, the entropy
 controller stepped as after an optimizer step); TRL's side runs GRPOTrainer._compute_loss and backward per
-micro-batch with gradient_accumulation_steps set (bench/vs_trl_loss_trl.py, in TRL's venv). Per case: the loss,
+micro-batch with gradient_accumulation_steps set (bench/vs_trl_loss_trl.py, in TRL's venv); mini-batch cases (issue
+38): TRL's steps_per_generation over gradient_accumulation_steps against train.mini_batches, each optimizer step's
+gradient and the weights after it (a plain SGD step on both sides). Per case: the loss,
 the largest gradient difference relative to the largest gradient, the entropy coefficient after each call, and
 the metrics both log. Ends with one line: the worst difference over every case.
 """
@@ -31,20 +33,30 @@ G, B, T, TEMPERATURE = 4, 2, 6, 0.9
 OLD, REF, SAMPLING = "old_per_token_logps", "ref_per_token_logps", "sampling_per_token_logps"
 IS_RATIO = "importance_sampling_ratio"
 CAP = 2.0
+SGD_LR = 1.0  # the step between two mini-batches (both sides): large enough that the second's ratios are not 1
 
 
-def case(name, trl, ours, inputs=(OLD,), calls=1, trl_vllm_correction=False, micro_batches=1):
+def case(name, trl, ours, inputs=(OLD,), calls=1, trl_vllm_correction=False, micro_batches=1, mini_batches=1):
     """TRL's GRPOConfig fields, grpo's overrides of recipes/ci-tiny.yaml (epsilon 0.2, epsilon_high 0.28; TRL's
     use_bias_correction_kl default true is set false unless a case turns it on). `micro_batches` > 1: each call is
-    one optimizer step's gradient accumulation over that many micro-batches (TRL's gradient_accumulation_steps)."""
+    one optimizer step's gradient accumulation over that many micro-batches (TRL's gradient_accumulation_steps).
+    `mini_batches` > 1: the rows are that many optimizer steps' (TRL's steps_per_generation = micro_batches x
+    mini_batches; grpo's train.mini_batches), one call each, an SGD step of SGD_LR between them on both sides."""
     return {"name": name, "trl": {"use_bias_correction_kl": False, "epsilon": 0.2, "epsilon_high": 0.28, **trl},
             "ours": ours, "inputs": list(inputs), "calls": calls, "trl_vllm_correction": trl_vllm_correction,
-            "micro_batches": micro_batches}
+            "micro_batches": micro_batches, "mini_batches": mini_batches}
 
 
 def accumulated(c: dict) -> dict:
     """The case as 2 micro-batches of 4 rows (unequal token counts: 21 and 16) accumulated into each step."""
     return {**c, "name": f"{c['name']} [2 micro-batches]", "micro_batches": 2}
+
+
+def mini(c: dict) -> dict:
+    """The case as 2 optimizer steps of 2 micro-batches of 2 rows each on one generation batch (issue 38), the old
+    policy's log-probs the batch's (given: TRL computes them at generation when steps_per_generation > accumulation)."""
+    return {**c, "name": f"{c['name']} [2 mini-batches x 2 micro-batches]", "micro_batches": 2, "mini_batches": 2,
+            "calls": 2, "ours": [*c["ours"], "train.mini_batches=2"], "inputs": sorted({*c["inputs"], OLD})}
 
 
 def cases() -> list[dict]:
@@ -97,7 +109,9 @@ def cases() -> list[dict]:
                   "grpo + top_entropy_quantile 0.5", "grpo + entropy_coef 0.05 + top_entropy_quantile 0.5",
                   "grpo beta 0.04", "adaptive entropy, H below target (3 steps)",
                   "adaptive entropy, H above target (3 steps)")
-    return out + [accumulated(c) for c in out if c["name"] in accumulate]
+    minis = ("grpo", "bnpo", "dr_grpo", "dapo", "sapo", "cispo", "luspo", "vespo", "grpo beta 0.04",
+             "dapo + sampler ratio (token_truncate)")
+    return out + [accumulated(c) for c in out if c["name"] in accumulate] + [mini(c) for c in out if c["name"] in minis]
 
 
 def make_inputs(model_dir: Path) -> dict:
@@ -139,9 +153,9 @@ def ours(c: dict, x: dict, run_dir: Path) -> list[dict]:
     from grpo_cli.trainer.engine import Engine
     from grpo_cli.trainer.reporting import MetricSums
 
-    N, K = B * G, c["micro_batches"]
+    N, K, M = B * G, c["micro_batches"], c["mini_batches"]
     recipe = load_recipe("recipes/ci-tiny.yaml", [
-        f"algorithm.num_generations={G}", f"train.prompts_per_step={B}", f"train.micro_batch_size={N // K}",
+        f"algorithm.num_generations={G}", f"train.prompts_per_step={B}", f"train.micro_batch_size={N // (K * M)}",
         f"rollout.max_completion_length={T}", f"rollout.temperature={TEMPERATURE}", "checkpoint.every_steps=0",
         "train.threads=1", *c["ours"]])
     eng = Engine(recipe, run_dir)
@@ -152,21 +166,28 @@ def ours(c: dict, x: dict, run_dir: Path) -> list[dict]:
     mask = x["completion_mask"]
     # the optimizer step's window as PolicyUpdate builds it (its normaliser), its micro-batches as it runs them
     w = update.window(rollout, x["advantages"], mask, K, old=x[OLD] if OLD in c["inputs"] else None,
-                      ref=x[REF] if REF in c["inputs"] else None)
+                      ref=x[REF] if REF in c["inputs"] else None, mini_batches=M)
     policy.train()
     calls = []
-    for _ in range(c["calls"]):
+    for call in range(c["calls"]):
         policy.zero_grad(set_to_none=True)
         sums = MetricSums()
+        R, start = N // M, (call % M) * (N // M)  # the mini-batch's rows
         for k in range(K):
-            update._micro_step(w, slice(k * N // K, (k + 1) * N // K), sums, first=True)
+            update._micro_step(w, slice(start + k * R // K, start + (k + 1) * R // K), sums, first=True)
         grads = {n: p.grad.detach().clone() for n, p in policy.named_parameters() if p.grad is not None}
+        if M > 1:  # the same plain step on both sides, so the next mini-batch's policy is the same
+            with torch.no_grad():
+                for n, p in policy.named_parameters():
+                    if p.grad is not None:
+                        p -= SGD_LR * p.grad
+        weights = {n: p.detach().clone() for n, p in policy.named_parameters()} if M > 1 else {}
         if update.entropy is not None:  # what PolicyUpdate does after each optimizer step
             total, tokens = w.entropy_sums
             update.entropy.step(total / max(tokens, 1.0))
             w.entropy_sums = [0.0, 0.0]
         m = sums.means(eng.procs)
-        calls.append({"loss": m["loss"], "grads": grads, "metrics": m,
+        calls.append({"loss": m["loss"], "grads": grads, "metrics": m, "weights": weights,
                       "entropy_coef": update.entropy.coef if update.entropy is not None else 0.0})
     eng.close()
     return calls
@@ -179,7 +200,7 @@ SHARED_METRICS = ("entropy", "kl", "clip_ratio/region_mean", "vespo/phi_seq_mean
 def compare(a: list[dict], b: list[dict], micro_batches: int) -> dict:
     """With micro-batches, TRL logs each one's means and averages those, where grpo takes the means over the
     window's tokens (or sequences) whatever the split: those metrics are shown, not counted in the verdict."""
-    rel_grad, loss_diff, metric_diff, coefs = 0.0, 0.0, 0.0, []
+    rel_grad, loss_diff, metric_diff, weight_diff, coefs = 0.0, 0.0, 0.0, 0.0, []
     for x, y in zip(a, b):
         scale = max(max(g.abs().max().item() for g in y["grads"].values()), 1e-12)
         diff = max((x["grads"][n] - y["grads"][n]).abs().max().item() for n in y["grads"])
@@ -189,7 +210,10 @@ def compare(a: list[dict], b: list[dict], micro_batches: int) -> dict:
             if k in x["metrics"] and k in y["metrics"] and k != "entropy_coef":
                 metric_diff = max(metric_diff, abs(x["metrics"][k] - y["metrics"][k]))
         coefs.append((x["entropy_coef"], y["entropy_coef"]))
+        weights = max([(x["weights"][n] - y["weights"][n]).abs().max().item() for n in x["weights"]], default=0.0)
+        weight_diff = max(weight_diff, weights)
     return {"loss": a[-1]["loss"], "trl_loss": b[-1]["loss"], "loss_abs": loss_diff, "grad_rel": rel_grad,
+            "weights_abs": weight_diff,
             "metric_abs": metric_diff, "metrics_counted": micro_batches == 1, "coefs": coefs}
 
 
@@ -210,7 +234,8 @@ def main() -> None:
         (folder / "model").symlink_to(builtin_model("tiny-qwen2"))
         x = make_inputs(folder / "model")
         spec = cases()
-        (folder / "cases.json").write_text(json.dumps({"cases": spec, "G": G, "temperature": TEMPERATURE}))
+        (folder / "cases.json").write_text(json.dumps({"cases": spec, "G": G, "temperature": TEMPERATURE,
+                                                       "sgd_lr": SGD_LR}))
         torch.save(x, folder / "inputs.pt")
         subprocess.run([args.trl_python, str(ROOT / "bench" / "vs_trl_loss_trl.py"), str(folder)], check=True)
         trl = torch.load(folder / "trl.pt")
@@ -218,18 +243,22 @@ def main() -> None:
                 for i, c in enumerate(spec)]
 
     print(f"grpo vs TRL {trl['trl']} GRPOTrainer._compute_loss, tiny Qwen2, {B * G} rows x {T} tokens, fp32; "
-          "[2 micro-batches]: 4 rows each, accumulated into one optimizer step (gradient_accumulation_steps 2)\n")
-    print("| case | loss grpo | loss TRL | loss abs. diff | max grad diff / max grad | metrics max abs. diff | "
-          "entropy_coef after each call (grpo / TRL) |")
-    print("|---|---|---|---|---|---|---|")
+          "[2 micro-batches]: 4 rows each, accumulated into one optimizer step (gradient_accumulation_steps 2); "
+          "[2 mini-batches x 2 micro-batches]: one generation batch, 2 optimizer steps of 2 micro-batches of 2 rows "
+          f"(TRL's steps_per_generation 4, gradient_accumulation_steps 2; grpo's train.mini_batches 2), an SGD step "
+          f"of {SGD_LR} after each on both sides, the old log-probs the batch's\n")
+    print("| case | loss grpo | loss TRL | loss abs. diff | max grad diff / max grad | weights after each step: max abs. "
+          "diff | metrics max abs. diff | entropy_coef after each call (grpo / TRL) |")
+    print("|---|---|---|---|---|---|---|---|")
     worst = 0.0
     for c, r in rows:
         name = c["name"]
         coefs = ", ".join(f"{a:.3f}/{b:.3f}" for a, b in r["coefs"]) if "entropy_coef" in c["trl"] else "-"
-        worst = max(worst, r["loss_abs"], r["grad_rel"], r["metric_abs"] if r["metrics_counted"] else 0.0)
+        worst = max(worst, r["loss_abs"], r["grad_rel"], r["weights_abs"], r["metric_abs"] if r["metrics_counted"] else 0.0)
         worst = max(worst, max((abs(a - b) for a, b in r["coefs"]), default=0.0))
         shown = f"{r['metric_abs']:.1e}" + ("" if r["metrics_counted"] else " *")
-        print(f"| {name} | {r['loss']:.6f} | {r['trl_loss']:.6f} | {r['loss_abs']:.1e} | {r['grad_rel']:.1e} | "
+        weights = f"{r['weights_abs']:.1e}" if c["mini_batches"] > 1 else "-"
+        print(f"| {name} | {r['loss']:.6f} | {r['trl_loss']:.6f} | {r['loss_abs']:.1e} | {r['grad_rel']:.1e} | {weights} | "
               f"{shown} | {coefs} |")
     print("\n\\* 2 micro-batches: TRL logs each micro-batch's token means and averages them, grpo the mean over "
           "the step's tokens; the loss (TRL: the micro-batch losses summed, as its Trainer logs), gradients and "

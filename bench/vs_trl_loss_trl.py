@@ -49,9 +49,10 @@ def main() -> None:
     dataset = Dataset.from_list([{"prompt": "What is 1 + 1?"}] * 8)
     results = {"trl": trl.__version__, "cases": {}}
     for case in cases["cases"]:
-        N, K = inputs["completion_ids"].shape[0], case.get("micro_batches", 1)
+        N, K, M = inputs["completion_ids"].shape[0], case.get("micro_batches", 1), case.get("mini_batches", 1)
         args = GRPOConfig(output_dir=str(folder / "trl-output"), use_cpu=True, bf16=False, report_to="none",
-                          per_device_train_batch_size=N // K, gradient_accumulation_steps=K,
+                          per_device_train_batch_size=N // (K * M), gradient_accumulation_steps=K,
+                          steps_per_generation=K * M,
                           num_generations=cases["G"], max_completion_length=inputs["completion_ids"].shape[1],
                           temperature=cases["temperature"], **case["trl"])
         trainer = GRPOTrainer(model=str(folder / "model"), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
@@ -65,12 +66,13 @@ def main() -> None:
         for key in case["inputs"]:  # old_per_token_logps, ref_per_token_logps, sampling_per_token_logps, ...
             batch[key] = inputs[key]
         calls = []
-        for _ in range(case.get("calls", 1)):
+        for call in range(case.get("calls", 1)):
             model.zero_grad(set_to_none=True)
             trainer._metrics["train"].clear()
             loss = 0.0
+            R, start = N // (K * M), (call % M) * (N // M)  # a micro-batch's rows; the mini-batch's first
             for k in range(K):  # one optimizer step: its micro-batches accumulated, as Trainer.training_step does
-                micro = {key: v[k * N // K : (k + 1) * N // K] for key, v in batch.items()}
+                micro = {key: v[start + k * R : start + (k + 1) * R] for key, v in batch.items()}
                 micro["num_items_in_batch"] = inputs["completion_mask"].sum()  # over the whole generation batch
                 trainer.accelerator.gradient_state._set_sync_gradients(k == K - 1)  # the window's last: a step
                 micro_loss = trainer._compute_loss(model, micro)
@@ -82,6 +84,12 @@ def main() -> None:
                 "entropy_coef": trainer.entropy_coef,
                 "metrics": {k: sum(v) / len(v) for k, v in trainer._metrics["train"].items() if v},
             })
+            if M > 1:  # the step bench/vs_trl_loss.py takes on grpo's side
+                with torch.no_grad():
+                    for p in model.parameters():
+                        if p.grad is not None:
+                            p -= cases["sgd_lr"] * p.grad
+                calls[-1]["weights"] = {n: p.detach().clone() for n, p in model.named_parameters()}
         trainer.accelerator.gradient_state._set_sync_gradients(True)
         results["cases"][case["name"]] = calls
     results["advantages"] = {f"{scale}": trl_advantages(inputs["rewards"], inputs["reward_group"], scale)
