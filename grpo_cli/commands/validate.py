@@ -21,6 +21,7 @@ def command(recipe: Path = RECIPE, overrides: Optional[list[str]] = OVERRIDES) -
     Example: grpo validate recipes/gsm8k.yaml algorithm.num_generations=16
     """
     from grpo_cli.data.checks import check_data
+    from grpo_cli.data.epochs import with_epoch_steps
     from grpo_cli.preflight import resolve
     from grpo_cli.recipe.files import load_recipe
     from grpo_cli.process.hub import hub_names, work_offline_if_unreachable
@@ -30,5 +31,6 @@ def command(recipe: Path = RECIPE, overrides: Optional[list[str]] = OVERRIDES) -
     work_offline_if_unreachable(hub_names(r), lambda line: typer.echo(f"note: {line}"))
     for note in check_data(r):
         typer.echo(f"note: {note}")
+    r = with_epoch_steps(r)
     typer.echo(f"{recipe}: ok ({r.name}: {r.algorithm.loss_type}, G={r.algorithm.num_generations}, "
                f"{r.train.max_steps} steps of {r.train.prompts_per_step} prompts)")

@@ -11,6 +11,7 @@ from grpo_cli.views.verdicts import Verdict, worst_first
 def diagnose(recipe_path: Path, overrides: list[str], processes: int = 1, resume_steps: int = 0,
              say=lambda line: None) -> list[Verdict]:
     from grpo_cli.data.checks import check_data
+    from grpo_cli.data.epochs import with_epoch_steps
     from grpo_cli.doctor.memory import PROMPT_ROWS, check_memory, prompt_lengths
     from grpo_cli.doctor.preflight import PROBE_ROWS, check_batch, check_prompt, probe_rewards
     from grpo_cli.doctor.versions import check_versions
@@ -24,6 +25,7 @@ def diagnose(recipe_path: Path, overrides: list[str], processes: int = 1, resume
         resolve(r)
         work_offline_if_unreachable(hub_names(r), say)
         notes = check_data(r)
+        r = with_epoch_steps(r)
     except UserError as e:  # the run would stop here: nothing else can be checked
         return [Verdict("recipe", "fail", str(e), advice="`grpo validate` names the same field")]
     verdicts = [Verdict("recipe", "ok", f"{r.name}: {r.algorithm.loss_type}, G={r.algorithm.num_generations}, "

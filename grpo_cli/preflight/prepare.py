@@ -5,7 +5,8 @@ A run (`grpo train`, `grpo_cli.train`): `prepare_run` does everything before a m
 
     resolve the recipe's names -> OpenMP's wait policy (before torch loads) -> the hub offline where it cannot be
     reached -> the data checked (a bad recipe leaves no folder behind) -> lock the run folder (once: here) -> the
-    rows given from Python saved into it and checked -> a run already at train.max_steps found (nothing to train)
+    rows given from Python saved into it and checked -> train.epochs made steps -> a run already at train.max_steps
+    found (nothing to train)
 
 The lock is taken by the process that prepares the run: one trainer per folder. A launcher of several processes
 takes it for its workers, which find it held for them ($GRPO_RUN_LOCK_HOLDER, grpo_cli/run/lock.py); workers started
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from grpo_cli.data.checks import check_data
+from grpo_cli.data.epochs import with_epoch_steps
 from grpo_cli.errors import UsageError
 from grpo_cli.preflight.resolve import resolve
 from grpo_cli.recipe.schema import Recipe
@@ -72,6 +74,7 @@ def prepare_run(recipe: Recipe, folder: str | Path | None = None, *, resume: str
         if rows is not None:  # saved in the folder once it is ours, then checked as a file of the recipe
             recipe = with_rows(recipe, rows, folder)
             check_data(recipe)
+        recipe = with_epoch_steps(recipe)  # train.epochs: the steps from the data's rows
         resume = str(resume) if resume else None
         run = PreparedRun(recipe, folder, resume, start_over, allow_recipe_change, rewind, key)
         return replace(run, finished=finished_step(recipe, folder, resume, start_over))

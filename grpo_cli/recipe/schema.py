@@ -165,7 +165,10 @@ class RewardConfig(Section):
 
 
 class TrainConfig(Section):
-    max_steps: int = Field(..., ge=1, description="Training steps (one generation batch each).")
+    max_steps: int | None = Field(None, ge=1, description="Training steps (one generation batch each), or train.epochs.")
+    epochs: float | None = Field(None, gt=0, description=(
+        "Passes over the data when max_steps is not given (TRL's num_train_epochs): max_steps = ceil(epochs x rows / "
+        "prompts_per_step), the data's rows (after data.limit) counted as the run starts; not with data.streaming."))
     prompts_per_step: int = Field(8, ge=1, description="B: prompts per step; the batch holds B * G completions.")
     micro_batch_size: int = Field(8, ge=1, description="Completions per forward/backward; the rest is gradient accumulation.")
     mini_batches: int = Field(1, ge=1, description=(
@@ -213,6 +216,12 @@ class TrainConfig(Section):
         "engine step (colocated, or a server's, seen through its /health while a request runs), a synced tensor, a "
         "micro-batch, a reward call, a checkpoint's files growing and each block of them hashed. None: never.",
     )
+
+    @model_validator(mode="after")
+    def _steps(self) -> TrainConfig:
+        if self.max_steps is None and self.epochs is None:
+            raise ValueError("train.max_steps is not set: give the training steps, or train.epochs")
+        return self
 
     @field_validator("threads")
     @classmethod

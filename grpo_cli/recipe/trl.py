@@ -289,12 +289,12 @@ class Sections:
         cfg, r, per_device = self.cfg, self.out.recipe, self.per_device
         bf16, dtype, asked, given = self.bf16, self.dtype, self.asked, self.given
         trl_steps = int(cfg["max_steps"])
-        if trl_steps <= 0:
-            raise ConversionError("max_steps is not set (TRL would derive it from num_train_epochs and the dataset "
-                                  "size): give max_steps")
-        max_steps = self.layout.steps(trl_steps)
+        max_steps = self.layout.steps(trl_steps) if trl_steps > 0 else None  # TRL: -1, num_train_epochs counts
         warmup = cfg.get("warmup_steps") or 0  # optimizer steps on both sides
         if isinstance(warmup, float) and 0 < warmup < 1:
+            if max_steps is None:
+                raise ConversionError(f"warmup_steps {warmup} is a ratio of the steps, which num_train_epochs leaves "
+                                      "unknown until the data is read: give max_steps, or warmup_steps as a count")
             warmup = round(warmup * trl_steps)
             self.out.notes.append(f"warmup_steps {cfg['warmup_steps']} is a ratio: {warmup} of {max_steps} steps")
         scheduler = SCHEDULERS.get(cfg["lr_scheduler_type"])
@@ -308,14 +308,18 @@ class Sections:
             optimizer = "adamw"
         precision = "fp16" if cfg.get("fp16") else ("bf16" if bf16 and dtype == "float32" else "no")
         self.out.notes.append(precision_note(asked, dtype, precision, bf16, "bf16" in given))
-        r["train"] = {"max_steps": max_steps, "prompts_per_step": prompts, "micro_batch_size": per_device,
+        if max_steps is None:
+            self.out.notes.append(f"max_steps is not set: num_train_epochs {cfg['num_train_epochs']} -> train.epochs "
+                                  "(the steps counted from the data's rows when the run starts)")
+        steps = {"max_steps": max_steps} if max_steps is not None else {"epochs": float(cfg["num_train_epochs"])}
+        r["train"] = {**steps, "prompts_per_step": prompts, "micro_batch_size": per_device,
                       **({"mini_batches": self.layout.mini_batches} if self.layout.mini_batches > 1 else {}),
                       "optimizer": optimizer, "learning_rate": cfg["learning_rate"], "scheduler": scheduler,
                       "warmup_steps": int(warmup), "weight_decay": cfg["weight_decay"], "adam_beta1": cfg["adam_beta1"],
                       "adam_beta2": cfg["adam_beta2"], "max_grad_norm": cfg["max_grad_norm"],
                       "mixed_precision": precision, "seed": cfg["seed"]}
-        self.take("max_steps", "warmup_steps", "lr_scheduler_type", "optim", "fp16", "bf16", "learning_rate",
-                  "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm", "seed", "use_cpu")
+        self.take("max_steps", "num_train_epochs", "warmup_steps", "lr_scheduler_type", "optim", "fp16", "bf16",
+                  "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm", "seed", "use_cpu")
 
     def logging(self) -> None:
         """Checkpoints, logging, eval."""

@@ -70,7 +70,8 @@ HOMES: dict[str, tuple[str | None, str]] = {
                               "step's completions it makes train.mini_batches"),
     "max_steps": ("train.max_steps", "TRL's optimizer steps / (mini_batches x num_iterations): grpo counts generation "
                   "batches"),
-    "num_train_epochs": (None, "give max_steps: the step count is not derived from the dataset size"),
+    "num_train_epochs": ("train.epochs", "where max_steps is not set (TRL's -1): the steps counted from the data's "
+                         "rows"),
     "learning_rate": ("train.learning_rate", _SAME),
     "lr_scheduler_type": ("train.scheduler", "constant / linear / cosine (constant_with_warmup -> constant)"),
     "lr_scheduler_kwargs": (None, "the three schedules take no options"),

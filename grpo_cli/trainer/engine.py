@@ -20,6 +20,7 @@ from accelerate import Accelerator
 
 from grpo_cli.algo.advantages import step_advantages
 from grpo_cli.algo.losses import trained_mask
+from grpo_cli.data.epochs import with_epoch_steps
 from grpo_cli.datatypes import StepBatch
 from grpo_cli.eval.evaluate import evaluate_during_training
 from grpo_cli.models.loading import quiet_libraries, resolve_mixed_precision
@@ -53,6 +54,7 @@ class Engine:
         keywords once the policy exists (`grpo replay`: the recorded ones); `record`: False leaves logging.replay's
         records unwritten (a replay's steps are the run's records already). The caller holds the run folder: `grpo
         train` and `grpo_cli.train` take its lock in grpo_cli/preflight/prepare.py's prepare_run, before anything loads."""
+        recipe = with_epoch_steps(recipe)  # train.epochs: steps from the data (done by prepare_run for a command)
         self.recipe, self.run_dir, self._records = recipe, Path(run_dir), record and recipe.logging.replay
         self._setup(resume, start_over, allow_recipe_change, rewind, rollouts)
 

@@ -108,8 +108,13 @@ def test_steps_per_generation_becomes_mini_batches_and_trls_optimizer_steps_beco
     # the default (steps_per_generation = gradient_accumulation_steps): one optimizer step a generation batch
     t = convert(DOC).recipe["train"]
     assert (t["prompts_per_step"], t["max_steps"]) == (2, 100) and "mini_batches" not in t
-    with pytest.raises(ConversionError, match="max_steps is not set"):
-        convert({k: v for k, v in DOC.items() if k != "max_steps"})
+    # issue 38: no max_steps (TRL's -1) trains num_train_epochs (TRL's default 3) of the data; a warmup ratio of
+    # steps not known before the data is read is refused
+    epochs = convert({k: v for k, v in DOC.items() if k != "max_steps"})
+    assert epochs.recipe["train"]["epochs"] == 3.0 and "max_steps" not in epochs.recipe["train"]
+    assert convert({**DOC, "max_steps": -1, "num_train_epochs": 2}).recipe["train"]["epochs"] == 2.0
+    with pytest.raises(ConversionError, match="warmup_steps 0.1 is a ratio"):
+        convert({**DOC, "max_steps": -1, "warmup_steps": 0.1})
 
 
 def test_trls_reward_columns_warmup_ratio_and_the_defaults_note():
@@ -229,6 +234,28 @@ def train_two_steps(tmp_path, *overrides: str, env=None):
                f"logging.output_dir={tmp_path / 'run'}", *overrides, env=env or os.environ)
 
 
+@pytest.mark.slow
+def test_a_config_with_epochs_and_steps_per_generation_trains_its_epochs_in_mini_batches(tmp_path, local_data,
+                                                                                         turn_model, model_cache):
+    # issue 38: 64 prompts, generation batches of 4 x 4 = 16 completions (4 prompts) in 2 optimizer steps of 2
+    # micro-batches of 4; a quarter of an epoch is 4 steps, 8 optimizer steps on a linear schedule
+    config = {k: v for k, v in DOC.items() if k != "max_steps"} | {
+        "model_name_or_path": turn_model, "dataset_name": local_data, "max_completion_length": 8,
+        "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "steps_per_generation": 4,
+        "num_generations": 4, "num_train_epochs": 0.25, "gradient_checkpointing": False, "bf16": False}
+    out = convert_cli(tmp_path, config)
+    assert out.returncode == 0, out.stderr[-3000:]
+    recipe = yaml.safe_load((tmp_path / "recipe.yaml").read_text())
+    assert {k: recipe["train"][k] for k in ("epochs", "prompts_per_step", "mini_batches", "micro_batch_size")} == {
+        "epochs": 0.25, "prompts_per_step": 4, "mini_batches": 2, "micro_batch_size": 4}
+    p = cli("train", tmp_path / "recipe.yaml", "train.threads=1", f"logging.output_dir={tmp_path / 'run'}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4] and metrics[-1]["epoch"] == 0
+    lr = recipe["train"]["learning_rate"]  # the rate at each step's first of 2 optimizer steps, of 8 in all
+    assert [round(m["learning_rate"] / lr, 6) for m in metrics] == [1.0, 0.75, 0.5, 0.25]
+
+
 VESPO_ENTROPY = {**DOC, "loss_type": "vespo", "use_adaptive_entropy": True, "entropy_target": 100.0}
 LUSPO = {**DOC, "loss_type": "luspo"}
 STREAMING = {**DOC, "dataset_streaming": True}
@@ -301,10 +328,11 @@ def test_unknown_fields_exit_2_naming_them(tmp_path):
     assert "per_device_batch_size" in out.stderr and not (tmp_path / "recipe.yaml").exists()
     out = convert_cli(tmp_path, {k: v for k, v in DOC.items() if k != "reward_funcs"})
     assert out.returncode == 2 and "reward_funcs (or reward_model_name_or_path) is missing" in out.stderr
-    # issue 35: a misspelt field whose right name is required said only that the right one was missing
+    # issue 35: a misspelt field is named with the field it may have meant (issue 38: max_steps is no longer
+    # required, TRL's num_train_epochs counts without it)
     typo = {**{k: v for k, v in DOC.items() if k != "max_steps"}, "max_step": 100}
     out = convert_cli(tmp_path, typo)
-    assert out.returncode == 2 and "max_steps is not set" in out.stderr, out.stderr
+    assert out.returncode == 2, out.stderr
     assert "max_step: not a field of TRL 1.16.0's GRPOConfig" in out.stderr and "did you mean 'max_steps'" in out.stderr
 
 
