@@ -33,6 +33,7 @@ G, B, T, TEMPERATURE = 4, 2, 6, 0.9
 OLD, REF, SAMPLING = "old_per_token_logps", "ref_per_token_logps", "sampling_per_token_logps"
 IS_RATIO = "importance_sampling_ratio"
 CAP = 2.0
+FLOOR = 0.95  # the sampler correction's lower bound in its table (TRL's vllm_importance_sampling_clip_min)
 SGD_LR = 1.0  # the step between two mini-batches (both sides): large enough that the second's ratios are not 1
 
 
@@ -235,7 +236,7 @@ def main() -> None:
         x = make_inputs(folder / "model")
         spec = cases()
         (folder / "cases.json").write_text(json.dumps({"cases": spec, "G": G, "temperature": TEMPERATURE,
-                                                       "sgd_lr": SGD_LR}))
+                                                       "sgd_lr": SGD_LR, "cap": CAP, "floor": FLOOR}))
         torch.save(x, folder / "inputs.pt")
         subprocess.run([args.trl_python, str(ROOT / "bench" / "vs_trl_loss_trl.py"), str(folder)], check=True)
         trl = torch.load(folder / "trl.pt")
@@ -264,6 +265,21 @@ def main() -> None:
           "the step's tokens; the loss (TRL: the micro-batch losses summed, as its Trainer logs), gradients and "
           "coefficients are compared")
 
+    # the sampler correction's weights, with and without a lower bound (issue 38 item 5): TRL's lines vs grpo's
+    from grpo_cli.algo.losses import sampler_correction
+
+    mask = x["completion_mask"]
+    print("\n| importance_sampling | lower bound | weights: max abs diff | tokens below the bound (share) |")
+    print("|---|---|---|---|")
+    for key, theirs in trl["sampler_weights"].items():
+        mode, floor = key.split()
+        floor = None if floor == "None" else float(floor)
+        w, rho = sampler_correction(x[OLD], x[SAMPLING], mask, mode, CAP, floor)
+        diff = ((w - theirs) * mask).abs().max().item()
+        worst = max(worst, diff)
+        below = ((rho < floor).float() * mask).sum().item() / mask.sum().item() if floor is not None else 0.0
+        print(f"| {mode} | {floor} | {diff:.1e} | {below:.2f} |")
+
     # outcome advantages: TRL's float32 formula vs grpo's, groups with signal and flat groups apart
     rewards, Gr = x["rewards"], x["reward_group"]
     signal = torch.tensor(groups_with_signal(rewards, Gr)).repeat_interleave(Gr)
@@ -276,7 +292,7 @@ def main() -> None:
         print(f"| {scale} | {with_signal:.1e} | {b[~signal].abs().max().item():.1e} | {a[~signal].abs().max().item():.1e} |")
     verdict = "equal" if worst < 1e-5 else "DIFFERENT"
     print(f"\nworst difference over {len(rows)} loss cases (loss, metrics, coefficients absolute; gradients relative "
-          f"to the largest) and 3 advantage scales: {worst:.1e} ({verdict} to float32 precision; flat groups aside, "
+          f"to the largest), 8 sampler corrections and 3 advantage scales: {worst:.1e} ({verdict} to float32 precision; flat groups aside, "
           "where grpo gives 0 and TRL its float32 rounding)")
     if not math.isfinite(worst) or worst >= 1e-5:
         sys.exit(1)

@@ -31,6 +31,27 @@ def trl_advantages(rewards, G: int, scale: str):
     return adv
 
 
+def trl_sampler_weights(old, sampling, mask, mode: str, clip_min, clip_max):
+    """TRL 1.16's vLLM importance-sampling lines (GRPOTrainer._generate_and_score_completions), as written there."""
+    import math
+
+    import torch
+
+    per_token_logps_diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
+    if mode in ["sequence_mask", "sequence_truncate"]:
+        logps_diff = per_token_logps_diff.sum(dim=-1, keepdim=True)
+    else:
+        logps_diff = per_token_logps_diff
+    ratio = torch.exp(logps_diff)
+    if mode in ["sequence_truncate", "token_truncate"]:
+        ratio = torch.clamp(ratio, min=clip_min, max=clip_max)
+    else:
+        min_val = clip_min if clip_min is not None else -math.inf
+        max_val = clip_max if clip_max is not None else math.inf
+        ratio = ratio.masked_fill((ratio < min_val) | (ratio > max_val), value=0.0)
+    return ratio.expand_as(old)
+
+
 def main() -> None:
     folder = Path(sys.argv[1])
     import torch
@@ -92,6 +113,11 @@ def main() -> None:
                 calls[-1]["weights"] = {n: p.detach().clone() for n, p in model.named_parameters()}
         trainer.accelerator.gradient_state._set_sync_gradients(True)
         results["cases"][case["name"]] = calls
+    results["sampler_weights"] = {
+        f"{mode} {clip_min}": trl_sampler_weights(inputs["old_per_token_logps"], inputs["sampling_per_token_logps"],
+                                                  inputs["completion_mask"], mode, clip_min, cases["cap"])
+        for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+        for clip_min in (None, cases["floor"])}
     results["advantages"] = {f"{scale}": trl_advantages(inputs["rewards"], inputs["reward_group"], scale)
                              for scale in ("group", "batch", "none")}
     torch.save(results, folder / "trl.pt")

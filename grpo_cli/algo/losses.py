@@ -270,9 +270,14 @@ def _level(log_rho: torch.Tensor, level: str) -> torch.Tensor:
 
 
 def _register_correction(level: str, action: str) -> None:
-    def correction(log_rho: torch.Tensor, mask: torch.Tensor, cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def correction(log_rho: torch.Tensor, mask: torch.Tensor, cap: float,
+                   floor: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         rho = torch.exp(_level(log_rho, level))
-        weights = torch.clamp(rho, max=cap) if action == "truncate" else torch.where(rho <= cap, rho, torch.zeros_like(rho))
+        if action == "truncate":
+            weights = torch.clamp(rho, min=floor, max=cap)
+        else:
+            kept = (rho <= cap) & (rho >= floor) if floor is not None else rho <= cap
+            weights = torch.where(kept, rho, torch.zeros_like(rho))
         return weights.detach(), rho.detach()
 
     SAMPLER_CORRECTIONS.register(f"{level}_{action}")(correction)
@@ -284,23 +289,26 @@ for _level_name in ("token", "sequence"):
 
 
 @SAMPLER_CORRECTIONS.register("none")
-def _no_correction(log_rho: torch.Tensor, mask: torch.Tensor, cap: float) -> tuple[None, torch.Tensor]:
+def _no_correction(log_rho: torch.Tensor, mask: torch.Tensor, cap: float,
+                   floor: float | None = None) -> tuple[None, torch.Tensor]:
     """No weights; the per-token ratio is still measured (the sampling/* metrics)."""
     return None, torch.exp(log_rho).detach()
 
 
 def sampler_correction(
-    old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor, mode: str, cap: float
+    old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor, mode: str, cap: float,
+    floor: float | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """Importance weights for rollouts whose sampler (vLLM, a bf16 copy) differs numerically from the trainer.
 
     rho = pi_train_old / pi_sampler per token, or per sequence (product over its tokens, i.e. the
     exp of the summed log-ratio). `*_truncate` caps rho at `cap` (truncated IS, as TRL's
-    vllm_importance_sampling_cap); `*_mask` zeroes the tokens / sequences whose rho exceeds it; `none` weighs
+    vllm_importance_sampling_cap) and raises it to `floor`; `*_mask` zeroes the tokens / sequences whose rho is
+    above `cap` or below `floor` (IcePop's band; TRL's vllm_importance_sampling_clip_min); `none` weighs
     nothing. -> weights [N, T] to pass as compute_loss(token_weights=...) (None for `none`), and rho [N, T]."""
     if mode not in SAMPLER_CORRECTIONS:
         raise ValueError(f"importance sampling mode must be token|sequence _ truncate|mask, or none; got {mode!r}")
-    return SAMPLER_CORRECTIONS.get(mode)((old_logps - sampling_logps) * mask, mask, cap)
+    return SAMPLER_CORRECTIONS.get(mode)((old_logps - sampling_logps) * mask, mask, cap, floor)
 
 
 def trained_mask(rollout: Rollout, mask_truncated_completions: bool) -> torch.Tensor:

@@ -53,6 +53,10 @@ class RolloutConfig(Section):
         "pi_train/pi_sampler, truncated at or masked above importance_sampling_cap; per token or per sequence.",
     )
     importance_sampling_cap: float = Field(3.0, gt=1, description="C: the cap of the importance weight.")
+    importance_sampling_min: float | None = Field(
+        None, gt=0, lt=1, description="The importance weight's lower bound (TRL's vllm_importance_sampling_clip_min): "
+        "*_truncate raises a weight below it to it, *_mask drops the tokens or sequences below it (with the cap: "
+        "IcePop's band, e.g. 0.5 and 2). None: no lower bound.")
     max_completion_length: int = Field(256, ge=1, description="Max new tokens per completion.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (log-probs are computed at this temperature).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; 1 disables it.")

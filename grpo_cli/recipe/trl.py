@@ -283,7 +283,8 @@ class Sections:
                   "vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_server_timeout",
                   "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_structured_outputs_regex",
                   "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
-                  "vllm_importance_sampling_cap", "vllm_importance_sampling_clip_max", "vllm_tensor_parallel_size")
+                  "vllm_importance_sampling_cap", "vllm_importance_sampling_clip_max",
+                  "vllm_importance_sampling_clip_min", "vllm_tensor_parallel_size")
 
     def train(self, prompts: int) -> None:
         cfg, r, per_device = self.cfg, self.out.recipe, self.per_device

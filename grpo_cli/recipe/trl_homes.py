@@ -159,7 +159,7 @@ HOMES: dict[str, tuple[str | None, str]] = {
     "vllm_importance_sampling_mode": ("rollout.importance_sampling", _SAME),
     "vllm_importance_sampling_cap": ("rollout.importance_sampling_cap", _SAME),
     "vllm_importance_sampling_clip_max": ("rollout.importance_sampling_cap", "TRL's older name of the cap"),
-    "vllm_importance_sampling_clip_min": (None, "no lower clip"),
+    "vllm_importance_sampling_clip_min": ("rollout.importance_sampling_min", _SAME),
     # the algorithm
     "beta": ("algorithm.beta", _SAME),
     "num_iterations": ("algorithm.num_iterations", _SAME),

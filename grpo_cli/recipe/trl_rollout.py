@@ -57,6 +57,8 @@ def vllm(cfg: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     cap = cfg.get("vllm_importance_sampling_cap") or cfg.get("vllm_importance_sampling_clip_max")
     if cap:
         out["importance_sampling_cap"] = float(cap)
+    if cfg.get("vllm_importance_sampling_clip_min") is not None:
+        out["importance_sampling_min"] = float(cfg["vllm_importance_sampling_clip_min"])
     if cfg["vllm_tensor_parallel_size"] != 1:
         tp = cfg["vllm_tensor_parallel_size"]
         notes.append(f"vllm_tensor_parallel_size {tp}: start the server with `grpo serve-vllm --tp {tp}`")

@@ -108,6 +108,9 @@ METRICS: list[Metric] = [
          "a sampler that reports log-probs (vLLM, rollout.dtype)"),
         ("sampling/importance_sampling_ratio/max", "Largest per-token ratio.",
          "a sampler that reports log-probs (vLLM, rollout.dtype)"),
+        ("sampling/importance_sampling_below_min", "Share of the trained tokens whose ratio (per sequence with "
+         "sequence_* modes) is below the lower bound: raised to it (truncate) or dropped (mask).",
+         "rollout.importance_sampling_min"),
         ("sampling/staleness/mean", "Steps between the weights that sampled the batch and the ones trained.",
          "rollout.max_staleness"),
         ("sampling/staleness/max", "The same, largest (one batch a step: equal to the mean).", "rollout.max_staleness"),

@@ -241,8 +241,12 @@ class PolicyUpdate:
             return None
         ro = self.recipe.rollout
         samp = rollout.sampling_logps[sl].to(old.device)
-        weights, rho = sampler_correction(old, samp, mask, ro.importance_sampling, ro.importance_sampling_cap)
+        weights, rho = sampler_correction(old, samp, mask, ro.importance_sampling, ro.importance_sampling_cap,
+                                          ro.importance_sampling_min)
         if sums is not None:
+            if ro.importance_sampling_min is not None:  # clamped or dropped by the lower bound
+                sums.add_tokens("sampling/importance_sampling_below_min", (rho < ro.importance_sampling_min).float(),
+                                mask)
             diff = (old - samp).abs()
             sums.add_tokens("sampling/sampling_logp_difference/mean", diff, mask)
             sums.add_extremes("sampling/sampling_logp_difference/max", diff, mask)

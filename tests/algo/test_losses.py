@@ -171,6 +171,17 @@ def test_sampler_correction_modes_hand_computed():
     torch.testing.assert_close(w, torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
     with pytest.raises(ValueError, match="token|sequence"):
         sampler_correction(old, samp, mask, "tok_clip", cap=3.0)
+    # a lower bound (issue 38; IcePop's band, TRL's vllm_importance_sampling_clip_min): 0.5 kept at 0.5 (TRL keeps a
+    # ratio equal to the bound), 0.25 raised to 0.6 by truncate, dropped by mask
+    old = torch.log(torch.tensor([[2.0, 0.5], [0.25, 1.0]]))
+    w, _ = sampler_correction(old, samp, mask, "token_truncate", cap=3.0, floor=0.6)
+    torch.testing.assert_close(w, torch.tensor([[2.0, 0.6], [0.6, 1.0]]))
+    w, _ = sampler_correction(old, samp, mask, "token_mask", cap=3.0, floor=0.5)
+    torch.testing.assert_close(w, torch.tensor([[2.0, 0.5], [0.0, 1.0]]))
+    w, _ = sampler_correction(old, samp, mask, "sequence_mask", cap=3.0, floor=0.5)  # row 0: 1; row 1: 0.25
+    torch.testing.assert_close(w, torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
+    w, _ = sampler_correction(old, samp, mask, "sequence_truncate", cap=3.0, floor=0.5)
+    torch.testing.assert_close(w, torch.tensor([[1.0, 1.0], [0.5, 0.5]]))
 
 
 def test_token_weights_scale_the_policy_term_only():

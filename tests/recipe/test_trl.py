@@ -75,6 +75,10 @@ def test_server_and_lora_configs_and_what_cannot_be_mapped():
     assert s["rollout"]["backend"] == "vllm" and s["rollout"]["vllm"]["mode"] == "server"
     assert s["rollout"]["vllm"]["server_url"] == "http://127.0.0.1:8000"
     assert (s["rollout"]["importance_sampling"], s["rollout"]["importance_sampling_cap"]) == ("token_truncate", 2.0)
+    assert "importance_sampling_min" not in s["rollout"]  # TRL's default: no lower bound
+    band = convert({**SERVER, "vllm_importance_sampling_mode": "token_mask", "vllm_importance_sampling_clip_min": 0.5})
+    assert (band.recipe["rollout"]["importance_sampling"], band.recipe["rollout"]["importance_sampling_min"]) == (
+        "token_mask", 0.5)  # issue 38: IcePop's band [0.5, 2]
     assert (s["algorithm"]["beta"], s["algorithm"]["loss_type"], s["algorithm"]["scale_rewards"]) == (0.04, "grpo", "none")
     assert s["train"]["prompts_per_step"] == 1  # 4 x 1 x 1 / 4
     out = convert(LORA)
