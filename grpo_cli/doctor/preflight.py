@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from grpo_cli.trainer.distributed import splits_into_mini_batches
 from grpo_cli.views.audit import ACCURACY_WORDS
 from grpo_cli.views.verdicts import Verdict
 
@@ -40,8 +41,7 @@ def check_batch(recipe, processes: int, rows: int | None) -> Verdict:
         return Verdict("batch", "fail", f"{N} completions do not split into {processes} process(es) x micro-batches of "
                        f"{t.micro_batch_size}", evidence,
                        "make prompts_per_step x num_generations a multiple of processes x train.micro_batch_size")
-    mini = per // t.mini_batches
-    if per % t.mini_batches or mini % min(t.micro_batch_size, mini):
+    if not splits_into_mini_batches(per, t.mini_batches, t.micro_batch_size):
         return Verdict("batch", "fail", f"{per} completions a process do not split into train.mini_batches = "
                        f"{t.mini_batches} mini-batches of whole micro-batches of {t.micro_batch_size}", evidence,
                        "make the completions of a process a multiple of train.mini_batches x train.micro_batch_size")

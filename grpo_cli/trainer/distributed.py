@@ -38,7 +38,7 @@ def process_rows(accelerator, recipe) -> range:
             f"prompts_per_step * num_generations = {N} completions must split evenly over {P} processes "
             f"into micro-batches of train.micro_batch_size = {mbs}"
         )
-    if (N // P) % k or (N // P // k) % min(mbs, N // P // k):
+    if not splits_into_mini_batches(N // P, k, mbs):
         raise SetupError(
             f"the {N // P} completions of each of {P} process(es) must split into train.mini_batches = {k} equal "
             f"mini-batches of whole micro-batches of train.micro_batch_size = {mbs}"
@@ -47,6 +47,13 @@ def process_rows(accelerator, recipe) -> range:
         raise SetupError(f"rollout.max_staleness runs one trainer process for now ({P} were launched); "
                          "the server side scales with `grpo serve-vllm --tp N`")
     return range(acc.process_index * (N // P), (acc.process_index + 1) * (N // P))
+
+
+def splits_into_mini_batches(rows: int, mini_batches: int, micro_batch_size: int) -> bool:
+    """Whether a process's `rows` split into `mini_batches` equal mini-batches of whole micro-batches (of
+    `micro_batch_size` rows, or one micro-batch of a smaller mini-batch)."""
+    mini = rows // mini_batches
+    return rows % mini_batches == 0 and mini > 0 and mini % min(micro_batch_size, mini) == 0
 
 
 class Collectives:

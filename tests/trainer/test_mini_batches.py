@@ -89,6 +89,8 @@ def test_one_mini_batch_is_the_update_of_before(tmp_path):
 def test_a_batch_that_does_not_split_into_mini_batches_is_refused(tmp_path):
     with pytest.raises(SetupError, match="train.mini_batches = 3"):
         Engine(load_recipe("recipes/ci-tiny.yaml", ["train.mini_batches=3", "train.micro_batch_size=2"]), tmp_path)
+    with pytest.raises(SetupError, match="train.mini_batches = 16"):  # more mini-batches than rows
+        Engine(load_recipe("recipes/ci-tiny.yaml", ["train.mini_batches=16"]), tmp_path / "a")
     # 24 rows in micro-batches of 8, as 2 mini-batches of 12: not whole micro-batches (as 4 of 6: one micro-batch each)
     with pytest.raises(SetupError, match="train.mini_batches = 2"):
         Engine(load_recipe("recipes/ci-tiny.yaml", ["train.prompts_per_step=6", "train.mini_batches=2",
