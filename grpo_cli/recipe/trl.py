@@ -272,6 +272,10 @@ class Sections:
         if cfg.get("cache_implementation"):
             rollout["cache_implementation"] = cfg["cache_implementation"]
         rollout |= agents(cfg)
+        if "history_change" in rollout:
+            self.out.notes.append("rollout.history_change: keep, as TRL (each turn continues the tokens so far); where "
+                                  "a chat template drops earlier <think> blocks, `split` samples what a deployed model "
+                                  "sees (docs/agents.md)")
         if cfg["use_vllm"]:
             rollout |= vllm(cfg, self.out.notes)
         elif cfg.get("vllm_structured_outputs_regex"):

@@ -30,6 +30,8 @@ def agents(cfg: dict[str, Any]) -> dict[str, Any]:
         out["max_turns"] = int(cfg["max_tool_calling_iterations"]) + 1
     elif factory or tools:  # TRL: no limit but the tokens; every turn samples one at least
         out["max_turns"] = max(2, int(cfg["max_completion_length"]))
+    if factory or tools:  # TRL appends each tool answer's tokens to the sampled ones: token in, token out
+        out["history_change"] = "keep"
     return out
 
 

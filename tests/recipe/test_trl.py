@@ -351,6 +351,10 @@ def test_environment_factory_and_tools_convert():
     assert r["rewards"] == [{"name": "environment", "weight": 1.0}]  # get_reward, TRL's weight 1
     assert r["rollout"]["environment"] == "recipes.envs.increment:IncrementEnv"
     assert r["rollout"]["max_turns"] == 512  # max_completion_length (TRL 1.16: 512): TRL's unlimited tool calls: every turn samples a token
+    # TRL continues an episode's tokens with each tool answer's (prompt_ids + completion_ids + suffix_ids), never
+    # re-rendering the history: what grpo calls `keep`
+    assert r["rollout"]["history_change"] == "keep" and any("history_change: keep" in n for n in out.notes)
+    assert "history_change" not in convert(DOC).recipe["rollout"]  # no tools: nothing to say
     routed = {**DOC, "environment_factory": {"coding": "my_envs.CodingEnv", "game": "my_envs.GameEnv"},
               "tools": ["my_tools.add"], "reward_funcs": ["my_rewards.fmt"], "reward_weights": [0.5],
               "max_tool_calling_iterations": 3}
