@@ -3,7 +3,8 @@
 # one that fails or hangs does not cost the others; its log goes to OUT/<part>.log and its tail is printed.
 #
 #   bash bench/gpu_checks.sh OUT [PARTS...]
-#       parts: smoke vs-trl train-memory doctor-memory attention compiled goal (default: all, in that order)
+#       parts: smoke vs-trl train-memory doctor-memory attention compiled goal layouts packing
+#              (default: all, in that order)
 #
 # smoke         `grpo train` of the ci-tiny recipe in bf16 on the GPU: 4 steps straight, 2 + --resume auto to 4
 #               (metrics compared step by step), LoRA + KL, mixed_precision bf16 over fp32 weights, `grpo eval`
@@ -16,11 +17,15 @@
 # compiled      bench/vs_trl.py at 64 tokens with rollout.compile=true (static cache + CUDA graphs) against TRL,
 #               then the same with rollout.compile=false and train.chunked_lm_head=false (eager, logits whole)
 # goal          issue 23's goal row: B=16, G=8, 256 new tokens, bf16, grpo with rollout.compile=auto
+# layouts       issue 38: `grpo train` of ci-tiny in fp32 on the GPU with train.mini_batches=2, mu=2, beta=0.04, padded
+#               and with train.packing (per-step metrics compared)
+# packing       issue 38: bench/packing.py --check (packed = padded on CUDA's kernels, fp32; flash attention's varlen
+#               path if installed), then the bench on the Qwen2.5-0.5B shape in bf16, prompts 16-512, completions to 1024
 # TRL and the packages the GPU image lacks are expected on PYTHONPATH (see bench/RESULTS.md, "GPU").
 set -u
 out=${1:?usage: gpu_checks.sh OUT [PARTS...]}
 shift
-parts=${*:-smoke vs-trl train-memory doctor-memory attention compiled goal}
+parts=${*:-smoke vs-trl train-memory doctor-memory attention compiled goal layouts packing}
 mkdir -p "$out"
 work=$(mktemp -d)
 py=${PYTHON:-python3}
@@ -48,10 +53,10 @@ compare() {  # compare RUN_A RUN_B: the per-step metrics two runs logged
     $py - "$1" "$2" <<'EOF'
 import json, sys
 a, b = ([json.loads(l) for l in open(f"{d}/metrics.jsonl")] for d in sys.argv[1:])
-keys = ["loss", "reward", "completions/mean_length", "grad_norm"]
+keys = ["loss", "reward", "completions/mean_length", "grad_norm", "kl", "entropy"]
 assert [m["step"] for m in a] == [m["step"] for m in b], ([m["step"] for m in a], [m["step"] for m in b])
 worst = {k: max(abs(x[k] - y[k]) for x, y in zip(a, b)) for k in keys if k in a[0]}
-print("straight vs resumed, max |difference| over steps:", worst)
+print(f"{sys.argv[1].rsplit('/', 1)[-1]} vs {sys.argv[2].rsplit('/', 1)[-1]}, max |difference| over steps:", worst)
 EOF
 }
 
@@ -98,6 +103,20 @@ for p in $parts; do
         part goal 420 $py bench/vs_trl.py --model qwen2.5-0.5b --device cuda --dtype bfloat16 \
             --trl-python "$py" --threads 4 --new-tokens 256 --B 16 --G 8 --micro-batch 8 --rounds 1 --steps 2 \
             --grpo-set rollout.compile=auto
+        ;;
+    layouts)
+        lay=(recipes/ci-tiny.yaml train.mini_batches=2 algorithm.num_iterations=2 algorithm.beta=0.04
+             train.micro_batch_size=2 train.max_steps=3 train.learning_rate=1e-2 rollout.max_completion_length=24)
+        part layouts 240 bash -c "
+            set -e
+            $py -m grpo_cli train ${lay[*]} -o $work/padded
+            $py -m grpo_cli train ${lay[*]} -o $work/packed train.packing=true"
+        compare "$work/padded" "$work/packed" 2>&1 | tee -a "$out/layouts.log"
+        ;;
+    packing)
+        part packing-check 120 $py bench/packing.py --check --device cuda
+        part packing 300 $py bench/packing.py --shape qwen2.5-0.5b --device cuda --dtype bfloat16 --B 8 --G 8 \
+            --prompt-max 512 --new-tokens 1024 --micro-batch 8 --repeat 3
         ;;
     *) echo "unknown part $p" ;;
     esac

@@ -275,6 +275,19 @@ def tiny_model(seed: int = 0):
     return AutoModelForCausalLM.from_config(cfg)
 
 
+def tiny_lm(kind: str):
+    """A random 2-layer Qwen2 or Llama (4 query heads on 2 key/value heads, vocabulary 300), float32, in train mode:
+    for the log-prob tests (tests/algo/)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2)
+    model = Qwen2ForCausalLM(Qwen2Config(**common)) if kind == "qwen2" else LlamaForCausalLM(LlamaConfig(**common))
+    return model.float().train()
+
+
 def warmup(step: int) -> float:  # a plain function: LambdaLR stores None for it
     return min(1.0, (step + 1) / 4)
 

@@ -21,6 +21,7 @@ from typing import Iterator
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from grpo_cli.algo.packing import Packed, one_bin_for, pack
 from grpo_cli.algo.sampling import Truncation, truncated_logps
 
 
@@ -58,6 +59,7 @@ def token_logprobs(
     shared_prompts: bool = True,
     truncation: Truncation | None = None,
     chunked_head: bool = True,
+    packing: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """-> logps [b, T] (fp32) and, if asked, per-token entropy [b, T] (no grad, unless `entropy_grad`).
 
@@ -67,7 +69,16 @@ def token_logprobs(
     row's forward and backward instead of G. Same function, same gradient (to float rounding).
     `truncation`: the log-probs of the truncated sampling policy (its kept set replayed); the entropy stays the full
     distribution's at temperature T.
-    `chunked_head`: run the LM head inside the row chunks where the model allows it (`HeadLogps`)."""
+    `chunked_head`: run the LM head inside the row chunks where the model allows it (`HeadLogps`).
+    `packing`: the rows packed end to end (grpo_cli/algo/packing.py), no padding computed; the same values and
+    gradients, and 0 (not a value computed on padding) where the completion mask is 0. Takes the place of
+    `shared_prompts`."""
+    packed = pack(prompt_ids, prompt_mask, completion_ids, completion_mask, one_bin=one_bin_for(_unwrapped(model))) \
+        if packing else None
+    if packed is not None:
+        return _packed_logprobs(model, packed, temperature=temperature, chunk_rows=chunk_rows,
+                                entropy=with_entropy or entropy_grad, entropy_grad=entropy_grad,
+                                truncation=truncation, chunked=chunked_head and _head_of(model) is not None)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     positions = position_ids_from_mask(attention_mask)
     head = HeadLogps(_head_of(model) if chunked_head else None, temperature, chunk_rows, truncation,
@@ -110,6 +121,13 @@ def whole_tensor(p: torch.Tensor | None) -> bool:
     return p is not None and type(p.data) is torch.Tensor and not hasattr(p, "ds_id")
 
 
+def _unwrapped(model) -> torch.nn.Module:
+    """The model under DistributedDataParallel and PEFT's wrapper: the one with a config and an output head."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model = model.module
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def _head_of(model) -> torch.nn.Module | None:
     """The LM head `head_logps` may take over: of a HEAD_CHUNKED model, plain or with LoRA adapters, alone or under
     DistributedDataParallel; None under FSDP or DeepSpeed (whose weights are gathered by module hooks, which a chunk
@@ -142,25 +160,31 @@ class HeadLogps:
 
     @contextmanager
     def __call__(self, targets: torch.Tensor) -> Iterator[None]:
-        head, self.ran = self.module, False
-        if head is None:
+        self.ran = False
+        if self.module is None:
             yield
             return
-        own = head.__dict__.get("forward")
-        original = head.forward
-        head.forward = partial(self._forward, original, targets)
-        try:
+        with replaced_forward(self.module, partial(self._forward, targets=targets)):
             yield
-        finally:
-            if own is None:
-                del head.forward
-            else:
-                head.forward = own
 
-    def _forward(self, original, targets: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    def _forward(self, original, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         self.ran = True
         return head_logps(original, hidden, targets, self.temperature, self.chunk_rows, self.truncation,
                           self.entropy, self.entropy_grad)
+
+
+@contextmanager
+def replaced_forward(module: torch.nn.Module, forward) -> Iterator[None]:
+    """`module`'s calls (hooks included) run `forward(original_forward, *args)` inside the block; then its own again."""
+    own = module.__dict__.get("forward")
+    module.forward = partial(forward, module.forward)
+    try:
+        yield
+    finally:
+        if own is None:
+            del module.forward
+        else:
+            module.forward = own
 
 
 def head_logps(head_forward, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, chunk_rows: int = 1,
@@ -187,6 +211,39 @@ def _head_chunk(head_forward, temperature: float, truncation: Truncation | None,
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         ent = _chunk_entropy(logits, temperature)
     return torch.stack([logps, ent], dim=-1)
+
+
+def _packed_logprobs(model, packed: Packed, *, temperature: float, chunk_rows: int, entropy: bool, entropy_grad: bool,
+                     truncation: Truncation | None, chunked: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """token_logprobs on the packed layout: the model runs the bins; the LM head, taken over for the call, gets only
+    the K hidden states that predict a completion token ([K, 1, H]), and with `chunked` computes their log-probs inside
+    chunks of as many positions as `chunk_rows` padded rows hold. A head that cannot be taken over (FSDP's wrapper)
+    computes every position's logits and the K are picked from them."""
+    head = _unwrapped(model).get_output_embeddings()
+    if head is not None and "FullyShardedDataParallel" in type(head).__name__:
+        head = None
+    targets, rows = packed.targets[:, None], chunk_rows * packed.shape[1]
+
+    def selected(original, hidden: torch.Tensor) -> torch.Tensor:
+        h = hidden[packed.at][:, None]  # [K, 1, H]
+        if chunked:
+            return head_logps(original, h, targets, temperature, rows, truncation, entropy, entropy_grad)
+        return original(h)
+
+    inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False)
+    if head is None:
+        out = model(**inputs)
+        logits, chunked = out.logits[packed.at][:, None], False  # [K, 1, V]
+    else:
+        with replaced_forward(head, selected):
+            logits = model(**inputs).logits  # [K, 1, V], or [K, 1, 2] from head_logps
+    if chunked:
+        logps, ent = logits[:, 0, 0], logits[:, 0, 1]
+        ent = ent if entropy_grad else ent.detach()
+    else:
+        logps = logps_from_logits(logits, targets, temperature, rows, truncation)[:, 0]
+        ent = entropy_from_logits(logits, temperature, rows, entropy_grad)[:, 0] if entropy else None
+    return packed.unpacked(logps), (packed.unpacked(ent) if entropy else None)
 
 
 def distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -240,7 +297,7 @@ def logps_from_logits(logits: torch.Tensor, ids: torch.Tensor, temperature: floa
 
 @torch.no_grad()
 def logps_no_grad(model, rollout, slices: list[slice], *, temperature: float, shared_prompts: bool, autocast,
-                  truncation: Truncation | None = None, chunked_head: bool = True) -> torch.Tensor:
+                  truncation: Truncation | None = None, chunked_head: bool = True, packing: bool = False) -> torch.Tensor:
     """[N, T] log-probs of a rollout's completion tokens without autograd, micro-batch by micro-batch (`slices`),
     under `autocast()` (the trainer's mixed precision): the old policy's or the reference's."""
     out = []
@@ -248,6 +305,6 @@ def logps_no_grad(model, rollout, slices: list[slice], *, temperature: float, sh
         for sl in slices:
             lp, _ = token_logprobs(model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl],
                                    rollout.completion_mask[sl], temperature=temperature, shared_prompts=shared_prompts,
-                                   truncation=truncation, chunked_head=chunked_head)
+                                   truncation=truncation, chunked_head=chunked_head, packing=packing)
             out.append(lp)
     return torch.cat(out).clone()  # clone: leave inference mode so autograd can use it as a constant

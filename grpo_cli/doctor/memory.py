@@ -288,7 +288,9 @@ def check_memory(recipe, config: Any, processes: int, prompts: PromptLengths) ->
                                   ("the LM head in row chunks", choices.chunked_head),
                                   ("the lean gated MLP", choices.lean_mlp),
                                   ("grouped attention", choices.grouped_attention),
-                                  ("autocast", choices.autocast)) if on) or "as the model's own"]
+                                  ("autocast", choices.autocast),
+                                  ("rows packed (planned as padded: the worst case)", choices.packing)) if on)
+        or "as the model's own"]
     need = total * (processes if device == "cpu" else 1)
     if free is not None:
         evidence.append(f"free on this machine's {device}: {free / GIB:.1f} GiB (MemAvailable or cudaMemGetInfo)")

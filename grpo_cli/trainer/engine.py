@@ -84,7 +84,7 @@ class Engine:
             rows=self.rows, device=acc.device, sharded=p.sharded, model_cfg=p.model_cfg,
             resumed_adapters=self.checkpoint_path is not None and bool(r.model.lora.r))
         self.update = PolicyUpdate(r, acc, self.procs, p.model, p.optimizer, p.scheduler, self.reference,
-                                   p.shared_prompts, p.chunked_head)
+                                   p.forward)
         self.reward_models = RewardModelUpdates(r, self.procs)  # rewards[].update
         self.state = self._run_state()
         if self.checkpoint_path:

@@ -62,6 +62,7 @@ class ForwardChoices:
     lean_mlp: bool  # the gated MLP keeps gate and up for its backward, not four tensors (models/swiglu.py)
     grouped_attention: bool  # keys and values of grouped heads are not repeated (models/attention.py)
     autocast: bool  # forwards in bf16 / fp16 autocast (train.mixed_precision)
+    packing: bool = False  # a micro-batch's rows packed end to end, no padding computed (grpo_cli/algo/packing.py)
 
 
 def forward_choices(recipe, device_type: str, config: Any, sharded: bool = False) -> ForwardChoices:
@@ -72,7 +73,7 @@ def forward_choices(recipe, device_type: str, config: Any, sharded: bool = False
     # a group's prompt runs once per micro-batch through the key/value cache, which gradient checkpointing turns
     # off. It pays where compute is the cost (CPU: train 7.9 -> 5.6 s/step); on a GPU the two forwards and the
     # cache gather made a micro-batch's forward + backward 2.2x slower (bench/step_phases.py, H100)
-    shared = not m.gradient_checkpointing and device_type == "cpu"
+    shared = not m.gradient_checkpointing and device_type == "cpu" and not t.packing
     wanted = device_type == "cuda" if t.chunked_lm_head == "auto" else t.chunked_lm_head
     chunked = bool(wanted) and getattr(text, "model_type", None) in HEAD_CHUNKED and not sharded  # algo/logprobs._head_of
     autocast = resolve_mixed_precision(t.mixed_precision, m.dtype) in ("bf16", "fp16")
@@ -82,7 +83,7 @@ def forward_choices(recipe, device_type: str, config: Any, sharded: bool = False
     gated = getattr(text, "hidden_act", None) in ("silu", "swish") and hasattr(text, "intermediate_size")
     lean = gated and not autocast and not sharded and not down_adapted and not m.load_in_4bit  # swiglu.lean_forward
     grouped = grouped_heads(text) and m.attn_implementation in (None, "sdpa", "sdpa_grouped")  # loading.load_model
-    return ForwardChoices(shared, chunked, lean, grouped, autocast)
+    return ForwardChoices(shared, chunked, lean, grouped, autocast, t.packing)
 
 
 @dataclass
@@ -97,8 +98,7 @@ class Policy:
     model_cfg: Any  # the model section it was loaded from (a checkpoint's folder when resuming)
     summary: str  # its parameters, for the run's first line
     sharded: bool  # weights split over processes (FSDP, ZeRO-3): every process runs every forward
-    shared_prompts: bool  # a group's prompt runs once per training forward
-    chunked_head: bool  # the LM head runs inside the log-prob row chunks (train.chunked_lm_head)
+    forward: ForwardChoices  # how its training forwards run
 
 
 def build_policy(recipe, accelerator, checkpoint: Path | None) -> Policy:
@@ -133,8 +133,7 @@ def build_policy(recipe, accelerator, checkpoint: Path | None) -> Policy:
         raise SetupError("algorithm.sync_ref_model needs the policy's full weights on every process; with FSDP "
                          "or ZeRO-3 they are sharded: use DDP (or ZeRO-1/2) to refresh the reference")
     choices = forward_choices(r, accelerator.device.type, accelerator.unwrap_model(model).config, sharded)
-    return Policy(tokenizer, model, reference, optimizer, scheduler, cfg, summary, sharded, choices.shared_prompts,
-                  choices.chunked_head)
+    return Policy(tokenizer, model, reference, optimizer, scheduler, cfg, summary, sharded, choices)
 
 
 def build_stream(recipe, tokenizer, accelerator):

@@ -29,6 +29,7 @@ from grpo_cli.run.statefiles import TensorFile
 from grpo_cli.trainer.nonfinite import NonFiniteSteps
 from grpo_cli.trainer.reporting import MetricSums
 from grpo_cli.trainer.samples import dealt, training_rows
+from grpo_cli.trainer.setup import ForwardChoices
 
 
 def loss_config(recipe) -> LossConfig:
@@ -107,12 +108,14 @@ class PolicyUpdate:
     """mu optimizer steps over one step's rows; -> the sums its metrics are made of."""
 
     def __init__(self, recipe, accelerator, procs: Processes, model, optimizer, scheduler, reference: Reference,
-                 shared_prompts: bool, chunked_head: bool) -> None:
+                 forward: ForwardChoices) -> None:
         self.recipe, self.accelerator, self.procs = recipe, accelerator, procs
         self.model, self.optimizer, self.scheduler, self.reference = model, optimizer, scheduler, reference
         self.loss = loss_config(recipe)
-        self.shared_prompts = shared_prompts  # a group's prompt runs once per forward (grpo_cli/algo/logprobs.py)
-        self.chunked_head = chunked_head  # the LM head inside the log-prob row chunks (same file)
+        # a group's prompt once per forward, the LM head inside the log-prob row chunks (grpo_cli/algo/logprobs.py),
+        # the rows packed (grpo_cli/algo/packing.py)
+        f = forward
+        self.forward_kw = dict(shared_prompts=f.shared_prompts, chunked_head=f.chunked_head, packing=f.packing)
         ro = recipe.rollout  # top-k / top-p / min-p: every log-prob is of the truncated policy that sampled
         truncation = Truncation(ro.top_k, ro.top_p, ro.min_p)
         self.truncation = truncation if truncation.active else None
@@ -199,8 +202,8 @@ class PolicyUpdate:
             logps, entropy = token_logprobs(
                 self.model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl],
                 rollout.completion_mask[sl], temperature=self.recipe.rollout.temperature,
-                with_entropy=first or q < 1, entropy_grad=self.entropy is not None, shared_prompts=self.shared_prompts,
-                truncation=self.truncation, chunked_head=self.chunked_head,
+                with_entropy=first or q < 1, entropy_grad=self.entropy is not None, truncation=self.truncation,
+                **self.forward_kw,
             )
         m = w.mask[sl]
         if first:
@@ -264,8 +267,7 @@ class PolicyUpdate:
     def _logps_no_grad(self, model, rollout: Rollout, slices: list[slice]) -> torch.Tensor:
         """Old-policy (mu > 1) or reference (beta > 0) log-probs, micro-batch by micro-batch."""
         return logps_no_grad(model, rollout, slices, temperature=self.recipe.rollout.temperature,
-                             shared_prompts=self.shared_prompts, autocast=self.accelerator.autocast,
-                             truncation=self.truncation, chunked_head=self.chunked_head)
+                             autocast=self.accelerator.autocast, truncation=self.truncation, **self.forward_kw)
 
     def _optimizer_step(self, w: Window) -> float | None:
         """Clip and step; -> the gradient norm before clipping, or None where the step was skipped (a NaN or infinite

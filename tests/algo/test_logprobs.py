@@ -2,24 +2,18 @@
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from grpo_cli.algo import logprobs as logprobs_module
 from grpo_cli.algo.logprobs import token_logprobs
 
-from helpers import saved_for_backward
+from helpers import saved_for_backward, tiny_lm
 
 torch.set_num_threads(1)
 
 B, G, P, T = 3, 4, 7, 9
 
 
-def tiny(kind: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    common = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2)
-    model = Qwen2ForCausalLM(Qwen2Config(**common)) if kind == "qwen2" else LlamaForCausalLM(LlamaConfig(**common))
-    return model.float().train()
+tiny = tiny_lm
 
 
 def batch(pad_id: int = 0) -> tuple[torch.Tensor, ...]:

@@ -231,3 +231,25 @@ def test_a_lower_bound_on_the_sampler_ratio_is_applied_and_counted(tmp_path):
             assert free["loss"] - 3e-3 * bounded["sampling/importance_sampling_below_min"] < bounded["loss"] < \
                 free["loss"] - 1e-7, (bounded["loss"], free["loss"])
         assert bounded["sampling/importance_sampling_ratio/mean"] == free["sampling/importance_sampling_ratio/mean"]
+
+
+@pytest.mark.usefixtures("model_cache")
+def test_packed_training_forwards_train_the_same_as_padded_ones(tmp_path):
+    # issue 38 item 4: train.packing changes the layout of every training forward (the policy's with its gradient,
+    # the old policy's for mu = 2 with mini-batches, the reference's for the KL) and no number of the run
+    def run(packing):
+        recipe = load_recipe("recipes/ci-tiny.yaml", [
+            f"train.packing={packing}", "algorithm.beta=0.04", "algorithm.num_iterations=2", "train.mini_batches=2",
+            "algorithm.entropy_coef=0.01", "train.micro_batch_size=2", "train.max_steps=3", "train.learning_rate=1e-2",
+            "rollout.max_completion_length=24", "checkpoint.every_steps=0"])
+        eng = Engine(recipe, tmp_path / str(packing))
+        assert eng.update.forward_kw["packing"] is packing and eng.update.forward_kw["shared_prompts"] is not packing
+        eng.fit()
+        return read_jsonl(tmp_path / f"{packing}/metrics.jsonl")
+
+    padded, packed = run(False), run(True)
+    assert [m["completions/mean_length"] for m in padded] == [m["completions/mean_length"] for m in packed]
+    assert len({m["completions/mean_length"] for m in padded}) > 1 and min(m["kl"] for m in padded[1:]) > 0
+    for a, b in zip(padded, packed):
+        for key in ("loss", "grad_norm", "kl", "entropy", "clip_ratio/region_mean", "reward"):
+            assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(a[key])), (a["step"], key, a[key], b[key])
