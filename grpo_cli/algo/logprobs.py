@@ -59,7 +59,7 @@ def token_logprobs(
     shared_prompts: bool = True,
     truncation: Truncation | None = None,
     chunked_head: bool = True,
-    packing: bool = False,
+    packing: bool | str = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """-> logps [b, T] (fp32) and, if asked, per-token entropy [b, T] (no grad, unless `entropy_grad`).
 
@@ -72,9 +72,15 @@ def token_logprobs(
     `chunked_head`: run the LM head inside the row chunks where the model allows it (`HeadLogps`).
     `packing`: the rows packed end to end (grpo_cli/algo/packing.py), no padding computed; the same values and
     gradients, and 0 (not a value computed on padding) where the completion mask is 0. Takes the place of
-    `shared_prompts`."""
+    `shared_prompts`; "auto": packed where that runs fewer tokens than the padded layout (with `shared_prompts`, each
+    distinct prompt once)."""
     packed = pack(prompt_ids, prompt_mask, completion_ids, completion_mask, one_bin=one_bin_for(_unwrapped(model))) \
         if packing else None
+    if packed is not None and packing == "auto":
+        shared = distinct_rows(prompt_ids, prompt_mask) if shared_prompts else None
+        prompts = len(shared[0]) if shared is not None else len(prompt_ids)
+        if packed.input_ids.numel() >= prompts * prompt_ids.shape[1] + completion_ids.numel():
+            packed = None
     if packed is not None:
         return _packed_logprobs(model, packed, temperature=temperature, chunk_rows=chunk_rows,
                                 entropy=with_entropy or entropy_grad, entropy_grad=entropy_grad,

@@ -13,6 +13,10 @@ Positions restart at 0 with each row. transformers reads the restarts (attention
 row, so every real token sees what it sees in the padded layout: the same keys at the same positions. A bin's tail is
 padding at position 0, each such token a sequence of its own; its output is dropped. Only the positions that predict
 a completion token reach the LM head (`at`), and the results go back to the [rows, T] layout (`to`), 0 elsewhere.
+
+That holds for models whose attention masks transformers builds from the positions (`PACKED_MODELS`, each checked
+against its padded layout by tests/algo/test_packing.py); ALiBi models (BLOOM, MPT) bias attention by distance
+instead and are not among them.
 """
 
 from __future__ import annotations
@@ -23,6 +27,13 @@ import torch
 
 # attention implementations that read packed rows as variable-length sequences: one bin, no padding
 VARLEN = ("flash", "flex")
+
+# model types whose packed log-probs and gradients equal their padded ones (tests/algo/test_packing.py builds each)
+PACKED_MODELS = frozenset({
+    "cohere", "exaone4", "gemma", "gemma2", "gemma3_text", "glm4", "gpt2", "gpt_neox", "granite", "llama", "ministral",
+    "mistral", "mixtral", "olmo", "olmo2", "phi", "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "smollm3",
+    "stablelm", "starcoder2",
+})
 
 
 @dataclass

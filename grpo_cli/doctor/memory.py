@@ -289,7 +289,9 @@ def check_memory(recipe, config: Any, processes: int, prompts: PromptLengths) ->
                                   ("the lean gated MLP", choices.lean_mlp),
                                   ("grouped attention", choices.grouped_attention),
                                   ("autocast", choices.autocast),
-                                  ("rows packed (planned as padded: the worst case)", choices.packing)) if on)
+                                  ("rows packed (planned as padded: the worst case)", choices.packing is True),
+                                  ("rows packed where that runs fewer tokens (planned as padded)",
+                                   choices.packing == "auto")) if on)
         or "as the model's own"]
     need = total * (processes if device == "cpu" else 1)
     if free is not None:

@@ -176,12 +176,13 @@ class TrainConfig(Section):
         "optimizer step each, the old policy's log-probs taken once before the first (verl's train_batch_size / "
         "ppo_mini_batch_size; TRL's steps_per_generation / gradient_accumulation_steps). With mu "
         "(algorithm.num_iterations) the step makes mu x mini_batches optimizer steps."))
-    packing: bool = Field(False, description=(
+    packing: bool | Literal["auto"] = Field("auto", description=(
         "Pack a micro-batch's rows end to end for the training forwards (the policy's, the old policy's, the "
         "reference's): positions restart with each row and attention stays inside it, so no padding is computed and "
         "the log-probs and gradients are the padded layout's. Rows share bins as long as the longest row (sdpa, "
-        "eager) or one bin (flash and flex attention's variable-length kernels). Replaces a group's prompt once "
-        "per forward (its rows each carry their prompt)."))
+        "eager) or one bin (flash and flex attention's varlen kernels); each row carries its prompt. auto: a "
+        "micro-batch is packed where that runs fewer tokens than padding (on CPUs, than a group's prompt once), "
+        "for the model types grpo has checked; true: always, and an error for other model types."))
     optimizer: Literal[tuple(OPTIMIZERS)] = Field(  # type: ignore[valid-type]  (recipe/specs.py's table)
         "adamw", description="; ".join(f"{s.name}: {s.what}" for s in OPTIMIZERS.values()) + ".")
     learning_rate: float = Field(1e-6, gt=0, description="AdamW peak learning rate.")

@@ -18,6 +18,7 @@ import torch
 
 from grpo_cli.agents.tools import schemas
 from grpo_cli.algo.logprobs import HEAD_CHUNKED
+from grpo_cli.algo.packing import PACKED_MODELS
 from grpo_cli.data.prompts import PromptStream
 from grpo_cli.data.sources import load_rows
 from grpo_cli.errors import RunFolderError, SetupError
@@ -62,7 +63,7 @@ class ForwardChoices:
     lean_mlp: bool  # the gated MLP keeps gate and up for its backward, not four tensors (models/swiglu.py)
     grouped_attention: bool  # keys and values of grouped heads are not repeated (models/attention.py)
     autocast: bool  # forwards in bf16 / fp16 autocast (train.mixed_precision)
-    packing: bool = False  # a micro-batch's rows packed end to end, no padding computed (grpo_cli/algo/packing.py)
+    packing: bool | str = False  # rows packed end to end (grpo_cli/algo/packing.py): True, "auto" (where fewer tokens)
 
 
 def forward_choices(recipe, device_type: str, config: Any, sharded: bool = False) -> ForwardChoices:
@@ -73,7 +74,12 @@ def forward_choices(recipe, device_type: str, config: Any, sharded: bool = False
     # a group's prompt runs once per micro-batch through the key/value cache, which gradient checkpointing turns
     # off. It pays where compute is the cost (CPU: train 7.9 -> 5.6 s/step); on a GPU the two forwards and the
     # cache gather made a micro-batch's forward + backward 2.2x slower (bench/step_phases.py, H100)
-    shared = not m.gradient_checkpointing and device_type == "cpu" and not t.packing
+    packing = t.packing if getattr(text, "model_type", None) in PACKED_MODELS else False
+    if t.packing is True and not packing:
+        raise SetupError(f"train.packing: true, but grpo has not checked packing for model type "
+                         f"{getattr(text, 'model_type', None)!r} (its attention may not stay inside each packed row); "
+                         f"it has for: {', '.join(sorted(PACKED_MODELS))}. Set train.packing: false (or auto)")
+    shared = not m.gradient_checkpointing and device_type == "cpu" and packing is not True
     wanted = device_type == "cuda" if t.chunked_lm_head == "auto" else t.chunked_lm_head
     chunked = bool(wanted) and getattr(text, "model_type", None) in HEAD_CHUNKED and not sharded  # algo/logprobs._head_of
     autocast = resolve_mixed_precision(t.mixed_precision, m.dtype) in ("bf16", "fp16")
@@ -83,7 +89,7 @@ def forward_choices(recipe, device_type: str, config: Any, sharded: bool = False
     gated = getattr(text, "hidden_act", None) in ("silu", "swish") and hasattr(text, "intermediate_size")
     lean = gated and not autocast and not sharded and not down_adapted and not m.load_in_4bit  # swiglu.lean_forward
     grouped = grouped_heads(text) and m.attn_implementation in (None, "sdpa", "sdpa_grouped")  # loading.load_model
-    return ForwardChoices(shared, chunked, lean, grouped, autocast, t.packing)
+    return ForwardChoices(shared, chunked, lean, grouped, autocast, packing)
 
 
 @dataclass

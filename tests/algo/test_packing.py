@@ -8,7 +8,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from grpo_cli.algo import logprobs as logprobs_module
 from grpo_cli.algo.logprobs import token_logprobs
 from grpo_cli.algo.losses import POLICY_LOSSES, LossConfig, compute_loss
-from grpo_cli.algo.packing import first_fit, pack
+from grpo_cli.algo.packing import PACKED_MODELS, first_fit, pack
 from grpo_cli.algo.sampling import Truncation
 from grpo_cli.models.attention import use_grouped_sdpa
 
@@ -74,11 +74,11 @@ def test_nothing_to_pack_or_an_empty_prompt_keeps_the_padded_layout():
     assert pack(prompt_ids, prompt_mask, completion_ids, completion_mask) is None
 
 
-def run(model, args, packing: bool, **kw):
+def run(model, args, packing, shared: bool = False, **kw):
     tokens = []
     hook = model.get_input_embeddings().register_forward_hook(lambda m, i, o: tokens.append(i[0].numel()))
     model.zero_grad()
-    logps, entropy = token_logprobs(model, *args, temperature=0.7, shared_prompts=False, packing=packing, **kw)
+    logps, entropy = token_logprobs(model, *args, temperature=0.7, shared_prompts=shared, packing=packing, **kw)
     hook.remove()
     mask = args[3].bool()
     ((logps * args[3]).sum() + ((entropy * args[3]).sum() if kw.get("entropy_grad") else 0)).backward()
@@ -171,3 +171,65 @@ def test_every_loss_with_the_reference_and_the_old_policy_is_the_same_packed(los
         assert abs(metrics_a[k] - metrics_b[k]) < 1e-5, k
     for name, g in grads_a.items():
         torch.testing.assert_close(grads_b[name], g, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def _tiny_of(model_type: str):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kw = dict(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, pad_token_id=0)
+    if model_type == "gpt2":
+        kw = dict(vocab_size=V, n_embd=64, n_layer=2, n_head=4)
+    config = AutoConfig.for_model(model_type, **kw)
+    for name in ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
+        if hasattr(config, name):
+            setattr(config, name, 0.0)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).float()
+
+
+@pytest.mark.parametrize("model_type", sorted(PACKED_MODELS))
+def test_every_model_type_packing_is_on_for_keeps_its_rows_apart(model_type):
+    model, args = _tiny_of(model_type), mixed()
+    assert_same(run(model, args, False, with_entropy=True), run(model, args, True, with_entropy=True))
+
+
+def test_alibi_models_are_not_packed_and_asking_for_it_is_refused():
+    """BLOOM biases attention by the distance between positions in the sequence, not by position ids: packed, a row
+    would see another's tokens through the bias. auto leaves it padded; true names the model type."""
+    from transformers import BloomConfig, Qwen2Config
+
+    from grpo_cli.errors import SetupError
+    from grpo_cli.recipe.files import load_recipe
+    from grpo_cli.trainer.setup import forward_choices
+
+    model, args = _tiny_of("bloom"), mixed()
+    assert (run(model, args, False)[0] - run(model, args, True)[0]).abs().max() > 1e-3  # what packing would do
+    bloom = BloomConfig(vocab_size=V, hidden_size=64, n_layer=2, n_head=4)
+    auto = load_recipe("recipes/ci-tiny.yaml", [])
+    assert auto.train.packing == "auto"
+    assert forward_choices(auto, "cpu", bloom).packing is False and forward_choices(auto, "cpu", bloom).shared_prompts
+    qwen = Qwen2Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
+    assert forward_choices(auto, "cpu", qwen).packing == "auto" and forward_choices(auto, "cpu", qwen).shared_prompts
+    always = load_recipe("recipes/ci-tiny.yaml", ["train.packing=true"])
+    assert forward_choices(always, "cuda", qwen).packing is True
+    assert not forward_choices(always, "cpu", qwen).shared_prompts  # true: every micro-batch packed
+    with pytest.raises(SetupError, match="train.packing: true.*'bloom'"):
+        forward_choices(always, "cpu", bloom)
+
+
+def test_auto_packs_where_that_runs_fewer_tokens():
+    """A group's long prompt and short answers: the prompt once and the answers padded run fewer tokens than G packed
+    rows each with the prompt; mixed lengths pack into fewer than the padded rows."""
+    model = tiny("qwen2")
+    g = torch.Generator().manual_seed(5)
+    rows = 8
+    one_group = (torch.randint(1, V, (1, 40), generator=g).repeat(rows, 1), torch.ones(rows, 40, dtype=torch.long),
+                 torch.randint(1, V, (rows, 6), generator=g), torch.ones(rows, 6, dtype=torch.long))
+    one_group[3][::2, 3:] = 0
+    # rows of 46 and 43 tokens: one a bin, as many tokens as padded, which stays
+    for args, shared, expected in ((one_group, True, 40 + rows * 6), (one_group, False, rows * 46),
+                                   (mixed(), True, 7 * 20), (mixed(), False, 7 * 20)):
+        auto, fixed = run(model, args, "auto", shared=shared), run(model, args, False, shared=shared)
+        assert auto[3] == expected, (shared, auto[3])
+        assert (auto[0] - fixed[0]).abs().max() < 1e-5

@@ -37,6 +37,7 @@ CASES = [(loss, [f"algorithm.loss_type={loss}", *(["algorithm.epsilon_high=5.0"]
     ("luspo", ["algorithm.loss_type=luspo", "algorithm.importance_sampling_level=sequence"], None),
     ("sapo", ["algorithm.loss_type=sapo"], None),
     ("scale-batch", ["algorithm.loss_type=grpo", "algorithm.scale_rewards=batch"], None),
+    ("packed", ["algorithm.loss_type=dapo", "train.packing=true"], None),  # every micro-batch packed on both sides
 ]
 # TRL's entropy bonus is each micro-batch's mean entropy / accumulation steps, averaged over processes, and its
 # top-entropy threshold the quantile over the micro-batch of every process: the same batch is then one whose
