@@ -44,7 +44,7 @@ BACKENDS.register("vllm-colocate")(Backend(
     "grpo_cli.rollout.vllm_colocate:build_colocated_generator", "vllm", "colocate", own_weights=True, in_process=True,
     structured_outputs=True, evaluates=True))
 BACKENDS.register("vllm-server")(Backend(
-    "grpo_cli.rollout.vllm_server:build_server_generator", "vllm", "server", own_weights=True, in_process=False,
+    "grpo_cli.rollout.vllm_servers:build_server_generator", "vllm", "server", own_weights=True, in_process=False,
     structured_outputs=True, adapter_sync=True))
 
 # what a recipe can write: rollout.backend's values, and rollout.vllm.mode's

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from grpo_cli.recipe.backends import BACKEND_CHOICES, MODE_CHOICES
 from grpo_cli.recipe.section import Section
@@ -17,7 +17,12 @@ ModeName = Literal[MODE_CHOICES]  # type: ignore[valid-type]
 
 class VLLMConfig(Section):
     mode: ModeName = Field("colocate", description="`colocate`: a vLLM engine inside the trainer; `server`: `grpo serve-vllm`.")
-    server_url: str = Field("http://127.0.0.1:8000", description="Where `grpo serve-vllm` listens (server mode).")
+    server_url: str | list[str] = Field("http://127.0.0.1:8000", description=(
+        "Where `grpo serve-vllm` listens (server mode); a list: several servers, each step's prompts spread over "
+        "them (a group's rows on one server), the weights synced to every one under one version."))
+    drop_failed_servers: bool = Field(False, description=(
+        "With several servers: one that fails a request (or cannot take the weights) is dropped and its requests go "
+        "to the others, logged as servers/live; false: it stops the run, named."))
     request_timeout_s: float = Field(300.0, gt=0, description="Timeout of every request to the server.")
     structured_outputs_regex: str | None = Field(
         None, description="Constrain every completion to match this regular expression (vLLM structured outputs; "
@@ -36,6 +41,18 @@ class VLLMConfig(Section):
     )
     sleep_mode: bool = Field(False, description="GPU: free vLLM's memory while the trainer updates (colocate).")
     cpu_kv_cache_gib: float = Field(1.0, gt=0, description="CPU builds: KV cache size (VLLM_CPU_KVCACHE_SPACE).")
+
+
+    @field_validator("server_url")
+    @classmethod
+    def _distinct_servers(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, list) and (not v or len({u.rstrip("/") for u in v}) < len(v)):
+            raise ValueError("a list of servers needs at least one URL, each once" if v else "an empty list of servers")
+        return v
+
+    @property
+    def server_urls(self) -> list[str]:
+        return [self.server_url] if isinstance(self.server_url, str) else list(self.server_url)
 
 
 class RolloutConfig(Section):

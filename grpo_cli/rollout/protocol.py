@@ -37,7 +37,8 @@ class Rollouts(Protocol):
         """The batch of step `step`, scored; its time goes to clock("generate") and clock("score")."""
 
     def after_update(self, policy: torch.nn.Module, step: int) -> dict[str, int]:
-        """The policy after step `step`'s update, for whatever samples next; -> `sync/bytes` (what was handed over)."""
+        """The policy after step `step`'s update, for whatever samples next; -> `sync/bytes` (what was handed over)
+        and, with several servers, `servers/live`."""
 
     def eval_generator(self, sharded: bool) -> Generator | None:
         """What the run's eval samples with (None: the policy itself)."""

@@ -60,7 +60,7 @@ class Sampled:
     def after_update(self, policy: torch.nn.Module, step: int) -> dict[str, int]:
         self.generator.wake_up()
         self.generator.sync_weights(policy)
-        return {"sync/bytes": int(getattr(self.generator, "sync_bytes", 0))}
+        return synced(self.generator)
 
     def eval_generator(self, sharded: bool) -> Generator | None:
         """A backend with its own weights is reused (one vLLM engine per process); hf samples with the policy
@@ -157,7 +157,7 @@ class Ahead(Sampled):
         self.pipeline.submit_weights(policy, step)
         if step + self.recipe.rollout.max_staleness + 1 <= self.recipe.train.max_steps:
             self.pipeline.submit_batch(self.stream.next_batch())
-        return {"sync/bytes": int(getattr(self.generator, "sync_bytes", 0))}
+        return synced(self.generator)
 
     def eval_generator(self, sharded: bool) -> Generator | None:
         """Through the pipeline's queue: after the batches in flight, with this step's weights."""
@@ -178,6 +178,12 @@ class Ahead(Sampled):
         if self.pipeline is not None:
             self.pipeline.close()
         super().close()
+
+
+def synced(generator) -> dict[str, float]:
+    """What a weight sync reports: the bytes handed over, and with several servers how many are live."""
+    pool = generator.metrics() if callable(getattr(type(generator), "metrics", None)) else {}
+    return {"sync/bytes": int(getattr(generator, "sync_bytes", 0)), **pool}
 
 
 def episode_metrics(counts: dict[str, int], rollout_cfg, total: Callable[[float], float], *,

@@ -73,7 +73,7 @@ class ServerHTTP:
         for attempt in range(MAX_RETRIES + 1):
             try:
                 # the watchdog names a server that went quiet; one still sampling or loading shows its activity
-                with phase(f"server request {method} {route} ({doing})"), \
+                with phase(f"server request {method} {route} at {self.url} ({doing})"), \
                         progress_of(self._activity) if route != "/health" else contextlib.nullcontext():
                     return self._once(method, route, data, headers, timeout, doing)
             except (_NotSent, TimeoutError, ConnectionError, urllib.error.URLError, OSError) as e:

@@ -57,10 +57,12 @@ ADAPTER_PREFIX = "grpo-adapter-"  # an adapter's file name starts so (load_weigh
 class VLLMServerGenerator:
     """Same contract as HFGenerator.generate, sampling on a `grpo serve-vllm` server."""
 
-    def __init__(self, tokenizer, rollout_cfg: RolloutConfig, seed: int) -> None:
+    def __init__(self, tokenizer, rollout_cfg: RolloutConfig, seed: int, url: str | None = None) -> None:
+        """`url`: the server's (default: rollout.vllm.server_url's first)."""
         self.tokenizer, self.cfg, self.seed = tokenizer, rollout_cfg, seed
         self.model_hint = getattr(tokenizer, "name_or_path", None) or "MODEL"
-        self.http = ServerHTTP(rollout_cfg.vllm.server_url, rollout_cfg.vllm.request_timeout_s, self.model_hint)
+        url = url or rollout_cfg.vllm.server_urls[0]
+        self.http = ServerHTTP(url, rollout_cfg.vllm.request_timeout_s, self.model_hint)
         self.url = self.http.url
         self.loopback = is_loopback(urlparse(self.url).hostname or "")
         self.eos_ids = eos_token_ids(GenerationConfigOf(self.model_hint), tokenizer)
@@ -85,10 +87,20 @@ class VLLMServerGenerator:
         temperature: float | None = None, top_p: float | None = None, max_new_tokens: int | None = None,
     ) -> Rollout:
         """B prompts -> B*n completions, each prompt's n samples in contiguous rows (as HFGenerator)."""
-        body = self._generate_body(prompt_ids, n, greedy, temperature, top_p, max_new_tokens)
+        seed = request_seed(self.seed, self.calls)
         self.calls += 1
+        samples = self.samples(prompt_ids, n, seed, greedy=greedy, temperature=temperature, top_p=top_p,
+                               max_new_tokens=max_new_tokens)
+        return self.rollout_of(prompt_ids, prompts, n, samples)
+
+    def samples(self, prompt_ids: list[list[int]], n: int, seed: int, **sampling: Any) -> list[dict]:
+        """One /generate request: B prompts -> their B*n samples ({"token_ids", "logprobs"}), prompt i's k-th drawn
+        with seed + i*n + k (serve/engine.py)."""
+        body = self._generate_body(prompt_ids, n, seed=seed, **sampling)
         out = self.http.request("POST", "/generate", doing="generating", payload=body, idempotent=False)
-        samples = [s for per_prompt in out["outputs"] for s in per_prompt]  # [B*n]
+        return [s for per_prompt in out["outputs"] for s in per_prompt]  # [B*n]
+
+    def rollout_of(self, prompt_ids: list[list[int]], prompts: list[str], n: int, samples: list[dict]) -> Rollout:
         completion_ids, cmask, logps = self._pad_completions(samples)
         truncated = completion_mask_from_eos(completion_ids, self.eos_ids)[1]
         return build_rollout(prompt_ids, prompts, n, completion_ids, cmask, truncated, self.tokenizer, self.pad_id, logps)
@@ -97,10 +109,13 @@ class VLLMServerGenerator:
                temperature: float | None = None, top_p: float | None = None, logprobs: bool = True) -> Samples:
         """Each token sequence continued by at most its own budget (multi-turn episodes): one request to the
         largest budget, each row cut to its own."""
-        body = self._generate_body(token_ids, 1, greedy, temperature, top_p, max(max_new_tokens))
+        seed = request_seed(self.seed, self.calls)
         self.calls += 1
-        out = self.http.request("POST", "/generate", doing="generating", payload=body, idempotent=False)
-        samples = [per_prompt[0] for per_prompt in out["outputs"]]
+        samples = self.samples(token_ids, 1, seed, greedy=greedy, temperature=temperature, top_p=top_p,
+                               max_new_tokens=max(max_new_tokens))
+        return self.samples_of(samples, max_new_tokens)
+
+    def samples_of(self, samples: list[dict], max_new_tokens: list[int]) -> Samples:
         return samples_from([s["token_ids"] for s in samples], [s["logprobs"] for s in samples], max_new_tokens,
                             self.eos_ids)
 
@@ -233,7 +248,8 @@ class VLLMServerGenerator:
 
     # ------------------------------------------------------------ request bodies and responses
 
-    def _generate_body(self, prompt_ids, n, greedy, temperature, top_p, max_new_tokens) -> dict:
+    def _generate_body(self, prompt_ids, n, *, seed: int, greedy: bool = False, temperature: float | None = None,
+                       top_p: float | None = None, max_new_tokens: int | None = None) -> dict:
         """vLLM seeds prompt i's k-th sample with seed + i*n + k, so no two rows share a seed."""
         c = self.cfg
         return {
@@ -242,7 +258,7 @@ class VLLMServerGenerator:
             "top_p": 1.0 if greedy else (top_p or c.top_p),
             "top_k": None if greedy else c.top_k, "min_p": None if greedy else c.min_p,
             "repetition_penalty": c.repetition_penalty, "max_tokens": max_new_tokens or c.max_completion_length,
-            "seed": request_seed(self.seed, self.calls),
+            "seed": seed,
             "stop_token_ids": self.eos_ids, "expected_version": self.version,
             **({"sampling_kwargs": c.generation_kwargs} if c.generation_kwargs else {}),
             **({"structured_outputs_regex": c.vllm.structured_outputs_regex} if c.vllm.structured_outputs_regex else {}),
@@ -272,8 +288,3 @@ def _unshared_cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         out[k] = t.clone() if ptr in seen else t
         seen.add(ptr)
     return out
-
-
-def build_server_generator(cfg: RolloutConfig, *, tokenizer, seed: int, **_: Any) -> VLLMServerGenerator:
-    """BACKENDS["vllm-server"]'s builder: a client of `grpo serve-vllm` (rollout.vllm.server_url)."""
-    return VLLMServerGenerator(tokenizer, cfg, seed)

@@ -153,6 +153,8 @@ METRICS: list[Metric] = [
         ("sync/bytes", "Bytes the last weight sync handed to vLLM (tensors in its dtype, or the file sent to a "
                        "server; with rollout.max_staleness the last load that finished); 0 for the hf backend, "
                        "which samples with the policy itself."),
+        ("servers/live", "grpo serve-vllm servers sampling (rollout.vllm.server_url a list): fewer than listed once "
+                         "rollout.vllm.drop_failed_servers dropped one.", "several servers"),
         ("time/step", "Seconds of the whole step."),
         ("time/eval", "Seconds of the step's eval.", "an eval step"),
         ("throughput/gen_tokens_per_s", "Sampled tokens per second of time/generate."),
