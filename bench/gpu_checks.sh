@@ -3,7 +3,7 @@
 # one that fails or hangs does not cost the others; its log goes to OUT/<part>.log and its tail is printed.
 #
 #   bash bench/gpu_checks.sh OUT [PARTS...]
-#       parts: smoke vs-trl train-memory doctor-memory attention compiled goal layouts packing
+#       parts: smoke vs-trl train-memory doctor-memory attention compiled goal layouts packing colocate
 #              (default: all, in that order)
 #
 # smoke         `grpo train` of the ci-tiny recipe in bf16 on the GPU: 4 steps straight, 2 + --resume auto to 4
@@ -19,13 +19,16 @@
 # goal          issue 23's goal row: B=16, G=8, 256 new tokens, bf16, grpo with rollout.compile=auto
 # layouts       issue 38: `grpo train` of ci-tiny in fp32 on the GPU with train.mini_batches=2, mu=2, beta=0.04, padded
 #               and with train.packing (per-step metrics compared)
+# colocate      issue 38: `grpo train --num-processes 2` with a colocated vLLM engine in each process (tp 1), then one
+#               engine split over both (rollout.vllm.tensor_parallel_size=2); needs vLLM's CUDA build and 2 GPUs (the
+#               lent H100/H200 machines have neither: the part says so and skips)
 # packing       issue 38: bench/packing.py --check (packed = padded on CUDA's kernels, fp32; flash attention's varlen
 #               path if installed), then the bench on the Qwen2.5-0.5B shape in bf16, prompts 16-512, completions to 1024
 # TRL and the packages the GPU image lacks are expected on PYTHONPATH (see bench/RESULTS.md, "GPU").
 set -u
 out=${1:?usage: gpu_checks.sh OUT [PARTS...]}
 shift
-parts=${*:-smoke vs-trl train-memory doctor-memory attention compiled goal layouts packing}
+parts=${*:-smoke vs-trl train-memory doctor-memory attention compiled goal layouts packing colocate}
 mkdir -p "$out"
 work=$(mktemp -d)
 py=${PYTHON:-python3}
@@ -117,6 +120,20 @@ for p in $parts; do
         part packing-check 120 $py bench/packing.py --check --device cuda
         part packing 300 $py bench/packing.py --shape qwen2.5-0.5b --device cuda --dtype bfloat16 --B 8 --G 8 \
             --prompt-max 512 --new-tokens 1024 --micro-batch 8 --repeat 3
+        ;;
+    colocate)
+        gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+        if ! $py -c "import vllm" 2>/dev/null || [ "$gpus" -lt 2 ]; then
+            echo "== colocate: skipped (vllm importable: $($py -c 'import vllm' 2>/dev/null && echo yes || echo no), GPUs: $gpus; needs vLLM and 2)"
+        else
+            col=(recipes/ci-tiny.yaml rollout.backend=vllm rollout.vllm.mode=colocate train.max_steps=3
+                 train.learning_rate=5e-2 rollout.vllm.gpu_memory_utilization=0.2)
+            part colocate 400 bash -c "
+                set -e
+                $py -m grpo_cli train ${col[*]} --num-processes 2 -o $work/colo-tp1
+                $py -m grpo_cli train ${col[*]} --num-processes 2 -o $work/colo-tp2 rollout.vllm.tensor_parallel_size=2
+                grep -ho '\"sampling/sampling_logp_difference/max\": [0-9.e-]*' $work/colo-tp1/metrics.jsonl $work/colo-tp2/metrics.jsonl"
+        fi
         ;;
     *) echo "unknown part $p" ;;
     esac

@@ -271,13 +271,14 @@ def _backend(backend: str, t: Target, tokenizer, recipe: Recipe, seed: int):
 
 def evaluate_during_training(accelerator, model, tokenizer, recipe: Recipe, generator, cache: dict, sharded: bool,
                              say) -> dict[str, float]:
-    """The recipe's eval during training: on the main process (every process when the weights are sharded; the
-    main one reports) -> eval/* metrics and time/eval. `cache` keeps the problems between calls; `say` prints
-    once that the eval set is not held out when it is not."""
+    """The recipe's eval during training: on the main process (every process when the weights are sharded, and those
+    that share the main process's tensor-parallel vLLM engine; the main one reports) -> eval/* metrics and time/eval.
+    `cache` keeps the problems between calls; `say` prints once that the eval set is not held out when it is not."""
     import time
 
     out: dict[str, float] = {}
-    if accelerator.is_main_process or sharded:
+    group = getattr(generator, "group", None)  # rollout/vllm_colocate.py's EngineGroup: its processes sample together
+    if accelerator.is_main_process or sharded or (group is not None and group.with_main):
         if "problems" not in cache:
             cache["problems"] = load_problems(recipe, recipe.eval, tokenizer)
             source = eval_source(recipe, recipe.eval)

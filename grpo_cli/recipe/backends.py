@@ -24,6 +24,7 @@ class Backend:
     compiled_decoding: bool = False  # rollout.compile applies (vLLM compiles its own unless enforce_eager)
     adapter_sync: bool = False  # can take a LoRA adapter instead of merged weights (rollout.vllm.lora_sync)
     evaluates: bool = False  # `grpo eval --backend <its rollout.backend>` samples with it
+    splits_over_processes: bool = False  # one engine over several training processes (rollout.vllm.tensor_parallel_size)
 
     @property
     def loads_model_folder(self) -> bool:
@@ -42,7 +43,7 @@ BACKENDS.register("hf")(Backend(
     structured_outputs=False, compiled_decoding=True, evaluates=True))
 BACKENDS.register("vllm-colocate")(Backend(
     "grpo_cli.rollout.vllm_colocate:build_colocated_generator", "vllm", "colocate", own_weights=True, in_process=True,
-    structured_outputs=True, evaluates=True))
+    structured_outputs=True, evaluates=True, splits_over_processes=True))
 BACKENDS.register("vllm-server")(Backend(
     "grpo_cli.rollout.vllm_servers:build_server_generator", "vllm", "server", own_weights=True, in_process=False,
     structured_outputs=True, adapter_sync=True))

@@ -203,6 +203,13 @@ def check_across_sections(recipe) -> None:
     if recipe.rollout.vllm.lora_sync == "adapter" and not (recipe.model.lora.r and backend_of(recipe.rollout).adapter_sync):
         raise ValueError("rollout.vllm.lora_sync adapter syncs LoRA adapters to grpo serve-vllm: it needs "
                          "model.lora.r > 0 with rollout.backend vllm and rollout.vllm.mode server")
+    tp = recipe.rollout.vllm.tensor_parallel_size
+    if tp > 1 and not backend_of(recipe.rollout).splits_over_processes:
+        raise ValueError(f"rollout.vllm.tensor_parallel_size ({tp}) splits a colocated vLLM engine over training "
+                         f"processes; a grpo serve-vllm server takes --tp {tp} itself")
+    if tp > 1 and (recipe.rollout.tools or recipe.rollout.environment is not None or recipe.rollout.agent is not None):
+        raise ValueError("rollout.vllm.tensor_parallel_size > 1 with multi-turn episodes: the processes of an "
+                         "engine sample together, and episodes end at different turns on each; use 1")
     check_episodes(recipe)
     check_generation(recipe.rollout)
     check_sampler_logprobs(recipe.rollout, recipe.algorithm)

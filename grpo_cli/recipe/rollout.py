@@ -32,6 +32,10 @@ class VLLMConfig(Section):
         "auto", description="Server mode with model.lora: `adapter` syncs the LoRA adapter alone (a server started "
         "with `grpo serve-vllm --lora-rank R`), `merged` the merged weights; auto: the adapter when the server serves "
         "adapters of that rank, else merged (the start line says which and why).")
+    tensor_parallel_size: int = Field(1, ge=1, description=(
+        "Colocate with several training processes: each engine split over this many consecutive processes (TRL's "
+        "vllm_tensor_parallel_size), which sample their rows together; it must divide the process count. Server "
+        "mode: `grpo serve-vllm --tp N`."))
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="Share of GPU memory vLLM may take (colocate).")
     max_model_len: int | None = Field(None, ge=1, description="vLLM's context length; default: the model's.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="vLLM weights dtype.")

@@ -154,7 +154,7 @@ HOMES: dict[str, tuple[str | None, str]] = {
     "vllm_group_port": (None, "weights travel over HTTP (a file or its bytes), no NCCL group"),
     "vllm_gpu_memory_utilization": ("rollout.vllm.gpu_memory_utilization", _SAME),
     "vllm_max_model_length": ("rollout.vllm.max_model_len", _SAME),
-    "vllm_tensor_parallel_size": (None, "colocate: one GPU per process; server: `grpo serve-vllm --tp N`"),
+    "vllm_tensor_parallel_size": ("rollout.vllm.tensor_parallel_size", "colocate; server: `grpo serve-vllm --tp N`"),
     "vllm_importance_sampling_correction": ("rollout.importance_sampling", "false -> none"),
     "vllm_importance_sampling_mode": ("rollout.importance_sampling", _SAME),
     "vllm_importance_sampling_cap": ("rollout.importance_sampling_cap", _SAME),

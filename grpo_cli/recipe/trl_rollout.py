@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from grpo_cli.recipe.backends import BACKENDS
 from grpo_cli.recipe.checks import unreplayed
 
 
@@ -63,5 +64,8 @@ def vllm(cfg: dict[str, Any], notes: list[str]) -> dict[str, Any]:
         out["importance_sampling_min"] = float(cfg["vllm_importance_sampling_clip_min"])
     if cfg["vllm_tensor_parallel_size"] != 1:
         tp = cfg["vllm_tensor_parallel_size"]
-        notes.append(f"vllm_tensor_parallel_size {tp}: start the server with `grpo serve-vllm --tp {tp}`")
+        if any(BACKENDS[n].splits_over_processes and BACKENDS[n].mode == cfg["vllm_mode"] for n in BACKENDS):
+            out["vllm"]["tensor_parallel_size"] = tp
+        else:
+            notes.append(f"vllm_tensor_parallel_size {tp}: start the server with `grpo serve-vllm --tp {tp}`")
     return out

@@ -62,6 +62,10 @@ class VLLMColocateGenerator:
     """Sampling with a vLLM copy of the policy; `sync_weights(model)` after every optimizer step."""
 
     def __init__(self, model_dir: str, tokenizer, rollout_cfg: RolloutConfig, seed: int) -> None:
+        """`seed`: the run's seed + this process's index (each process samples its own rows); the processes of one
+        tensor-parallel engine share their first one's."""
+        self.group = EngineGroup.of(rollout_cfg.vllm.tensor_parallel_size)
+        seed -= self.group.member if self.group is not None else 0
         self.cfg, self.tokenizer, self.seed = rollout_cfg, tokenizer, seed
         self.eos_ids = eos_token_ids(GenerationConfigOf(model_dir), tokenizer)
         self.pad_id = pad_id_of(tokenizer, self.eos_ids)
@@ -70,7 +74,7 @@ class VLLMColocateGenerator:
         self.sync_bytes = 0  # handed to vLLM by the last sync
         self.in_process = _prepare_environment(rollout_cfg.vllm.cpu_kv_cache_gib)
         t0 = time.perf_counter()
-        self.llm = _build_llm(model_dir, rollout_cfg, seed)
+        self.llm = _build_llm(model_dir, rollout_cfg, seed, rollout_cfg.vllm.tensor_parallel_size)
         on_every_step(self.llm, tick)  # a generate (or an eval) that runs past train.stall_timeout_s is not a stall
         self.startup_s = time.perf_counter() - t0
         self.dtype = self.llm.llm_engine.model_config.dtype  # vLLM's weights (CPU: fp32 checkpoints run in bf16)
@@ -94,11 +98,8 @@ class VLLMColocateGenerator:
         temperature: float | None = None, top_p: float | None = None, max_new_tokens: int | None = None,
     ) -> Rollout:
         """B prompts -> B*n completions, each prompt's n samples in contiguous rows (as HFGenerator)."""
-        from vllm.inputs import TokensPrompt
-
-        params = [self._sampling_params(i, n, greedy, temperature, top_p, max_new_tokens) for i in range(len(prompt_ids))]
-        self.calls += 1
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids], params, use_tqdm=False)
+        outputs = self._generate(prompt_ids, [n] * len(prompt_ids), greedy, temperature, top_p,
+                                 [max_new_tokens] * len(prompt_ids))
         samples = [o for out in outputs for o in sorted(out.outputs, key=lambda c: c.index)]  # [B*n]
         completion_ids, cmask, logps = self._pad_completions(samples)
         truncated = torch.tensor([s.finish_reason == "length" for s in samples])
@@ -107,20 +108,39 @@ class VLLMColocateGenerator:
     def sample(self, token_ids: list[list[int]], max_new_tokens: list[int], *, greedy: bool = False,
                temperature: float | None = None, top_p: float | None = None, logprobs: bool = True) -> Samples:
         """Each token sequence continued by at most its own budget (multi-turn episodes), one request each."""
-        from vllm.inputs import TokensPrompt
-
-        params = [self._sampling_params(i, 1, greedy, temperature, top_p, budget) for i, budget in enumerate(max_new_tokens)]
-        self.calls += 1
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in token_ids], params, use_tqdm=False)
+        outputs = self._generate(token_ids, [1] * len(token_ids), greedy, temperature, top_p, list(max_new_tokens))
         done = [out.outputs[0] for out in outputs]
         tokens = [list(s.token_ids) for s in done]
         logps = [[lp[t].logprob for t, lp in zip(toks, s.logprobs)] if s.logprobs is not None else []
                  for toks, s in zip(tokens, done)]
         return samples_from(tokens, logps, max_new_tokens, self.eos_ids)
 
-    def _sampling_params(self, i: int, n: int, greedy: bool, temperature, top_p, max_new_tokens):
-        """One request's SamplingParams; its seed depends on (seed, call, prompt) only, so reruns repeat.
-        vLLM gives the k-th of the n samples seed + k, hence the stride of n between prompts."""
+    def _generate(self, prompt_ids: list[list[int]], ns: list[int], greedy: bool, temperature, top_p,
+                  budgets: list[int | None]) -> list[Any]:
+        """One vLLM generate of these prompts (prompt i: ns[i] samples, at most budgets[i] tokens) -> a RequestOutput
+        each. A tensor-parallel engine's processes sample together: the prompts of all of them, each seeded by its
+        place among them, and each process keeps its own."""
+        from vllm.inputs import TokensPrompt
+
+        rows = list(zip(prompt_ids, ns, budgets))
+        mine = (rows, greedy, temperature, top_p)
+        everyone = self.group.gather(mine) if self.group is not None else [mine]
+        if len({args[1:] for args in everyone}) > 1:
+            raise RuntimeError("the processes of a tensor-parallel vLLM engine asked for different sampling settings")
+        union = [r for args in everyone for r in args[0]]
+        params, offset = [], 0
+        for _, n, budget in union:
+            params.append(self._sampling_params(offset, n, greedy, temperature, top_p, budget))
+            offset += n
+        self.calls += 1
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p, _, _ in union], params,
+                                    use_tqdm=False)
+        start = sum(len(args[0]) for args in everyone[: self.group.member]) if self.group is not None else 0
+        return outputs[start : start + len(rows)]
+
+    def _sampling_params(self, offset: int, n: int, greedy: bool, temperature, top_p, max_new_tokens):
+        """One request's SamplingParams; its seed depends on (seed, call, the request's first row) only, so reruns
+        repeat. vLLM gives the k-th of the n samples seed + k, hence `offset`: the samples of the prompts before."""
         from vllm import SamplingParams
 
         c = self.cfg
@@ -129,7 +149,7 @@ class VLLMColocateGenerator:
             top_k=0 if greedy else (c.top_k or 0), min_p=0.0 if greedy else (c.min_p or 0.0),  # 0 = off in vLLM
             repetition_penalty=c.repetition_penalty, max_tokens=max_new_tokens or c.max_completion_length,
             stop_token_ids=self.eos_ids, logprobs=0,  # 0: only the sampled token's log-prob
-            seed=request_seed(self.seed, self.calls, i * n), detokenize=False, **c.generation_kwargs,
+            seed=request_seed(self.seed, self.calls, offset), detokenize=False, **c.generation_kwargs,
             **structured_outputs(c.vllm.structured_outputs_regex),
         )
 
@@ -239,13 +259,62 @@ def _prepare_environment(cpu_kv_cache_gib: float) -> bool:
     return os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
 
 
-def _build_llm(model_dir: str, cfg: RolloutConfig, seed: int):
-    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-        # vLLM's in-process engine would take over the trainer's process group as its own world.
-        raise RuntimeError(
-            "rollout.vllm.mode=colocate supports a single training process for now; "
-            "with several processes run `grpo serve-vllm` and set rollout.vllm.mode=server"
-        )
+class EngineGroup:
+    """The training processes that share one tensor-parallel engine (rollout.vllm.tensor_parallel_size consecutive
+    ones): a gloo group of their own, to pass each other the prompts they sample together."""
+
+    def __init__(self, group: Any, member: int, size: int) -> None:
+        self.group, self.member, self.size = group, member, size
+
+    @classmethod
+    def of(cls, tp: int) -> "EngineGroup | None":
+        dist = torch.distributed
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        if tp == 1:
+            return None
+        if world % tp:
+            raise RuntimeError(f"rollout.vllm.tensor_parallel_size ({tp}) must divide the training processes "
+                               f"({world}): each engine is split over {tp} of them")
+        rank, mine = dist.get_rank(), None
+        for first in range(0, world, tp):  # every process makes every group, in the same order
+            group = dist.new_group(list(range(first, first + tp)), backend="gloo")
+            if first <= rank < first + tp:
+                mine = group
+        return cls(mine, rank % tp, tp)
+
+    @property
+    def with_main(self) -> bool:
+        """Whether this process shares the main process's engine (it samples whenever the main process does)."""
+        return torch.distributed.get_rank() < self.size
+
+    def gather(self, value: Any) -> list[Any]:
+        out: list[Any] = [None] * self.size
+        torch.distributed.all_gather_object(out, value, group=self.group)
+        return out
+
+
+def _launcher_args(tp: int = 1) -> dict[str, Any]:
+    """Several training processes: each runs its own engine on its own rows (TRL's colocate mode), vLLM's
+    `external_launcher` executor joining the trainer's torch.distributed world instead of starting one: it reads the
+    torchrun variables, which are set here from the process group where the launcher left them out. Each engine is
+    its own data-parallel replica: nothing passes between the engines while they sample."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return {}
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+        raise RuntimeError("rollout.vllm.mode=colocate with several training processes runs each engine in its "
+                           "process: unset VLLM_ENABLE_V1_MULTIPROCESSING (or set it to 0)")
+    os.environ.setdefault("RANK", str(dist.get_rank()))
+    os.environ.setdefault("WORLD_SIZE", str(dist.get_world_size()))
+    os.environ.setdefault("LOCAL_RANK", os.environ.get("LOCAL_RANK", str(dist.get_rank())))
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        if name not in os.environ:
+            raise RuntimeError(f"rollout.vllm.mode=colocate with several training processes needs ${name} (set by "
+                               "`grpo train --num-processes`, accelerate launch and torchrun)")
+    return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": tp}
+
+
+def _build_llm(model_dir: str, cfg: RolloutConfig, seed: int, tp: int = 1):
     try:
         quiet_vllm()  # warnings only, each once: vLLM repeats its lines at every weight sync (--verbose: all)
         import vllm
@@ -259,7 +328,7 @@ def _build_llm(model_dir: str, cfg: RolloutConfig, seed: int):
         model=model_dir, tokenizer=model_dir, dtype=v.dtype, seed=seed, enforce_eager=eager_default(v.enforce_eager),
         gpu_memory_utilization=v.gpu_memory_utilization, max_model_len=v.max_model_len,
         worker_extension_cls=WORKER_EXTENSION, logprobs_mode="processed_logprobs",
-        enable_sleep_mode=v.sleep_mode and torch.cuda.is_available(),
+        enable_sleep_mode=v.sleep_mode and torch.cuda.is_available(), **_launcher_args(tp),
     )
 
 

@@ -14,7 +14,8 @@ import urllib.request
 import pytest
 import yaml
 
-from grpo_cli.errors import ConversionError
+from grpo_cli.errors import ConversionError, RecipeError
+from grpo_cli.recipe.files import load_recipe
 from grpo_cli.recipe.trl import convert
 from grpo_cli.recipe.trl_fields import GRPO_CONFIG, MODEL_ARGS, SCRIPT_ARGS
 from grpo_cli.recipe.trl_homes import HOMES, known_fields, trl_table
@@ -81,6 +82,18 @@ def test_server_and_lora_configs_and_what_cannot_be_mapped():
         "token_mask", 0.5)  # issue 38: IcePop's band [0.5, 2]
     assert (s["algorithm"]["beta"], s["algorithm"]["loss_type"], s["algorithm"]["scale_rewards"]) == (0.04, "grpo", "none")
     assert s["train"]["prompts_per_step"] == 1  # 4 x 1 x 1 / 4
+    # issue 38: TRL's colocate tensor parallelism splits each engine over processes; a server takes --tp itself
+    colocated = convert({**SERVER, "vllm_mode": "colocate", "vllm_tensor_parallel_size": 2})
+    assert colocated.recipe["rollout"]["vllm"]["tensor_parallel_size"] == 2
+    served = convert({**SERVER, "vllm_tensor_parallel_size": 2})
+    assert "tensor_parallel_size" not in served.recipe["rollout"]["vllm"]
+    assert any("grpo serve-vllm --tp 2" in n for n in served.notes)
+    with pytest.raises(RecipeError, match=r"tensor_parallel_size \(2\).*--tp 2"):
+        load_recipe(ROOT / "recipes/ci-tiny.yaml", ["rollout.backend=vllm", "rollout.vllm.mode=server",
+                                                     "rollout.vllm.tensor_parallel_size=2"])
+    with pytest.raises(RecipeError, match="tensor_parallel_size > 1 with multi-turn"):
+        load_recipe(ROOT / "recipes/ci-tiny.yaml", ["rollout.backend=vllm", "rollout.vllm.tensor_parallel_size=2",
+                                                     "rollout.tools=[calc_tools.py:add]"])
     out = convert(LORA)
     lora = out.recipe["model"]["lora"]
     assert lora == {"r": 8, "alpha": 16.0, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"], "use_rslora": False}
