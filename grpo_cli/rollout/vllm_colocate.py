@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Callable
 
@@ -218,6 +219,10 @@ class VLLMColocateGenerator:
         import gc
 
         gc.collect()
+        ident = os.environ.get("GRPO_VLLM_SHM", "")
+        if ident.startswith(SHM_PREFIX):  # this run's shared memory (a CPU engine split over processes: _name_cpu_shm)
+            for path in Path("/dev/shm").glob(f"{ident}-*"):
+                path.unlink(missing_ok=True)
 
 
 def _ticked(t: torch.Tensor) -> torch.Tensor:
@@ -311,7 +316,33 @@ def _launcher_args(tp: int = 1) -> dict[str, Any]:
         if name not in os.environ:
             raise RuntimeError(f"rollout.vllm.mode=colocate with several training processes needs ${name} (set by "
                                "`grpo train --num-processes`, accelerate launch and torchrun)")
+    if tp > 1 and not torch.cuda.is_available():
+        ident = [f"{SHM_PREFIX}{uuid.uuid4().hex}"]  # one per run, the same in every process
+        dist.broadcast_object_list(ident, src=0)
+        _name_cpu_shm(ident[0])
     return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": tp}
+
+
+SHM_PREFIX = "vllm_dist_grpo_"
+
+
+def _name_cpu_shm(ident: str) -> None:
+    """A CPU engine split over processes talks through shared memory named from VLLM_DIST_IDENT, which vLLM's CPU
+    worker derives from the init method: under the external launcher ("env://") every run gets the same name, and
+    meets the segments an earlier run left in /dev/shm ("create shm in SHMManager failed. errno: 17"). Name this
+    run's segments after `ident` instead (vLLM's rule, another identifier); `close` removes them."""
+    from vllm.distributed.device_communicators import cpu_communicator
+
+    shm = getattr(cpu_communicator, "_CPUSHMDistributed", None)
+    if shm is None:  # another vLLM: its own naming stands
+        return
+
+    def group_name(communicator: Any) -> str:
+        ranks = "-".join(str(rank) for rank in communicator.ranks)
+        return f"{ident}-{communicator.unique_name}-[{ranks}]-cpushm"
+
+    shm.make_group_name = staticmethod(group_name)
+    os.environ["GRPO_VLLM_SHM"] = ident
 
 
 def _build_llm(model_dir: str, cfg: RolloutConfig, seed: int, tp: int = 1):

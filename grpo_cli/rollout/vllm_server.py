@@ -54,7 +54,31 @@ from grpo_cli.serve.auth import is_loopback
 ADAPTER_PREFIX = "grpo-adapter-"  # an adapter's file name starts so (load_weights sends it to /update_adapter)
 
 
-class VLLMServerGenerator:
+class SamplesElsewhere:
+    """A generator whose engine runs in another process (`grpo serve-vllm`): nothing to free while the trainer
+    updates, and a sync is a weight file written (`write_weights`) and then loaded (`load_weights`)."""
+
+    sync_note: str | None = None  # the start line's words about how weights travel
+
+    def prepare(self, rows: int, prompt_width: int | None) -> str | None:
+        """The start line's words about how weights travel (LoRA: the adapter alone or merged, and why)."""
+        return self.sync_note
+
+    def sleep(self) -> None:
+        """Only the colocated vLLM engine frees memory during the update."""
+
+    def wake_up(self) -> None:
+        pass
+
+    @torch.no_grad()
+    def sync_weights(self, model: torch.nn.Module) -> float:
+        """Push the trainer's weights (the unwrapped HF model) as the next version; -> seconds."""
+        t0 = time.perf_counter()
+        self.load_weights(self.write_weights(model))
+        return time.perf_counter() - t0
+
+
+class VLLMServerGenerator(SamplesElsewhere):
     """Same contract as HFGenerator.generate, sampling on a `grpo serve-vllm` server."""
 
     def __init__(self, tokenizer, rollout_cfg: RolloutConfig, seed: int, url: str | None = None) -> None:
@@ -118,25 +142,6 @@ class VLLMServerGenerator:
     def samples_of(self, samples: list[dict], max_new_tokens: list[int]) -> Samples:
         return samples_from([s["token_ids"] for s in samples], [s["logprobs"] for s in samples], max_new_tokens,
                             self.eos_ids)
-
-    def prepare(self, rows: int, prompt_width: int | None) -> str | None:
-        """The start line's words about how weights travel (LoRA: the adapter alone or merged, and why)."""
-        return self.sync_note
-
-    def sleep(self) -> None:
-        """Only the colocated vLLM engine frees memory during the update."""
-
-    def wake_up(self) -> None:
-        pass
-
-    @torch.no_grad()
-    def sync_weights(self, model: torch.nn.Module) -> float:
-        """Push the trainer's weights (the unwrapped HF model) to the server as version+1; -> seconds.
-
-        Loopback server: a file in its weights directory. Otherwise (or when that fails) the file's bytes."""
-        t0 = time.perf_counter()
-        self.load_weights(self.write_weights(model))
-        return time.perf_counter() - t0
 
     @torch.no_grad()
     def write_weights(self, model: torch.nn.Module) -> str:

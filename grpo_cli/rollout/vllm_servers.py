@@ -36,7 +36,7 @@ from grpo_cli.errors import VLLMServerError
 from grpo_cli.process.watchdog import tick
 from grpo_cli.recipe.schema import RolloutConfig
 from grpo_cli.rollout.common import Samples, request_seed
-from grpo_cli.rollout.vllm_server import VLLMServerGenerator
+from grpo_cli.rollout.vllm_server import SamplesElsewhere, VLLMServerGenerator
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def blocks(rows: list[list[int]], parts: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(edges, edges[1:]) if b > a]
 
 
-class ServerPool:
+class ServerPool(SamplesElsewhere):
     """Same contract as VLLMServerGenerator, over every server of rollout.vllm.server_url."""
 
     def __init__(self, tokenizer, rollout_cfg: RolloutConfig, seed: int) -> None:
@@ -139,24 +139,7 @@ class ServerPool:
             self.live = others
         log.warning("dropped a vLLM server (rollout.vllm.drop_failed_servers): %s; %d left", error, len(self.live))
 
-    # ------------------------------------------------------------ weights
-    def prepare(self, rows: int, prompt_width: int | None) -> str | None:
-        return self.sync_note
-
-    def sleep(self) -> None:
-        """Only the colocated vLLM engine frees memory during the update."""
-
-    def wake_up(self) -> None:
-        pass
-
-    @torch.no_grad()
-    def sync_weights(self, model: torch.nn.Module) -> float:
-        import time
-
-        t0 = time.perf_counter()
-        self.load_weights(self.write_weights(model))
-        return time.perf_counter() - t0
-
+    # ------------------------------------------------------------ weights (SamplesElsewhere.sync_weights: write, load)
     @torch.no_grad()
     def write_weights(self, model: torch.nn.Module) -> str:
         """The weights in one file, in the first server's weights directory where it has one here: the LoRA adapter

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -242,8 +243,18 @@ def test_two_training_processes_sample_with_colocated_engines(tmp_path, tp):
     from helpers import read_jsonl
 
     extra = ["eval.every_steps=2", "eval.limit=4"] if tp == 2 else []
-    metrics = _colocated_run(tmp_path / "two", "--num-processes", "2", f"rollout.vllm.tensor_parallel_size={tp}",
-                             *extra)
+    # the shared memory an earlier split engine left behind under the name an unset VLLM_DIST_IDENT gives (the CI run
+    # of aabda95 failed on it: "create shm in SHMManager failed. errno: 17"); each run names its own now
+    stale = [Path(f"/dev/shm/-tp:0-[0-1]-cpushm_{r}") for r in (0, 1)] if tp == 2 else []
+    for path in stale:
+        path.write_bytes(b"")
+    try:
+        metrics = _colocated_run(tmp_path / "two", "--num-processes", "2", f"rollout.vllm.tensor_parallel_size={tp}",
+                                 *extra)
+    finally:
+        for path in stale:
+            path.unlink(missing_ok=True)
+    assert not list(Path("/dev/shm").glob("vllm_dist_grpo_*"))  # the run's own segments go with it
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert all(m["sampling/sampling_logp_difference/max"] < 0.05 for m in metrics), \
         [m["sampling/sampling_logp_difference/max"] for m in metrics]
