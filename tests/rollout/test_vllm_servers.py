@@ -6,6 +6,7 @@ named or dropped."""
 import http.server
 import json
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -154,6 +155,57 @@ def refusing():
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
     httpd.shutdown()
+
+
+class _Quiet(http.server.BaseHTTPRequestHandler):
+    """A server that takes the weights and then never answers a generate."""
+
+    version = 0
+
+    def do_GET(self):
+        self._answer(200, {"status": "ok", "weight_version": _Quiet.version, "activity": 0}) if self.path == "/health" \
+            else self._answer(404, {"detail": "not here"})
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path.startswith("/update"):
+            _Quiet.version = int(self.headers.get("X-Weight-Version") or json.loads(body)["version"])
+            self._answer(200, {"weight_version": _Quiet.version, "updated": True, "seconds": 0.0})
+        else:
+            threading.Event().wait()  # the request is taken and never answered
+
+    def _answer(self, code: int, body: dict) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(json.dumps(body).encode())
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def quiet():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Quiet)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+@pytest.mark.vllm
+def test_a_server_that_goes_quiet_is_named_by_the_watchdog(servers, quiet, tmp_path):
+    """Its request runs on a thread of its own, watched by the stall watchdog: the run stops after
+    train.stall_timeout_s, not the request timeout, naming that server's request; the other server's block came back."""
+    run = tmp_path / "run"
+    p = cli("train", "recipes/ci-tiny.yaml", "-o", str(run), "rollout.backend=vllm", "rollout.vllm.mode=server",
+            f"rollout.vllm.server_url=[{servers['urls'][0]},{quiet}]", "train.max_steps=2", "train.stall_timeout_s=6",
+            "rollout.vllm.request_timeout_s=600", "train.packing=false",
+            env={**os.environ, "GRPO_CACHE_DIR": str(servers["cache"]), "GRPO_SERVER_TOKEN": TRAINER_TOKEN})
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert re.search(rf"made no progress for \d+ s in server request POST /generate at {re.escape(quiet)} "
+                     r"\(generating\)", p.stderr), p.stderr[-3000:]
+    assert _Quiet.version == 1  # it had taken the run's first weights
 
 
 @pytest.mark.vllm
