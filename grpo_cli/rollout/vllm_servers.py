@@ -25,9 +25,9 @@ import logging
 import os
 import shutil
 import tempfile
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -113,22 +113,28 @@ class ServerPool(SamplesElsewhere):
         """`request(server, start, stop)` for each block of `rows`, a server each, at once -> the results in order.
         A failed block goes to the next live server where failed servers are dropped."""
         spans = blocks(rows, len(self.live))
-        servers = list(self.live)
         results: dict[int, list] = {}
-        pending = {self._threads.submit(request, servers[i], a, b): (i, servers[i]) for i, (a, b) in enumerate(spans)}
+        pending = {self._threads.submit(request, server, a, b): (i, server)
+                   for (i, (a, b)), server in zip(enumerate(spans), list(self.live))}
+        for i, server, future in self._settled(pending):
+            try:
+                results[i] = future.result()
+            except VLLMServerError as e:
+                self._failed(server, e)  # raises unless the server can be dropped
+                other = self.live[i % len(self.live)]
+                pending[self._threads.submit(request, other, *spans[i])] = (i, other)
+        return [results[i] for i in range(len(spans))]
+
+    @staticmethod
+    def _settled(pending: dict[Future, tuple[Any, VLLMServerGenerator]]) -> Iterator[tuple]:
+        """(key, server, future) of each request of `pending` as it ends (a caller may add requests meanwhile). The
+        calling thread waits on the requests' threads, which the watchdog watches, so its own wait is progress."""
         while pending:
             done, _ = wait(pending, timeout=1.0, return_when=FIRST_EXCEPTION)
-            tick()  # this thread waits on the requests' threads, which the watchdog watches
+            tick()
             for future in done:
-                i, server = pending.pop(future)
-                try:
-                    results[i] = future.result()
-                except VLLMServerError as e:
-                    self._failed(server, e)  # raises unless the server can be dropped
-                    a, b = spans[i]
-                    pending[self._threads.submit(request, self.live[i % len(self.live)], a, b)] = \
-                        (i, self.live[i % len(self.live)])
-        return [results[i] for i in range(len(spans))]
+                key, server = pending.pop(future)
+                yield key, server, future
 
     def _failed(self, server: VLLMServerGenerator | None, error: VLLMServerError) -> None:
         """A server failed: raise, or (rollout.vllm.drop_failed_servers, another one left) drop it."""
@@ -161,17 +167,13 @@ class ServerPool(SamplesElsewhere):
         servers = list(self.live)
         for c in servers:
             c.version = version - 1  # each asks for `version` (c.load_weights sends version + 1)
-        pending = {self._threads.submit(c.load_weights, p): c for c, p in zip(servers, copies)}
+        pending = {self._threads.submit(c.load_weights, p): (None, c) for c, p in zip(servers, copies)}
         try:
-            while pending:
-                done, _ = wait(pending, timeout=1.0, return_when=FIRST_EXCEPTION)
-                tick()
-                for future in done:
-                    server = pending.pop(future)
-                    try:
-                        future.result()
-                    except VLLMServerError as e:
-                        self._failed(server, e)  # dropped: it holds other weights now
+            for _, server, future in self._settled(pending):
+                try:
+                    future.result()
+                except VLLMServerError as e:
+                    self._failed(server, e)  # dropped: it holds other weights now
         finally:
             for p in copies:
                 with contextlib.suppress(OSError):
