@@ -258,14 +258,13 @@ def check_reward_parameters(recipe: Recipe, cfg: DataConfig, columns: list[str],
     """DataError naming the reward and the parameter when a reward function cannot take the call grpo makes with
     these columns (a parameter no column or argument fills, or columns a function without **kwargs does not take):
     before any model loads, not at step 1. `columns`: the data's, as rewards receive them (reward_columns)."""
-    from grpo_cli.rewards.builtin import REWARDS
     from grpo_cli.rewards.kwargs import check_parameters
     from grpo_cli.rewards.scoring import resolve_reward, reward_log_name
 
     passed = list(reward_columns(dict.fromkeys(columns), cfg.answer_column))
     for i, spec in enumerate(recipe.rewards):
-        if spec.name in REWARDS or ":" not in spec.name or spec.name.startswith("model:"):
-            continue  # built-ins take any column; a reward model's call is grpo's own
+        if spec.name.startswith("model:"):
+            continue  # a reward model's call is grpo's own
         try:
             check_parameters(reward_log_name(spec.name), resolve_reward(spec.name), spec.kwargs, passed, spec.level)
         except ValueError as e:

@@ -6,13 +6,13 @@ import torch, transformers or datasets: the recipe validator reads `GENERATORS` 
 
 from __future__ import annotations
 
-import json
 import math
 import operator
 import random
 from fractions import Fraction
 from typing import Any, Callable
 
+from grpo_cli.data import gym
 from grpo_cli.errors import DataError
 from grpo_cli.registry import Registry
 
@@ -159,26 +159,12 @@ def verifiers_tasks(n: int, seed: int, taskset: str, taskset_config: dict | None
 
 
 @GENERATORS.register("reasoning_gym")
-def reasoning_gym_problems(n: int, seed: int, task: str = "basic_arithmetic", **kwargs: Any) -> list[dict[str, Any]]:
-    """Problems from reasoning-gym (`pip install reasoning-gym`), e.g. task=gsm_symbolic | basic_arithmetic | chain_sum.
+def reasoning_gym_problems(n: int, seed: int, task: str | list[str] | dict[str, Any] = "basic_arithmetic",
+                           **kwargs: Any) -> list[dict[str, Any]]:
+    """Problems from reasoning-gym (`pip install reasoning-gym`): one task (task=gsm_symbolic | basic_arithmetic |
+    chain_sum ..., extra kwargs are its settings) or a mix (`task: {chain_sum: {weight: 2, min_terms: 3}, lcm: {}}`).
 
-    Extra kwargs go to the task's config. Columns: prompt, answer, task, metadata (JSON text, for the
-    task's own scorer: `reasoning_gym.get_score_answer_fn(task)`).
+    Columns: prompt, answer, task, metadata (JSON) and the row's place (task_config, task_seed, task_size,
+    task_index), from which the reward `reasoning_gym` rebuilds the entry its task's own scorer reads (data/gym.py).
     """
-    try:
-        import reasoning_gym
-    except ImportError:
-        raise DataError("data.generator 'reasoning_gym' needs the reasoning-gym package: pip install reasoning-gym") from None
-    try:
-        dataset = reasoning_gym.create_dataset(task, size=n, seed=seed, **kwargs)
-    except Exception as e:
-        raise DataError(f"reasoning-gym could not create task {task!r} with {kwargs}: {e}") from e
-    return [
-        {
-            "prompt": entry["question"],
-            "answer": str(entry["answer"]),
-            "task": task,
-            "metadata": json.dumps(entry.get("metadata", {}), default=str),
-        }
-        for entry in dataset
-    ]
+    return gym.problems(n, seed, task, **kwargs)

@@ -13,6 +13,7 @@ float, or None for "no reward", per completion.
   repetition_penalty         n-gram repetition penalty, arXiv:2502.03373 (as in Open-R1)
   arithmetic_steps           step-level (level: step): every "a op b = c" in the completion is a step,
                              1 if it is correct, else 0 (process supervision on the arithmetic data)
+  reasoning_gym              a reasoning-gym task's own score_answer (data.generator: reasoning_gym)
 
 Importing this module must not import torch or math-verify (`grpo validate` stays fast).
 """
@@ -24,6 +25,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from grpo_cli.data import gym
 from grpo_cli.registry import Registry
 from grpo_cli.rewards.answers import EXTRACT_MODES, answers_match, extract_answer, reference_text  # noqa: F401
 from grpo_cli.rewards.steps import token_at
@@ -181,6 +183,35 @@ def arithmetic_steps(completions: list[str], completion_offsets: list[list[int]]
 
 
 arithmetic_steps.reward_level = "step"  # type: ignore[attr-defined]
+
+
+GYM_EXTRACT = ("tag", "whole", "auto")
+
+
+@REWARDS.register("reasoning_gym")
+def reasoning_gym_score(
+    completions: list[str], task: Sequence[str], *, extract: str = "tag", tag: str = "answer", **columns: Any
+) -> list[float | None]:
+    """reasoning-gym's own scorer: the row's task's `score_answer(answer, entry)`, as its authors wrote it, on the
+    entry the row was made from (data.generator: reasoning_gym; data/gym.py rebuilds it from the row's place).
+
+    The answer is the last `<tag>...</tag>` (extract: tag, reasoning-gym's convention and `extract_answer`; none
+    found is scored as its scorer scores no answer), the whole completion (whole), or grpo's rule for a final
+    number (auto: answers.py).
+    """
+    if extract not in GYM_EXTRACT:
+        raise ValueError(f"reward 'reasoning_gym': unknown extract {extract!r}; valid: {', '.join(GYM_EXTRACT)}")
+    place = ("task_config", "task_seed", "task_size", "task_index", "metadata", "answer")
+    rows = [{"task": t, **{k: columns[k][i] for k in place if k in columns}} for i, t in enumerate(task)]
+    rewards: list[float | None] = []
+    for completion, row in zip(completions, rows, strict=True):
+        if extract == "tag":
+            found = re.findall(rf"<{re.escape(tag)}>\s?(.*?)\s?</{re.escape(tag)}>", completion, flags=re.DOTALL)
+            answer = found[-1].strip() if found else None
+        else:
+            answer = completion.strip() if extract == "whole" else extract_answer(completion, "auto")
+        rewards.append(gym.task_score(answer, row))
+    return rewards
 
 
 @REWARDS.register("environment")

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from grpo_cli.registry import did_you_mean
-from grpo_cli.rewards.builtin import EXTRACT_MODES, REWARDS
+from grpo_cli.rewards.builtin import EXTRACT_MODES, GYM_EXTRACT, REWARDS
 
 RESERVED = ("prompts", "completions", "completion_ids")  # grpo passes these itself
 
@@ -148,7 +148,13 @@ def _repetition(kwargs: dict[str, Any]) -> None:
         raise ValueError(f"kwargs.max_penalty: must be a number <= 0, e.g. -1.0 (got {p!r})")
 
 
+def _reasoning_gym(kwargs: dict[str, Any]) -> None:
+    if "extract" in kwargs and kwargs["extract"] not in GYM_EXTRACT:
+        raise ValueError(f"kwargs.extract: {kwargs['extract']!r} is not an extraction; valid: {', '.join(GYM_EXTRACT)}")
+
+
 BUILTIN_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "reasoning_gym": _reasoning_gym,
     "accuracy": _accuracy,
     "format": _format,
     "tag_count": _tag_count,
