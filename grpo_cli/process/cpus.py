@@ -158,3 +158,15 @@ class SlowSteps:
         return (f"{line}: {load}, and {self.threads} torch thread{'s' if self.threads > 1 else ''} that outnumber "
                 "the free cores wait on each other; stop the other job, or set train.threads to the free cores "
                 "(train.threads=1 on a busy 2-core machine)")
+
+
+def allow_amx() -> bool:
+    """Ask Linux for this process's AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM), as a process must before its
+    first tile instruction. oneDNN asks for torch's own products; vLLM's CPU attention kernel does not, so on a CPU
+    with AMX (Sapphire Rapids and newer) a vLLM engine whose linears have not yet asked dies with SIGILL at its first
+    forward. Permission is per process and reset by exec: every process that hosts a vLLM worker asks. -> whether
+    AMX is usable (False on CPUs without it, and on torch builds without the call)."""
+    import torch
+
+    init = getattr(getattr(torch, "cpu", None), "_init_amx", None)
+    return bool(init()) if init is not None else False

@@ -17,7 +17,14 @@ from collections.abc import Iterable
 
 import torch
 
+from grpo_cli.process.cpus import allow_amx
+
 VERSION_ATTR = "_grpo_weight_version"  # not the method's name: an attribute would shadow it
+
+
+# vLLM imports this module in the process that hosts its worker (the engine process, or this one), before the
+# model's first forward: the place to ask for AMX, which vLLM's CPU attention uses without asking (process/cpus.py)
+allow_amx()
 
 
 class WeightSyncExtension:
