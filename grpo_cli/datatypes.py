@@ -149,6 +149,7 @@ class RewardResult:
     errors: dict[str, int] = field(default_factory=dict)  # name -> exceptions turned into None (on_error: skip)
     timeouts: dict[str, int] = field(default_factory=dict)  # name -> calls killed at timeout_s
     nonfinite: dict[str, int] = field(default_factory=dict)  # name -> NaN/inf values turned into None (on_error: skip)
+    failed: dict[str, int] = field(default_factory=dict)  # name -> rows it could not score (a judge's), None (skip)
     # step-level rewards (process supervision): name -> [N] each completion's (token_index, reward) steps, or None
     steps: dict[str, list[list[tuple[int, float | None]] | None]] = field(default_factory=dict)
 
@@ -171,6 +172,7 @@ class RewardResult:
         return RewardResult(total=[x for r in parts for x in r.total],
                             per_function={k: [x for r in parts for x in r.per_function[k]] for k in parts[0].per_function},
                             errors=counts("errors"), timeouts=counts("timeouts"), nonfinite=counts("nonfinite"),
+                            failed=counts("failed"),
                             steps={k: [x for r in parts for x in r.steps[k]] for k in parts[0].steps})
 
 

@@ -45,7 +45,8 @@ def assemble(rounds: list[Round], picks: list[tuple[int, int]], group_size: int,
     rollout = Rollout.cat([rounds[r].rollout.select(x) for (r, _), x in zip(picks, rows)], pad_id)
     scored = RewardResult.cat([rounds[r].rewards.select(x) for (r, _), x in zip(picks, rows)])
     calls = RewardResult.cat([rd.rewards for rd in rounds])
-    rewards = replace(scored, errors=calls.errors, timeouts=calls.timeouts, nonfinite=calls.nonfinite)
+    rewards = replace(scored, errors=calls.errors, timeouts=calls.timeouts, nonfinite=calls.nonfinite,
+                      failed=calls.failed)
     total = torch.cat([rounds[r].total[x] for (r, _), x in zip(picks, rows)])
     batch = PromptBatch.cat([rounds[r].batch.select([g]) for r, g in picks])
     return Round(batch=batch, rollout=rollout, rewards=rewards, total=total)

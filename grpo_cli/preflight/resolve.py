@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_cli.errors import RecipeError
-from grpo_cli.recipe.names import is_reward_model
+from grpo_cli.recipe.names import is_remote, is_reward_model
 from grpo_cli.recipe.schema import Recipe
 
 
@@ -52,7 +52,7 @@ def _rewards(recipe: Recipe, elsewhere: bool) -> tuple[tuple[Any, ...], dict[int
 
     out, unresolved = [], {}
     for i, r in enumerate(recipe.rewards):
-        own = ":" in r.name and not is_reward_model(r.name)
+        own = ":" in r.name and not is_reward_model(r.name) and not is_remote(r.name)
         if elsewhere and own:
             try:
                 resolve_reward(r.name)
@@ -64,7 +64,7 @@ def _rewards(recipe: Recipe, elsewhere: bool) -> tuple[tuple[Any, ...], dict[int
             check_reward(r.name, r.kwargs, r.timeout_s, r.level)
         except ValueError as e:
             raise ValueError(f"rewards.{i}.{e}") from None
-        out.append(None if is_reward_model(r.name) else resolve_reward(r.name))
+        out.append(None if is_reward_model(r.name) else resolve_reward(r.name, r.timeout_s))
     return tuple(out), unresolved
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from grpo_cli.errors import RecipeError
-from grpo_cli.recipe.names import PREFIX, is_file, is_reward_model
+from grpo_cli.recipe.names import PREFIX, is_file, is_remote, is_reward_model
 from grpo_cli.recipe.schema import Recipe
 
 
@@ -99,7 +99,7 @@ def _local_path(value: Any, base: Path) -> bool:
 
 def _reward_path(name: Any, base: Path) -> Any:
     """`dir/file.py:fn` and `model:PATH` rewards with their path made absolute; other names unchanged."""
-    if not isinstance(name, str) or ":" not in name:
+    if not isinstance(name, str) or ":" not in name or is_remote(name):
         return name
     if is_reward_model(name):
         target = name.removeprefix(PREFIX)

@@ -147,12 +147,12 @@ class RewardUpdateConfig(Section):
 
 class RewardConfig(Section):
     name: str = Field(
-        ..., description="Built-in reward name, `module:function`, `path/to/file.py:function` (relative to the "
-        "recipe file's folder) or `model:PATH_OR_HUB_ID` (a sequence-classification reward model, num_labels 1).",
+        ..., description="Built-in reward, `module:function`, `path/to/file.py:function` (relative to the recipe's folder), "
+        "`model:PATH_OR_HUB_ID` (a reward model, num_labels 1) or an http(s) URL (a function behind an endpoint).",
     )
     weight: float = Field(1.0, description="Weight in the summed reward.")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for the function, checked against its signature.")
-    timeout_s: float | None = Field(None, gt=0, description="Run in a child process killed after this many seconds.")
+    timeout_s: float | None = Field(None, gt=0, description="Run in a child process killed after this many seconds (a URL reward: each request's timeout, default 60).")
     on_error: Literal["raise", "skip"] = Field("raise", description="`skip` turns an exception, a timeout or a NaN/inf value into a missing reward (the first one is printed).")
     level: Literal["outcome", "step"] = Field(
         "outcome", description="`outcome`: one reward per completion; `step`: process supervision (DeepSeekMath sec. "

@@ -14,18 +14,22 @@ float, or None for "no reward", per completion.
   arithmetic_steps           step-level (level: step): every "a op b = c" in the completion is a step,
                              1 if it is correct, else 0 (process supervision on the arithmetic data)
   reasoning_gym              a reasoning-gym task's own score_answer (data.generator: reasoning_gym)
+  judge                      an LLM judge over an OpenAI-compatible endpoint, pointwise or group-wise (judges.py)
 
 Importing this module must not import torch or math-verify (`grpo validate` stays fast).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import MISSING, fields
 from typing import Any
 
 from grpo_cli.data import gym
+from grpo_cli.rewards.judges import JudgeSettings, judge_for, judge_settings
 from grpo_cli.registry import Registry
 from grpo_cli.rewards.answers import EXTRACT_MODES, answers_match, extract_answer, reference_text  # noqa: F401
 from grpo_cli.rewards.steps import token_at
@@ -212,6 +216,27 @@ def reasoning_gym_score(
             answer = completion.strip() if extract == "whole" else extract_answer(completion, "auto")
         rewards.append(gym.task_score(answer, row))
     return rewards
+
+
+@REWARDS.register("judge")
+def judge(prompts: list[str], completions: list[str], **columns: Any) -> list[float | None]:
+    """An LLM judge over an OpenAI-compatible endpoint (judges.py): pointwise (a rubric, `Score: N` parsed
+    strictly, scaled to [0, 1]) or group-wise (the judge ranks a prompt's completions, best 1, worst 0). Its
+    settings are its kwargs (base_url, model, rubric, mode, ...); a completion it could not score is missing."""
+    names = JudgeSettings.__dataclass_fields__
+    settings = judge_settings({k: v for k, v in columns.items() if k in names})
+    questions = columns.get(settings.question_column) or prompts
+    answers = columns.get("answer") or [None] * len(completions)
+    return judge_for(settings).score(list(questions), completions, list(answers))
+
+
+# its settings are keyword-only parameters, so `grpo validate` checks kwargs against them (kwargs.py)
+judge.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [inspect.Parameter("prompts", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+     inspect.Parameter("completions", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+     *(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=None if f.default is MISSING else f.default)
+       for f in fields(JudgeSettings)),
+     inspect.Parameter("_", inspect.Parameter.VAR_KEYWORD)])
 
 
 @REWARDS.register("environment")

@@ -22,6 +22,7 @@ from typing import Any
 
 from grpo_cli.registry import did_you_mean
 from grpo_cli.rewards.builtin import EXTRACT_MODES, GYM_EXTRACT, REWARDS
+from grpo_cli.rewards.judges import judge_settings
 
 RESERVED = ("prompts", "completions", "completion_ids")  # grpo passes these itself
 
@@ -48,6 +49,8 @@ def check_kwargs(name: str, fn: Callable, kwargs: dict[str, Any]) -> None:
                 f"kwargs.{key}: grpo passes {', '.join(RESERVED)} to every reward itself; remove it from kwargs"
             )
     builtin = name in REWARDS
+    if builtin and name in BUILTIN_CHECKS:
+        BUILTIN_CHECKS[name](kwargs)
     accepted = accepted_kwargs(fn, builtin)
     if accepted is not None:
         for key in kwargs:
@@ -56,8 +59,6 @@ def check_kwargs(name: str, fn: Callable, kwargs: dict[str, Any]) -> None:
                 where = f"the built-in reward {name!r}" if builtin else f"{name} (its signature has no **kwargs)"
                 hint = did_you_mean(key, accepted)
                 raise ValueError(f"kwargs.{key}: not a parameter of {where}{hint}; it takes: {takes}")
-    if builtin and name in BUILTIN_CHECKS:
-        BUILTIN_CHECKS[name](kwargs)
 
 
 def check_parameters(name: str, fn: Callable, kwargs: dict[str, Any], columns: list[str], level: str = "outcome") -> None:
@@ -153,7 +154,8 @@ def _reasoning_gym(kwargs: dict[str, Any]) -> None:
         raise ValueError(f"kwargs.extract: {kwargs['extract']!r} is not an extraction; valid: {', '.join(GYM_EXTRACT)}")
 
 
-BUILTIN_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
+BUILTIN_CHECKS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "judge": judge_settings,
     "reasoning_gym": _reasoning_gym,
     "accuracy": _accuracy,
     "format": _format,

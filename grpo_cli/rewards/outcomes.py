@@ -42,6 +42,16 @@ class ChildFailure(Exception):
         self.kind, self.message, self.frame = kind, message, frame
 
 
+class RowsFailed(Exception):
+    """Raised by a reward that scored some rows and could not score others (a judge that did not answer, or whose
+    answer did not parse): `values` holds None at the `failed` rows, `reason` says why the first one failed. With
+    on_error: skip the rows are missing and counted (rewards/<name>/failed); without, the run stops: never a 0."""
+
+    def __init__(self, values: list[float | None], failed: int, reason: str) -> None:
+        super().__init__(f"{failed} of {len(values)} completions could not be scored; the first: {reason}")
+        self.values, self.failed, self.reason = values, failed, reason
+
+
 log = logging.getLogger(__name__)
 _REPORTED: set[tuple[str, str]] = set()  # (log name, kind) whose first failure this process has logged
 
@@ -167,6 +177,16 @@ def interpret(
                      f"scored as missing (on_error: skip); later timeouts are only counted (rewards/{log_name}/timeouts)")
         counts["timeouts"][log_name] = counts["timeouts"].get(log_name, 0) + 1
         return [None] * n
+    if isinstance(out.error, RowsFailed):
+        e = out.error
+        if not skip:
+            raise RewardError(f"reward {label} failed at step {step}: {e}\nset on_error: skip to score such "
+                              f"completions as missing (counted as rewards/{log_name}/failed)") from e
+        _report_once(log_name, "failed", f"reward {label} could not score {e.failed} of {n} completions at step {step}; "
+                     f"they are scored as missing (on_error: skip); the first: {e.reason}\n  later ones are only "
+                     f"counted (rewards/{log_name}/failed)")
+        counts["failed"][log_name] = counts["failed"].get(log_name, 0) + e.failed
+        return check_values(log_name, e.values, n, skip)[0]
     if out.error is not None:
         e = out.error
         if not skip:

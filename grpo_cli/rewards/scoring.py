@@ -1,8 +1,9 @@
 """Resolve reward names to functions, call them TRL-style and sum their weighted rewards.
 
-A reward is named four ways: a built-in (`accuracy`), `module:function` (an importable module),
-`path/to/file.py:function` (in a recipe: relative to the recipe's folder; load_recipe makes it absolute)
-or `model:PATH_OR_HUB_ID` (a sequence-classification reward model, see reward_model.py). Each function is called as
+A reward is named five ways: a built-in (`accuracy`), `module:function` (an importable module),
+`path/to/file.py:function` (in a recipe: relative to the recipe's folder; load_recipe makes it absolute),
+`model:PATH_OR_HUB_ID` (a sequence-classification reward model, see reward_model.py) or a URL (a function behind
+an HTTP endpoint, remote.py). Each function is called as
 `fn(prompts=..., completions=..., completion_ids=..., **columns, **spec.kwargs)` and returns one
 float or None per completion; the total is TRL's: the weighted sum over functions that gave a
 value, NaN where none did.
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import grpo_cli.rewards.reward_model as rm
 from grpo_cli.errors import RewardError
 from grpo_cli.recipe.names import (  # noqa: F401  (rewards/__init__ exports the log names)
+    is_remote,
     is_reward_model,
     reward_log_name,
     unique_log_names,
@@ -47,6 +49,7 @@ from grpo_cli.registry import did_you_mean
 from grpo_cli.rewards.builtin import REWARDS
 from grpo_cli.rewards.kwargs import check_kwargs
 from grpo_cli.rewards.outcomes import ChildFailure, Outcome, RewardSpec, interpret, user_frame
+from grpo_cli.rewards.remote import RemoteReward
 from grpo_cli.rewards.steps import step_mean
 from grpo_cli.process.watchdog import phase
 from grpo_cli.usercode import children, objects
@@ -64,12 +67,15 @@ _FORMS = objects.forms()
 # --------------------------------------------------------------------------- name resolution
 
 
-def resolve_reward(name: str) -> Callable[..., Any]:
-    """The function a reward name stands for. Raises ValueError with a message for people."""
+def resolve_reward(name: str, timeout_s: float | None = None) -> Callable[..., Any]:
+    """The function a reward name stands for (`timeout_s`: a remote reward's per request). Raises ValueError with a
+    message for people."""
     if name in REWARDS:
         return REWARDS[name]
     if is_reward_model(name):
         return rm.reward_model(name)
+    if is_remote(name):
+        return RemoteReward(name, timeout_s)
     if ":" not in name:
         hint = did_you_mean(name, REWARDS.names())
         raise ValueError(
@@ -94,6 +100,10 @@ def check_reward(name: str, kwargs: dict[str, Any], timeout_s: float | None = No
             raise ValueError("level: a reward model scores whole completions: use level outcome")
         rm.check_reward_model(name, kwargs, timeout_s)
         return
+    if is_remote(name):
+        if level == "step":
+            raise ValueError("level: a remote reward scores whole completions: use level outcome")
+        return  # its kwargs go to the server with the columns
     try:
         fn = resolve_reward(name)
     except ValueError as e:
@@ -228,15 +238,15 @@ def score(
     lengths = [len(c) for c in completion_ids]
     log_names = unique_log_names([s.name for s in specs])
     base = {**columns, "prompts": prompts, "completions": completions, "completion_ids": completion_ids}
-    fns = [resolve_reward(s.name) for s in specs]
+    fns = [resolve_reward(s.name, s.timeout_s) for s in specs]
     kwargs = [{**base, **s.kwargs, **({"user_prompts": user_prompts} if isinstance(f, rm.RewardModel) else {})}
               for s, f in zip(specs, fns)]
-    counts: dict[str, dict[str, int]] = {"errors": {}, "timeouts": {}, "nonfinite": {}}
+    counts: dict[str, dict[str, int]] = {"errors": {}, "timeouts": {}, "nonfinite": {}, "failed": {}}
     values: dict[int, list[float | None]] = {}
     started: dict[int, children.Child] = {}
     try:
         for i, s in enumerate(specs):
-            if s.timeout_s is not None:
+            if s.timeout_s is not None and not is_remote(s.name):  # a remote reward's bounds its request
                 started[i] = _start_child(s.name, kwargs[i], s.timeout_s, log_names[i])
         local = [i for i in range(len(specs)) if i not in started]
         for i in (i for i in local if not _is_async(fns[i])):
@@ -265,7 +275,7 @@ def score(
     outcome = [i for i in range(len(specs)) if i not in stepwise]  # the total is the outcome rewards'
     total = weighted_total([specs[i].weight for i in outcome], [values[i] for i in outcome], n)
     return RewardResult(total=total, per_function=per_function, errors=counts["errors"], timeouts=counts["timeouts"],
-                        nonfinite=counts["nonfinite"], steps=steps)
+                        nonfinite=counts["nonfinite"], failed=counts["failed"], steps=steps)
 
 
 def score_rollout(specs: list[RewardSpec], rollout, columns: dict[str, list], *, max_completion_length: int,

@@ -38,6 +38,9 @@ METRICS: list[Metric] = [
         ("rewards/<name>/errors", "Calls of the function that raised and were skipped (on_error: skip).", "when > 0"),
         ("rewards/<name>/timeouts", "Calls killed at the reward's timeout_s.", "when > 0"),
         ("rewards/<name>/nonfinite", "NaN or infinite values turned into no reward (on_error: skip).", "when > 0"),
+        ("rewards/<name>/failed", "Completions a judge or remote reward could not score, after its retries (no "
+                                  "answer, an answer that did not parse), turned into no reward (on_error: skip).",
+         "when > 0"),
         ("rewards/<name>/steps_per_completion", "Step rewards: steps per completion.", "rewards[].level: step"),
         ("rewards/<name>/frac_zero_std", "Step rewards: share of groups whose step rewards give no signal.",
          "rewards[].level: step"),

@@ -139,7 +139,8 @@ def step_metrics(s: StepBatch, adv: Advantages, sums: MetricSums, times: dict[st
     m["frac_reward_zero_std"] = 1 - adv.signal.float().mean().item()
     for k, name in enumerate(rewards.per_function):
         m[f"rewards/{name}/mean"], m[f"rewards/{name}/std"] = _nan_stats(s.per_function[:, k])
-    for kind, counts in (("errors", rewards.errors), ("timeouts", rewards.timeouts), ("nonfinite", rewards.nonfinite)):
+    for kind, counts in (("errors", rewards.errors), ("timeouts", rewards.timeouts), ("nonfinite", rewards.nonfinite),
+                         ("failed", rewards.failed)):
         for name in rewards.per_function:
             c = procs.total(counts.get(name, 0))
             if c:

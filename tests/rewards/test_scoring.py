@@ -226,8 +226,8 @@ def test_repetition_penalty():
 
 
 def test_registry_holds_the_builtins():
-    assert REWARDS.names() == ["accuracy", "arithmetic_steps", "environment", "format", "reasoning_gym", "repetition_penalty",
-                               "soft_overlong_punishment", "tag_count"]
+    assert REWARDS.names() == ["accuracy", "arithmetic_steps", "environment", "format", "judge", "reasoning_gym",
+                               "repetition_penalty", "soft_overlong_punishment", "tag_count"]
     assert all(REWARDS[n].__doc__ for n in REWARDS)
 
 
