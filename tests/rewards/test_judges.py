@@ -24,6 +24,7 @@ from grpo_cli.recipe.schema import RewardConfig
 from grpo_cli.rewards import REWARDS, score
 from grpo_cli.rewards.judges import POINTWISE, judge_for, judge_settings, parse_ranking, parse_score
 from grpo_cli.rewards.kwargs import check_kwargs
+from grpo_cli.rewards.outcomes import reset_reports
 from grpo_cli.trainer.launch import free_port
 
 from helpers import ROOT, cli, read_jsonl
@@ -118,6 +119,7 @@ def test_group_mode_ranks_each_prompts_completions_together(judge_url):
 def test_replies_that_do_not_parse_are_failures_never_zeros(judge_url, caplog):
     """The tiny model's free text ends with no `Score: N` line: every row is missing and counted, or the run stops."""
     settings = dict(base_url=judge_url, model="judge", max_tokens=6)
+    reset_reports()  # a reward's first failure of a kind is logged once a process
     with caplog.at_level(logging.WARNING):
         r = _score(_spec(on_error="skip", **settings))
     assert r.per_function["judge"] == [None] * 4 and r.failed == {"judge": 4}
@@ -246,6 +248,7 @@ def test_retries_timeouts_and_the_key_never_shown(stage, monkeypatch, caplog):
     assert r.per_function["judge"] == [0.7] and len(stage.seen) == 2
     assert {auth for _, auth, _ in stage.seen} == {"Bearer sk-very-secret-123"}
     stage.plan = lambda n, body: "401"  # final: not retried; the server echoes the key back
+    reset_reports()
     with caplog.at_level(logging.WARNING):
         r = _score(_spec(on_error="skip", **settings), completions=["a", "b"], questions=["q", "q"], answers=["x"] * 2)
     assert r.per_function["judge"] == [None, None] and r.failed == {"judge": 2}
