@@ -393,7 +393,7 @@ def test_vllm_serve_loads_a_checkpoint(ckpt, tmp_path):
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt), "--port", str(port),
            "--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "256"]
-    proc = _serve(cmd, url, tmp_path / "vllm.log", _env())
+    proc = _serve(cmd, url, tmp_path / "vllm.log", _env(VLLM_ENABLE_V1_MULTIPROCESSING="0"))  # the engine in the server
     try:
         out = _post(url + "/v1/completions", {"model": str(ckpt), "prompt": PROMPT, "max_tokens": 6, "temperature": 0,
                                               "logprobs": 0, "return_token_ids": True})
