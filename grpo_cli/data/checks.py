@@ -198,6 +198,10 @@ def check_data(recipe: Recipe) -> list[str]:
 
     check_model_path(recipe.model.name_or_path)
     check_model_cached(recipe.model)
+    if recipe.distillation is not None:
+        check_model_path(recipe.distillation.teacher.name_or_path, "distillation.teacher.name_or_path")
+        check_model_cached(recipe.distillation.teacher, "distillation.teacher.name_or_path")
+        check_same_vocabulary(recipe.model, recipe.distillation.teacher)
     notes = []
     seed = recipe.data.seed if recipe.data.seed is not None else recipe.train.seed
     sets = [("data", recipe.data)]
@@ -246,12 +250,26 @@ def check_answers(files: list[str], column: str, field: str, first: int | None =
                 "other rewards alone; fill or drop them")
 
 
-def check_model_path(name_or_path: str) -> None:
+def check_model_path(name_or_path: str, field: str = "model.name_or_path") -> None:
     """DataError when model.name_or_path is a local path (made absolute by the recipe reader: ./, ../, /, ~) that
     does not exist: before any model loads or the run folder is taken."""
     path = Path(name_or_path).expanduser()
     if name_or_path.startswith(("/", "~")) and not path.exists():
-        raise DataError(f"model.name_or_path: {path} does not exist (a local folder; a hub id is written org/name)")
+        raise DataError(f"{field}: {path} does not exist (a local folder; a hub id is written org/name)")
+
+
+def check_same_vocabulary(student, teacher) -> None:
+    """DataError unless the teacher's tokenizer maps every token to the id the policy's does: on-policy distillation
+    reads the teacher's log-prob of each token id the policy sampled (their tokenizers load; no weights do)."""
+    from grpo_cli.models.loading import load_tokenizer
+
+    mine, theirs = load_tokenizer(student).get_vocab(), load_tokenizer(teacher).get_vocab()
+    differ = sorted({t for t in mine.keys() | theirs.keys() if mine.get(t) != theirs.get(t)}, key=lambda t: mine.get(t, 1 << 62))
+    if differ:
+        shown = ", ".join(f"{t!r}: {mine.get(t)} vs {theirs.get(t)}" for t in differ[:3])
+        raise DataError(f"distillation.teacher.name_or_path: the teacher's tokenizer is not the policy's ({len(differ)} of "
+                        f"{len(mine | theirs)} tokens differ, e.g. {shown}); the teacher scores the policy's tokens by "
+                        "id, so it must share the policy's vocabulary")
 
 
 def check_reward_parameters(recipe: Recipe, cfg: DataConfig, columns: list[str], source: str) -> None:
@@ -271,7 +289,7 @@ def check_reward_parameters(recipe: Recipe, cfg: DataConfig, columns: list[str],
             raise DataError(f"rewards.{i}: {e} (columns of {source})") from None
 
 
-def check_model_cached(model) -> None:
+def check_model_cached(model, field: str = "model.name_or_path") -> None:
     """DataError when the run is offline (chosen, or the hub cannot be reached) and model.name_or_path is a hub id
     the local cache does not hold: train would fail at loading it."""
     from grpo_cli.process.hub import is_hub_id, offline_chosen
@@ -281,6 +299,6 @@ def check_model_cached(model) -> None:
     from huggingface_hub import constants, try_to_load_from_cache
 
     if not isinstance(try_to_load_from_cache(model.name_or_path, "config.json", revision=model.revision), str):
-        raise DataError(f"model.name_or_path: {model.name_or_path!r} is not in the local hub cache "
+        raise DataError(f"{field}: {model.name_or_path!r} is not in the local hub cache "
                         f"({constants.HF_HUB_CACHE}) and the run is offline (the hub cannot be reached, or "
                         "HF_HUB_OFFLINE is set): download it where the hub can be reached, or set a local folder")

@@ -39,7 +39,8 @@ def diagnose(recipe_path: Path, overrides: list[str], processes: int = 1, resume
     except UserError as e:
         return [*verdicts, Verdict("model and data", "fail", str(e))]
     verdicts += [check_batch(r, processes, rows), check_prompt(r, batch, tokenizer, config),
-                 check_memory(r, config, processes, lengths), probe_rewards(r, batch, tokenizer)]
+                 check_memory(r, config, processes, lengths, _config(r.distillation.teacher) if r.distillation else None),
+                 probe_rewards(r, batch, tokenizer)]
     if resume_steps:
         from grpo_cli.doctor.resume_check import resume_check
 
@@ -48,21 +49,28 @@ def diagnose(recipe_path: Path, overrides: list[str], processes: int = 1, resume
     return worst_first(verdicts)
 
 
+def _config(model):
+    """A model section's config, None if unreadable (a GGUF file or an unusual folder: the checks that need it skip)."""
+    from grpo_cli.models.loading import resolve_model_source
+
+    try:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(resolve_model_source(model), trust_remote_code=model.trust_remote_code)
+    except Exception:
+        return None
+
+
 def _inputs(r):
     """The tokenizer, the model's config (for its context length; None if unreadable), the rows, and the stream of
     prompts the run will see, not yet moved."""
     from grpo_cli.data.prompts import PromptStream
     from grpo_cli.data.sources import load_rows
     from grpo_cli.doctor.memory import PROMPT_ROWS
-    from grpo_cli.models.loading import load_tokenizer, resolve_model_source
+    from grpo_cli.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(r.model)
-    try:
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(resolve_model_source(r.model), trust_remote_code=r.model.trust_remote_code)
-    except Exception:  # a GGUF file or an unusual folder: the context check is skipped
-        config = None
+    config = _config(r.model)
     seed = r.data.seed if r.data.seed is not None else r.train.seed
     dataset = load_rows(r.data, seed)
     tools = None

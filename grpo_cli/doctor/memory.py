@@ -127,10 +127,11 @@ def runtime_bytes(recipe) -> float:
 
 
 def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, runtime: float,
-         device_total: float = 0.0, choices: ForwardChoices | None = None) -> list[Part]:
+         device_total: float = 0.0, choices: ForwardChoices | None = None, teacher: Shape | None = None) -> list[Part]:
     """The parts of a step's memory; `prompt_tokens`: the longest prompt (a batch is padded to its longest);
     `device_total`: the GPU's memory (a colocated vLLM takes a share of it); `choices`: how the trainer runs the
-    forwards (trainer/setup.forward_choices; default: what it decides for this recipe without a config)."""
+    forwards (trainer/setup.forward_choices; default: what it decides for this recipe without a config); `teacher`:
+    on-policy distillation's teacher, a frozen model beside the policy."""
     from grpo_cli.recipe.backends import backend_of
 
     m, t, a, ro = recipe.model, recipe.train, recipe.algorithm, recipe.rollout
@@ -184,6 +185,8 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
         Part("weights", shape.params * width, "model.dtype=bfloat16, or a smaller model"),
         Part("reference", shape.params * width if a.beta > 0 and not lora else 0.0,
              "algorithm.beta=0, or LoRA (model.lora.r=16: the base with adapters off is the reference)"),
+        Part("teacher", teacher.params * BYTES.get(recipe.distillation.teacher.dtype, 4) if teacher else 0.0,
+             "distillation.teacher.dtype=bfloat16, or a smaller teacher"),
         Part("optimizer state", trainable * optimizer, "model.lora.r=16, or train.optimizer=adamw_8bit"),
         Part("gradients", trainable * width, "model.lora.r=16"),
         Part("vLLM's share (colocated: " + ("rollout.vllm.gpu_memory_utilization)" if device == "cuda" else
@@ -264,7 +267,7 @@ def prompt_lengths(batch) -> PromptLengths:
     return PromptLengths(max(lengths), lengths[0], len(lengths))
 
 
-def check_memory(recipe, config: Any, processes: int, prompts: PromptLengths) -> Verdict:
+def check_memory(recipe, config: Any, processes: int, prompts: PromptLengths, teacher: Any = None) -> Verdict:
     import torch
 
     if config is None:
@@ -273,7 +276,8 @@ def check_memory(recipe, config: Any, processes: int, prompts: PromptLengths) ->
     total_memory = float(torch.cuda.mem_get_info()[1]) if device == "cuda" else 0.0
     choices = forward_choices(recipe, device, config)
     parts = plan(recipe, model_sizes(config), processes, prompts.longest, device,
-                 cublas_workspaces() if device == "cuda" else runtime_bytes(recipe), total_memory, choices)
+                 cublas_workspaces() if device == "cuda" else runtime_bytes(recipe), total_memory, choices,
+                 model_sizes(teacher) if teacher is not None else None)
     if device == "cpu":
         parts.append(retention(parts))
     total, free = peak(parts), free_bytes(device)

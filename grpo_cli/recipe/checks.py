@@ -161,7 +161,10 @@ def update_label(rewards: list, i: int) -> int:
 
 
 def check_rewards(recipe) -> None:
-    """A reward model's updates have one label (what each name stands for is grpo_cli/preflight's to check)."""
+    """At least one reward, unless a teacher gives the signal; a reward model's updates have one label (what each
+    name stands for is grpo_cli/preflight's to check)."""
+    if not recipe.rewards and recipe.distillation is None:
+        raise ValueError("rewards: name at least one reward (an empty list trains on a teacher alone: set distillation)")
     for i, r in enumerate(recipe.rewards):
         if r.update is not None:
             update_label(recipe.rewards, i)

@@ -251,19 +251,28 @@ class EvalConfig(Section):
         return self
 
 
+class DistillationConfig(Section):
+    teacher: ModelConfig = Field(description="The teacher, a model section (name_or_path, dtype, gguf_file ...): a local "
+                                 "folder, hub id, builtin: or pkg: model whose tokenizer is the policy's.")
+    weight: float = Field(1.0, gt=0, description="lambda: each sampled token's advantage gains lambda (log pi_teacher "
+                          "- log pi_student) of that token, the per-token reverse KL as a reward (on-policy distillation).")
+
+
 class Recipe(Section):
     name: str = Field(..., pattern=r"^[A-Za-z0-9._-]+$", description="Run name; the default output dir is runs/<name>.")
     model: ModelConfig
     data: DataConfig = Field(description="Where the prompts come from. Optional with rollout.environment: an "
                              "environment whose reset() writes each prompt owns its data (data.generator: blank).")
-    rewards: list[RewardConfig] = Field(..., min_length=1, description="Optional with rollout.environment: "
-                                        "[{name: environment}], the environment's own reward.")
+    rewards: list[RewardConfig] = Field(..., description="Optional with rollout.environment: [{name: environment}], "
+                                        "the environment's own reward. Empty ([]) with distillation alone.")
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     train: TrainConfig
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     eval: EvalConfig | None = Field(None, description="Evaluate during training (and the defaults of `grpo eval`).")
+    distillation: DistillationConfig | None = Field(None, description="On-policy distillation: a teacher scores every "
+                                                    "sampled token, alone (rewards: []) or beside the rewards.")
 
     @property
     def generation_batch_size(self) -> int:

@@ -44,6 +44,9 @@ METRICS: list[Metric] = [
         ("rewards/<name>/steps_per_completion", "Step rewards: steps per completion.", "rewards[].level: step"),
         ("rewards/<name>/frac_zero_std", "Step rewards: share of groups whose step rewards give no signal.",
          "rewards[].level: step"),
+        ("distillation/reverse_kl", "On-policy distillation: the mean over the step's sampled tokens of log pi_student - "
+                                    "log pi_teacher, the per-token KL(student || teacher) on the student's own samples.",
+         "distillation"),
         ("advantages/abs_mean", "Mean absolute advantage the update trained with: per completion the mean of |A_t| over "
                                 "its sampled tokens (step rewards make A_t vary along it), averaged over completions."),
     ]),

@@ -38,7 +38,8 @@ from grpo_cli.run.trackers import tracker_folders
 from grpo_cli.trainer.distributed import Collectives, process_rows
 from grpo_cli.trainer.nonfinite import check_weights
 from grpo_cli.trainer.reporting import StepReport, open_run_logs, start_line
-from grpo_cli.trainer.setup import build_policy, build_stream, start_from
+from grpo_cli.trainer.setup import build_policy, build_stream, forward_choices, start_from
+from grpo_cli.trainer.teacher import Teacher
 from grpo_cli.trainer.state import OptimizerState, ProcessRNG, RunState, restore_run, save_run
 from grpo_cli.trainer.update import PolicyUpdate, Reference
 
@@ -78,6 +79,8 @@ class Engine:
         self.policy, self.optimizer, self.scheduler, self.tokenizer = p.model, p.optimizer, p.scheduler, p.tokenizer
         self.model_summary, self.sharded = p.summary, p.sharded
         self.reference = Reference(p.reference, r.algorithm)
+        self.teacher = Teacher(p.teacher, r.distillation.weight, forward_choices(r, acc.device.type, p.teacher.config)) \
+            if p.teacher is not None else Teacher(None)
         self.stream = build_stream(r, p.tokenizer, acc)
         self.rollouts = build_rollouts(
             r, policy=acc.unwrap_model(p.model), tokenizer=p.tokenizer, stream=self.stream, procs=self.procs,
@@ -178,12 +181,14 @@ class Engine:
             adv = step_advantages(s, a.num_generations, a.scale_rewards, a.multi_objective_aggregation,
                                   a.advantage_estimator)  # [n], or [n, T] with step rewards
             mask = trained_mask(s.rollout, a.mask_truncated_completions)  # [n, T]: the tokens the policy sampled
+            adv = self.teacher.advise(adv, s.rollout, mask, self.policy, self.update.logps)  # distillation's per token
             stats = self.update(s.rollout, adv.local, mask, clock.memory)  # mu clipped policy updates
             self.reference.after_update(step, policy)  # the outer loop: pi_ref <- pi_theta every M steps
             measured = self.reward_models.observe(step, s)  # the last line: the reward model learns from this step
         with clock("sync"):
             synced = self.rollouts.after_update(policy, step)  # the next rollouts see the new weights (sync/bytes)
-        return self.report(step, s, adv, stats, clock, measured | self.reference.metrics() | synced)
+        return self.report(step, s, adv, stats, clock,
+                           measured | self.reference.metrics() | self.teacher.metrics(self.procs) | synced)
 
     # ----- logging, eval, checkpoints, signals -----------------------------------------------
     def record(self, step: int, s: StepBatch) -> None:

@@ -99,6 +99,7 @@ class Policy:
     tokenizer: Any
     model: Any  # prepared by accelerate (DDP, FSDP or DeepSpeed wrapped)
     reference: Any  # a frozen copy for the KL (beta > 0, full fine-tuning), else None
+    teacher: Any  # on-policy distillation's frozen teacher (recipe distillation), else None
     optimizer: Any
     scheduler: Any
     model_cfg: Any  # the model section it was loaded from (a checkpoint's folder when resuming)
@@ -123,6 +124,10 @@ def build_policy(recipe, accelerator, checkpoint: Path | None) -> Policy:
         if r.algorithm.beta > 0 and not r.model.lora.r:  # with LoRA the reference is the base: adapters disabled
             ref_cfg = r.model.model_copy(update={"gradient_checkpointing": False})
             reference = load_model(ref_cfg).to(accelerator.device).eval().requires_grad_(False)
+        teacher = None
+        if r.distillation is not None:
+            teacher_cfg = r.distillation.teacher.model_copy(update={"gradient_checkpointing": False})
+            teacher = load_model(teacher_cfg).to(accelerator.device).eval().requires_grad_(False)
     disable_dropout(model)
     summary = parameter_summary(model)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -139,7 +144,7 @@ def build_policy(recipe, accelerator, checkpoint: Path | None) -> Policy:
         raise SetupError("algorithm.sync_ref_model needs the policy's full weights on every process; with FSDP "
                          "or ZeRO-3 they are sharded: use DDP (or ZeRO-1/2) to refresh the reference")
     choices = forward_choices(r, accelerator.device.type, accelerator.unwrap_model(model).config, sharded)
-    return Policy(tokenizer, model, reference, optimizer, scheduler, cfg, summary, sharded, choices)
+    return Policy(tokenizer, model, reference, teacher, optimizer, scheduler, cfg, summary, sharded, choices)
 
 
 def build_stream(recipe, tokenizer, accelerator):

@@ -17,7 +17,8 @@ from helpers import ROOT, build_reward_model, read_jsonl
 EMITTERS = {"trainer/reporting.py": "", "trainer/update.py": "", "rollout/rollouts.py": "", "algo/losses.py": "",
             "algo/advantages.py": "", "algo/dynamic_sampling.py": "", "rewards/rm_update.py": "",
             "eval/evaluate.py": "eval/", "eval/metrics.py": "eval/", "process/memory.py": "", "process/clock.py": "",
-            "trainer/nonfinite.py": "", "rollout/vllm_servers.py": ""}
+            "trainer/nonfinite.py": "", "rollout/vllm_servers.py": "",
+            "trainer/teacher.py": ""}
 SUMS = {"add_tokens", "add_weighted", "add_scalar", "add_extremes"}
 
 

@@ -1,0 +1,22 @@
+"""On-policy distillation's signal: the student samples, a teacher scores each sampled token, and the per-token
+reverse KL is the reward (GKD, Agarwal et al. arXiv:2306.13649, with the reverse KL on the student's own samples;
+Thinking Machines' "On-Policy Distillation", 2025: the advantage of token t is -(log pi_S(y_t) - log pi_T(y_t)),
+undiscounted, each token on its own). Added to GRPO's advantages with a weight, or alone."""
+
+from __future__ import annotations
+
+import torch
+
+
+def reverse_kl_advantages(teacher: torch.Tensor, student: torch.Tensor, sampled: torch.Tensor, weight: float) -> torch.Tensor:
+    """[n, T] lambda (log pi_T(y_t) - log pi_S(y_t)) on the sampled tokens, 0 elsewhere. `teacher`, `student`: [n, T]
+    the two models' log-probs of the sampled tokens (no grad); `sampled` [n, T] the tokens the policy sampled."""
+    return weight * (teacher - student) * sampled.to(teacher.dtype)
+
+
+def reverse_kl_per_token(teacher: torch.Tensor, student: torch.Tensor, sampled: torch.Tensor) -> tuple[float, float]:
+    """(sum over sampled tokens of log pi_S - log pi_T, number of sampled tokens): the Monte Carlo estimate of
+    KL(pi_S || pi_T) per token on the student's own samples, summed here and divided once every process's sums are
+    in (trainer/teacher.py)."""
+    m = sampled.to(teacher.dtype)
+    return float(((student - teacher) * m).sum()), float(m.sum())
