@@ -16,6 +16,7 @@ import json
 import string
 from typing import TYPE_CHECKING, Any
 
+from grpo_cli.data.curriculum import Curriculum
 from grpo_cli.errors import DataError
 from grpo_cli.registry import did_you_mean
 
@@ -199,23 +200,29 @@ def reward_columns(columns: dict[str, Any], answer_column: str | None) -> dict[s
 class DatasetRows:
     """An in-memory dataset's rows, epoch after epoch: epoch e visits every row once, in the order of a permutation
     drawn from numpy's Generator seeded with (seed, e) (dataset order without data.shuffle). A row's index is its
-    row in the dataset. The state is {"epoch", "index"}: the next row is position `index` of epoch `epoch`."""
+    row in the dataset. The state is {"epoch", "index"}: the next row is position `index` of epoch `epoch`. With a
+    `curriculum` (data/curriculum.py) a row may be passed over when its turn comes; its marks are in the state."""
 
-    def __init__(self, dataset: Dataset, shuffle: bool, seed: int) -> None:
-        self.dataset, self.shuffle, self.seed = dataset, shuffle, seed
+    def __init__(self, dataset: Dataset, shuffle: bool, seed: int, curriculum: Curriculum | None = None) -> None:
+        self.dataset, self.shuffle, self.seed, self.curriculum = dataset, shuffle, seed, curriculum
         self.epoch, self.index = 0, 0
         self._order: list[int] | None = None  # permutation of the current epoch
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "index": self.index}
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"epoch": self.epoch, "index": self.index}
+        if self.curriculum is not None:
+            state["curriculum"] = self.curriculum.state_dict()
+        return state
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         if "index" not in state:
             raise ValueError(f"the data position {state} was saved by a streamed run (data.streaming)")
         epoch, index = int(state["epoch"]), int(state["index"])
         if epoch < 0 or not 0 <= index <= len(self.dataset):
             raise ValueError(f"prompt stream state {state} does not fit a dataset of {len(self.dataset)} rows")
         self.epoch, self.index, self._order = epoch, index, None
+        if self.curriculum is not None:
+            self.curriculum.load_state_dict(state.get("curriculum", {}))
 
     def epoch_order(self, epoch: int) -> list[int]:
         """Row indices in the order epoch `epoch` visits them."""
@@ -235,9 +242,15 @@ class DatasetRows:
                 self.epoch, self.index, self._order = self.epoch + 1, 0, None
             if self._order is None:
                 self._order = self.epoch_order(self.epoch)
-            take = min(n - len(picked), len(self._order) - self.index)
-            picked += self._order[self.index : self.index + take]
-            self.index += take
+            if self.curriculum is None:
+                take = min(n - len(picked), len(self._order) - self.index)
+                picked += self._order[self.index : self.index + take]
+                self.index += take
+            else:
+                row = self._order[self.index]
+                if self.curriculum.draws(row, self.epoch, self.index):
+                    picked.append(row)
+                self.index += 1
         return picked
 
     def columns(self, indices: list[int]) -> dict[str, list]:
@@ -272,7 +285,8 @@ class PromptStream:
         elif len(dataset) == 0:
             raise DataError("the dataset has no rows")
         else:
-            self.rows = DatasetRows(dataset, cfg.shuffle, self.seed)
+            curriculum = cfg.curriculum and Curriculum(cfg.curriculum.no_signal_weight, self.seed)
+            self.rows = DatasetRows(dataset, cfg.shuffle, self.seed, curriculum)
 
     def state_dict(self) -> dict[str, Any]:
         return self.rows.state_dict()
@@ -282,6 +296,15 @@ class PromptStream:
 
     def next_batch(self) -> PromptBatch:
         return self.batch_of(self.rows.take(self.batch_size))
+
+    def observe(self, rows: list[int], rewards: Any, group_size: int) -> None:
+        """A step's rewards ([len(rows) * G], every process's) for data.curriculum's marks; nothing without one."""
+        if getattr(self.rows, "curriculum", None) is not None:
+            self.rows.curriculum.observe(rows, [float(r) for r in rewards], group_size)
+
+    def metrics(self) -> dict[str, float]:
+        curriculum = getattr(self.rows, "curriculum", None)
+        return curriculum.metrics() if curriculum is not None else {}
 
     def upcoming(self, n: int) -> PromptBatch:
         """The next n prompts, without moving the stream (a fresh stream's: step 1's first)."""

@@ -65,6 +65,13 @@ class ModelConfig(Section):
         return self
 
 
+class CurriculumConfig(Section):
+    no_signal_weight: float = Field(0.25, gt=0, le=1, description="The chance that a row whose last group gave no "
+                                    "signal (every reward equal: all solved, or all failed) is drawn when its turn comes "
+                                    "in an epoch; passed over otherwise, until the next epoch. Rows not yet seen, and "
+                                    "rows whose group had a signal, are always drawn.")
+
+
 class DataConfig(Section):
     dataset: str | None = Field(
         None, description="Hub dataset name or local dataset folder (datasets.load_dataset); a folder named with "
@@ -103,6 +110,9 @@ class DataConfig(Section):
         1000, ge=1, description="data.streaming: rows read ahead and shuffled together. Each block of this many rows "
         "is handed out in a seeded random order, and the shards (files) in a seeded order each epoch.",
     )
+    curriculum: CurriculumConfig | None = Field(None, description="Draw the prompts by what their groups last gave: "
+                                                "a prompt whose group had no signal comes back less often (not with "
+                                                "data.streaming).")
 
     _files_list = field_validator("files", mode="before")(_one_or_list)
 
@@ -111,6 +121,9 @@ class DataConfig(Section):
         given = [n for n in ("dataset", "files", "generator") if getattr(self, n)]
         if len(given) != 1:
             raise ValueError(f"set exactly one of data.dataset, data.files, data.generator (got {given or 'none'})")
+        if self.streaming and self.curriculum is not None:
+            raise ValueError("data.curriculum passes rows over within an epoch's order; a stream (data.streaming) "
+                             "reads each row once in its order: set data.streaming: false")
         if self.streaming and self.generator:
             raise ValueError("data.streaming reads data.files or data.dataset; data.generator makes its rows in memory "
                              "(set data.streaming: false)")

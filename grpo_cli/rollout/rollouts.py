@@ -94,7 +94,9 @@ class Sampled:
             users = user_prompts(r.data, columns) if any(is_reward_model(s.name) for s in r.rewards) else None
             rewards = score_rollout(r.rewards, rollout, columns, max_completion_length=r.rollout.max_completion_length,
                                     step=step, user_prompts=users, tokenizer=self.tokenizer)  # users: RMs' templates
-        return Scored(batch, rollout, rewards, self.procs.gather(torch.tensor(rewards.total, dtype=torch.float32)))
+        total = self.procs.gather(torch.tensor(rewards.total, dtype=torch.float32))  # [N] every process's rows
+        self.stream.observe(batch.indices, total.tolist(), self.G)  # data.curriculum marks the groups without signal
+        return Scored(batch, rollout, rewards, total)
 
     def _sample(self, wake: bool) -> tuple[PromptBatch, PromptBatch, Rollout, dict[str, list]]:
         """-> the step's prompts (the same B on every process), this process's rows of them (each its prompt's

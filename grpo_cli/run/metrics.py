@@ -47,6 +47,10 @@ METRICS: list[Metric] = [
         ("distillation/reverse_kl", "On-policy distillation: the mean over the step's sampled tokens of log pi_student - "
                                     "log pi_teacher, the per-token KL(student || teacher) on the student's own samples.",
          "distillation"),
+        ("curriculum/passed_over", "Rows data.curriculum passed over since the last step (their last group gave no "
+                                   "signal, and their draw said so).", "data.curriculum"),
+        ("curriculum/no_signal_rows", "Rows whose last group gave no signal (drawn with data.curriculum."
+                                      "no_signal_weight when their turn comes).", "data.curriculum"),
         ("advantages/abs_mean", "Mean absolute advantage the update trained with: per completion the mean of |A_t| over "
                                 "its sampled tokens (step rewards make A_t vary along it), averaged over completions."),
     ]),

@@ -97,6 +97,7 @@ class StepReport:
         times = clock.times()
         m = step_metrics(s, adv, sums, times, G=self.G, procs=self.procs)
         m["epoch"] = self.stream.state_dict()["epoch"]
+        m |= self.stream.metrics()  # data.curriculum: rows passed over, rows marked
         m |= adv.stats | s.metrics | extra
         m["memory/peak_gib"] = peak_memory_gib(self.device)  # this process's
         m |= self.nonfinite.end_step(step)  # optimizer steps skipped for a NaN or infinite loss or gradient

@@ -18,7 +18,7 @@ EMITTERS = {"trainer/reporting.py": "", "trainer/update.py": "", "rollout/rollou
             "algo/advantages.py": "", "algo/dynamic_sampling.py": "", "rewards/rm_update.py": "",
             "eval/evaluate.py": "eval/", "eval/metrics.py": "eval/", "process/memory.py": "", "process/clock.py": "",
             "trainer/nonfinite.py": "", "rollout/vllm_servers.py": "",
-            "trainer/teacher.py": ""}
+            "trainer/teacher.py": "", "data/curriculum.py": ""}
 SUMS = {"add_tokens", "add_weighted", "add_scalar", "add_extremes"}
 
 
