@@ -1,6 +1,8 @@
 r"""Final answers: extraction from a completion and equivalence with a reference (math-verify).
 
 Before anything is read, text is cleaned the way people write numbers (`clean_answer`):
+  unicode   every Unicode decimal digit as ASCII ("４２", "٤٢"), vulgar fractions ("½" -> "1/2", "1½" -> "1 1/2"),
+            the fraction and division slashes, the fullwidth percent sign (`unicode_numbers`: unicodedata)
   dashes    U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, U+FE63, U+FF0D -> "-" ("−3" is -3, not 3)
   dollars   `\$`, `\text{\$}`, `\textdollar` are dropped (`\boxed{\$23}` is 23)
   grouping  digits grouped in threes by `\,` `\!` `\ ` `{,}`, thin / no-break spaces or plain spaces
@@ -21,7 +23,8 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      ... "So 5 apples and 3 apples make 8": 8), or its first number when it has none ("so 42 marbles fit in 6
      jars": 42); numbers right after a preposition ("in 6 jars", "after 2 hours", "more than 40") are passed
      over while the clause has others, and a trailing remark (", which is ...", "(since ...)") is left out;
-  4. otherwise the last number.
+  4. otherwise the last number that is not a remark: a closing paragraph that notes or checks ("Note: ...",
+     "Check: 30 - 12 = 18") and the end of the last sentence after ", which is", ", since", " - " are left out.
 A number is an integer, a decimal, scientific notation ("3.2e4", `3.2 \times 10^{4}`), a fraction ("3/4",
 `\frac{3}{4}`, `\dfrac34`), a mixed number ("3 3/4"); in rules 2 and 3, and in a completion without digits,
 also number words ("five", "minus twelve"); a number inside a math span (`$...$`, `\(...\)`, `\[...\]`)
@@ -31,8 +34,8 @@ clause only mentions, with neither a link nor a preposition to tell them apart (
 reads 3); box the answer or state it ("the answer is 42") to be read right every time.
 
 Equivalence (`answers_match`): two plain numbers (grpo_cli/rewards/numbers.py) are compared exactly, to six
-decimals and six significant digits ("0.5" = "1/2" = "5e-1", "3 3/4" = "3.75", "five" = "5"; 1e-9 != 3e-9);
-anything else by math-verify.
+decimals and six significant digits ("0.5" = "1/2" = "5e-1", "3 3/4" = "3.75", "five" = "5"; 1e-9 != 3e-9); a
+percentage is both its number and its hundredth ("25%" answers 25 and 0.25); anything else by math-verify.
 
 Importing this module must not import math-verify (`grpo validate` stays fast).
 """
@@ -41,12 +44,15 @@ from __future__ import annotations
 
 import re
 import threading
+import unicodedata
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any, Callable
 
 from grpo_cli.rewards.numbers import NUMBER_WORDS, numbers_match, read_number, words_value
 
 
+_SLASHES = "\u2044\u2215\uff0f"  # fraction slash, division slash, fullwidth solidus
 _DASHES = str.maketrans(dict.fromkeys("\u2212\u2013\u2012\u2010\u2011\ufe63\uff0d", "-"))
 _DOLLAR = re.compile(r"\\text\s*\{\s*\\\$\s*\}|\\textdollar\b\s*|\\\$")
 # Digits in groups of three, one separator kind per number; the first group has 1-3 digits.
@@ -85,6 +91,10 @@ _AFTER_PREPOSITION = re.compile(
     r"(?:(?:the|a|an|every|each|all)\s+)?\$?$", flags=re.IGNORECASE,
 )
 _REMARK = re.compile(r",\s*(?:which|that)\s+(?:is|was|are|were)\b|\s\(|,\s*i\.e\.|,?\s(?:since|because)\b|\s[—–]\s")
+_LAST_REMARK = re.compile(r",\s*(?:which|that)\s+(?:is|was|are|were)\b|,\s*i\.e\.|,?\s(?:since|because)\b|\s[—–]\s")
+# a closing paragraph that checks or comments on what came before
+_NOTE = re.compile(r"\n\s*\n\s*\(?\**(?:note|check|verification|verify|double[- ]check|sanity check|remark|p\.s\.)\b"
+                   r"(?!.*\n\s*\n)", flags=re.IGNORECASE | re.DOTALL)
 _NEGATED = re.compile(r"(?:\bnot|\bnever|n't)\s+(?:\w+\s+)?$", flags=re.IGNORECASE)
 _SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n\s*\n")
 # Math spans; a lone `$` is a math delimiter only as in pandoc: no space inside it, no digit after
@@ -96,6 +106,7 @@ _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _TEXT_CMD = re.compile(r"\\(?:text|mathrm|textbf|mbox)\s*\{[^{}]*\}")
 _LATEX_COMMAND = re.compile(r"\\[A-Za-z]")
 _PLAIN_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+_PERCENT = re.compile(r"\s?(?:\\?%|percent\b)", flags=re.IGNORECASE)
 _MATH_VERIFY_TIMEOUT_S = 5  # math-verify's own default, used where its signal.alarm can work
 
 
@@ -106,9 +117,42 @@ def _join_groups(m: re.Match, whole: bool) -> str:
     return m.group(1) + m.group(3) + re.sub(sep, "", m.group(4))
 
 
+def unicode_numbers(text: str) -> str:
+    """Numbers in any Unicode form written the ASCII way, by what the Unicode database says each character is
+    (`unicodedata`): every decimal digit ("４２", "٤٢" -> "42"), vulgar fractions ("½" -> "1/2"; "1½" -> "1 1/2",
+    a mixed number), the fraction slash and the fullwidth percent sign."""
+    if text.isascii():
+        return text
+    out = []
+    for i, ch in enumerate(text):
+        if ch.isascii():
+            out.append(ch)
+        elif (digit := unicodedata.decimal(ch, None)) is not None:
+            out.append(str(digit))
+        elif ch in _SLASHES:
+            out.append("/")
+        elif ch == "\uff05":
+            out.append("%")
+        elif unicodedata.category(ch) == "No" and (value := _vulgar(ch)) is not None:
+            mixed = i > 0 and (text[i - 1].isdigit())
+            out.append((" " if mixed else "") + f"{value.numerator}/{value.denominator}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _vulgar(ch: str) -> Fraction | None:
+    """A vulgar fraction character's value ("¾" -> 3/4); None for other numeric characters (superscripts, circled)."""
+    value = unicodedata.numeric(ch, None)
+    if value is None or value == int(value) or "FRACTION" not in unicodedata.name(ch, ""):
+        return None
+    return Fraction(value).limit_denominator(100)
+
+
 def clean_answer(text: str) -> str:
-    """Dashes read as minus, escaped dollars dropped, digit groups joined (see the module docstring)."""
-    text = _DOLLAR.sub("", text.translate(_DASHES))
+    """Unicode numbers as ASCII, dashes read as minus, escaped dollars dropped, digit groups joined (see the module
+    docstring)."""
+    text = _DOLLAR.sub("", unicode_numbers(text).translate(_DASHES))
     whole = _GROUPED.fullmatch(text.strip()) is not None
     return _GROUPED.sub(lambda m: _join_groups(m, whole), text)
 
@@ -178,7 +222,7 @@ def _as_answer(text: str, m: re.Match) -> str:
             expression = _final_expression(content)
             if expression and not _PLAIN_WORD.search(_TEXT_CMD.sub("", expression)) and _parse(expression):
                 return expression
-    return _number_text(m.group())
+    return _number_text(m.group()) + ("%" if _PERCENT.match(text, m.end()) else "")
 
 
 def _numbers(text: str, start: int, end: int, words: bool) -> list[re.Match]:
@@ -240,10 +284,20 @@ def _stated_answer(text: str) -> str | None:
 
 
 def _last_number_or_math(text: str) -> str | None:
-    """The last number; inside a math span, the span's final expression if math-verify reads it. Without any
-    digit, the last number word ("There are five.")."""
+    """The last number that is not a remark; inside a math span, the span's final expression if math-verify reads
+    it. Without any digit, the last number word ("There are five."). Remarks, as in rule 2: a closing paragraph
+    that checks or notes ("Note: ...", "Check: 6 * 7 = 42"), and the end of the last sentence after ", which is",
+    ", since", " - " ("It costs 42 dollars, which is 8 less than 50." is 42)."""
+    note = _NOTE.search(text)
+    if note and (_NUMBER.search(text, 0, note.start()) or NUMBER_WORDS.search(text, 0, note.start())):
+        text = text[: note.start()]
     found = list(_NUMBER.finditer(text)) or list(NUMBER_WORDS.finditer(text))
-    return _as_answer(text, found[-1]) if found else None
+    if not found:
+        return None
+    last = found[-1]
+    remark = _LAST_REMARK.search(text, _sentence_start(text, last.start()), last.start())
+    before = [m for m in found if remark and _sentence_start(text, last.start()) <= m.start() < remark.start()]
+    return _as_answer(text, before[-1] if before else last)
 
 
 def _auto(text: str, tag: str) -> str | None:
@@ -318,6 +372,13 @@ def _parse(text: str, timeout: int | None = None) -> list:
     return []
 
 
+def _percent_value(text: str) -> list[Fraction] | None:
+    """A percentage ("25%", "25 \\%", "25 percent") read as its two answers, [25, 1/4]; None for anything else."""
+    m = re.fullmatch(r"(.+?)\s*(?:\\?%|percent)", text.strip().rstrip("."), flags=re.IGNORECASE)
+    value = read_number(m.group(1)) if m else None
+    return None if value is None else [value, value / 100]
+
+
 def answers_match(reference: str, predicted: str) -> bool:
     """True if `predicted` is equivalent to `reference`, both cleaned first (`clean_answer`): two plain numbers
     compared exactly (to six decimals and six significant digits: grpo_cli/rewards/numbers.py), anything else by
@@ -329,6 +390,10 @@ def answers_match(reference: str, predicted: str) -> bool:
     exact = read_number(reference), read_number(predicted)
     if exact[0] is not None and exact[1] is not None:
         return numbers_match(*exact)
+    percent = [_percent_value(t) for t in (reference, predicted)]
+    if any(p is not None for p in percent):  # "25%" is the answer 25 and the answer 0.25
+        a, b = (percent[k] if percent[k] is not None else [exact[k]] for k in (0, 1))
+        return any(x is not None and y is not None and numbers_match(x, y) for x in a for y in b)
     timeout = _math_verify_timeout()
     gold, pred = _parse(reference, timeout), _parse(predicted, timeout)
     if not gold or not pred:

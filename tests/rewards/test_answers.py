@@ -234,11 +234,49 @@ KEEP = rows(  # what worked before must keep working
     ("The scores are 98, 100 and 100.", "100", 1.0),
 )
 
+UNICODE = rows(  # digits and fractions in any Unicode form, read by what the Unicode database says they are
+    ("Answer: \uff14\uff12", "42", 1.0),  # fullwidth digits
+    ("The answer is \u0664\u0662.", "42", 1.0),  # Arabic-Indic digits
+    ("The answer is \u096a\u0968.", "42", 1.0),  # Devanagari digits
+    ("The probability is \u00bd.", "0.5", 1.0),  # a vulgar fraction
+    ("So each gets \u00be of a pie.", "3/4", 1.0),
+    ("That makes 1\u00bd cups.", "1.5", 1.0),  # a mixed number: 1 1/2, not 11/2
+    ("That makes 2\u00bc cups.", "2.25", 1.0),
+    ("\\boxed{3\u20444}", "0.75", 1.0),  # the fraction slash
+    ("The answer is 7\u22158.", "0.875", 1.0),  # the division slash
+    ("The probability is \u00bd.", "0.25", 0.0),
+    ("x\u00b2 = 49, so x = 7.", "7", 1.0),  # a superscript is an exponent, not a digit of the answer
+)
+
+PERCENT = rows(  # a percentage is the number and its hundredth: "25%" answers 25 and 0.25
+    ("The answer is 25%.", "0.25", 1.0),
+    ("The answer is 25%.", "25", 1.0),
+    ("It grew by 12.5 percent.", "0.125", 1.0),
+    (r"\boxed{40\%}", "0.4", 1.0),
+    ("The discount is 30 \uff05.", "30", 1.0),
+    ("The answer is 25%.", "0.3", 0.0),
+    ("The answer is 25%.", "2.5", 0.0),
+    ("The answer is 0.25", "25%", 1.0),  # a reference written as a percentage
+)
+
+REMARKS = rows(  # numbers after the answer that comment on it do not count
+    ("It costs 42 dollars, which is 8 dollars less than 50.", "42", 1.0),
+    ("Each box holds 12 eggs, since 3 rows of 4 make 12.", "12", 1.0),
+    ("The train takes 5 hours \u2014 2 more than the bus.", "5", 1.0),
+    ("We get 42.\n\nNote: if the price were 5, it would be 35.", "42", 1.0),
+    ("She has 18 stickers left.\n\nCheck: 30 - 12 = 18.", "18", 1.0),
+    ("Total: 56 apples.\n\n**Verification:** 7 * 8 = 56, and 56 / 7 = 8.", "56", 1.0),
+    ("The answer is 9.\n\nDouble-check: 3 * 3 = 9 and 81 / 9 = 9.", "9", 1.0),
+    ("Note: work in metres.\n\nThe wall is 12 metres long.", "12", 1.0),  # a note before the answer is no remark
+    ("It costs 42 dollars, which is 8 dollars less than 50.", "50", 0.0),
+)
+
 
 CLASSES = {"escaped_dollar": DOLLAR, "unicode_minus": MINUS, "inline_latex": LATEX, "digit_grouping": GROUPING,
            "only_the_final_answer_counts": ORDER, "stated_answer_then_mentions": STATED,
            "scientific_notation": SCIENTIFIC, "number_words": WORDS, "mixed_numbers": MIXED,
-           "numeric_tolerance": TOLERANCE, "kept_behaviour": KEEP}
+           "numeric_tolerance": TOLERANCE, "kept_behaviour": KEEP, "unicode_numbers": UNICODE, "percentages": PERCENT,
+           "remarks_after_the_answer": REMARKS}
 
 
 @pytest.mark.parametrize("completion, reference, expected, mode", [
