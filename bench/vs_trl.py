@@ -123,10 +123,11 @@ def grpo_recipe(args, folder: Path, prompts: Path, steps: int) -> dict:
                      {"gradient_checkpointing": args.gradient_checkpointing == "on"})},
         "data": {"files": [str(prompts)], "prompt_column": "prompt", "answer_column": "answer",
                  "chat_template": True, "shuffle": False, "max_prompt_length": None},
-        "rewards": [{"name": f"{BENCH / 'vs_trl_reward.py'}:reward", "weight": 1.0}],
+        "rewards": [{"name": f"{BENCH / 'vs_trl_reward.py'}:{getattr(args, 'reward', 'reward')}", "weight": 1.0}],
         "algorithm": {"num_generations": args.G, "beta": 0.0, "loss_type": "dapo", "num_iterations": 1,
                       "epsilon": 0.2, "epsilon_high": 0.28, "scale_rewards": "group"},
-        "rollout": {"max_completion_length": args.new_tokens, "temperature": 1.0, "top_p": 1.0, "top_k": None},
+        "rollout": {"max_completion_length": args.new_tokens, "temperature": getattr(args, "temperature", 1.0),
+                    "top_p": 1.0, "top_k": None},
         "train": {"max_steps": steps, "prompts_per_step": args.B, "micro_batch_size": args.micro_batch,
                   "learning_rate": args.lr, "adam_beta2": args.adam_beta2, "scheduler": "constant",
                   "warmup_steps": 0, "weight_decay": 0.0, "max_grad_norm": 1.0, "seed": args.seed,
@@ -137,7 +138,8 @@ def grpo_recipe(args, folder: Path, prompts: Path, steps: int) -> dict:
 
 def trl_spec(args, folder: Path, prompts: Path, steps: int) -> dict:
     return {"model": str(folder), "prompts_file": str(prompts), "num_generations": args.G, "prompts_per_step": args.B,
-            "micro_batch_size": args.micro_batch, "max_completion_length": args.new_tokens, "temperature": 1.0,
+            "micro_batch_size": args.micro_batch, "max_completion_length": args.new_tokens,
+            "temperature": getattr(args, "temperature", 1.0), "reward": getattr(args, "reward", "reward"),
             "learning_rate": args.lr, "adam_beta2": args.adam_beta2, "seed": args.seed, "steps": steps,
             "threads": args.threads, "device": args.device, "dtype": args.dtype,
             "gradient_checkpointing": args.gradient_checkpointing}

@@ -31,3 +31,12 @@ def score(text: str, answer: str) -> float:
 
 def reward(prompts, completions, answer, **kwargs) -> list[float]:
     return [score(_text(c), a) for c, a in zip(completions, answer)]
+
+
+def last_number(prompts, completions, answer, **kwargs) -> list[float]:
+    """1 if the last number in the completion is the answer, else 0 (the whole-run comparison, bench/vs_trl_runs.py)."""
+    out = []
+    for c, a in zip(completions, answer):
+        numbers = _NUMBER.findall(_text(c))
+        out.append(float(bool(numbers) and float(numbers[-1]) == float(a)))
+    return out

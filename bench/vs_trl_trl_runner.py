@@ -36,7 +36,9 @@ def main() -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # grpo_cli.process.memory: torch only
-    from vs_trl_reward import reward
+    import vs_trl_reward
+
+    reward = getattr(vs_trl_reward, spec.get("reward", "reward"))
 
     from grpo_cli.process.memory import PhasePeaks, peak_memory_gib  # the phases measured as grpo measures its own
 
