@@ -108,6 +108,13 @@ def judge_settings(kwargs: dict[str, Any]) -> JudgeSettings:
         needed = ("{question}", "{completion}") if s.mode == "pointwise" else ("{question}", "{responses}")
         if missing := [f for f in needed if f not in s.template]:
             raise ValueError(f"kwargs.template: a {s.mode} template must hold {', '.join(missing)}")
+        try:
+            s.template.format(question="", completion="", responses="", k=2, rubric="", reference="", answer="",
+                              min_score="0", max_score="10")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"kwargs.template: {type(e).__name__} {e} when it is filled (write a literal brace as "
+                             "{{ or }}; placeholders: question, completion or responses, reference, answer, rubric, "
+                             "min_score, max_score, k)") from None
     return s
 
 
@@ -161,7 +168,7 @@ class Judge:
     def __init__(self, settings: JudgeSettings) -> None:
         self.s = settings
         self.endpoint = JsonEndpoint(settings.base_url, api_key_env=settings.api_key_env,
-                                 timeout_s=settings.request_timeout_s, retries=settings.retries)
+                                     timeout_s=settings.request_timeout_s, retries=settings.retries)
         self.cache: OrderedDict[str, str] = OrderedDict()
         self.lock = threading.Lock()
         self.counts = {"cache_hits": 0}

@@ -173,6 +173,7 @@ def test_settings_are_checked_at_validate(tmp_path):
         ({**base, "api_key": "sk-secret"}, "kwargs.api_key: a recipe is saved with every run"),
         ({**base, "min_score": 5, "max_score": 5}, "kwargs.max_score (5) must be > kwargs.min_score (5)"),
         ({**base, "template": "{question} only"}, "kwargs.template: a pointwise template must hold {completion}"),
+        ({**base, "template": 'Q: {question} A: {completion} JSON: {"score": 1}'}, "kwargs.template: KeyError"),
     ]:
         with pytest.raises(ValueError, match=re.escape(message)):
             check_kwargs("judge", fn, kwargs)
