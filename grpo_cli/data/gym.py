@@ -2,8 +2,8 @@
 (`data.generator: reasoning_gym`), and each row's entry is rebuilt from its place to be scored by the task's own
 `score_answer` (the reward `reasoning_gym`, rewards/builtin.py).
 
-A row carries where its problem came from: `task`, `task_config` (the task's settings, JSON), `task_seed` and
-`task_index`. reasoning-gym makes entry i of a dataset from (seed, i) alone, so `entry_of` gives back the very entry
+A row carries where its problem came from: `task`, `task_config` (the task's settings, JSON), `task_seed`,
+`task_size` and `task_index`. reasoning-gym makes entry i of a dataset from its seed and size, so `entry_of` gives back the very entry
 the generator saw, its metadata's tuples and numbers included (a JSON copy of the metadata loses them: arc_agi's
 grids are tuples its scorer compares with tuples). Rows that carry only a `metadata` column (a file written from
 reasoning-gym elsewhere) are scored with that column read as JSON.
@@ -107,7 +107,3 @@ def task_score(answer: str | None, row: dict[str, Any]) -> float:
     """The task's own `score_answer(answer, entry)` for one row (answer None: nothing was extracted)."""
     dataset, entry = entry_of(row)
     return float(dataset.score_answer(answer, entry))
-
-
-def tasks() -> list[str]:
-    return sorted(_gym().factory.DATASETS)
