@@ -44,15 +44,19 @@ from __future__ import annotations
 
 import re
 import threading
-import unicodedata
 from decimal import Decimal
-from fractions import Fraction
 from typing import Any, Callable
 
-from grpo_cli.rewards.numbers import NUMBER_WORDS, numbers_match, read_number, words_value
+from grpo_cli.rewards.numbers import (
+    NUMBER_WORDS,
+    numbers_match,
+    percent_value,
+    read_number,
+    unicode_numbers,
+    words_value,
+)
 
 
-_SLASHES = "\u2044\u2215\uff0f"  # fraction slash, division slash, fullwidth solidus
 _DASHES = str.maketrans(dict.fromkeys("\u2212\u2013\u2012\u2010\u2011\ufe63\uff0d", "-"))
 _DOLLAR = re.compile(r"\\text\s*\{\s*\\\$\s*\}|\\textdollar\b\s*|\\\$")
 # Digits in groups of three, one separator kind per number; the first group has 1-3 digits.
@@ -115,38 +119,6 @@ def _join_groups(m: re.Match, whole: bool) -> str:
         return m.group(0)  # "2 100 dollar bills" in running text is two numbers; "1 000 000" or a bare "1 000" is one
     sep = re.escape(m.group(2))
     return m.group(1) + m.group(3) + re.sub(sep, "", m.group(4))
-
-
-def unicode_numbers(text: str) -> str:
-    """Numbers in any Unicode form written the ASCII way, by what the Unicode database says each character is
-    (`unicodedata`): every decimal digit ("４２", "٤٢" -> "42"), vulgar fractions ("½" -> "1/2"; "1½" -> "1 1/2",
-    a mixed number), the fraction slash and the fullwidth percent sign."""
-    if text.isascii():
-        return text
-    out = []
-    for i, ch in enumerate(text):
-        if ch.isascii():
-            out.append(ch)
-        elif (digit := unicodedata.decimal(ch, None)) is not None:
-            out.append(str(digit))
-        elif ch in _SLASHES:
-            out.append("/")
-        elif ch == "\uff05":
-            out.append("%")
-        elif unicodedata.category(ch) == "No" and (value := _vulgar(ch)) is not None:
-            mixed = i > 0 and (text[i - 1].isdigit())
-            out.append((" " if mixed else "") + f"{value.numerator}/{value.denominator}")
-        else:
-            out.append(ch)
-    return "".join(out)
-
-
-def _vulgar(ch: str) -> Fraction | None:
-    """A vulgar fraction character's value ("¾" -> 3/4); None for other numeric characters (superscripts, circled)."""
-    value = unicodedata.numeric(ch, None)
-    if value is None or value == int(value) or "FRACTION" not in unicodedata.name(ch, ""):
-        return None
-    return Fraction(value).limit_denominator(100)
 
 
 def clean_answer(text: str) -> str:
@@ -372,13 +344,6 @@ def _parse(text: str, timeout: int | None = None) -> list:
     return []
 
 
-def _percent_value(text: str) -> list[Fraction] | None:
-    """A percentage ("25%", "25 \\%", "25 percent") read as its two answers, [25, 1/4]; None for anything else."""
-    m = re.fullmatch(r"(.+?)\s*(?:\\?%|percent)", text.strip().rstrip("."), flags=re.IGNORECASE)
-    value = read_number(m.group(1)) if m else None
-    return None if value is None else [value, value / 100]
-
-
 def answers_match(reference: str, predicted: str) -> bool:
     """True if `predicted` is equivalent to `reference`, both cleaned first (`clean_answer`): two plain numbers
     compared exactly (to six decimals and six significant digits: grpo_cli/rewards/numbers.py), anything else by
@@ -390,7 +355,7 @@ def answers_match(reference: str, predicted: str) -> bool:
     exact = read_number(reference), read_number(predicted)
     if exact[0] is not None and exact[1] is not None:
         return numbers_match(*exact)
-    percent = [_percent_value(t) for t in (reference, predicted)]
+    percent = [percent_value(t) for t in (reference, predicted)]
     if any(p is not None for p in percent):  # "25%" is the answer 25 and the answer 0.25
         a, b = (percent[k] if percent[k] is not None else [exact[k]] for k in (0, 1))
         return any(x is not None and y is not None and numbers_match(x, y) for x in a for y in b)

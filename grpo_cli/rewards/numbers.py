@@ -10,12 +10,18 @@ Two plain numbers are the same answer (`numbers_match`) when they are equal, or 
 places and six significant digits (|a - b| <= 5e-7 and <= 1e-6 max(|a|, |b|)): "0.3333333" matches 1/3 and
 3.141593 matches 3.14159265, as math-verify's six-decimal rounding does, but unlike it 1e-9 is not 3e-9 (both
 round to 0) and 1000000.5 is not 1000001. Anything else (sqrt(2), 4 pi, sets, text) is math-verify's to decide.
+
+Numbers in other Unicode forms are written the ASCII way first (`unicode_numbers`), and a percentage is read as both
+its number and its hundredth (`percent_value`).
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from fractions import Fraction
+
+_SLASHES = "\u2044\u2215\uff0f"  # fraction slash, division slash, fullwidth solidus
 
 UNITS = {w: i for i, w in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
@@ -116,3 +122,42 @@ def numbers_match(a: Fraction, b: Fraction) -> bool:
         return True
     diff = abs(a - b)
     return diff <= Fraction(5, 10**7) and diff <= Fraction(1, 10**6) * max(abs(a), abs(b))
+
+
+def unicode_numbers(text: str) -> str:
+    """Numbers in any Unicode form written the ASCII way, by what the Unicode database says each character is
+    (`unicodedata`): every decimal digit ("４２", "٤٢" -> "42"), vulgar fractions ("½" -> "1/2"; "1½" -> "1 1/2",
+    a mixed number), the fraction slash and the fullwidth percent sign."""
+    if text.isascii():
+        return text
+    out = []
+    for i, ch in enumerate(text):
+        if ch.isascii():
+            out.append(ch)
+        elif (digit := unicodedata.decimal(ch, None)) is not None:
+            out.append(str(digit))
+        elif ch in _SLASHES:
+            out.append("/")
+        elif ch == "\uff05":
+            out.append("%")
+        elif unicodedata.category(ch) == "No" and (value := _vulgar(ch)) is not None:
+            mixed = i > 0 and (text[i - 1].isdigit())
+            out.append((" " if mixed else "") + f"{value.numerator}/{value.denominator}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _vulgar(ch: str) -> Fraction | None:
+    """A vulgar fraction character's value ("¾" -> 3/4); None for other numeric characters (superscripts, circled)."""
+    value = unicodedata.numeric(ch, None)
+    if value is None or value == int(value) or "FRACTION" not in unicodedata.name(ch, ""):
+        return None
+    return Fraction(value).limit_denominator(100)
+
+
+def percent_value(text: str) -> list[Fraction] | None:
+    """A percentage ("25%", "25 \\%", "25 percent") read as its two answers, [25, 1/4]; None for anything else."""
+    m = re.fullmatch(r"(.+?)\s*(?:\\?%|percent)", text.strip().rstrip("."), flags=re.IGNORECASE)
+    value = read_number(m.group(1)) if m else None
+    return None if value is None else [value, value / 100]
