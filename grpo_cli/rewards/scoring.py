@@ -246,7 +246,7 @@ def score(
     started: dict[int, children.Child] = {}
     try:
         for i, s in enumerate(specs):
-            if s.timeout_s is not None and not is_remote(s.name):  # a remote reward's bounds its request
+            if s.timeout_s is not None and not is_remote(s.name):  # a remote reward's timeout bounds each request
                 started[i] = _start_child(s.name, kwargs[i], s.timeout_s, log_names[i])
         local = [i for i in range(len(specs)) if i not in started]
         for i in (i for i in local if not _is_async(fns[i])):
