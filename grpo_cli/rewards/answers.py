@@ -3,6 +3,8 @@ r"""Final answers: extraction from a completion and equivalence with a reference
 Before anything is read, text is cleaned the way people write numbers (`clean_answer`):
   unicode   every Unicode decimal digit as ASCII ("４２", "٤٢"), vulgar fractions ("½" -> "1/2", "1½" -> "1 1/2"),
             the fraction and division slashes, the fullwidth percent sign (`unicode_numbers`: unicodedata)
+  words     around digits: "minus 3" -> -3, "1.5 million" -> 1500000, "$2.5k" -> $2500, fractions in words ("one
+            third" -> 1/3, "two and a half" -> 2 1/2; `number_phrases`)
   dashes    U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, U+FE63, U+FF0D -> "-" ("−3" is -3, not 3)
   dollars   `\$`, `\text{\$}`, `\textdollar` are dropped (`\boxed{\$23}` is 23)
   grouping  digits grouped in threes by `\,` `\!` `\ ` `{,}`, thin / no-break spaces or plain spaces
@@ -49,6 +51,7 @@ from typing import Any, Callable
 
 from grpo_cli.rewards.numbers import (
     NUMBER_WORDS,
+    number_phrases,
     numbers_match,
     percent_value,
     read_number,
@@ -69,7 +72,7 @@ _EXPONENT = r"(?:[eE][-+]?\d+|\s*(?:\\times|\\cdot|×|x|\*)\s*10\s*\^\s*\{?\s*[-
 # separators ("1,000"), decimals, scientific notation ("3.2e4"), simple fractions ("3/4"), mixed numbers
 # ("3 3/4") and LaTeX fractions.
 _NUMBER = re.compile(
-    rf"(?<![\w.])-?(?:\d+\s+\d+/\d+(?![\d/.])|\d+\s*{_FRAC}|{_FRAC}"
+    rf"(?<![\w.])-?(?:\d+\s+\d+/\d+(?![\d/]|\.\d)|\d+\s*{_FRAC}|{_FRAC}"
     rf"|(?:\d{{1,3}}(?:,\d{{3}})+|\d+)(?:\.\d+)?(?:{_EXPONENT}|/\d+(?:\.\d+)?)?)"
 )
 # The last answer phrase: "the answer is", "Final answer:", "answer =", "the answer to part a would be"
@@ -95,6 +98,7 @@ _AFTER_PREPOSITION = re.compile(
     r"(?:(?:the|a|an|every|each|all)\s+)?\$?$", flags=re.IGNORECASE,
 )
 _REMARK = re.compile(r",\s*(?:which|that)\s+(?:is|was|are|were)\b|\s\(|,\s*i\.e\.|,?\s(?:since|because)\b|\s[—–]\s")
+_LINK_BEFORE = re.compile(r"(?:=|\b(?:is|are|was|were|equals?|makes?|gives?|comes\s+to|totals?))\s*$", flags=re.IGNORECASE)
 _LAST_REMARK = re.compile(r",\s*(?:which|that)\s+(?:is|was|are|were)\b|,\s*i\.e\.|,?\s(?:since|because)\b|\s[—–]\s")
 # a closing paragraph that checks or comments on what came before
 _NOTE = re.compile(r"\n\s*\n\s*\(?\**(?:note|check|verification|verify|double[- ]check|sanity check|remark|p\.s\.)\b"
@@ -124,7 +128,7 @@ def _join_groups(m: re.Match, whole: bool) -> str:
 def clean_answer(text: str) -> str:
     """Unicode numbers as ASCII, dashes read as minus, escaped dollars dropped, digit groups joined (see the module
     docstring)."""
-    text = _DOLLAR.sub("", unicode_numbers(text).translate(_DASHES))
+    text = _DOLLAR.sub("", number_phrases(unicode_numbers(text)).translate(_DASHES))
     whole = _GROUPED.fullmatch(text.strip()) is not None
     return _GROUPED.sub(lambda m: _join_groups(m, whole), text)
 
@@ -257,13 +261,17 @@ def _stated_answer(text: str) -> str | None:
 
 def _last_number_or_math(text: str) -> str | None:
     """The last number that is not a remark; inside a math span, the span's final expression if math-verify reads
-    it. Without any digit, the last number word ("There are five."). Remarks, as in rule 2: a closing paragraph
+    it. Number words count where a result link comes right before them ("47 plus 18 is sixty-five"), and without any
+    digit, everywhere ("There are five."). Remarks, as in rule 2: a closing paragraph
     that checks or notes ("Note: ...", "Check: 6 * 7 = 42"), and the end of the last sentence after ", which is",
     ", since", " - " ("It costs 42 dollars, which is 8 less than 50." is 42)."""
     note = _NOTE.search(text)
     if note and (_NUMBER.search(text, 0, note.start()) or NUMBER_WORDS.search(text, 0, note.start())):
         text = text[: note.start()]
-    found = list(_NUMBER.finditer(text)) or list(NUMBER_WORDS.finditer(text))
+    digits = list(_NUMBER.finditer(text))
+    stated = [w for w in NUMBER_WORDS.finditer(text) if _LINK_BEFORE.search(text, max(0, w.start() - 24), w.start())
+              and not any(d.start() < w.end() and w.start() < d.end() for d in digits)]  # "47 plus 18 is sixty-five"
+    found = sorted(digits + stated, key=lambda m: m.start()) or list(NUMBER_WORDS.finditer(text))
     if not found:
         return None
     last = found[-1]

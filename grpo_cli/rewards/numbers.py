@@ -161,3 +161,39 @@ def percent_value(text: str) -> list[Fraction] | None:
     m = re.fullmatch(r"(.+?)\s*(?:\\?%|percent)", text.strip().rstrip("."), flags=re.IGNORECASE)
     value = read_number(m.group(1)) if m else None
     return None if value is None else [value, value / 100]
+
+
+_DENOMINATORS = {"half": 2, "halves": 2, "third": 3, "quarter": 4, "fourth": 4, "fifth": 5, "sixth": 6, "seventh": 7,
+                 "eighth": 8, "ninth": 9, "tenth": 10}
+_COUNT = r"a|an|one|two|three|four|five|six|seven|eight|nine|ten|\d+"
+_FRACTION_WORDS = re.compile(
+    rf"\b(?:(\d+|{_WORD})\s+and\s+)?({_COUNT})[\s-]+(halves|half|thirds?|quarters?|fourths?|fifths?|sixths?|sevenths?"
+    r"|eighths?|ninths?|tenths?)\b", flags=re.IGNORECASE)
+_SCALED = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\s*(thousand|million|billion|trillion)\b", flags=re.IGNORECASE)
+_MONEY_SUFFIX = re.compile(r"(\$\s?)(\d+(?:\.\d+)?)\s?(k|K|m|M|bn)\b")
+_SIGN_WORD = re.compile(r"\b(?:minus|negative)\s+(?=\d)", flags=re.IGNORECASE)
+_SUFFIX_SCALE = {"k": 10**3, "m": 10**6, "bn": 10**9}
+
+
+def number_phrases(text: str) -> str:
+    """Numbers people write in words around digits, as digits: a sign word before digits ("minus 3" -> "-3"), a
+    scale word after them ("1.5 million" -> "1500000", "$2.5k" -> "$2500"), and fractions in words ("one third" ->
+    "1/3", "three quarters" -> "3/4", "two and a half" -> "2 1/2", a mixed number)."""
+    def count(word: str) -> int:
+        return 1 if word.lower() in ("a", "an") else int(word) if word.isdigit() else UNITS[word.lower()]
+
+    def fraction(m: re.Match) -> str:
+        whole = m.group(1)
+        whole = "" if whole is None else f"{whole if whole.isdigit() else words_value(whole)} "
+        name = m.group(3).lower()
+        return f"{whole}{count(m.group(2))}/{_DENOMINATORS.get(name) or _DENOMINATORS[name[:-1]]}"
+
+    def scaled(value: str, scale: int) -> str:
+        exact = Fraction(value) * scale
+        return str(exact.numerator) if exact.denominator == 1 else str(float(exact))
+
+    text = _SIGN_WORD.sub("-", text)
+    text = _SCALED.sub(lambda m: scaled(m.group(1), SCALES[m.group(2).lower()] if m.group(2).lower() != "trillion"
+                                        else 10**12), text)
+    text = _MONEY_SUFFIX.sub(lambda m: m.group(1) + scaled(m.group(2), _SUFFIX_SCALE[m.group(3).lower()]), text)
+    return _FRACTION_WORDS.sub(fraction, text)

@@ -271,12 +271,32 @@ REMARKS = rows(  # numbers after the answer that comment on it do not count
     ("It costs 42 dollars, which is 8 dollars less than 50.", "50", 0.0),
 )
 
+WORDS_AROUND_DIGITS = rows(  # what people write in words around or instead of digits
+    ("The answer is minus 3.", "-3", 1.0),
+    ("The answer is negative 3.", "-3", 1.0),
+    ("The temperature is negative 12 degrees.", "-12", 1.0),
+    ("The probability is one third.", "1/3", 1.0),
+    ("The probability is one half.", "0.5", 1.0),
+    ("Three quarters of the pie is left: the answer is three quarters.", "0.75", 1.0),
+    ("It is two and a half.", "2.5", 1.0),
+    ("She ran 5 and a half miles.", "5.5", 1.0),
+    ("It takes 2 1/2.", "2.5", 1.0),  # a mixed number that ends the sentence
+    ("The city has 1.5 million people.", "1500000", 1.0),
+    ("The answer is 3 thousand.", "3000", 1.0),
+    ("It costs $1.5k.", "1500", 1.0),
+    ("47 plus 18 is sixty-five.", "65", 1.0),  # number words right after a result link, digits before them
+    ("The result of adding 47 and 18 is sixty five.", "65", 1.0),
+    ("Half of them left, so 20 stayed.", "20", 1.0),  # "half" alone is no number
+    ("One of the 3 boxes is empty.", "3", 1.0),
+    ("The probability is one half.", "0.25", 0.0),
+)
+
 
 CLASSES = {"escaped_dollar": DOLLAR, "unicode_minus": MINUS, "inline_latex": LATEX, "digit_grouping": GROUPING,
            "only_the_final_answer_counts": ORDER, "stated_answer_then_mentions": STATED,
            "scientific_notation": SCIENTIFIC, "number_words": WORDS, "mixed_numbers": MIXED,
            "numeric_tolerance": TOLERANCE, "kept_behaviour": KEEP, "unicode_numbers": UNICODE, "percentages": PERCENT,
-           "remarks_after_the_answer": REMARKS}
+           "remarks_after_the_answer": REMARKS, "words_around_digits": WORDS_AROUND_DIGITS}
 
 
 @pytest.mark.parametrize("completion, reference, expected, mode", [
