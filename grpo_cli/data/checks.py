@@ -198,7 +198,7 @@ def check_data(recipe: Recipe) -> list[str]:
 
     check_model_path(recipe.model.name_or_path)
     check_model_cached(recipe.model)
-    if recipe.distillation is not None:
+    if recipe.distillation is not None and recipe.distillation.teacher is not None:
         check_model_path(recipe.distillation.teacher.name_or_path, "distillation.teacher.name_or_path")
         check_model_cached(recipe.distillation.teacher, "distillation.teacher.name_or_path")
         check_same_vocabulary(recipe.model, recipe.distillation.teacher)

@@ -39,7 +39,7 @@ def diagnose(recipe_path: Path, overrides: list[str], processes: int = 1, resume
     except UserError as e:
         return [*verdicts, Verdict("model and data", "fail", str(e))]
     verdicts += [check_batch(r, processes, rows), check_prompt(r, batch, tokenizer, config),
-                 check_memory(r, config, processes, lengths, _config(r.distillation.teacher) if r.distillation else None),
+                 check_memory(r, config, processes, lengths, _config(r.distillation.teacher) if r.distillation and r.distillation.teacher else None),
                  probe_rewards(r, batch, tokenizer)]
     if resume_steps:
         from grpo_cli.doctor.resume_check import resume_check

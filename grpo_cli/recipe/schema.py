@@ -264,11 +264,25 @@ class EvalConfig(Section):
         return self
 
 
+class ServedTeacherConfig(Section):
+    base_url: str = Field(..., pattern=r"^https?://", description="vLLM's OpenAI-compatible API, e.g. http://host:8000/v1.")
+    model: str = Field(..., description="The name the server serves the teacher under.")
+    api_key_env: str | None = Field(None, description="The environment variable that holds its key (never the key).")
+    timeout_s: float = Field(120.0, gt=0, description="Each request's timeout (a micro-batch's rows).")
+
+
 class DistillationConfig(Section):
-    teacher: ModelConfig = Field(description="The teacher, a model section (name_or_path, dtype, gguf_file ...): a local "
-                                 "folder, hub id, builtin: or pkg: model whose tokenizer is the policy's.")
+    teacher: ModelConfig | None = Field(None, description="The teacher, a model section (name_or_path, dtype, gguf_file "
+                                        "...): a local folder, hub id, builtin: or pkg: model whose tokenizer is the policy's.")
+    served: ServedTeacherConfig | None = Field(None, description="Or a teacher behind a vLLM server: its prompt log-probs.")
     weight: float = Field(1.0, gt=0, description="lambda: each sampled token's advantage gains lambda (log pi_teacher "
                           "- log pi_student) of that token, the per-token reverse KL as a reward (on-policy distillation).")
+
+    @model_validator(mode="after")
+    def _one_teacher(self) -> DistillationConfig:
+        if (self.teacher is None) == (self.served is None):
+            raise ValueError("distillation: set exactly one of teacher (a model in this process) and served (a vLLM server)")
+        return self
 
 
 class Recipe(Section):

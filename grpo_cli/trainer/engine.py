@@ -38,8 +38,8 @@ from grpo_cli.run.trackers import tracker_folders
 from grpo_cli.trainer.distributed import Collectives, process_rows
 from grpo_cli.trainer.nonfinite import check_weights
 from grpo_cli.trainer.reporting import StepReport, open_run_logs, start_line
-from grpo_cli.trainer.setup import build_policy, build_stream, forward_choices, start_from
-from grpo_cli.trainer.teacher import Teacher
+from grpo_cli.trainer.setup import build_policy, build_stream, start_from
+from grpo_cli.trainer.teacher import build_teacher
 from grpo_cli.trainer.state import OptimizerState, ProcessRNG, RunState, restore_run, save_run
 from grpo_cli.trainer.update import PolicyUpdate, Reference
 
@@ -79,8 +79,6 @@ class Engine:
         self.policy, self.optimizer, self.scheduler, self.tokenizer = p.model, p.optimizer, p.scheduler, p.tokenizer
         self.model_summary, self.sharded = p.summary, p.sharded
         self.reference = Reference(p.reference, r.algorithm)
-        self.teacher = Teacher(p.teacher, r.distillation.weight, forward_choices(r, acc.device.type, p.teacher.config)) \
-            if p.teacher is not None else Teacher(None)
         self.stream = build_stream(r, p.tokenizer, acc)
         self.rollouts = build_rollouts(
             r, policy=acc.unwrap_model(p.model), tokenizer=p.tokenizer, stream=self.stream, procs=self.procs,
@@ -88,6 +86,7 @@ class Engine:
             resumed_adapters=self.checkpoint_path is not None and bool(r.model.lora.r))
         self.update = PolicyUpdate(r, acc, self.procs, p.model, p.optimizer, p.scheduler, self.reference,
                                    p.forward)
+        self.teacher = build_teacher(r, p, self.update, acc.device.type)  # distillation
         self.reward_models = RewardModelUpdates(r, self.procs)  # rewards[].update
         self.state = self._run_state()
         if self.checkpoint_path:
@@ -181,7 +180,7 @@ class Engine:
             adv = step_advantages(s, a.num_generations, a.scale_rewards, a.multi_objective_aggregation,
                                   a.advantage_estimator)  # [n], or [n, T] with step rewards
             mask = trained_mask(s.rollout, a.mask_truncated_completions)  # [n, T]: the tokens the policy sampled
-            adv = self.teacher.advise(adv, s.rollout, mask, self.policy, self.update.logps)  # distillation's per token
+            adv = self.teacher.advise(adv, s.rollout, mask)  # on-policy distillation: + lambda log(pi_T / pi_S) a token
             stats = self.update(s.rollout, adv.local, mask, clock.memory)  # mu clipped policy updates
             self.reference.after_update(step, policy)  # the outer loop: pi_ref <- pi_theta every M steps
             measured = self.reward_models.observe(step, s)  # the last line: the reward model learns from this step

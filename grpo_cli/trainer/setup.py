@@ -125,7 +125,7 @@ def build_policy(recipe, accelerator, checkpoint: Path | None) -> Policy:
             ref_cfg = r.model.model_copy(update={"gradient_checkpointing": False})
             reference = load_model(ref_cfg).to(accelerator.device).eval().requires_grad_(False)
         teacher = None
-        if r.distillation is not None:
+        if r.distillation is not None and r.distillation.teacher is not None:
             teacher_cfg = r.distillation.teacher.model_copy(update={"gradient_checkpointing": False})
             teacher = load_model(teacher_cfg).to(accelerator.device).eval().requires_grad_(False)
     disable_dropout(model)

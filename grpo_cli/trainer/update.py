@@ -258,15 +258,18 @@ class PolicyUpdate:
             sums.add_extremes("sampling/importance_sampling_ratio/max", rho, mask)
         return weights
 
-    def logps(self, model, rollout: Rollout, forward: ForwardChoices | None = None) -> torch.Tensor:
+    def logps(self, model, rollout: Rollout, forward: ForwardChoices | None = None,
+              temperature: float | None = None) -> torch.Tensor:
         """[n, T] `model`'s log-probs of the rollout's tokens without grad, micro-batch by micro-batch, as the update
-        takes them (`forward`: another model's choices, e.g. a teacher of another type)."""
+        takes them (`forward`: another model's choices, e.g. a teacher of another type; `temperature`: another than
+        the rollout's)."""
         slices = [slice(i, i + self.recipe.train.micro_batch_size) for i in range(0, len(rollout),
                                                                                self.recipe.train.micro_batch_size)]
         kw = self.forward_kw if forward is None else dict(shared_prompts=forward.shared_prompts,
                                                           chunked_head=forward.chunked_head, packing=forward.packing)
-        return logps_no_grad(model, rollout, slices, temperature=self.recipe.rollout.temperature,
-                             autocast=self.accelerator.autocast, truncation=self.truncation, **kw)
+        own = temperature is None
+        return logps_no_grad(model, rollout, slices, temperature=self.recipe.rollout.temperature if own else temperature,
+                             autocast=self.accelerator.autocast, truncation=self.truncation if own else None, **kw)
 
     def _ref_logps(self, rollout: Rollout, slices: list[slice]) -> torch.Tensor:
         if self.reference.model is not None:

@@ -1,6 +1,9 @@
 """On-policy distillation (issue 39 item 2): a teacher scores each token the policy sampled and lambda (log pi_T -
 log pi_S) is added to that token's advantage, alone (rewards: []) or beside the rewards."""
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,10 +14,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from grpo_cli.algo.advantages import Advantages
 from grpo_cli.algo.distillation import reverse_kl_advantages
 from grpo_cli.datatypes import Rollout
-from grpo_cli.trainer.teacher import Teacher
+from grpo_cli.errors import SetupError
+from grpo_cli.trainer.launch import free_port
+from grpo_cli.trainer.teacher import ServedTeacher, Teacher
 
-from helpers import ROOT, cli, read_jsonl
-from servers import make_model
+from helpers import ROOT, cli, read_jsonl, tiny_tokenizer
+from servers import make_model, wait_healthy
 
 torch.set_num_threads(1)
 
@@ -58,17 +63,17 @@ def test_advise_adds_lambda_times_the_log_ratio_to_each_sampled_token(models):
                       completion_mask=mask, truncated=torch.zeros(3, dtype=torch.bool), prompts=["p"] * 3,
                       completions=["c"] * 3)
 
-    def logps(model, r, forward=None):
-        return _full_logps(model, torch.cat([r.prompt_ids, r.completion_ids], 1), 5)
+    def logps(model):
+        return lambda r: _full_logps(model, torch.cat([r.prompt_ids, r.completion_ids], 1), 5)
 
     outcome = torch.tensor([0.5, -1.0, 0.25])
     adv = Advantages(local=outcome, outcome=outcome, signal=torch.tensor([True]), stats={})
-    got = Teacher(teacher, weight=0.3).advise(adv, rollout, mask, student, logps)
+    got = Teacher(logps(teacher), logps(student), weight=0.3).advise(adv, rollout, mask)
     ids = torch.cat([prompt, completion], 1)
     by_hand = outcome[:, None] + 0.3 * (_full_logps(teacher, ids, 5) - _full_logps(student, ids, 5)) * mask
     assert got.local.shape == (3, 4) and torch.allclose(got.local, by_hand, atol=1e-6)
     assert (got.local[mask == 0] == outcome[:, None].expand(3, 4)[mask == 0]).all()  # only sampled tokens gain it
-    assert Teacher(None).advise(adv, rollout, mask, student, logps) is adv
+    assert Teacher(None, logps(student)).advise(adv, rollout, mask) is adv
 
 
 def _distill(out: Path, teacher: Path | str, *args: str):
@@ -135,3 +140,66 @@ def test_validate_refuses_a_teacher_with_another_vocabulary(models, tmp_path):
     assert p.returncode == 2 and "rewards: name at least one reward" in p.stderr
     p = cli("validate", "recipes/ci-tiny.yaml", "rewards=[]", f"distillation={{teacher: {{name_or_path: '{base}'}}}}")
     assert p.returncode == 0, p.stderr
+
+
+@pytest.fixture(scope="module")
+def served_teacher(models, tmp_path_factory):
+    """The digit teacher behind vLLM's own OpenAI server (float32, the engine in the server), named `teacher`."""
+    pytest.importorskip("vllm")
+    _, trained = models
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "GRPO_SERVER_TOKEN"}
+    env |= {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    log = tmp_path_factory.mktemp("teacher-log") / "vllm.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(trained), "--served-model-name",
+         "teacher", "--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024"],
+        env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, 240)
+    except (RuntimeError, TimeoutError) as e:
+        proc.kill()
+        raise AssertionError(f"{e}:\n{log.read_text()[-3000:]}") from None
+    yield url + "/v1"
+    proc.terminate()
+    proc.wait(60)
+
+
+@pytest.mark.vllm
+def test_a_served_teacher_gives_the_local_teachers_log_probs(models, served_teacher):
+    """ServedTeacher (vLLM's prompt log-probs, token ids in) against the same model's full-vocabulary log-softmax here,
+    on left-padded prompts and completions of different lengths; the server's tokenizer is checked against the
+    policy's."""
+    base, trained = models
+    teacher = AutoModelForCausalLM.from_pretrained(trained).eval()
+    torch.manual_seed(1)
+    prompt, completion = torch.randint(3, 700, (3, 6)), torch.randint(3, 700, (3, 5))
+    prompt_mask = torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]])
+    mask = torch.tensor([[1] * 5, [1, 1, 1, 0, 0], [1, 1, 1, 1, 0]])
+    rollout = Rollout(prompt_ids=prompt, prompt_mask=prompt_mask, completion_ids=completion, completion_mask=mask,
+                      truncated=torch.zeros(3, dtype=torch.bool), prompts=["p"] * 3, completions=["c"] * 3)
+    served = ServedTeacher(served_teacher, "teacher", None, 60, batch=2)
+    got = served(rollout)
+    for i in range(3):
+        ids = torch.cat([prompt[i][prompt_mask[i].bool()], completion[i][mask[i].bool()]])[None]
+        here = _full_logps(teacher, ids, int(prompt_mask[i].sum()))[0]
+        assert torch.allclose(got[i, : len(here)], here, atol=1e-4), (got[i], here)
+        assert (got[i, len(here):] == 0).all()
+    served.check_tokenizer(AutoTokenizer.from_pretrained(base))
+    with pytest.raises(SetupError, match="the teacher's tokenizer is not the policy's"):
+        served.check_tokenizer(tiny_tokenizer())
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_distillation_from_a_served_teacher_trains_as_from_a_local_one(models, served_teacher, tmp_path):
+    _, trained = models
+    local = _distill(tmp_path / "local", trained, "train.max_steps=3", "train.learning_rate=3e-3")
+    p = cli("train", "recipes/ci-tiny.yaml", "-o", str(tmp_path / "served"), "rewards=[]", "checkpoint.every_steps=0",
+            f"distillation={{served: {{base_url: '{served_teacher}', model: teacher}}}}", "train.max_steps=3",
+            "train.learning_rate=3e-3")
+    assert p.returncode == 0, p.stderr[-3000:]
+    served = read_jsonl(tmp_path / "served/metrics.jsonl")
+    for a, b in zip(local, served):
+        assert abs(a["distillation/reverse_kl"] - b["distillation/reverse_kl"]) < 1e-3, (a, b)
