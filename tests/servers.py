@@ -2,7 +2,9 @@
 
 import os
 import subprocess
+import sys
 import time
+from contextlib import contextmanager
 import urllib.request
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import torch
 
 from grpo_cli.recipe.schema import ModelConfig
 
+from grpo_cli.trainer.launch import free_port
 from helpers import ROOT, popen
 
 PROMPTS = [[5, 6, 7, 8], [9, 10]]  # B=2 ragged prompts
@@ -85,3 +88,27 @@ def start_server(model_dir: str, port: int, cache: Path, log: Path, token: str |
             time.sleep(0.2)
     proc.kill()
     raise TimeoutError("grpo serve-vllm did not become healthy")
+
+
+@contextmanager
+def openai_server(model: Path | str, name: str, dtype: str, log: Path):
+    """vLLM's own OpenAI-compatible server (not grpo's) with `model` served as `name` on 127.0.0.1, its engine in the
+    server's process (twice as fast to start on the CPU); yields its API's base URL (.../v1)."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "GRPO_SERVER_TOKEN"}
+    env |= {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name", name,
+         "--port", str(port), "--dtype", dtype, "--enforce-eager", "--max-model-len", "1024"],
+        env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, 240)
+    except (RuntimeError, TimeoutError) as e:
+        proc.kill()
+        raise AssertionError(f"{e}:\n{log.read_text()[-3000:]}") from None
+    try:
+        yield url + "/v1"
+    finally:
+        proc.terminate()
+        proc.wait(60)

@@ -8,9 +8,6 @@ key, take its time to show the concurrency limit) is a real HTTP server in this 
 import json
 import logging
 import re
-import os
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -25,10 +22,9 @@ from grpo_cli.rewards import REWARDS, score
 from grpo_cli.rewards.judges import POINTWISE, judge_for, judge_settings, parse_ranking, parse_score
 from grpo_cli.rewards.kwargs import check_kwargs
 from grpo_cli.rewards.outcomes import reset_reports
-from grpo_cli.trainer.launch import free_port
 
-from helpers import ROOT, cli, read_jsonl
-from servers import make_model, wait_healthy
+from helpers import cli, read_jsonl
+from servers import make_model, openai_server
 
 QUESTIONS = ["What is 2 + 2?"] * 2 + ["Name a primary colour."] * 2
 ANSWERS = ["4", "4", "red", "red"]
@@ -41,23 +37,8 @@ def judge_url(tmp_path_factory):
     """vLLM's OpenAI-compatible server with the tiny model, served under the name `judge`."""
     pytest.importorskip("vllm")
     model = make_model(tmp_path_factory.mktemp("judge"))
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "GRPO_SERVER_TOKEN"}
-    env |= {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # the engine in the server: 2x faster
-    log = tmp_path_factory.mktemp("judge-log") / "vllm.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name",
-         "judge", "--port", str(port), "--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "1024"],
-        env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc, 240)
-    except (RuntimeError, TimeoutError) as e:
-        proc.kill()
-        raise AssertionError(f"{e}:\n{log.read_text()[-3000:]}") from None
-    yield url + "/v1"
-    proc.terminate()
-    proc.wait(60)
+    with openai_server(model, "judge", "bfloat16", tmp_path_factory.mktemp("judge-log") / "vllm.log") as url:
+        yield url
 
 
 def _spec(name: str = "judge", on_error: str = "raise", **kwargs) -> RewardConfig:

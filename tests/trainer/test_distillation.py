@@ -1,9 +1,6 @@
 """On-policy distillation (issue 39 item 2): a teacher scores each token the policy sampled and lambda (log pi_T -
 log pi_S) is added to that token's advantage, alone (rewards: []) or beside the rewards."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,11 +12,10 @@ from grpo_cli.algo.advantages import Advantages
 from grpo_cli.algo.distillation import reverse_kl_advantages
 from grpo_cli.datatypes import Rollout
 from grpo_cli.errors import SetupError
-from grpo_cli.trainer.launch import free_port
 from grpo_cli.trainer.teacher import ServedTeacher, Teacher
 
 from helpers import ROOT, cli, read_jsonl, tiny_tokenizer
-from servers import make_model, wait_healthy
+from servers import make_model, openai_server
 
 torch.set_num_threads(1)
 
@@ -144,26 +140,11 @@ def test_validate_refuses_a_teacher_with_another_vocabulary(models, tmp_path):
 
 @pytest.fixture(scope="module")
 def served_teacher(models, tmp_path_factory):
-    """The digit teacher behind vLLM's own OpenAI server (float32, the engine in the server), named `teacher`."""
+    """The digit teacher behind vLLM's own OpenAI server (float32), named `teacher`."""
     pytest.importorskip("vllm")
     _, trained = models
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "GRPO_SERVER_TOKEN"}
-    env |= {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    log = tmp_path_factory.mktemp("teacher-log") / "vllm.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(trained), "--served-model-name",
-         "teacher", "--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024"],
-        env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc, 240)
-    except (RuntimeError, TimeoutError) as e:
-        proc.kill()
-        raise AssertionError(f"{e}:\n{log.read_text()[-3000:]}") from None
-    yield url + "/v1"
-    proc.terminate()
-    proc.wait(60)
+    with openai_server(trained, "teacher", "float32", tmp_path_factory.mktemp("teacher-log") / "vllm.log") as url:
+        yield url
 
 
 @pytest.mark.vllm
