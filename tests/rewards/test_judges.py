@@ -180,6 +180,7 @@ class _Stage(BaseHTTPRequestHandler):
             server.inflight += 1
             server.most = max(server.most, server.inflight)
             n = len(server.seen)
+        self.counted = True
         try:
             if self.path == "/reward":
                 rewards = [0.0 if c == a else float(len(c)) for c, a in zip(body["completions"], body["answer"])]
@@ -196,11 +197,19 @@ class _Stage(BaseHTTPRequestHandler):
             code = int(kind)
             self._send(code, {"error": f"refused; you sent {self.headers.get('Authorization')}"})
         finally:
-            with server.lock:
-                server.inflight -= 1
+            self._done()
+
+    def _done(self):
+        # leave the in-flight count before the reply is written: the client may send its next request as soon as
+        # it reads this one, before this handler's thread runs again
+        if self.counted:
+            self.counted = False
+            with self.server.lock:
+                self.server.inflight -= 1
 
     def _send(self, code, obj):
         data = json.dumps(obj).encode()
+        self._done()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
