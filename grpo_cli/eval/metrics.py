@@ -25,7 +25,7 @@ def normalize_answer(answer: str) -> str:
     2**53 + 1 stays itself), dashes/dollars/digit groups cleaned as for accuracy, other text stripped."""
     from decimal import Decimal, InvalidOperation
 
-    from grpo_cli.rewards.answers import clean_answer
+    from grpo_cli.rewards.notation import clean_answer
 
     text = clean_answer(answer).strip().rstrip(".").strip()
     try:

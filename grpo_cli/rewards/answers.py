@@ -1,16 +1,8 @@
 r"""Final answers: extraction from a completion and equivalence with a reference (math-verify).
 
-Before anything is read, text is cleaned the way people write numbers (`clean_answer`):
-  unicode   every Unicode decimal digit as ASCII ("４２", "٤٢"), vulgar fractions ("½" -> "1/2", "1½" -> "1 1/2"),
-            the fraction and division slashes, the fullwidth percent sign (`unicode_numbers`: unicodedata)
-  words     around digits: "minus 3" -> -3, "1.5 million" -> 1500000, "$2.5k" -> $2500, fractions in words ("one
-            third" -> 1/3, "two and a half" -> 2 1/2; `number_phrases`)
-  dashes    U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, U+FE63, U+FF0D -> "-" ("−3" is -3, not 3)
-  dollars   `\$`, `\text{\$}`, `\textdollar` are dropped (`\boxed{\$23}` is 23)
-  grouping  digits grouped in threes by `\,` `\!` `\ ` `{,}`, thin / no-break spaces or plain spaces
-            are joined ("1 000 000", `1\,000\,000` -> 1000000; one plain space only where the number is the
-            whole text, as in `\boxed{1 000}`: "2 100 dollar bills" stays two numbers); commas are left to the
-            number reader
+Before anything is read, text is written the one way the rule reads it (notation.py's `clean_answer`: Unicode digits,
+fractions and math symbols, scale words after digits, spelled numbers in digits by text2num, sign words, dashes as
+minus, escaped dollars dropped, digit groups joined).
 Then the final answer (`extract_answer`, mode `auto`) is, in this order:
   1. marked: the last `\boxed{}`, `<answer>` tag or `####` line;
   2. stated: after the last answer phrase ("the answer is", "Final answer:", "answer =", "the answer to the
@@ -25,13 +17,18 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      ... "So 5 apples and 3 apples make 8": 8), or its first number when it has none ("so 42 marbles fit in 6
      jars": 42); numbers right after a preposition ("in 6 jars", "after 2 hours", "more than 40") are passed
      over while the clause has others, and a trailing remark (", which is ...", "(since ...)") is left out;
-  4. otherwise the last number that is not a remark: a closing paragraph that notes or checks ("Note: ...",
-     "Check: 30 - 12 = 18") and the end of the last sentence after ", which is", ", since", " - " are left out.
+  4. otherwise the last sentence (or line) with a number states it: its last number, unless that only comments,
+     conditions or scopes what the sentence stated. Left out: a closing paragraph that notes or checks ("Note: ...",
+     "Check: 30 - 12 = 18"), the sentence's tail after ", which is", ", i.e.", " - ", "since", "because", "if",
+     "when", "assuming", "given", "after ...ing", "for the/each" (unless the tail computes what the sentence did
+     not state: "we add 6 and 8, which is 6 + 8 = 14"); a last number right after a preposition in a sentence that
+     states a result gives way to that result ("3 x $6 = $18 for 3 shirts": 18).
 A number is an integer, a decimal, scientific notation ("3.2e4", `3.2 \times 10^{4}`), a fraction ("3/4",
-`\frac{3}{4}`, `\dfrac34`), a mixed number ("3 3/4"); in rules 2 and 3, and in a completion without digits,
-also number words ("five", "minus twelve"); a number inside a math span (`$...$`, `\(...\)`, `\[...\]`)
-stands for the span's final expression (`$p = \frac{3}{4}$` -> `\frac{3}{4}`, `$\sqrt{2}$` -> `\sqrt{2}`), when
-math-verify can read it. What the rule cannot tell apart: a conclusion whose answer comes after a number the
+`\frac{3}{4}`, `\dfrac34`), a mixed number ("3 3/4"), not an ordinal ("4th") or a power's exponent; in rules 2
+and 3, after a result link, and in a completion without digits, also the number words `clean_answer` leaves as
+words (a lone "one", "two", "zero"); a number inside a math span (`$...$`, `\(...\)`, `\[...\]`) stands for
+the span's final expression (`$p = \frac{3}{4}$` -> `\frac{3}{4}`, `$\sqrt{2}$` -> `\sqrt{2}`), when math-verify
+can read it. What the rule cannot tell apart: a conclusion whose answer comes after a number the
 clause only mentions, with neither a link nor a preposition to tell them apart ("So 3 boxes fill 42 jars"
 reads 3); box the answer or state it ("the answer is 42") to be read right every time.
 
@@ -49,31 +46,17 @@ import threading
 from decimal import Decimal
 from typing import Any, Callable
 
-from grpo_cli.rewards.numbers import (
-    NUMBER_WORDS,
-    number_phrases,
-    numbers_match,
-    percent_value,
-    read_number,
-    unicode_numbers,
-    words_value,
-)
+from grpo_cli.rewards.notation import Spelled, clean_answer, spelled
+from grpo_cli.rewards.numbers import numbers_match, percent_value, read_number
 
-
-_DASHES = str.maketrans(dict.fromkeys("\u2212\u2013\u2012\u2010\u2011\ufe63\uff0d", "-"))
-_DOLLAR = re.compile(r"\\text\s*\{\s*\\\$\s*\}|\\textdollar\b\s*|\\\$")
-# Digits in groups of three, one separator kind per number; the first group has 1-3 digits.
-_GROUPED = re.compile(
-    r"(?<![\d.,])(?<![\d.,] )(\d{1,3})(\\[,! ]|\{,\}|[ \u00a0\u2009\u202f])(\d{3})((?:\2\d{3})*)(?![\d])"
-)
 _FRAC = r"\\[dt]?frac\s*(?:\{\s*-?\d+(?:\.\d+)?\s*\}|\d)\s*(?:\{\s*-?\d+(?:\.\d+)?\s*\}|\d)"
 _EXPONENT = r"(?:[eE][-+]?\d+|\s*(?:\\times|\\cdot|×|x|\*)\s*10\s*\^\s*\{?\s*[-+]?\d+\s*\}?)(?![\w])"
 # A number as people write it: optional minus (not a subtraction: "3-5" gives 5), thousands
 # separators ("1,000"), decimals, scientific notation ("3.2e4"), simple fractions ("3/4"), mixed numbers
 # ("3 3/4") and LaTeX fractions.
 _NUMBER = re.compile(
-    rf"(?<![\w.])-?(?:\d+\s+\d+/\d+(?![\d/]|\.\d)|\d+\s*{_FRAC}|{_FRAC}"
-    rf"|(?:\d{{1,3}}(?:,\d{{3}})+|\d+)(?:\.\d+)?(?:{_EXPONENT}|/\d+(?:\.\d+)?)?)"
+    rf"(?<![\w.^])(?<!\^\{{)-?(?:\d+\s+\d+/\d+(?![\d/]|\.\d)|\d+\s*{_FRAC}|{_FRAC}"
+    rf"|(?:\d{{1,3}}(?:,\d{{3}})+|\d+)(?:\.\d+)?(?:{_EXPONENT}|/\d+(?:\.\d+)?)?)(?!\d|st\b|nd\b|rd\b|th\b)"
 )
 # The last answer phrase: "the answer is", "Final answer:", "answer =", "the answer to part a would be"
 _ANSWER_PHRASE = re.compile(
@@ -97,14 +80,19 @@ _AFTER_PREPOSITION = re.compile(
     r"\b(?:in|on|at|after|before|for|over|per|of|by|with|within|during|from|into|between|among|than)\s+"
     r"(?:(?:the|a|an|every|each|all)\s+)?\$?$", flags=re.IGNORECASE,
 )
-_REMARK = re.compile(r",\s*(?:which|that)\s+(?:is|was|are|were)\b|\s\(|,\s*i\.e\.|,?\s(?:since|because)\b|\s[—–]\s")
+# what follows a statement's number without being its result: a comment (", which is", "(", ", i.e.", " - ") or a
+# condition, cause or scope (", since", "because", "if", "when", "assuming", "after ...ing", "for the/each ...")
+_TAIL = (r",\s*(?:which|that)\s+(?:is|was|are|were)\b|,\s*i\.e\.|\s[—–]\s|,?\s(?:since|because|if|when|whenever"
+         r"|assuming|given|provided|unless)\b|,?\s(?:after|before|once|while)\s+\w+ing\b|\sfor\s+(?:the|all|each|every)\s")
+_REMARK = re.compile(_TAIL + r"|\s\(", flags=re.IGNORECASE)
+_LAST_REMARK = re.compile(_TAIL, flags=re.IGNORECASE)
+_COMPUTES = re.compile(r"=|\bequals?\b|\bresults?\s+in\b", flags=re.IGNORECASE)
 _LINK_BEFORE = re.compile(r"(?:=|\b(?:is|are|was|were|equals?|makes?|gives?|comes\s+to|totals?))\s*$", flags=re.IGNORECASE)
-_LAST_REMARK = re.compile(r",\s*(?:which|that)\s+(?:is|was|are|were)\b|,\s*i\.e\.|,?\s(?:since|because)\b|\s[—–]\s")
 # a closing paragraph that checks or comments on what came before
 _NOTE = re.compile(r"\n\s*\n\s*\(?\**(?:note|check|verification|verify|double[- ]check|sanity check|remark|p\.s\.)\b"
                    r"(?!.*\n\s*\n)", flags=re.IGNORECASE | re.DOTALL)
 _NEGATED = re.compile(r"(?:\bnot|\bnever|n't)\s+(?:\w+\s+)?$", flags=re.IGNORECASE)
-_SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n\s*\n")
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n")
 # Math spans; a lone `$` is a math delimiter only as in pandoc: no space inside it, no digit after
 # the closing one, so "costs $5 and $7" holds no span.
 _MATH_SPAN = re.compile(
@@ -116,21 +104,6 @@ _LATEX_COMMAND = re.compile(r"\\[A-Za-z]")
 _PLAIN_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
 _PERCENT = re.compile(r"\s?(?:\\?%|percent\b)", flags=re.IGNORECASE)
 _MATH_VERIFY_TIMEOUT_S = 5  # math-verify's own default, used where its signal.alarm can work
-
-
-def _join_groups(m: re.Match, whole: bool) -> str:
-    if m.group(2) == " " and not m.group(4) and not whole:
-        return m.group(0)  # "2 100 dollar bills" in running text is two numbers; "1 000 000" or a bare "1 000" is one
-    sep = re.escape(m.group(2))
-    return m.group(1) + m.group(3) + re.sub(sep, "", m.group(4))
-
-
-def clean_answer(text: str) -> str:
-    """Unicode numbers as ASCII, dashes read as minus, escaped dollars dropped, digit groups joined (see the module
-    docstring)."""
-    text = _DOLLAR.sub("", number_phrases(unicode_numbers(text)).translate(_DASHES))
-    whole = _GROUPED.fullmatch(text.strip()) is not None
-    return _GROUPED.sub(lambda m: _join_groups(m, whole), text)
 
 
 # --------------------------------------------------------------------------- answer extraction
@@ -190,8 +163,8 @@ def _final_expression(span: str) -> str:
 def _as_answer(text: str, m: re.Match) -> str:
     """A number found in `text`: inside a math span the span's final expression if math-verify reads it; number
     words as digits."""
-    if m.re is NUMBER_WORDS:
-        return str(words_value(m.group()))
+    if isinstance(m, Spelled):
+        return m.group()
     for span in _MATH_SPAN.finditer(text):
         if span.start() <= m.start() and m.end() <= span.end():
             content = next(g for g in span.groups() if g is not None)
@@ -201,12 +174,12 @@ def _as_answer(text: str, m: re.Match) -> str:
     return _number_text(m.group()) + ("%" if _PERCENT.match(text, m.end()) else "")
 
 
-def _numbers(text: str, start: int, end: int, words: bool) -> list[re.Match]:
-    """Numbers (and number words) within text[start:end] not negated ("not 40"), in order."""
-    found = list(_NUMBER.finditer(text, start, end))
+def _numbers(text: str, start: int, end: int, words: bool) -> list[re.Match | Spelled]:
+    """Numbers (and the number words left in words) within text[start:end] not negated ("not 40"), in order."""
+    found: list[re.Match | Spelled] = list(_NUMBER.finditer(text, start, end))
     if words:
         taken = [(m.start(), m.end()) for m in found]
-        found += [w for w in NUMBER_WORDS.finditer(text, start, end)
+        found += [w for w in spelled(text, start, end)
                   if not any(a < w.end() and w.start() < b for a, b in taken)]
     found = [m for m in found if not _NEGATED.search(text[start : m.start()])]
     return sorted(found, key=lambda m: m.start())
@@ -222,13 +195,13 @@ def _sentence_start(text: str, pos: int) -> int:
     return starts[-1] if starts else 0
 
 
-def _clause_number(text: str, start: int, end: int) -> re.Match | None:
+def _clause_number(text: str, start: int, end: int, words: bool = True) -> re.Match | Spelled | None:
     """A statement's number: after its last result link that has a number after it, else its first number;
     a trailing remark (", which is ...", "(...") left out, numbers right after a preposition passed over while
     there are others."""
     remark = _REMARK.search(text, start, end)
     end = remark.start() if remark else end
-    numbers = _numbers(text, start, end, words=True)
+    numbers = _numbers(text, start, end, words=words)
     results = [m for m in numbers if not _AFTER_PREPOSITION.search(text[start : m.start()])]
     numbers = results or numbers
     for link in reversed(list(_LINK.finditer(text, start, end))):
@@ -266,17 +239,22 @@ def _last_number_or_math(text: str) -> str | None:
     that checks or notes ("Note: ...", "Check: 6 * 7 = 42"), and the end of the last sentence after ", which is",
     ", since", " - " ("It costs 42 dollars, which is 8 less than 50." is 42)."""
     note = _NOTE.search(text)
-    if note and (_NUMBER.search(text, 0, note.start()) or NUMBER_WORDS.search(text, 0, note.start())):
+    if note and (_NUMBER.search(text, 0, note.start()) or spelled(text, 0, note.start())):
         text = text[: note.start()]
     digits = list(_NUMBER.finditer(text))
-    stated = [w for w in NUMBER_WORDS.finditer(text) if _LINK_BEFORE.search(text, max(0, w.start() - 24), w.start())
-              and not any(d.start() < w.end() and w.start() < d.end() for d in digits)]  # "47 plus 18 is sixty-five"
-    found = sorted(digits + stated, key=lambda m: m.start()) or list(NUMBER_WORDS.finditer(text))
+    words = spelled(text)  # what clean_answer left in words: "one", "two", "zero"
+    stated = [w for w in words if _LINK_BEFORE.search(text, max(0, w.start() - 24), w.start())]  # "7 - 5 is two"
+    found = sorted(digits + stated, key=lambda m: m.start()) or words
     if not found:
         return None
     last = found[-1]
-    remark = _LAST_REMARK.search(text, _sentence_start(text, last.start()), last.start())
-    before = [m for m in found if remark and _sentence_start(text, last.start()) <= m.start() < remark.start()]
+    start = _sentence_start(text, last.start())
+    remark = _LAST_REMARK.search(text, start, last.start())
+    if remark and _COMPUTES.search(text, remark.start(), last.end()) and not _LINK.search(text, start, remark.start()):
+        remark = None  # "we add 6 and 8, which is 6 + 8 = 14": the tail computes what the sentence did not state
+    before = [m for m in found if remark and start <= m.start() < remark.start()]
+    if not before and _AFTER_PREPOSITION.search(text, start, last.start()) and _LINK.search(text, start, last.start()):
+        before = [_clause_number(text, start, last.end(), words=False) or last]  # "3 x $6 = $18 for 3 shirts": 18
     return _as_answer(text, before[-1] if before else last)
 
 

@@ -6,7 +6,9 @@ fraction, digit grouping ("1 000 000"), and the order of answers (only the final
 right number followed by a wrong one scores 0). Then maj@k voting by mathematical equivalence.
 """
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -291,12 +293,73 @@ WORDS_AROUND_DIGITS = rows(  # what people write in words around or instead of d
     ("The probability is one half.", "0.25", 0.0),
 )
 
+UNICODE_MATH = rows(  # math written in Unicode symbols: read as the LaTeX it stands for
+    ("The area is 25\u03c0 square units.", r"25\pi", 1.0),
+    ("The answer is \u221a2.", r"\sqrt{2}", 1.0),
+    ("The answer is \u221a2.", "2", 0.0),  # the root of 2, not 2
+    ("So x = 2\u221a3.", r"2\sqrt{3}", 1.0),
+    ("The side is \u221b27 = 3 cm.", "3", 1.0),
+    ("The answer is 6 \u00d7 10\u00b3.", "6000", 1.0),  # superscripts are a power
+    ("The answer is 10\u00b2.", "100", 1.0),
+    ("The answer is 10\u00b2", "10", 0.0),
+    ("3 \u00d7 6 = 18 cookies", "18", 1.0),
+    ("We get 12 \u00f7 4 = 3.", "3", 1.0),
+    ("The angle is 90\u00b0.", "90", 1.0),
+    ("The volume is 4/3 \u03c0 r\u00b3 = 36\u03c0 cm\u00b3.", r"36\pi", 1.0),  # a unit's power is no number
+    ("The area is 25 m\u00b2.", "25", 1.0),
+    ("The answer is \u00b13.", r"\pm 3", 1.0),
+    ("x\u207b\u00b9 = 0.5, so x = 2", "2", 1.0),
+)
+
+TAILS = rows(  # a condition, cause or scope after the stated number is not the answer
+    ("There are 10 legs in total if you have 10 shrimps and 13 crabs.", "10", 1.0),
+    ("It takes 6 hours assuming 3 workers.", "6", 1.0),
+    ("She will have $21 after saving for 3 weeks.", "21", 1.0),
+    ("After giving away 3, he ends up with 27 marbles.", "27", 1.0),
+    ("The trip takes 4 hours when both of the 2 cars drive.", "4", 1.0),
+    ("She pays 3 \u00d7 $6 = $18 for 3 shirts.", "18", 1.0),  # the result, not the scope after it
+    ("12 + 19 = 31 in 12 steps.", "31", 1.0),
+    ("We add 6 and 8, which is 6 + 8 = 14.", "14", 1.0),  # a tail that computes what the sentence did not state
+    ("The answer is 7 because 3 + 5 = 8 minus 1.", "7", 1.0),
+    ("There are 10 legs in total if you have 10 shrimps and 13 crabs.", "13", 0.0),
+)
+
+SPELLED = rows(  # number words read by text2num; ordinals and a lone "one" are not numbers unless stated
+    ("So the total is one hundred and five.", "105", 1.0),
+    ("The answer is two point five.", "2.5", 1.0),
+    ("Three thousand two hundred people came.", "3200", 1.0),
+    ("So there are twenty-two and a half liters.", "22.5", 1.0),
+    ("He finished fifth with 12 points.", "12", 1.0),
+    ("On the fourth day she reads 30 pages.", "30", 1.0),
+    ("So she has 30 pages left on the 4th day.", "30", 1.0),
+    ("Only one of the 7 boys stayed, so 6 went home.", "6", 1.0),
+    ("The answer is zero.", "0", 1.0),
+    ("The answer is one.", "1", 1.0),
+    ("The final answer is 1.2k.", "1200", 1.0),
+    ("The prize is 3bn dollars.", "3000000000", 1.0),
+    ("He ran 5 km.", "5000", 0.0),  # k of a unit is no thousand
+)
+
+
+def _small_model_rows():
+    """Completions SmolLM2-135M-Instruct wrote (`grpo eval base`, sampled), each with the answer a careful reader
+    takes as its final one (`read_as`) and the problem's own answer: extraction must find the first, and the accuracy
+    against the second is whether the model was right."""
+    path = Path(__file__).parent / "data" / "smollm2_completions.jsonl"
+    table = [json.loads(line) for line in path.read_text().splitlines()]
+    return rows(*[(r["completion"], r["read_as"], 1.0) for r in table],
+                *[(r["completion"], r["reference"], r["correct"]) for r in table])
+
+
+SMALL_MODEL = _small_model_rows()
 
 CLASSES = {"escaped_dollar": DOLLAR, "unicode_minus": MINUS, "inline_latex": LATEX, "digit_grouping": GROUPING,
            "only_the_final_answer_counts": ORDER, "stated_answer_then_mentions": STATED,
            "scientific_notation": SCIENTIFIC, "number_words": WORDS, "mixed_numbers": MIXED,
            "numeric_tolerance": TOLERANCE, "kept_behaviour": KEEP, "unicode_numbers": UNICODE, "percentages": PERCENT,
-           "remarks_after_the_answer": REMARKS, "words_around_digits": WORDS_AROUND_DIGITS}
+           "remarks_after_the_answer": REMARKS, "words_around_digits": WORDS_AROUND_DIGITS,
+           "unicode_math": UNICODE_MATH, "tails_after_the_answer": TAILS, "spelled_numbers": SPELLED,
+           "small_model_completions": SMALL_MODEL}
 
 
 @pytest.mark.parametrize("completion, reference, expected, mode", [
@@ -341,7 +404,8 @@ def test_extracted_text_of_the_new_classes(text, expected):
 def test_plain_numbers_are_read_exactly():
     from fractions import Fraction
 
-    from grpo_cli.rewards.numbers import numbers_match, read_number, words_value
+    from grpo_cli.rewards.notation import words_value
+    from grpo_cli.rewards.numbers import numbers_match, read_number
 
     assert [read_number(t) for t in ("1,234.5", "-3.2e4", "6E-3", r"3.2 \times 10^{4}", "1.5 x 10^-3", "3/4",
                                      r"\dfrac34", r"\frac{-3}{4}", "3 3/4", r"2\frac{1}{2}", "-1 1/2", "five",

@@ -1,0 +1,264 @@
+r"""Numbers as people write them, rewritten the one way the answer rule reads them (`clean_answer`).
+
+In this order:
+  unicode   by what the Unicode database says each character is (`unicodedata`): every decimal digit as ASCII ("４２",
+            "٤٢"), vulgar fractions ("½" -> "1/2", "1½" -> "1 1/2"), the fraction and division slashes, the fullwidth
+            percent sign; superscripts as powers ("3²" -> 3^{2}) and math symbols as LaTeX (π, √, ∛, ×, ÷, ·, ∞, °,
+            ±, ≈, ≤, ≥, ≠). In text without math spans, a run of math that holds one of these becomes a math span:
+            "25π square units" -> "$25\pi$ square units", "√2" -> "$\sqrt{2}$", "3 × 6 = 18" -> "$3 \times 6 = 18$"
+  scales    after digits: "1.5 million" -> 1500000, "1.2k" -> 1200, "$2.5M" -> $2500000
+  words     spelled numbers as digits, by text2num (a maintained parser of number words): "one hundred and five" ->
+            105, "twenty-one" -> 21, "two point five" -> 2.5. Ordinals stay words ("the fifth day"), and so do a
+            lone "one" and "two" (and "zero"), which are mostly not numbers ("no one came"): the answer rule reads
+            those where an answer is stated (`spelled`, threshold 0)
+  fractions in words: "one third" -> 1/3, "three quarters" -> 3/4, "twenty-two and a half" -> 22 1/2
+  signs     a sign word before digits: "minus 3", "negative 3" -> -3
+  dashes    U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, U+FE63, U+FF0D -> "-" ("−3" is -3, not 3)
+  dollars   `\$`, `\text{\$}`, `\textdollar` are dropped (`\boxed{\$23}` is 23)
+  grouping  digits grouped in threes by `\,` `\!` `\ ` `{,}`, thin / no-break spaces or plain spaces are joined
+            ("1 000 000", `1\,000\,000` -> 1000000; one plain space only where the number is the whole text, as in
+            `\boxed{1 000}`: "2 100 dollar bills" stays two numbers); commas are left to the number reader
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from fractions import Fraction
+
+_SLASHES = "\u2044\u2215\uff0f"  # fraction slash, division slash, fullwidth solidus
+# math symbols as LaTeX; √ and its kin take the operand that follows (`_ROOT`)
+_SYMBOLS = {"π": r"\pi", "×": r"\times", "÷": r"\div", "·": r"\cdot", "⋅": r"\cdot", "∞": r"\infty", "°": r"^\circ",
+            "±": r"\pm", "≈": r"\approx", "≤": r"\le", "≥": r"\ge", "≠": r"\ne"}
+_ROOTS = {"√": r"\sqrt", "∛": r"\sqrt[3]", "∜": r"\sqrt[4]"}
+_SUPERSCRIPT = {"⁺": "+", "⁻": "-", "⁽": "(", "⁾": ")"}
+_MATH_CHARS = "".join(_SYMBOLS) + "".join(_ROOTS)
+# a run of math in running text: numbers, single-letter variables (not a unit's letter before a power: "5 m²"),
+# operators and the symbols above, one space apart
+_ATOM = rf"(?:\d+(?:[.,]\d+)*|(?<![A-Za-z])[B-HJ-Zb-z](?![A-Za-z^])|[{_MATH_CHARS}]|\^\{{[^{{}}]*\}}|[-+*/=^()])"
+_RUN = re.compile(rf"{_ATOM}(?: ?{_ATOM})*")
+_ROOT = re.compile(rf"([{''.join(_ROOTS)}])\s*(\((?:[^()]*)\)|\d+(?:\.\d+)?|[A-Za-z]|\\pi)")
+
+_DASHES = str.maketrans(dict.fromkeys("\u2212\u2013\u2012\u2010\u2011\ufe63\uff0d", "-"))
+_DOLLAR = re.compile(r"\\text\s*\{\s*\\\$\s*\}|\\textdollar\b\s*|\\\$")
+# Digits in groups of three, one separator kind per number; the first group has 1-3 digits.
+_GROUPED = re.compile(
+    r"(?<![\d.,])(?<![\d.,] )(\d{1,3})(\\[,! ]|\{,\}|[ \u00a0\u2009\u202f])(\d{3})((?:\2\d{3})*)(?![\d])"
+)
+
+_DENOMINATORS = {"half": 2, "halves": 2, "third": 3, "quarter": 4, "fourth": 4, "fifth": 5, "sixth": 6, "seventh": 7,
+                 "eighth": 8, "ninth": 9, "tenth": 10}
+_SMALL = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten".split())}
+_COUNT = r"a|an|\d+|" + "|".join(_SMALL)
+_FRACTION_WORDS = re.compile(
+    rf"\b(?:(\d+|{'|'.join(_SMALL)})\s+and\s+)?({_COUNT})[\s-]+(halves|half|thirds?|quarters?|fourths?|fifths?|sixths?"
+    r"|sevenths?|eighths?|ninths?|tenths?)\b", flags=re.IGNORECASE)
+_SCALES = {"thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
+_SCALED = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\s*(thousand|million|billion|trillion)\b", flags=re.IGNORECASE)
+# "1.2k", "3bn", "$2.5M": k and bn right after any number, m and M only after a dollar (a bare "5m" is five metres)
+_SUFFIXED = re.compile(r"(?<![\w.])(?:(\$\s?)(\d+(?:\.\d+)?)(k|K|m|M|bn)|()(\d+(?:\.\d+)?)(k|K|bn))\b")
+_SUFFIX_SCALE = {"k": 10**3, "m": 10**6, "bn": 10**9}
+_SIGN_WORD = re.compile(r"\b(?:minus|negative)\s+(?=\d)", flags=re.IGNORECASE)
+_TOKEN = re.compile(r"[^\W\d_]+|\d+|\s+|\S")  # words, digit runs, spaces, single marks: what text2num reads
+
+
+def clean_answer(text: str) -> str:
+    """`text` as the answer rule reads it: the module docstring's steps, in its order."""
+    text = unicode_numbers(text)
+    text = _SCALED.sub(lambda m: _scaled(m.group(1), _SCALES[m.group(2).lower()]), text)
+    text = _SUFFIXED.sub(_suffixed, text)
+    text = spell_digits(text, threshold=3)
+    text = _FRACTION_WORDS.sub(_fraction, text)
+    text = _SIGN_WORD.sub("-", text).translate(_DASHES)
+    text = _DOLLAR.sub("", text)
+    whole = _GROUPED.fullmatch(text.strip()) is not None
+    return _GROUPED.sub(lambda m: _join_groups(m, whole), text)
+
+
+# --------------------------------------------------------------------------- unicode
+
+
+def unicode_numbers(text: str) -> str:
+    """Numbers and math in any Unicode form written the ASCII and LaTeX way (the module docstring's first step)."""
+    if text.isascii():
+        return text
+    out = []
+    for i, ch in enumerate(text):
+        if ch.isascii():
+            out.append(ch)
+        elif (digit := unicodedata.decimal(ch, None)) is not None:
+            out.append(str(digit))
+        elif ch in _SLASHES:
+            out.append("/")
+        elif ch == "\uff05":
+            out.append("%")
+        elif unicodedata.category(ch) == "No" and (value := _vulgar(ch)) is not None:
+            mixed = i > 0 and (text[i - 1].isdigit())
+            out.append((" " if mixed else "") + f"{value.numerator}/{value.denominator}")
+        else:
+            out.append(ch)
+    text = "".join(out)
+    powered = _powers(text)
+    return _math(powered, powers=powered != text)
+
+
+def _vulgar(ch: str) -> Fraction | None:
+    """A vulgar fraction character's value ("¾" -> 3/4); None for other numeric characters (superscripts, circled)."""
+    value = unicodedata.numeric(ch, None)
+    if value is None or value == int(value) or "FRACTION" not in unicodedata.name(ch, ""):
+        return None
+    return Fraction(value).limit_denominator(100)
+
+
+def _superscript(ch: str) -> str | None:
+    if not unicodedata.name(ch, "").startswith("SUPERSCRIPT"):
+        return None
+    digit = unicodedata.digit(ch, None)
+    return str(digit) if digit is not None else _SUPERSCRIPT.get(ch)
+
+
+def _powers(text: str) -> str:
+    """A run of superscript digits and signs as one power: "10³" -> "10^{3}", "x⁻¹" -> "x^{-1}"."""
+    out, run = [], []
+    for ch in text + "\0":
+        if (sup := _superscript(ch)) is not None:
+            run.append(sup)
+            continue
+        if run:
+            out.append("^{" + "".join(run) + "}")
+            run = []
+        out.append(ch)
+    return "".join(out[:-1])
+
+
+def _math(text: str, powers: bool = False) -> str:
+    """Math symbols as LaTeX; in text without math spans each run of math that holds one (or a power written in
+    superscripts, when `powers`) becomes a math span."""
+    if not (powers or any(ch in _MATH_CHARS for ch in text)):
+        return text
+    if "$" in text or "\\(" in text or "\\[" in text:  # math already marked: its symbols as LaTeX, no new spans
+        return _latex(text)
+
+    def span(m: re.Match) -> str:
+        run = m.group()
+        core = re.sub(r"^(?:[ +*/=]|\^\{[^{}]*\}|\^)+", "", run).rstrip(" -+*/=^(")  # not from inside a power
+        if not (any(ch in _MATH_CHARS for ch in core) or (powers and re.search(r"\d\^\{", core))):
+            return run
+        at = run.index(core)
+        return f"{run[:at]}${' '.join(_latex(core).split())}${run[at + len(core):]}"
+
+    return _RUN.sub(span, text)
+
+
+def _latex(text: str) -> str:
+    text = _ROOT.sub(lambda m: f"{_ROOTS[m.group(1)]}{{{m.group(2).strip('()')}}}", text)
+    for ch, command in _SYMBOLS.items():
+        if ch in text:  # operators spaced, constants followed by a space only where a letter follows
+            spaced = command[0] == "\\" and command not in (r"\pi", r"\infty")
+            text = re.sub(rf" ?{re.escape(ch)} ?", lambda _: f" {command} " if spaced else command, text)
+            if not spaced:
+                text = re.sub(rf"{re.escape(command)}(?=[A-Za-z])", lambda _: command + " ", text)
+    return text
+
+
+# --------------------------------------------------------------------------- words around and instead of digits
+
+
+def _fraction(m: re.Match) -> str:
+    whole, count, name = m.group(1), m.group(2).lower(), m.group(3).lower()
+    whole = "" if whole is None else f"{whole if whole.isdigit() else _SMALL[whole.lower()]} "
+    n = 1 if count in ("a", "an") else int(count) if count.isdigit() else _SMALL[count]
+    return f"{whole}{n}/{_DENOMINATORS.get(name) or _DENOMINATORS[name[:-1]]}"
+
+
+def _scaled(value: str, scale: int) -> str:
+    exact = Fraction(value) * scale
+    return str(exact.numerator) if exact.denominator == 1 else str(float(exact))
+
+
+def _suffixed(m: re.Match) -> str:
+    dollar, value, suffix = m.groups()[:3] if m.group(2) else m.groups()[3:]
+    return dollar + _scaled(value, _SUFFIX_SCALE[suffix.lower()])
+
+
+@dataclass(frozen=True)
+class Spelled:
+    """A spelled number in a text, shaped as the answer rule's number matches are (start(), end(), group())."""
+
+    begin: int
+    finish: int
+    digits: str  # its value as text2num writes it: "105", "2.5"
+
+    def start(self) -> int:
+        return self.begin
+
+    def end(self) -> int:
+        return self.finish
+
+    def group(self) -> str:
+        return self.digits
+
+
+class _Token:
+    """A token for text2num's find_numbers, which reads tokens, not text."""
+
+    __slots__ = ("m",)
+
+    def __init__(self, m: re.Match) -> None:
+        self.m = m
+
+    def text(self) -> str:
+        return self.m.group()
+
+    def nt_separated(self, previous) -> bool:
+        return False
+
+    def not_a_number_part(self) -> bool:
+        return False
+
+
+def spelled(text: str, start: int = 0, end: int | None = None, threshold: float = 0) -> list[Spelled]:
+    """The spelled numbers in text[start:end], ordinals left out. `threshold` is text2num's: a lone number word
+    counts only when its value is at least this (3 keeps "one" and "two" words; 0 reads them all)."""
+    from text_to_num import find_numbers
+
+    end = len(text) if end is None else end
+    if not re.search(r"[A-Za-z]", text[start:end]):
+        return []
+    tokens = [_Token(m) for m in _TOKEN.finditer(text, start, end)]
+    found = []
+    for o in find_numbers(tokens, "en", threshold):
+        if o.is_ordinal:
+            continue
+        found.append(Spelled(tokens[o.start].m.start(), tokens[o.end - 1].m.end(), o.text))
+    return found
+
+
+def spell_digits(text: str, threshold: float = 3) -> str:
+    """`text` with its spelled numbers written in digits (see `spelled`)."""
+    out, at = [], 0
+    for s in spelled(text, threshold=threshold):
+        out += [text[at : s.begin], s.digits]
+        at = s.finish
+    return "".join(out) + text[at:]
+
+
+def words_value(text: str) -> Fraction | None:
+    """The value of `text` when it is one spelled number ("five", "minus twelve", "one hundred and five", "two point
+    five"), else None."""
+    t = text.strip()
+    sign, rest = 1, t
+    if m := re.match(r"(minus|negative)\s+", t, flags=re.IGNORECASE):
+        sign, rest = -1, t[m.end() :]
+    found = spelled(rest)
+    if len(found) != 1 or found[0].begin != 0 or found[0].finish != len(rest):
+        return None
+    return sign * Fraction(found[0].digits)
+
+
+def _join_groups(m: re.Match, whole: bool) -> str:
+    if m.group(2) == " " and not m.group(4) and not whole:
+        return m.group(0)  # "2 100 dollar bills" in running text is two numbers; "1 000 000" or a bare "1 000" is one
+    sep = re.escape(m.group(2))
+    return m.group(1) + m.group(3) + re.sub(sep, "", m.group(4))
