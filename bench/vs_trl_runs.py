@@ -103,6 +103,7 @@ def main() -> None:
         return
     if "TRL" in a.sides:
         check_trl_venv()
+    a.out = a.out.resolve()  # the recipes written in a temporary folder name the prompts file by this path
     a.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         folder = model_folder("smollm2", Path(tmp))
