@@ -1,4 +1,4 @@
-r"""Final answers: extraction from a completion and equivalence with a reference (math-verify).
+r"""Final answers: which number in a completion is its answer (`extract_answer`).
 
 Before anything is read, text is written the one way the rule reads it (notation.py's `clean_answer`: Unicode digits,
 fractions and math symbols, scale words after digits, spelled numbers in digits by text2num, sign words, dashes as
@@ -21,8 +21,9 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      conditions or scopes what the sentence stated. Left out: a closing paragraph that notes or checks ("Note: ...",
      "Check: 30 - 12 = 18"), the sentence's tail after ", which is", ", i.e.", " - ", "since", "because", "if",
      "when", "assuming", "given", "after ...ing", "for the/each" (unless the tail computes what the sentence did
-     not state: "we add 6 and 8, which is 6 + 8 = 14"); a last number right after a preposition in a sentence that
-     states a result gives way to that result ("3 x $6 = $18 for 3 shirts": 18).
+     not state: "we add 6 and 8, which is 6 + 8 = 14"), a breakdown after a colon that follows a stated number, a
+     parenthesis that ends the sentence; a last number right after a preposition gives way to a result the sentence
+     links ("3 x $6 = $18 for 3 shirts": 18).
 A number is an integer, a decimal, scientific notation ("3.2e4", `3.2 \times 10^{4}`), a fraction ("3/4",
 `\frac{3}{4}`, `\dfrac34`), a mixed number ("3 3/4"), not an ordinal ("4th") or a power's exponent; in rules 2
 and 3, after a result link, and in a completion without digits, also the number words `clean_answer` leaves as
@@ -32,9 +33,7 @@ can read it. What the rule cannot tell apart: a conclusion whose answer comes af
 clause only mentions, with neither a link nor a preposition to tell them apart ("So 3 boxes fill 42 jars"
 reads 3); box the answer or state it ("the answer is 42") to be read right every time.
 
-Equivalence (`answers_match`): two plain numbers (grpo_cli/rewards/numbers.py) are compared exactly, to six
-decimals and six significant digits ("0.5" = "1/2" = "5e-1", "3 3/4" = "3.75", "five" = "5"; 1e-9 != 3e-9); a
-percentage is both its number and its hundredth ("25%" answers 25 and 0.25); anything else by math-verify.
+Whether it equals a reference is numbers.py's `answers_match`.
 
 Importing this module must not import math-verify (`grpo validate` stays fast).
 """
@@ -42,12 +41,11 @@ Importing this module must not import math-verify (`grpo validate` stays fast).
 from __future__ import annotations
 
 import re
-import threading
 from decimal import Decimal
 from typing import Any, Callable
 
 from grpo_cli.rewards.notation import Spelled, clean_answer, spelled
-from grpo_cli.rewards.numbers import numbers_match, percent_value, read_number
+from grpo_cli.rewards.numbers import PLAIN_WORD, parse_math
 
 _FRAC = r"\\[dt]?frac\s*(?:\{\s*-?\d+(?:\.\d+)?\s*\}|\d)\s*(?:\{\s*-?\d+(?:\.\d+)?\s*\}|\d)"
 _EXPONENT = r"(?:[eE][-+]?\d+|\s*(?:\\times|\\cdot|×|x|\*)\s*10\s*\^\s*\{?\s*[-+]?\d+\s*\}?)(?![\w])"
@@ -84,8 +82,7 @@ _AFTER_PREPOSITION = re.compile(
 # condition, cause or scope (", since", "because", "if", "when", "assuming", "after ...ing", "for the/each ...")
 _TAIL = (r",\s*(?:which|that)\s+(?:is|was|are|were)\b|,\s*i\.e\.|\s[—–]\s|,?\s(?:since|because|if|when|whenever"
          r"|assuming|given|provided|unless)\b|,?\s(?:after|before|once|while)\s+\w+ing\b|\sfor\s+(?:the|all|each|every)\s")
-_REMARK = re.compile(_TAIL + r"|\s\(", flags=re.IGNORECASE)
-_LAST_REMARK = re.compile(_TAIL, flags=re.IGNORECASE)
+_REMARK = re.compile(_TAIL, flags=re.IGNORECASE)
 _COMPUTES = re.compile(r"=|\bequals?\b|\bresults?\s+in\b", flags=re.IGNORECASE)
 _LINK_BEFORE = re.compile(r"(?:=|\b(?:is|are|was|were|equals?|makes?|gives?|comes\s+to|totals?))\s*$", flags=re.IGNORECASE)
 # a closing paragraph that checks or comments on what came before
@@ -100,10 +97,7 @@ _MATH_SPAN = re.compile(
 )
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _TEXT_CMD = re.compile(r"\\(?:text|mathrm|textbf|mbox)\s*\{[^{}]*\}")
-_LATEX_COMMAND = re.compile(r"\\[A-Za-z]")
-_PLAIN_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
 _PERCENT = re.compile(r"\s?(?:\\?%|percent\b)", flags=re.IGNORECASE)
-_MATH_VERIFY_TIMEOUT_S = 5  # math-verify's own default, used where its signal.alarm can work
 
 
 # --------------------------------------------------------------------------- answer extraction
@@ -151,13 +145,18 @@ def _last_number(text: str) -> str | None:
 
 
 def _final_expression(span: str) -> str:
-    """The right-hand side of a span's last top-level `=` (or `\\approx`): `p = \\frac{3}{4}` -> `\\frac{3}{4}`."""
-    depth, cut = 0, 0
+    """The right-hand side of a span's last top-level `=`: `p = \\frac{3}{4}` -> `\\frac{3}{4}`; of an approximation,
+    the exact side when it holds a number (`\\frac{1}{6} \\approx 0.167` -> `\\frac{1}{6}`, `x \\approx 0.17` -> 0.17)."""
+    depth, cut, approx = 0, 0, None
     for i, ch in enumerate(span):
         depth += (ch in "{([") - (ch in "})]")
-        if depth == 0 and (ch == "=" or span.startswith("\\approx", i)):
-            cut = i + (1 if ch == "=" else len("\\approx"))
-    return span[cut:].strip().rstrip(".,;").strip()
+        if depth == 0 and ch == "=":
+            cut, approx = i + 1, None
+        elif depth == 0 and span.startswith("\\approx", i):
+            approx = i
+    expression = span[cut:approx] if approx is not None and re.search(r"\d", span[cut:approx]) else \
+        span[approx + len("\\approx"):] if approx is not None else span[cut:]
+    return expression.strip().rstrip(".,;").strip()
 
 
 def _as_answer(text: str, m: re.Match) -> str:
@@ -169,7 +168,7 @@ def _as_answer(text: str, m: re.Match) -> str:
         if span.start() <= m.start() and m.end() <= span.end():
             content = next(g for g in span.groups() if g is not None)
             expression = _final_expression(content)
-            if expression and not _PLAIN_WORD.search(_TEXT_CMD.sub("", expression)) and _parse(expression):
+            if expression and not PLAIN_WORD.search(_TEXT_CMD.sub("", expression)) and parse_math(expression):
                 return expression
     return _number_text(m.group()) + ("%" if _PERCENT.match(text, m.end()) else "")
 
@@ -200,15 +199,21 @@ def _clause_number(text: str, start: int, end: int, words: bool = True) -> re.Ma
     a trailing remark (", which is ...", "(...") left out, numbers right after a preposition passed over while
     there are others."""
     remark = _REMARK.search(text, start, end)
-    end = remark.start() if remark else end
+    end = remark.start() if remark else _closing_parenthesis(text, start, end) or end
     numbers = _numbers(text, start, end, words=words)
     results = [m for m in numbers if not _AFTER_PREPOSITION.search(text[start : m.start()])]
     numbers = results or numbers
+    linked = _linked_number(text, start, end, numbers)
+    return linked if linked is not None else numbers[0] if numbers else None
+
+
+def _linked_number(text: str, start: int, end: int, numbers: list) -> re.Match | Spelled | None:
+    """The first of `numbers` after the last result link in text[start:end] that has one after it."""
     for link in reversed(list(_LINK.finditer(text, start, end))):
         after = [m for m in numbers if m.start() >= link.end()]
         if after:
             return after[0]
-    return numbers[0] if numbers else None
+    return None
 
 
 def _stated_answer(text: str) -> str | None:
@@ -233,11 +238,9 @@ def _stated_answer(text: str) -> str | None:
 
 
 def _last_number_or_math(text: str) -> str | None:
-    """The last number that is not a remark; inside a math span, the span's final expression if math-verify reads
-    it. Number words count where a result link comes right before them ("47 plus 18 is sixty-five"), and without any
-    digit, everywhere ("There are five."). Remarks, as in rule 2: a closing paragraph
-    that checks or notes ("Note: ...", "Check: 6 * 7 = 42"), and the end of the last sentence after ", which is",
-    ", since", " - " ("It costs 42 dollars, which is 8 less than 50." is 42)."""
+    """Rule 4 of the module docstring: the last number, unless it sits in a tail of its sentence that only comments,
+    conditions or scopes what the sentence stated (`_tail_start`); inside a math span, the span's final expression.
+    Number words left in words count after a result link ("7 - 5 is two") and, without any digit, everywhere."""
     note = _NOTE.search(text)
     if note and (_NUMBER.search(text, 0, note.start()) or spelled(text, 0, note.start())):
         text = text[: note.start()]
@@ -249,13 +252,37 @@ def _last_number_or_math(text: str) -> str | None:
         return None
     last = found[-1]
     start = _sentence_start(text, last.start())
-    remark = _LAST_REMARK.search(text, start, last.start())
-    if remark and _COMPUTES.search(text, remark.start(), last.end()) and not _LINK.search(text, start, remark.start()):
-        remark = None  # "we add 6 and 8, which is 6 + 8 = 14": the tail computes what the sentence did not state
-    before = [m for m in found if remark and start <= m.start() < remark.start()]
-    if not before and _AFTER_PREPOSITION.search(text, start, last.start()) and _LINK.search(text, start, last.start()):
-        before = [_clause_number(text, start, last.end(), words=False) or last]  # "3 x $6 = $18 for 3 shirts": 18
+    remark = _tail_start(text, start, last)
+    before = [m for m in found if remark is not None and start <= m.start() < remark]
+    if not before and _AFTER_PREPOSITION.search(text, start, last.start()):  # "3 x $6 = $18 for 3 shirts": 18
+        results = [m for m in found if start <= m.start() and not _AFTER_PREPOSITION.search(text, start, m.start())]
+        before = [_linked_number(text, start, last.end(), results) or last]
     return _as_answer(text, before[-1] if before else last)
+
+
+def _tail_start(text: str, start: int, last: re.Match | Spelled) -> int | None:
+    """Where the tail that holds `last` begins in its sentence (text[start:]), if `last` is in one: after ", which
+    is", "if", ... (`_REMARK`), unless the tail computes what the sentence did not state ("we add 6 and 8, which
+    is 6 + 8 = 14"), after a colon that follows a stated number ("21 marbles: 5 red, 7 blue and 9 green"), or in a
+    parenthesis that ends the sentence ("$18 a day (9 eggs x $2)")."""
+    remark = _REMARK.search(text, start, last.start())
+    if remark and not (_COMPUTES.search(text, remark.start(), last.end()) and not _LINK.search(text, start, remark.start())):
+        return remark.start()
+    colon = text.find(": ", start, last.start())  # "There are 21 marbles: 5 red, 7 blue and 9 green."
+    if colon >= 0 and _LINK.search(text, start, colon) and _NUMBER.search(text, start, colon) and \
+            not _COMPUTES.search(text, colon, last.end()):
+        return colon
+    opened = _closing_parenthesis(text, start, _sentence_end(text, last.end()))
+    return opened if opened is not None and opened < last.start() else None
+
+
+def _closing_parenthesis(text: str, start: int, end: int) -> int | None:
+    """Where a parenthesis that closes text[start:end] opens ("42 (since 6 x 7 = 42)."), if one does."""
+    closed = text.rfind(")", start, end)
+    opened = text.rfind("(", start, closed) if closed > start else -1
+    if opened > start and not re.search(r"\w", text[closed + 1 : end]) and text[opened - 1].isspace():
+        return opened
+    return None
 
 
 def _auto(text: str, tag: str) -> str | None:
@@ -299,54 +326,3 @@ def reference_text(answer: Any) -> str | None:
     if isinstance(answer, str):
         return _after_hashes(answer) if "####" in answer else answer.strip()
     return str(answer)
-
-
-# --------------------------------------------------------------------------- math-verify
-
-
-def _math_verify_timeout() -> int | None:
-    # math-verify times out with signal.alarm, which raises off the main thread; None disables it
-    # there (give the reward `timeout_s` to bound it with a child process instead).
-    return _MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
-
-
-def _parse(text: str, timeout: int | None = None) -> list:
-    """math-verify parse of a bare answer. LaTeX-looking text is read inside $...$ (so `\\sqrt{2}`,
-    `2^{10}` and `(1, 2)` parse); text with words is read plainly, so "Paris" is not a product
-    of five symbols and "12 dollars" is 12."""
-    from math_verify import parse
-
-    timeout = _math_verify_timeout() if timeout is None else timeout
-    if "$" in text:
-        tries = [text]
-    elif _LATEX_COMMAND.search(text) or not _PLAIN_WORD.search(text):
-        tries = [f"${text}$", text]
-    else:
-        tries = [text]
-    for t in tries:
-        parsed = parse(t, parsing_timeout=timeout)
-        if parsed:
-            return parsed
-    return []
-
-
-def answers_match(reference: str, predicted: str) -> bool:
-    """True if `predicted` is equivalent to `reference`, both cleaned first (`clean_answer`): two plain numbers
-    compared exactly (to six decimals and six significant digits: grpo_cli/rewards/numbers.py), anything else by
-    math-verify ("\\sqrt{8}" vs "2\\sqrt{2}" is True). Text that math-verify cannot read is compared as words,
-    case-insensitively."""
-    from math_verify import verify
-
-    reference, predicted = clean_answer(reference), clean_answer(predicted)
-    exact = read_number(reference), read_number(predicted)
-    if exact[0] is not None and exact[1] is not None:
-        return numbers_match(*exact)
-    percent = [percent_value(t) for t in (reference, predicted)]
-    if any(p is not None for p in percent):  # "25%" is the answer 25 and the answer 0.25
-        a, b = (percent[k] if percent[k] is not None else [exact[k]] for k in (0, 1))
-        return any(x is not None and y is not None and numbers_match(x, y) for x in a for y in b)
-    timeout = _math_verify_timeout()
-    gold, pred = _parse(reference, timeout), _parse(predicted, timeout)
-    if not gold or not pred:
-        return " ".join(reference.lower().split()) == " ".join(predicted.lower().split())
-    return bool(verify(gold, pred, timeout_seconds=timeout))

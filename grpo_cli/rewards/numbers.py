@@ -1,4 +1,4 @@
-r"""Plain numbers read exactly, and when two are the same answer.
+r"""Plain numbers read exactly, and when two answers are the same (`answers_match`: exact numbers, else math-verify).
 
 A plain number (`read_number`) is the whole text being one of: an integer or decimal with optional sign and
 thousands commas ("-1,234.5"), scientific notation ("3.2e4", "6E-3", "3.2 \times 10^{4}", "1.5 x 10^-3"), a
@@ -19,10 +19,14 @@ Numbers in other forms (Unicode, words around digits) are written the plain way 
 from __future__ import annotations
 
 import re
+import threading
 from fractions import Fraction
 
-from grpo_cli.rewards.notation import words_value
+from grpo_cli.rewards.notation import clean_answer, words_value
 
+_LATEX_COMMAND = re.compile(r"\\[A-Za-z]")
+PLAIN_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+_MATH_VERIFY_TIMEOUT_S = 5  # math-verify's own default, used where its signal.alarm can work
 _DEC = r"\d+(?:,\d{3})*(?:\.\d+)?|\.\d+"
 _BRACED = r"\{\s*(-?(?:" + _DEC + r"))\s*\}|(\d)"
 _LATEX_FRAC = rf"\\[dt]?frac\s*(?:{_BRACED})\s*(?:{_BRACED})"
@@ -97,3 +101,54 @@ def percent_value(text: str) -> list[Fraction] | None:
     m = re.fullmatch(r"(.+?)\s*(?:\\?%|percent)", text.strip().rstrip("."), flags=re.IGNORECASE)
     value = read_number(m.group(1)) if m else None
     return None if value is None else [value, value / 100]
+
+
+# --------------------------------------------------------------------------- equivalence
+
+
+def math_verify_timeout() -> int | None:
+    # math-verify times out with signal.alarm, which raises off the main thread; None disables it
+    # there (give the reward `timeout_s` to bound it with a child process instead).
+    return _MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+
+
+def parse_math(text: str, timeout: int | None = None) -> list:
+    """math-verify parse of a bare answer. LaTeX-looking text is read inside $...$ (so `\\sqrt{2}`,
+    `2^{10}` and `(1, 2)` parse); text with words is read plainly, so "Paris" is not a product
+    of five symbols and "12 dollars" is 12."""
+    from math_verify import parse
+
+    timeout = math_verify_timeout() if timeout is None else timeout
+    if "$" in text:
+        tries = [text]
+    elif _LATEX_COMMAND.search(text) or not PLAIN_WORD.search(text):
+        tries = [f"${text}$", text]
+    else:
+        tries = [text]
+    for t in tries:
+        parsed = parse(t, parsing_timeout=timeout)
+        if parsed:
+            return parsed
+    return []
+
+
+def answers_match(reference: str, predicted: str) -> bool:
+    """True if `predicted` is equivalent to `reference`, both cleaned first (`clean_answer`): two plain numbers
+    compared exactly (to six decimals and six significant digits: grpo_cli/rewards/numbers.py), anything else by
+    math-verify ("\\sqrt{8}" vs "2\\sqrt{2}" is True). Text that math-verify cannot read is compared as words,
+    case-insensitively."""
+    from math_verify import verify
+
+    reference, predicted = clean_answer(reference), clean_answer(predicted)
+    exact = read_number(reference), read_number(predicted)
+    if exact[0] is not None and exact[1] is not None:
+        return numbers_match(*exact)
+    percent = [percent_value(t) for t in (reference, predicted)]
+    if any(p is not None for p in percent):  # "25%" is the answer 25 and the answer 0.25
+        a, b = (percent[k] if percent[k] is not None else [exact[k]] for k in (0, 1))
+        return any(x is not None and y is not None and numbers_match(x, y) for x in a for y in b)
+    timeout = math_verify_timeout()
+    gold, pred = parse_math(reference, timeout), parse_math(predicted, timeout)
+    if not gold or not pred:
+        return " ".join(reference.lower().split()) == " ".join(predicted.lower().split())
+    return bool(verify(gold, pred, timeout_seconds=timeout))

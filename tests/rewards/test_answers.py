@@ -321,6 +321,14 @@ TAILS = rows(  # a condition, cause or scope after the stated number is not the 
     ("12 + 19 = 31 in 12 steps.", "31", 1.0),
     ("We add 6 and 8, which is 6 + 8 = 14.", "14", 1.0),  # a tail that computes what the sentence did not state
     ("The answer is 7 because 3 + 5 = 8 minus 1.", "7", 1.0),
+    ("She earns $18 daily (9 eggs \u00d7 $2).", "18", 1.0),  # a parenthesis that ends the sentence
+    ("The answer is 2 * (3 + 4) = 14", "14", 1.0),
+    ("There are 21 marbles: 5 red, 7 blue and 9 green.", "21", 1.0),  # a breakdown after the stated number
+    ("Step 2: 12 * 3 = 36", "36", 1.0),  # a label before a colon is not a stated number
+    ("Each day she sells 9 eggs for $2 apiece, for a total of $18.", "18", 1.0),
+    ("She needs 2 more cups, for a total of 5 cups.", "5", 1.0),
+    ("The probability is 1/6 \u2248 0.167.", "1/6", 1.0),  # an approximation's exact side
+    ("So $p \\approx 0.167$.", "0.167", 1.0),
     ("There are 10 legs in total if you have 10 shrimps and 13 crabs.", "13", 0.0),
 )
 
