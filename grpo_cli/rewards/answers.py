@@ -10,7 +10,8 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      "the answer: 3 + 4 = 7, then 7 * 2 = 14" is 14), numbers negated ("not 40", "isn't 40") passed over, unless a
      correction follows it ("Wait, no: 24", "actually", "I mean", "or rather", "sorry", "on second thought"):
      then the correction's number. Numbers written after the statement are remarks and do not count
-     ("Final answer: 42. Note that 40 would be wrong." is 42);
+     ("Final answer: 42. Note that 40 would be wrong." is 42); a stated choice or expression in plain text is taken
+     whole ("The answer is (C).", "So the answer is 2x + 3.");
   3. concluded: in the last sentence that holds a number, the clause from its last conclusion word ("so",
      "thus", "therefore", "hence", "in total", "altogether", "overall"; not "so far", "so that") gives the
      number after its last result link (=, is, are, equals, gives, makes, yields, has, holds, costs, leaves,
@@ -54,7 +55,7 @@ _EXPONENT = r"(?:[eE][-+]?\d+|\s*(?:\\times|\\cdot|×|x|\*)\s*10\s*\^\s*\{?\s*[-
 # ("3 3/4") and LaTeX fractions.
 _NUMBER = re.compile(
     rf"(?<![\w.^])(?<!\^\{{)-?(?:\d+\s+\d+/\d+(?![\d/]|\.\d)|\d+\s*{_FRAC}|{_FRAC}"
-    rf"|(?:\d{{1,3}}(?:,\d{{3}})+|\d+)(?:\.\d+)?(?:{_EXPONENT}|/\d+(?:\.\d+)?)?)(?!\d|st\b|nd\b|rd\b|th\b)"
+    rf"|(?:\d{{1,3}}(?:,\d{{3}})+|\d+)(?:\.\d+)?(?:{_EXPONENT}|/\d+(?:\.\d+)?)?|\.\d+)(?!\d|st\b|nd\b|rd\b|th\b)"
 )
 # The last answer phrase: "the answer is", "Final answer:", "answer =", "the answer to part a would be"
 _ANSWER_PHRASE = re.compile(
@@ -95,6 +96,7 @@ _SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n")
 _MATH_SPAN = re.compile(
     r"\$\$(.+?)\$\$|\\\((.+?)\\\)|\\\[(.+?)\\\]|(?<![\\$])\$(?![\s$])([^$]+?)(?<![\s\\])\$(?!\d)", flags=re.DOTALL
 )
+_EXPRESSION = re.compile(r"[\w\s\\{}()\[\]^+\-*/=.,']+")  # what a stated expression is made of
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _TEXT_CMD = re.compile(r"\\(?:text|mathrm|textbf|mbox)\s*\{[^{}]*\}")
 _PERCENT = re.compile(r"\s?(?:\\?%|percent\b)", flags=re.IGNORECASE)
@@ -219,6 +221,8 @@ def _linked_number(text: str, start: int, end: int, numbers: list) -> re.Match |
 def _stated_answer(text: str) -> str | None:
     """Rules 2 and 3 of the module docstring: the number an answer phrase or a conclusion states, or None."""
     phrases = list(_ANSWER_PHRASE.finditer(text))
+    if phrases and (expression := _stated_expression(text, phrases[-1].end())) is not None:
+        return expression
     if phrases:
         answer = _clause_number(text, phrases[-1].end(), _sentence_end(text, phrases[-1].end()))
         if answer is not None:
@@ -235,6 +239,21 @@ def _stated_answer(text: str) -> str | None:
     cues = list(_CONCLUSION.finditer(text, start, end))
     found = _clause_number(text, cues[-1].end(), end) if cues else None
     return _as_answer(text, found) if found is not None else None
+
+
+def _stated_expression(text: str, start: int) -> str | None:
+    """A stated answer that is an expression or a choice, not a number ("C", "(B)", "2x + 3", "\\frac{\\pi}{2}"):
+    the rest of the sentence when it is math with a letter, no word of two letters or more, brackets balanced."""
+    t = text[start : _sentence_end(text, start)].strip().strip("*").rstrip(".").strip()
+    if not (0 < len(t) <= 60 and _EXPRESSION.fullmatch(t) and re.search(r"[A-Za-z]", t)) or PLAIN_WORD.search(t) \
+            or re.match(r"\(?[A-Za-z]\)\s*\S", t):  # "(B) 12": a choice's label, then its value (a number)
+        return None
+    depth = 0
+    for ch in t:
+        depth += (ch in "({[") - (ch in ")}]")
+        if depth < 0:
+            return None
+    return _final_expression(t) if depth == 0 else None
 
 
 def _last_number_or_math(text: str) -> str | None:

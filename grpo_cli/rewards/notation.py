@@ -11,7 +11,8 @@ In this order:
             105, "twenty-one" -> 21, "two point five" -> 2.5. Ordinals stay words ("the fifth day"), and so do a
             lone "one" and "two" (and "zero"), which are mostly not numbers ("no one came"): the answer rule reads
             those where an answer is stated (`spelled`, threshold 0)
-  fractions in words: "one third" -> 1/3, "three quarters" -> 3/4, "twenty-two and a half" -> 22 1/2
+  fractions in words: "one third" -> 1/3, "three quarters" -> 3/4, "twenty-two and a half" -> 22 1/2, "3 and 1/2"
+            -> 3 1/2
   signs     a sign word before digits: "minus 3", "negative 3" -> -3
   dashes    U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, U+FE63, U+FF0D -> "-" ("−3" is -3, not 3)
   dollars   `\$`, `\text{\$}`, `\textdollar` are dropped (`\boxed{\$23}` is 23)
@@ -54,6 +55,7 @@ _COUNT = r"a|an|\d+|" + "|".join(_SMALL)
 _FRACTION_WORDS = re.compile(
     rf"\b(?:(\d+|{'|'.join(_SMALL)})\s+and\s+)?({_COUNT})[\s-]+(halves|half|thirds?|quarters?|fourths?|fifths?|sixths?"
     r"|sevenths?|eighths?|ninths?|tenths?)\b", flags=re.IGNORECASE)
+_AND_FRACTION = re.compile(r"(?<![\d.])(\d+)\s+and\s+(\d+/\d+)(?![\d/])")
 _SCALES = {"thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
 _SCALED = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\s*(thousand|million|billion|trillion)\b", flags=re.IGNORECASE)
 # "1.2k", "3bn", "$2.5M": k and bn right after any number, m and M only after a dollar (a bare "5m" is five metres)
@@ -70,6 +72,7 @@ def clean_answer(text: str) -> str:
     text = _SUFFIXED.sub(_suffixed, text)
     text = spell_digits(text, threshold=3)
     text = _FRACTION_WORDS.sub(_fraction, text)
+    text = _AND_FRACTION.sub(r"\1 \2", text)  # "3 and 1/2" -> "3 1/2", a mixed number
     text = _SIGN_WORD.sub("-", text).translate(_DASHES)
     text = _DOLLAR.sub("", text)
     whole = _GROUPED.fullmatch(text.strip()) is not None

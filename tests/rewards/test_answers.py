@@ -348,6 +348,20 @@ SPELLED = rows(  # number words read by text2num; ordinals and a lone "one" are 
     ("He ran 5 km.", "5000", 0.0),  # k of a unit is no thousand
 )
 
+STATED_EXPRESSIONS = rows(  # a stated answer that is no number: a choice or an expression in plain text
+    ("The answer is (C).", "C", 1.0),
+    ("Answer: B", "B", 1.0),
+    ("The answer is C.", "D", 0.0),
+    ("The answer is \\frac{\\pi}{2}.", r"\frac{\pi}{2}", 1.0),
+    ("So the answer is 2x + 3.", "2x+3", 1.0),
+    ("So the answer is 2x + 3.", "2", 0.0),
+    ("The answer is x = 5.", "5", 1.0),
+    ("The answer is (B) 12.", "12", 1.0),  # a choice's label, then its value
+    ("The answer is 12 dollars.", "12", 1.0),
+    ("The answer is .5", "0.5", 1.0),
+    ("The answer is 3 and 1/2.", "3.5", 1.0),
+)
+
 
 def _small_model_rows():
     """Completions SmolLM2-135M-Instruct wrote (`grpo eval base`, sampled), each with the answer a careful reader
@@ -367,6 +381,7 @@ CLASSES = {"escaped_dollar": DOLLAR, "unicode_minus": MINUS, "inline_latex": LAT
            "numeric_tolerance": TOLERANCE, "kept_behaviour": KEEP, "unicode_numbers": UNICODE, "percentages": PERCENT,
            "remarks_after_the_answer": REMARKS, "words_around_digits": WORDS_AROUND_DIGITS,
            "unicode_math": UNICODE_MATH, "tails_after_the_answer": TAILS, "spelled_numbers": SPELLED,
+           "stated_expressions": STATED_EXPRESSIONS,
            "small_model_completions": SMALL_MODEL}
 
 
