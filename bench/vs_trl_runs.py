@@ -76,7 +76,7 @@ def report(out: Path) -> str:
     for (seed, side), rewards in sorted(runs.items()):
         w = windows(rewards)
         lines.append(f"| {seed} | {side} | " + " | ".join(f"{x:.3f}" for x in w) + " |")
-        final[side].append(w[-1])
+        final.setdefault(side, []).append(w[-1])  # a remedy (grpo+key=value) is listed, not in the test
     if final["grpo"] and final["TRL"]:
         g, t = final["grpo"], final["TRL"]
         p = permutation_p(g, t)
