@@ -28,11 +28,12 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
 A number is an integer, a decimal, scientific notation ("3.2e4", `3.2 \times 10^{4}`), a fraction ("3/4",
 `\frac{3}{4}`, `\dfrac34`), a mixed number ("3 3/4"), not an ordinal ("4th") or a power's exponent; in rules 2
 and 3, after a result link, and in a completion without digits, also the number words `clean_answer` leaves as
-words (a lone "one", "two", "zero"); a number inside a math span (`$...$`, `\(...\)`, `\[...\]`) stands for
-the span's final expression (`$p = \frac{3}{4}$` -> `\frac{3}{4}`, `$\sqrt{2}$` -> `\sqrt{2}`), when math-verify
-can read it. What the rule cannot tell apart: a conclusion whose answer comes after a number the
-clause only mentions, with neither a link nor a preposition to tell them apart ("So 3 boxes fill 42 jars"
-reads 3); box the answer or state it ("the answer is 42") to be read right every time.
+words (a lone "one", "two", "zero"); a compound quantity ("2 hours and 30 minutes") is one answer; a number inside
+a math span (`$...$`, `\(...\)`, `\[...\]`) stands for the span's final expression (`$p = \frac{3}{4}$` ->
+`\frac{3}{4}`, `$\sqrt{2}$` -> `\sqrt{2}`), when math-verify can read it. What the rule cannot tell apart: a
+conclusion whose answer comes after a number the clause only mentions, with neither a link nor a preposition to
+tell them apart ("So 3 boxes fill 42 jars" reads 3); box the answer or state it ("the answer is 42") to be read
+right every time.
 
 Whether it equals a reference is numbers.py's `answers_match`.
 
@@ -46,7 +47,7 @@ from decimal import Decimal
 from typing import Any, Callable
 
 from grpo_cli.rewards.notation import Spelled, clean_answer, spelled
-from grpo_cli.rewards.numbers import PLAIN_WORD, parse_math
+from grpo_cli.rewards.numbers import PLAIN_WORD, QUANTITY, parse_math, quantity_values
 
 _FRAC = r"\\[dt]?frac\s*(?:\{\s*-?\d+(?:\.\d+)?\s*\}|\d)\s*(?:\{\s*-?\d+(?:\.\d+)?\s*\}|\d)"
 _EXPONENT = r"(?:[eE][-+]?\d+|\s*(?:\\times|\\cdot|×|x|\*)\s*10\s*\^\s*\{?\s*[-+]?\d+\s*\}?)(?![\w])"
@@ -166,6 +167,9 @@ def _as_answer(text: str, m: re.Match) -> str:
     words as digits."""
     if isinstance(m, Spelled):
         return m.group()
+    for q in QUANTITY.finditer(text, max(0, m.start() - 40), min(len(text), m.end() + 40)):
+        if q.start() <= m.start() < q.end() and quantity_values(q.group()) is not None:
+            return q.group()  # "2 hours and 30 minutes": a compound quantity is one answer
     for span in _MATH_SPAN.finditer(text):
         if span.start() <= m.start() and m.end() <= span.end():
             content = next(g for g in span.groups() if g is not None)

@@ -13,7 +13,8 @@ places and six significant digits (|a - b| <= 5e-7 and <= 1e-6 max(|a|, |b|)): "
 round to 0) and 1000000.5 is not 1000001. Anything else (sqrt(2), 4 pi, sets, text) is math-verify's to decide.
 
 Numbers in other forms (Unicode, words around digits) are written the plain way first (notation.py's
-`clean_answer`), and a percentage is read as both its number and its hundredth (`percent_value`).
+`clean_answer`); a percentage is read as both its number and its hundredth (`percent_value`), and a compound
+quantity ("2 hours and 30 minutes") as its value in each of its units (`quantity_values`, by pint).
 """
 
 from __future__ import annotations
@@ -103,6 +104,46 @@ def percent_value(text: str) -> list[Fraction] | None:
     return None if value is None else [value, value / 100]
 
 
+# a compound quantity: two or more numbers each with its unit ("2 hours and 30 minutes", "5 ft 6 in")
+_PART = r"\d+(?:\.\d+)?\s*[A-Za-z]+\b"
+QUANTITY = re.compile(rf"(?<![\w.]){_PART}(?:\s*(?:,\s*and|,|and)?\s+{_PART})+")
+_UNITS = None
+
+
+def _unit_registry():
+    """pint's unit registry (units and their conversions, a maintained library), with dollars and cents; built once."""
+    global _UNITS
+    if _UNITS is None:
+        import pint
+
+        _UNITS = pint.UnitRegistry()
+        _UNITS.define("dollar = [currency] = _ = dollars = usd")
+        _UNITS.define("cent = dollar / 100 = _ = cents")
+    return _UNITS
+
+
+def quantity_values(text: str) -> list[Fraction] | None:
+    """A compound quantity read by pint as its value in each of its units ("2 hours and 30 minutes" -> [2.5, 150],
+    "18 dollars and 50 cents" -> [18.5, 1850]); None unless `text` is two or more numbers with units of one kind,
+    each unit smaller than the one before."""
+    t = text.strip().rstrip(".").strip()
+    if not QUANTITY.fullmatch(t):
+        return None
+    import pint
+
+    units = _unit_registry()
+    try:
+        parts = [units.Quantity(float(v), units.parse_units(u)) for v, u in re.findall(r"(\d+(?:\.\d+)?)\s*([A-Za-z]+)", t)]
+        sizes = [units.Quantity(1, p.units).to(parts[-1].units).magnitude for p in parts]
+        if any(a <= b for a, b in zip(sizes, sizes[1:])):  # "2 hours, 3 hours" is a list: units step down in one
+            return None
+        total = sum(parts[1:], parts[0])
+        values = [total.to(p.units).magnitude for p in parts]
+    except (pint.errors.PintError, AttributeError, ValueError, TypeError):  # no unit, or units of different kinds
+        return None
+    return [Fraction(v).limit_denominator(10**6) for v in values]
+
+
 # --------------------------------------------------------------------------- equivalence
 
 
@@ -143,9 +184,10 @@ def answers_match(reference: str, predicted: str) -> bool:
     exact = read_number(reference), read_number(predicted)
     if exact[0] is not None and exact[1] is not None:
         return numbers_match(*exact)
-    percent = [percent_value(t) for t in (reference, predicted)]
-    if any(p is not None for p in percent):  # "25%" is the answer 25 and the answer 0.25
-        a, b = (percent[k] if percent[k] is not None else [exact[k]] for k in (0, 1))
+    # "25%" is the answer 25 and the answer 0.25; "2 hours and 30 minutes" is 2.5 and 150
+    readings = [percent_value(t) or quantity_values(t) for t in (reference, predicted)]
+    if any(r is not None for r in readings):
+        a, b = (readings[k] if readings[k] is not None else [exact[k]] for k in (0, 1))
         return any(x is not None and y is not None and numbers_match(x, y) for x in a for y in b)
     timeout = math_verify_timeout()
     gold, pred = parse_math(reference, timeout), parse_math(predicted, timeout)

@@ -362,6 +362,18 @@ STATED_EXPRESSIONS = rows(  # a stated answer that is no number: a choice or an 
     ("The answer is 3 and 1/2.", "3.5", 1.0),
 )
 
+COMPOUND_QUANTITIES = rows(  # two numbers with units of one kind are one answer, worth as much in either unit (pint)
+    ("The answer is 2 hours and 30 minutes.", "150", 1.0),
+    ("The answer is 2 hours and 30 minutes.", "2.5", 1.0),
+    ("The answer is 2 hours and 30 minutes.", "2", 0.0),
+    ("It takes 1 hour 45 minutes.", "105", 1.0),
+    ("He is 5 feet 6 inches tall.", "66", 1.0),
+    ("The remaining amount is 18 dollars and 50 cents.", "18.5", 1.0),
+    ("The times are 2 hours, 3 hours and 4 hours.", "4", 1.0),  # a list, not one quantity
+    ("She spent 2 hours on Monday and 30 minutes on Tuesday.", "30", 1.0),
+    ("2 apples and 3 oranges", "3", 1.0),  # no units
+)
+
 
 def _small_model_rows():
     """Completions SmolLM2-135M-Instruct wrote (`grpo eval base`, sampled), each with the answer a careful reader
@@ -381,7 +393,7 @@ CLASSES = {"escaped_dollar": DOLLAR, "unicode_minus": MINUS, "inline_latex": LAT
            "numeric_tolerance": TOLERANCE, "kept_behaviour": KEEP, "unicode_numbers": UNICODE, "percentages": PERCENT,
            "remarks_after_the_answer": REMARKS, "words_around_digits": WORDS_AROUND_DIGITS,
            "unicode_math": UNICODE_MATH, "tails_after_the_answer": TAILS, "spelled_numbers": SPELLED,
-           "stated_expressions": STATED_EXPRESSIONS,
+           "stated_expressions": STATED_EXPRESSIONS, "compound_quantities": COMPOUND_QUANTITIES,
            "small_model_completions": SMALL_MODEL}
 
 
