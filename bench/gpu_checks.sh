@@ -24,9 +24,8 @@
 #               lent H100/H200 machines have neither: the part says so and skips)
 # packing       issue 38: bench/packing.py --check (packed = padded on CUDA's kernels, fp32; flash attention's varlen
 #               path if installed), then the bench on the Qwen2.5-0.5B shape in bf16, prompts 16-512, completions to 1024
-# TRL and the packages the GPU image lacks (pydantic, omegaconf, datasets, math-verify, text2num,
-# pint with flexcache and flexparser) are expected on
-# PYTHONPATH (see bench/RESULTS.md, "GPU").
+# TRL and the packages the GPU image lacks (pydantic, omegaconf, datasets, math-verify, text2num, pint with flexcache
+# and flexparser) are expected on PYTHONPATH (see bench/RESULTS.md, "GPU").
 set -u
 out=${1:?usage: gpu_checks.sh OUT [PARTS...]}
 shift
