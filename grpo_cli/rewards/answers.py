@@ -21,12 +21,12 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
   4. otherwise the last sentence (or line) with a number states it: its last number, unless that only comments,
      conditions or scopes what the sentence stated. Left out: a closing paragraph that notes or checks ("Note: ...",
      "Check: 30 - 12 = 18"), the sentence's tail after ", which is", ", i.e.", " - ", "since", "because", "if",
-     "when", "assuming", "given", "after ...ing", "for the/each" (unless the tail computes what the sentence did
-     not state: "we add 6 and 8, which is 6 + 8 = 14"), a breakdown after a colon that follows a stated number, a
+     "when", "assuming", "given", "after ...ing", "for the/each", ", or about" (unless a ", which is" tail
+     computes what the sentence did not state: "we add 6 and 8, which is 6 + 8 = 14"), a breakdown after a colon that follows a stated number, a
      parenthesis that ends the sentence; a last number right after a preposition gives way to a result the sentence
      links ("3 x $6 = $18 for 3 shirts": 18).
 A number is an integer, a decimal, scientific notation ("3.2e4", `3.2 \times 10^{4}`), a fraction ("3/4",
-`\frac{3}{4}`, `\dfrac34`), a mixed number ("3 3/4"), not an ordinal ("4th") or a power's exponent; in rules 2
+`\frac{3}{4}`, `\dfrac34`), a mixed number ("3 3/4"), a time or a ratio ("11:30", "3:4"), not an ordinal ("4th") or a power's exponent; in rules 2
 and 3, after a result link, and in a completion without digits, also the number words `clean_answer` leaves as
 words (a lone "one", "two", "zero"); a compound quantity ("2 hours and 30 minutes") is one answer; a number inside
 a math span (`$...$`, `\(...\)`, `\[...\]`) stands for the span's final expression (`$p = \frac{3}{4}$` ->
@@ -55,7 +55,7 @@ _EXPONENT = r"(?:[eE][-+]?\d+|\s*(?:\\times|\\cdot|×|x|\*)\s*10\s*\^\s*\{?\s*[-
 # separators ("1,000"), decimals, scientific notation ("3.2e4"), simple fractions ("3/4"), mixed numbers
 # ("3 3/4") and LaTeX fractions.
 _NUMBER = re.compile(
-    rf"(?<![\w.^])(?<!\^\{{)-?(?:\d+\s+\d+/\d+(?![\d/]|\.\d)|\d+\s*{_FRAC}|{_FRAC}"
+    rf"(?<![\w.^])(?<!\^\{{)-?(?:\d{{1,2}}:\d{{2}}(?::\d{{2}})?(?![\d:])|\d+:\d+(?![\d:])|\d+\s+\d+/\d+(?![\d/]|\.\d)|\d+\s*{_FRAC}|{_FRAC}"
     rf"|(?:\d{{1,3}}(?:,\d{{3}})+|\d+)(?:\.\d+)?(?:{_EXPONENT}|/\d+(?:\.\d+)?)?|\.\d+)(?!\d|st\b|nd\b|rd\b|th\b)"
 )
 # The last answer phrase: "the answer is", "Final answer:", "answer =", "the answer to part a would be"
@@ -83,9 +83,11 @@ _AFTER_PREPOSITION = re.compile(
 # what follows a statement's number without being its result: a comment (", which is", "(", ", i.e.", " - ") or a
 # condition, cause or scope (", since", "because", "if", "when", "assuming", "after ...ing", "for the/each ...")
 _TAIL = (r",\s*(?:which|that)\s+(?:is|was|are|were)\b|,\s*i\.e\.|\s[—–]\s|,?\s(?:since|because|if|when|whenever"
-         r"|assuming|given|provided|unless)\b|,?\s(?:after|before|once|while)\s+\w+ing\b|\sfor\s+(?:the|all|each|every)\s")
+         r"|assuming|given|provided|unless)\b|,?\s(?:after|before|once|while)\s+\w+ing\b|\sfor\s+(?:the|all|each|every)\s"
+         r"|,\s*or\s+(?:about|roughly|approximately|around|nearly|almost)\b")
 _REMARK = re.compile(_TAIL, flags=re.IGNORECASE)
 _COMPUTES = re.compile(r"=|\bequals?\b|\bresults?\s+in\b", flags=re.IGNORECASE)
+_RESTATES = re.compile(r",\s*(?:which|that)\s|,\s*i\.e\.", flags=re.IGNORECASE)  # a tail that may compute the result
 _LINK_BEFORE = re.compile(r"(?:=|\b(?:is|are|was|were|equals?|makes?|gives?|comes\s+to|totals?))\s*$", flags=re.IGNORECASE)
 # a closing paragraph that checks or comments on what came before
 _NOTE = re.compile(r"\n\s*\n\s*\(?\**(?:note|check|verification|verify|double[- ]check|sanity check|remark|p\.s\.)\b"
@@ -289,11 +291,12 @@ def _tail_start(text: str, start: int, last: re.Match | Spelled) -> int | None:
     is 6 + 8 = 14"), after a colon that follows a stated number ("21 marbles: 5 red, 7 blue and 9 green"), or in a
     parenthesis that ends the sentence ("$18 a day (9 eggs x $2)")."""
     remark = _REMARK.search(text, start, last.start())
-    if remark and not (_COMPUTES.search(text, remark.start(), last.end()) and not _LINK.search(text, start, remark.start())):
+    if remark and not (_RESTATES.match(text, remark.start()) and _COMPUTES.search(text, remark.start(), last.end())
+                       and not _LINK.search(text, start, remark.start())):
         return remark.start()
     colon = text.find(": ", start, last.start())  # "There are 21 marbles: 5 red, 7 blue and 9 green."
     if colon >= 0 and _LINK.search(text, start, colon) and _NUMBER.search(text, start, colon) and \
-            not _COMPUTES.search(text, colon, last.end()):
+            len(_NUMBER.findall(text, colon, last.end())) > 1 and not _COMPUTES.search(text, colon, last.end()):
         return colon
     opened = _closing_parenthesis(text, start, _sentence_end(text, last.end()))
     return opened if opened is not None and opened < last.start() else None

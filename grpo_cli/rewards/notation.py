@@ -14,6 +14,7 @@ In this order:
   fractions in words: "one third" -> 1/3, "three quarters" -> 3/4, "twenty-two and a half" -> 22 1/2, "3 and 1/2"
             -> 3 1/2
   signs     a sign word before digits: "minus 3", "negative 3" -> -3
+  commas    a decimal comma, one or two digits after it and no number next: "3,5 km" -> 3.5 ("1,234" keeps its comma)
   dashes    U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, U+FE63, U+FF0D -> "-" ("−3" is -3, not 3)
   dollars   `\$`, `\text{\$}`, `\textdollar` are dropped (`\boxed{\$23}` is 23)
   grouping  digits grouped in threes by `\,` `\!` `\ ` `{,}`, thin / no-break spaces or plain spaces are joined
@@ -55,6 +56,7 @@ _COUNT = r"a|an|\d+|" + "|".join(_SMALL)
 _FRACTION_WORDS = re.compile(
     rf"\b(?:(\d+|{'|'.join(_SMALL)})\s+and\s+)?({_COUNT})[\s-]+(halves|half|thirds?|quarters?|fourths?|fifths?|sixths?"
     r"|sevenths?|eighths?|ninths?|tenths?)\b", flags=re.IGNORECASE)
+_DECIMAL_COMMA = re.compile(r"(?<![\d,.])(\d+),(\d{1,2})(?![\d,])(?!\s*\d)")
 _AND_FRACTION = re.compile(r"(?<![\d.])(\d+)\s+and\s+(\d+/\d+)(?![\d/])")
 _SCALES = {"thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
 _SCALED = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\s*(thousand|million|billion|trillion)\b", flags=re.IGNORECASE)
@@ -73,6 +75,7 @@ def clean_answer(text: str) -> str:
     text = spell_digits(text, threshold=3)
     text = _FRACTION_WORDS.sub(_fraction, text)
     text = _AND_FRACTION.sub(r"\1 \2", text)  # "3 and 1/2" -> "3 1/2", a mixed number
+    text = _DECIMAL_COMMA.sub(r"\1.\2", text)  # "3,5 km" -> 3.5 (a thousands comma has three digits after it)
     text = _SIGN_WORD.sub("-", text).translate(_DASHES)
     text = _DOLLAR.sub("", text)
     whole = _GROUPED.fullmatch(text.strip()) is not None

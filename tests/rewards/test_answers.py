@@ -329,6 +329,9 @@ TAILS = rows(  # a condition, cause or scope after the stated number is not the 
     ("She needs 2 more cups, for a total of 5 cups.", "5", 1.0),
     ("The probability is 1/6 \u2248 0.167.", "1/6", 1.0),  # an approximation's exact side
     ("So $p \\approx 0.167$.", "0.167", 1.0),
+    ("Janet has 16 - 3 - 4 = 9 eggs to sell, at two dollars each: she makes eighteen dollars.", "18", 1.0),
+    ("We need 7 buses, since 6 buses only hold 6 \u00d7 40 = 240 < 250 students.", "7", 1.0),  # a reason computes
+    ("The cost is $45.99 per month, or about $552 a year.", "45.99", 1.0),  # an approximate restatement
     ("There are 10 legs in total if you have 10 shrimps and 13 crabs.", "13", 0.0),
 )
 
@@ -360,6 +363,10 @@ STATED_EXPRESSIONS = rows(  # a stated answer that is no number: a choice or an 
     ("The answer is 12 dollars.", "12", 1.0),
     ("The answer is .5", "0.5", 1.0),
     ("The answer is 3 and 1/2.", "3.5", 1.0),
+    ("The distance is 3,5 km.", "3.5", 1.0),  # a decimal comma
+    ("The distance is 1,234 km.", "1234", 1.0),
+    ("It will be 11:30 when he arrives.", "11:30", 1.0),  # a time is one answer
+    ("The ratio is 3:4.", "3:4", 1.0),
 )
 
 COMPOUND_QUANTITIES = rows(  # two numbers with units of one kind are one answer, worth as much in either unit (pint)
