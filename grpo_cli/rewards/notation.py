@@ -1,21 +1,20 @@
 r"""Numbers as people write them, rewritten the one way the answer rule reads them (`clean_answer`).
 
-In this order:
+In this order (dashes first: U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, U+FE63, U+FF0D -> "-", so "−3" is -3):
   unicode   by what the Unicode database says each character is (`unicodedata`): every decimal digit as ASCII ("４２",
             "٤٢"), vulgar fractions ("½" -> "1/2", "1½" -> "1 1/2"), the fraction and division slashes, the fullwidth
             percent sign; superscripts as powers ("3²" -> 3^{2}) and math symbols as LaTeX (π, √, ∛, ×, ÷, ·, ∞, °,
             ±, ≈, ≤, ≥, ≠). In text without math spans, a run of math that holds one of these becomes a math span:
             "25π square units" -> "$25\pi$ square units", "√2" -> "$\sqrt{2}$", "3 × 6 = 18" -> "$3 \times 6 = 18$"
-  scales    after digits: "1.5 million" -> 1500000, "1.2k" -> 1200, "$2.5M" -> $2500000
+  scales    after digits: "1.5 million" -> 1500000, "1.2k" -> 1200, "$2.5M" -> $2500000, "2 dozen" -> 24 ("a dozen")
   words     spelled numbers as digits, by text2num (a maintained parser of number words): "one hundred and five" ->
             105, "twenty-one" -> 21, "two point five" -> 2.5. Ordinals stay words ("the fifth day"), and so do a
             lone "one" and "two" (and "zero"), which are mostly not numbers ("no one came"): the answer rule reads
             those where an answer is stated (`spelled`, threshold 0)
   fractions in words: "one third" -> 1/3, "three quarters" -> 3/4, "twenty-two and a half" -> 22 1/2, "3 and 1/2"
             -> 3 1/2
-  signs     a sign word before digits: "minus 3", "negative 3" -> -3
   commas    a decimal comma, one or two digits after it and no number next: "3,5 km" -> 3.5 ("1,234" keeps its comma)
-  dashes    U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, U+FE63, U+FF0D -> "-" ("−3" is -3, not 3)
+  signs     a sign word before digits: "minus 3", "negative 3" -> -3
   dollars   `\$`, `\text{\$}`, `\textdollar` are dropped (`\boxed{\$23}` is 23)
   grouping  digits grouped in threes by `\,` `\!` `\ ` `{,}`, thin / no-break spaces or plain spaces are joined
             ("1 000 000", `1\,000\,000` -> 1000000; one plain space only where the number is the whole text, as in
@@ -38,7 +37,7 @@ _SUPERSCRIPT = {"⁺": "+", "⁻": "-", "⁽": "(", "⁾": ")"}
 _MATH_CHARS = "".join(_SYMBOLS) + "".join(_ROOTS)
 # a run of math in running text: numbers, single-letter variables (not a unit's letter before a power: "5 m²"),
 # operators and the symbols above, one space apart
-_ATOM = rf"(?:\d+(?:[.,]\d+)*|(?<![A-Za-z])[B-HJ-Zb-z](?![A-Za-z^])|[{_MATH_CHARS}]|\^\{{[^{{}}]*\}}|[-+*/=^()])"
+_ATOM = rf"(?:\d+(?:[.,]\d+)*|(?<![A-Za-z°])(?<!° )[B-HJ-Zb-z](?![A-Za-z^])|[{_MATH_CHARS}]|\^\{{[^{{}}]*\}}|[-+*/=^()])"
 _RUN = re.compile(rf"{_ATOM}(?: ?{_ATOM})*")
 _ROOT = re.compile(rf"([{''.join(_ROOTS)}])\s*(\((?:[^()]*)\)|\d+(?:\.\d+)?|[A-Za-z]|\\pi)")
 
@@ -58,8 +57,9 @@ _FRACTION_WORDS = re.compile(
     r"|sevenths?|eighths?|ninths?|tenths?)\b", flags=re.IGNORECASE)
 _DECIMAL_COMMA = re.compile(r"(?<![\d,.])(\d+),(\d{1,2})(?![\d,])(?!\s*\d)")
 _AND_FRACTION = re.compile(r"(?<![\d.])(\d+)\s+and\s+(\d+/\d+)(?![\d/])")
-_SCALES = {"thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
-_SCALED = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\s*(thousand|million|billion|trillion)\b", flags=re.IGNORECASE)
+_DOZEN = re.compile(r"\b(a|half\s+a)\s+dozen\b", flags=re.IGNORECASE)
+_SCALES = {"dozen": 12, "thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
+_SCALED = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\s*(dozen|thousand|million|billion|trillion)\b", flags=re.IGNORECASE)
 # "1.2k", "3bn", "$2.5M": k and bn right after any number, m and M only after a dollar (a bare "5m" is five metres)
 _SUFFIXED = re.compile(r"(?<![\w.])(?:(\$\s?)(\d+(?:\.\d+)?)(k|K|m|M|bn)|()(\d+(?:\.\d+)?)(k|K|bn))\b")
 _SUFFIX_SCALE = {"k": 10**3, "m": 10**6, "bn": 10**9}
@@ -69,14 +69,15 @@ _TOKEN = re.compile(r"[^\W\d_]+|\d+|\s+|\S")  # words, digit runs, spaces, singl
 
 def clean_answer(text: str) -> str:
     """`text` as the answer rule reads it: the module docstring's steps, in its order."""
-    text = unicode_numbers(text)
+    text = unicode_numbers(text.translate(_DASHES))
+    text = _DOZEN.sub(lambda m: {"a": "12", "half a": "6"}[" ".join(m.group(1).lower().split())], text)
     text = _SCALED.sub(lambda m: _scaled(m.group(1), _SCALES[m.group(2).lower()]), text)
     text = _SUFFIXED.sub(_suffixed, text)
     text = spell_digits(text, threshold=3)
     text = _FRACTION_WORDS.sub(_fraction, text)
     text = _AND_FRACTION.sub(r"\1 \2", text)  # "3 and 1/2" -> "3 1/2", a mixed number
     text = _DECIMAL_COMMA.sub(r"\1.\2", text)  # "3,5 km" -> 3.5 (a thousands comma has three digits after it)
-    text = _SIGN_WORD.sub("-", text).translate(_DASHES)
+    text = _SIGN_WORD.sub("-", text)
     text = _DOLLAR.sub("", text)
     whole = _GROUPED.fullmatch(text.strip()) is not None
     return _GROUPED.sub(lambda m: _join_groups(m, whole), text)

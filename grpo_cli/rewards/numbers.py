@@ -10,7 +10,8 @@ is a Fraction: no float rounding, so 2^53 + 1 stays itself and 1e-9 is not 3e-9.
 Two plain numbers are the same answer (`numbers_match`) when they are equal, or when they agree to six decimal
 places and six significant digits (|a - b| <= 5e-7 and <= 1e-6 max(|a|, |b|)): "0.3333333" matches 1/3 and
 3.141593 matches 3.14159265, as math-verify's six-decimal rounding does, but unlike it 1e-9 is not 3e-9 (both
-round to 0) and 1000000.5 is not 1000001. Anything else (sqrt(2), 4 pi, sets, text) is math-verify's to decide.
+round to 0) and 1000000.5 is not 1000001; "0.33" is not 1/3 (a question that asks for a common fraction is not
+answered by a rounding). Anything else (sqrt(2), 4 pi, sets, text) is math-verify's to decide.
 
 Numbers in other forms (Unicode, words around digits) are written the plain way first (notation.py's
 `clean_answer`); a percentage is read as both its number and its hundredth (`percent_value`), and a compound

@@ -367,6 +367,9 @@ STATED_EXPRESSIONS = rows(  # a stated answer that is no number: a choice or an 
     ("The distance is 1,234 km.", "1234", 1.0),
     ("It will be 11:30 when he arrives.", "11:30", 1.0),  # a time is one answer
     ("The ratio is 3:4.", "3:4", 1.0),
+    ("She has 2 dozen eggs, which is 24 eggs.", "24", 1.0),
+    ("I bought a dozen eggs.", "12", 1.0),
+    ("The temperature is now \u22123 \u00b0C.", "-3", 1.0),  # the minus before the degree sign, C no variable
 )
 
 COMPOUND_QUANTITIES = rows(  # two numbers with units of one kind are one answer, worth as much in either unit (pint)
