@@ -1,0 +1,58 @@
+"""How often `grpo`'s built-in accuracy agrees with a careful grader, against math-verify (issue 39 item 5).
+
+Each set in bench/data/answers_*.jsonl holds completions written to read like models' answers to word problems,
+each with its problem's reference answer and a grader's verdict (1: the completion's final answer is the
+reference). `grpo` scores with the `accuracy` reward (mode auto); math-verify parses the whole completion and
+verifies it against the reference, as TRL's accuracy reward does. A set measures the rule only while it was not
+used to change it: set1 was written before the day's changes and then used to fix five of its misses (15cfb3e), set2
+was written after 15cfb3e and used to fix two (723ffd7); the table says which commit each is fresh for.
+
+    .venv/bin/python bench/answer_agreement.py [--show]     # --show: each disagreement
+
+With PYTHONPATH=<a checkout of another commit> it measures that commit's rule on the same sets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FRESH_FOR = {"set1": "18cadd7 and 7f9b8d4", "set2": "18cadd7 and 15cfb3e"}
+
+
+def math_verify_agrees(completion: str, reference: str) -> bool:
+    from math_verify import parse, verify
+
+    predicted = parse(completion)
+    return bool(predicted) and bool(verify(parse(reference), predicted))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--show", action="store_true")
+    a = ap.parse_args()
+    from grpo_cli.rewards import extract_answer
+    from grpo_cli.rewards.builtin import accuracy
+
+    rows, totals = ["| set | completions | grpo agrees | math-verify agrees | fresh for |", "|---|---|---|---|---|"], [0, 0, 0]
+    for path in sorted((ROOT / "bench/data").glob("answers_*.jsonl")):
+        name = path.stem.removeprefix("answers_")
+        items = [json.loads(line) for line in path.read_text().splitlines()]
+        ours = mv = 0
+        for it in items:
+            got = accuracy([it["completion"]], [it["reference"]])[0]
+            ours += got == it["grader"]
+            mv += math_verify_agrees(it["completion"], it["reference"]) == bool(it["grader"])
+            if a.show and got != it["grader"]:
+                print(f"{name}: grader {it['grader']}, grpo reads {extract_answer(it['completion'])!r} against "
+                      f"{it['reference']!r}: {it['completion'][-140:]!r}")
+        rows.append(f"| {name} | {len(items)} | {ours} | {mv} | {FRESH_FOR.get(name, '?')} |")
+        totals = [totals[0] + len(items), totals[1] + ours, totals[2] + mv]
+    print("\n".join(rows))
+    print(f"grpo agrees with the grader on {totals[1]} of {totals[0]}, math-verify on {totals[2]}")
+
+
+if __name__ == "__main__":
+    main()
