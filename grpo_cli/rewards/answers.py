@@ -22,18 +22,18 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      conditions or scopes what the sentence stated. Left out: a closing paragraph that notes or checks ("Note: ...",
      "Check: 30 - 12 = 18"), the sentence's tail after ", which is", ", i.e.", " - ", "since", "because", "if",
      "when", "assuming", "given", "after ...ing", "for the/each", ", or about" (unless a ", which is" tail
-     computes what the sentence did not state: "we add 6 and 8, which is 6 + 8 = 14"), a breakdown after a colon that follows a stated number, a
-     parenthesis that ends the sentence; a last number right after a preposition gives way to a result the sentence
-     links ("3 x $6 = $18 for 3 shirts": 18).
+     computes what the sentence did not state: "we add 6 and 8, which is 6 + 8 = 14"), a breakdown after a colon
+     that follows a stated number, a parenthesis that ends the sentence; a last number right after a preposition
+     gives way to a result the sentence links ("3 x $6 = $18 for 3 shirts": 18).
 A number is an integer, a decimal, scientific notation ("3.2e4", `3.2 \times 10^{4}`), a fraction ("3/4",
-`\frac{3}{4}`, `\dfrac34`), a mixed number ("3 3/4"), a time or a ratio ("11:30", "3:4"), not an ordinal ("4th") or a power's exponent; in rules 2
-and 3, after a result link, and in a completion without digits, also the number words `clean_answer` leaves as
-words (a lone "one", "two", "zero"); a compound quantity ("2 hours and 30 minutes") is one answer; a number inside
-a math span (`$...$`, `\(...\)`, `\[...\]`) stands for the span's final expression (`$p = \frac{3}{4}$` ->
-`\frac{3}{4}`, `$\sqrt{2}$` -> `\sqrt{2}`), when math-verify can read it. What the rule cannot tell apart: a
-conclusion whose answer comes after a number the clause only mentions, with neither a link nor a preposition to
-tell them apart ("So 3 boxes fill 42 jars" reads 3); box the answer or state it ("the answer is 42") to be read
-right every time.
+`\frac{3}{4}`, `\dfrac34`), a mixed number ("3 3/4"), a time or a ratio ("11:30", "3:4"), not an ordinal ("4th")
+or a power's exponent; in rules 2 and 3, after a result link, and in a completion without digits, also the number
+words `clean_answer` leaves as words (a lone "one", "two", "zero"); a compound quantity ("2 hours and 30 minutes")
+is one answer; a number inside a math span (`$...$`, `\(...\)`, `\[...\]`) stands for the span's final
+expression (`$p = \frac{3}{4}$` -> `\frac{3}{4}`, `$\sqrt{2}$` -> `\sqrt{2}`), when math-verify can read it. What
+the rule cannot tell apart: a conclusion whose answer comes after a number the clause only mentions, with neither a
+link nor a preposition to tell them apart ("So 3 boxes fill 42 jars" reads 3); box the answer or state it ("the
+answer is 42") to be read right every time.
 
 Whether it equals a reference is numbers.py's `answers_match`.
 
@@ -55,7 +55,8 @@ _EXPONENT = r"(?:[eE][-+]?\d+|\s*(?:\\times|\\cdot|×|x|\*)\s*10\s*\^\s*\{?\s*[-
 # separators ("1,000"), decimals, scientific notation ("3.2e4"), simple fractions ("3/4"), mixed numbers
 # ("3 3/4") and LaTeX fractions.
 _NUMBER = re.compile(
-    rf"(?<![\w.^])(?<!\^\{{)-?(?:\d{{1,2}}:\d{{2}}(?::\d{{2}})?(?![\d:])|\d+:\d+(?![\d:])|\d+\s+\d+/\d+(?![\d/]|\.\d)|\d+\s*{_FRAC}|{_FRAC}"
+    rf"(?<![\w.^])(?<!\^\{{)-?(?:\d{{1,2}}:\d{{2}}(?::\d{{2}})?(?![\d:])|\d+:\d+(?![\d:])"
+    rf"|\d+\s+\d+/\d+(?![\d/]|\.\d)|\d+\s*{_FRAC}|{_FRAC}"
     rf"|(?:\d{{1,3}}(?:,\d{{3}})+|\d+)(?:\.\d+)?(?:{_EXPONENT}|/\d+(?:\.\d+)?)?|\.\d+)(?!\d|st\b|nd\b|rd\b|th\b)"
 )
 # The last answer phrase: "the answer is", "Final answer:", "answer =", "the answer to part a would be"
@@ -83,11 +84,12 @@ _AFTER_PREPOSITION = re.compile(
 # what follows a statement's number without being its result: a comment (", which is", "(", ", i.e.", " - ") or a
 # condition, cause or scope (", since", "because", "if", "when", "assuming", "after ...ing", "for the/each ...")
 _TAIL = (r",\s*(?:which|that)\s+(?:is|was|are|were)\b|,\s*i\.e\.|\s[—–]\s|,?\s(?:since|because|if|when|whenever"
-         r"|assuming|given|provided|unless)\b|,?\s(?:after|before|once|while)\s+\w+ing\b|\sfor\s+(?:the|all|each|every)\s"
+         r"|assuming|given|provided|unless)\b|,?\s(?:after|before|once|while)\s+\w+ing\b"
+         r"|\sfor\s+(?:the|all|each|every)\s"
          r"|,\s*or\s+(?:about|roughly|approximately|around|nearly|almost)\b")
 _REMARK = re.compile(_TAIL, flags=re.IGNORECASE)
 _COMPUTES = re.compile(r"=|\bequals?\b|\bresults?\s+in\b", flags=re.IGNORECASE)
-_RESTATES = re.compile(r",\s*(?:which|that)\s|,\s*i\.e\.", flags=re.IGNORECASE)  # a tail that may compute the result
+_RESTATES = re.compile(r",\s*(?:which|that)\s|,\s*i\.e\.", flags=re.IGNORECASE)  # a tail that may compute
 _LINK_BEFORE = re.compile(r"(?:=|\b(?:is|are|was|were|equals?|makes?|gives?|comes\s+to|totals?))\s*$", flags=re.IGNORECASE)
 # a closing paragraph that checks or comments on what came before
 _NOTE = re.compile(r"\n\s*\n\s*\(?\**(?:note|check|verification|verify|double[- ]check|sanity check|remark|p\.s\.)\b"
@@ -150,8 +152,9 @@ def _last_number(text: str) -> str | None:
 
 
 def _final_expression(span: str) -> str:
-    """The right-hand side of a span's last top-level `=`: `p = \\frac{3}{4}` -> `\\frac{3}{4}`; of an approximation,
-    the exact side when it holds a number (`\\frac{1}{6} \\approx 0.167` -> `\\frac{1}{6}`, `x \\approx 0.17` -> 0.17)."""
+    """The right-hand side of a span's last top-level `=`: `p = \\frac{3}{4}` -> `\\frac{3}{4}`; of an
+    approximation, the exact side when it holds a number (`\\frac{1}{6} \\approx 0.167` -> `\\frac{1}{6}`,
+    `x \\approx 0.17` -> 0.17)."""
     depth, cut, approx = 0, 0, None
     for i, ch in enumerate(span):
         depth += (ch in "{([") - (ch in "})]")
@@ -204,8 +207,8 @@ def _sentence_start(text: str, pos: int) -> int:
 
 def _clause_number(text: str, start: int, end: int, words: bool = True) -> re.Match | Spelled | None:
     """A statement's number: after its last result link that has a number after it, else its first number;
-    a trailing remark (", which is ...", "(...") left out, numbers right after a preposition passed over while
-    there are others."""
+    a trailing remark (", which is ...", "if ...", a parenthesis that closes it) left out, numbers right after a
+    preposition passed over while there are others."""
     remark = _REMARK.search(text, start, end)
     end = remark.start() if remark else _closing_parenthesis(text, start, end) or end
     numbers = _numbers(text, start, end, words=words)

@@ -37,7 +37,8 @@ _SUPERSCRIPT = {"⁺": "+", "⁻": "-", "⁽": "(", "⁾": ")"}
 _MATH_CHARS = "".join(_SYMBOLS) + "".join(_ROOTS)
 # a run of math in running text: numbers, single-letter variables (not a unit's letter before a power: "5 m²"),
 # operators and the symbols above, one space apart
-_ATOM = rf"(?:\d+(?:[.,]\d+)*|(?<![A-Za-z°])(?<!° )[B-HJ-Zb-z](?![A-Za-z^])|[{_MATH_CHARS}]|\^\{{[^{{}}]*\}}|[-+*/=^()])"
+_VARIABLE = r"(?<![A-Za-z°])(?<!° )[B-HJ-Zb-z](?![A-Za-z^])"  # one letter, not "a" or "I", not °C, not m²
+_ATOM = rf"(?:\d+(?:[.,]\d+)*|{_VARIABLE}|[{_MATH_CHARS}]|\^\{{[^{{}}]*\}}|[-+*/=^()])"
 _RUN = re.compile(rf"{_ATOM}(?: ?{_ATOM})*")
 _ROOT = re.compile(rf"([{''.join(_ROOTS)}])\s*(\((?:[^()]*)\)|\d+(?:\.\d+)?|[A-Za-z]|\\pi)")
 

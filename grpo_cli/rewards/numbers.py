@@ -134,7 +134,8 @@ def quantity_values(text: str) -> list[Fraction] | None:
 
     units = _unit_registry()
     try:
-        parts = [units.Quantity(float(v), units.parse_units(u)) for v, u in re.findall(r"(\d+(?:\.\d+)?)\s*([A-Za-z]+)", t)]
+        parts = [units.Quantity(float(v), units.parse_units(u))
+                 for v, u in re.findall(r"(\d+(?:\.\d+)?)\s*([A-Za-z]+)", t)]
         sizes = [units.Quantity(1, p.units).to(parts[-1].units).magnitude for p in parts]
         if any(a <= b for a, b in zip(sizes, sizes[1:])):  # "2 hours, 3 hours" is a list: units step down in one
             return None
