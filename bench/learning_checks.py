@@ -112,10 +112,12 @@ def report(out: Path) -> str:
         g = {side: sum(v) / len(v) for (name, side), v in gains.items() if name == task}
         n = len(gains[(task, "task")])
         both = (task, "control") in finals
-        p = permutation_p(finals[(task, "task")], finals[(task, "control")]) if both else float("nan")
-        lines.append(f"{task}: held-out gain {g[(task, 'task')]:+.3f} trained on the task's scorer, "
-                     f"{g.get((task, 'control'), float('nan')):+.3f} on the coin ({n} seed{'s' * (n > 1)}; "
-                     f"final scores task against control, permutation p = {p:.3f})")
+        test = "too few seeds for a test"
+        if both and min(len(finals[(task, "task")]), len(finals[(task, "control")])) >= 3:
+            test = f"final scores task against control, permutation p = " \
+                   f"{permutation_p(finals[(task, 'task')], finals[(task, 'control')]):.3f}"
+        lines.append(f"{task}: held-out gain {g['task']:+.3f} trained on the task's scorer, "
+                     f"{g.get('control', float('nan')):+.3f} on the coin ({n} seed{'s' * (n > 1)}; {test})")
     return "\n".join(lines)
 
 
