@@ -234,7 +234,9 @@ def run_grpo(args, folder: Path, prompts: Path, work: Path, steps: int) -> dict:
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     own = metrics[-1]["memory/peak_gib"]  # the CUDA allocator's peak on a GPU, peak RSS (VmHWM) on the CPU
     return {"step": [m["time/step"] for m in metrics], "generate": [m["time/generate"] for m in metrics],
-            "length": [m["completions/mean_length"] for m in metrics], "reward": [m["reward"] for m in metrics],
+            "length": [m["completions/mean_length"] for m in metrics],
+            # with dynamic sampling, the mean of everything sampled (`reward` is then the trained groups', biased)
+            "reward": [m.get("dynamic_sampling/generated_reward_mean", m["reward"]) for m in metrics],
             "phases": [{k: v for k, v in m.items() if k.startswith("memory/")} for m in metrics],
             "peak_gib": own if args.device == "cuda" else max(tree_peak, own), "own_gib": own,
             "tree_gib": tree_peak, "recipe": recipe}
