@@ -5,7 +5,9 @@ each with its problem's reference answer and a grader's verdict (1: the completi
 reference). `grpo` scores with the `accuracy` reward (mode auto); math-verify parses the whole completion and
 verifies it against the reference, as TRL's accuracy reward does. A set measures the rule only while it was not
 used to change it: set1 was written before the day's changes and then used to fix five of its misses (15cfb3e), set2
-was written after 15cfb3e and used to fix two (723ffd7); the table says which commit each is fresh for.
+was written after 15cfb3e and used to fix two (723ffd7); set3 to set6 were written one after another on
+13b29c6, each before the misses of the ones before it were fixed (bench/RESULTS.md gives each set's count on the rule
+it was fresh for); the table says which commit each is fresh for.
 
     .venv/bin/python bench/answer_agreement.py [--show]     # --show: each disagreement
 
@@ -19,7 +21,8 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FRESH_FOR = {"set1": "18cadd7 and 7f9b8d4", "set2": "18cadd7 and 15cfb3e"}
+FRESH_FOR = {"set1": "18cadd7 and 7f9b8d4", "set2": "18cadd7 and 15cfb3e", "set3": "13b29c6", "set4": "13b29c6",
+             "set5": "13b29c6", "set6": "13b29c6"}
 
 
 def math_verify_agrees(completion: str, reference: str) -> bool:

@@ -20,11 +20,18 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      over while the clause has others, and a trailing remark (", which is ...", "(since ...)") is left out;
   4. otherwise the last sentence (or line) with a number states it: its last number, unless that only comments,
      conditions or scopes what the sentence stated. Left out: a closing paragraph that notes or checks ("Note: ...",
-     "Check: 30 - 12 = 18"), the sentence's tail after ", which is", ", i.e.", " - ", "since", "because", "if",
-     "when", "assuming", "given", "after ...ing", "for the/each", ", or about" (unless a ", which is" tail
-     computes what the sentence did not state: "we add 6 and 8, which is 6 + 8 = 14"), a breakdown after a colon
-     that follows a stated number, a parenthesis that ends the sentence; a last number right after a preposition
-     gives way to a result the sentence links ("3 x $6 = $18 for 3 shirts": 18).
+     "Check: 30 - 12 = 18") and a closing sentence that checks or compares ("That's 9 more than last year."), while
+     a number comes before them; the sentence's tail after ", which is", ", i.e.", " - ", "since", "because", "if",
+     "when", "assuming", "given", "after ...ing", "for the/each", ", or about", a comparison (", 6 fewer than Amy"),
+     a range (", from 850 to 1,020"), a share (", 24 in each box"), what is left (", with $20 left over") or a
+     purpose ("to complete his collection of 50"; "to get 48" where a need is stated), unless a ", which is" tail
+     computes what the sentence did not state ("we add 6 and 8, which is 6 + 8 = 14") or gives the count a stated
+     share stands for ("40% of them walk, which is 12"); the time the stated number took, right after it ("$45 in 3
+     weeks"); a breakdown after a colon that follows a stated number; a parenthesis that ends the sentence. A last
+     number right after a preposition gives way to a result the sentence links ("3 x $6 = $18 for 3 shirts": 18),
+     and to the sentence's last number when it only says where the stated one came from or went to, what it is out
+     of or its rate ("$10 back from her $20 bill", "3 of the 12 eggs", "2.5 hours at 60 mph"), not in an
+     appositive that names it ("1,020, an increase of 170": 170).
 A number is an integer, a decimal, scientific notation ("3.2e4", `3.2 \times 10^{4}`), a fraction ("3/4",
 `\frac{3}{4}`, `\dfrac34`), a mixed number ("3 3/4"), a time or a ratio ("11:30", "3:4"), not an ordinal ("4th")
 or a power's exponent; in rules 2 and 3, after a result link, and in a completion without digits, also the number
@@ -46,6 +53,10 @@ import re
 from decimal import Decimal
 from typing import Any, Callable
 
+from grpo_cli.rewards.clauses import (
+    AFTER_PREPOSITION, APPOSITIVE, CLOSING_COMMENT, COMPUTES, LINK, LINK_BEFORE, NEED, NEGATED, NOTE, PURPOSE, RATE_UNIT,
+    REMARK, RESTATES, SOURCE, TIME_SCOPE, closing_parenthesis, sentence_end, sentence_start,
+)
 from grpo_cli.rewards.notation import Spelled, clean_answer, spelled
 from grpo_cli.rewards.numbers import PLAIN_WORD, QUANTITY, parse_math, quantity_values
 
@@ -72,30 +83,6 @@ _CONCLUSION = re.compile(
     r"(?:^|(?<=[.!?;:,\n])|(?<=[.!?;:,]\s)|(?<=\band\s))\s*(?:so|thus|therefore|hence|in\s+total|altogether"
     r"|overall|in\s+all)\b(?!\s+(?:far|that|on|much|many)\b)", flags=re.IGNORECASE,
 )
-_LINK = re.compile(
-    r"=|\\approx|≈|\b(?:is|are|was|were|equals?|gives?|makes?|yields?|comes\s+to|totals?|leaves?|has|have|had"
-    r"|holds?|contains?|costs?|gets?|earns?)\b", flags=re.IGNORECASE,
-)
-# a number right after a preposition is context ("in 6 jars", "after 2 hours", "more than 40"), not a result
-_AFTER_PREPOSITION = re.compile(
-    r"\b(?:in|on|at|after|before|for|over|per|of|by|with|within|during|from|into|between|among|than)\s+"
-    r"(?:(?:the|a|an|every|each|all)\s+)?\$?$", flags=re.IGNORECASE,
-)
-# what follows a statement's number without being its result: a comment (", which is", "(", ", i.e.", " - ") or a
-# condition, cause or scope (", since", "because", "if", "when", "assuming", "after ...ing", "for the/each ...")
-_TAIL = (r",\s*(?:which|that)\s+(?:is|was|are|were)\b|,\s*i\.e\.|\s[—–]\s|,?\s(?:since|because|if|when|whenever"
-         r"|assuming|given|provided|unless)\b|,?\s(?:after|before|once|while)\s+\w+ing\b"
-         r"|\sfor\s+(?:the|all|each|every)\s"
-         r"|,\s*or\s+(?:about|roughly|approximately|around|nearly|almost)\b")
-_REMARK = re.compile(_TAIL, flags=re.IGNORECASE)
-_COMPUTES = re.compile(r"=|\bequals?\b|\bresults?\s+in\b", flags=re.IGNORECASE)
-_RESTATES = re.compile(r",\s*(?:which|that)\s|,\s*i\.e\.", flags=re.IGNORECASE)  # a tail that may compute
-_LINK_BEFORE = re.compile(r"(?:=|\b(?:is|are|was|were|equals?|makes?|gives?|comes\s+to|totals?))\s*$", flags=re.IGNORECASE)
-# a closing paragraph that checks or comments on what came before
-_NOTE = re.compile(r"\n\s*\n\s*\(?\**(?:note|check|verification|verify|double[- ]check|sanity check|remark|p\.s\.)\b"
-                   r"(?!.*\n\s*\n)", flags=re.IGNORECASE | re.DOTALL)
-_NEGATED = re.compile(r"(?:\bnot|\bnever|n't)\s+(?:\w+\s+)?$", flags=re.IGNORECASE)
-_SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n")
 # Math spans; a lone `$` is a math delimiter only as in pandoc: no space inside it, no digit after
 # the closing one, so "costs $5 and $7" holds no span.
 _MATH_SPAN = re.compile(
@@ -104,6 +91,7 @@ _MATH_SPAN = re.compile(
 _EXPRESSION = re.compile(r"[\w\s\\{}()\[\]^+\-*/=.,']+")  # what a stated expression is made of
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _TEXT_CMD = re.compile(r"\\(?:text|mathrm|textbf|mbox)\s*\{[^{}]*\}")
+_JUST_STATED = re.compile(r"(?<!\bthe\s)(?<!\bthe\s\$)\b\d[\d.,]*\s*%?(?:\s+[\w-]+)?\s*$", flags=re.IGNORECASE)
 _PERCENT = re.compile(r"\s?(?:\\?%|percent\b)", flags=re.IGNORECASE)
 
 
@@ -191,28 +179,19 @@ def _numbers(text: str, start: int, end: int, words: bool) -> list[re.Match | Sp
         taken = [(m.start(), m.end()) for m in found]
         found += [w for w in spelled(text, start, end)
                   if not any(a < w.end() and w.start() < b for a, b in taken)]
-    found = [m for m in found if not _NEGATED.search(text[start : m.start()])]
+    found = [m for m in found if not NEGATED.search(text[start : m.start()])]
     return sorted(found, key=lambda m: m.start())
-
-
-def _sentence_end(text: str, pos: int) -> int:
-    m = _SENTENCE_END.search(text, pos)
-    return m.start() if m else len(text)
-
-
-def _sentence_start(text: str, pos: int) -> int:
-    starts = [m.end() for m in _SENTENCE_END.finditer(text, 0, pos)]
-    return starts[-1] if starts else 0
 
 
 def _clause_number(text: str, start: int, end: int, words: bool = True) -> re.Match | Spelled | None:
     """A statement's number: after its last result link that has a number after it, else its first number;
     a trailing remark (", which is ...", "if ...", a parenthesis that closes it) left out, numbers right after a
     preposition passed over while there are others."""
-    remark = _REMARK.search(text, start, end)
-    end = remark.start() if remark else _closing_parenthesis(text, start, end) or end
+    first = _NUMBER.search(text, start, end)  # a remark follows a stated number
+    remark = REMARK.search(text, first.end(), end) if first else None
+    end = remark.start() if remark else _purpose(text, start, end) or closing_parenthesis(text, start, end) or end
     numbers = _numbers(text, start, end, words=words)
-    results = [m for m in numbers if not _AFTER_PREPOSITION.search(text[start : m.start()])]
+    results = [m for m in numbers if not AFTER_PREPOSITION.search(text[start : m.start()])]
     numbers = results or numbers
     linked = _linked_number(text, start, end, numbers)
     return linked if linked is not None else numbers[0] if numbers else None
@@ -220,7 +199,7 @@ def _clause_number(text: str, start: int, end: int, words: bool = True) -> re.Ma
 
 def _linked_number(text: str, start: int, end: int, numbers: list) -> re.Match | Spelled | None:
     """The first of `numbers` after the last result link in text[start:end] that has one after it."""
-    for link in reversed(list(_LINK.finditer(text, start, end))):
+    for link in reversed(list(LINK.finditer(text, start, end))):
         after = [m for m in numbers if m.start() >= link.end()]
         if after:
             return after[0]
@@ -233,18 +212,18 @@ def _stated_answer(text: str) -> str | None:
     if phrases and (expression := _stated_expression(text, phrases[-1].end())) is not None:
         return expression
     if phrases:
-        answer = _clause_number(text, phrases[-1].end(), _sentence_end(text, phrases[-1].end()))
+        answer = _clause_number(text, phrases[-1].end(), sentence_end(text, phrases[-1].end()))
         if answer is not None:
             for fix in _CORRECTION.finditer(text, answer.end()):
-                corrected = _clause_number(text, fix.end(), _sentence_end(text, fix.end()))
+                corrected = _clause_number(text, fix.end(), sentence_end(text, fix.end()))
                 if corrected is not None and corrected.start() > answer.start():
                     answer = corrected
             return _as_answer(text, answer)
     digits = list(_NUMBER.finditer(text))
     if not digits:
         return None
-    start = _sentence_start(text, digits[-1].start())
-    end = _sentence_end(text, digits[-1].end())
+    start = sentence_start(text, digits[-1].start())
+    end = sentence_end(text, digits[-1].end())
     cues = list(_CONCLUSION.finditer(text, start, end))
     found = _clause_number(text, cues[-1].end(), end) if cues else None
     return _as_answer(text, found) if found is not None else None
@@ -253,7 +232,7 @@ def _stated_answer(text: str) -> str | None:
 def _stated_expression(text: str, start: int) -> str | None:
     """A stated answer that is an expression or a choice, not a number ("C", "(B)", "2x + 3", "\\frac{\\pi}{2}"):
     the rest of the sentence when it is math with a letter, no word of two letters or more, brackets balanced."""
-    t = text[start : _sentence_end(text, start)].strip().strip("*").rstrip(".").strip()
+    t = text[start : sentence_end(text, start)].strip().strip("*").rstrip(".").strip()
     if not (0 < len(t) <= 60 and _EXPRESSION.fullmatch(t) and re.search(r"[A-Za-z]", t)) or PLAIN_WORD.search(t) \
             or re.match(r"\(?[A-Za-z]\)\s*\S", t):  # "(B) 12": a choice's label, then its value (a number)
         return None
@@ -269,55 +248,85 @@ def _last_number_or_math(text: str) -> str | None:
     """Rule 4 of the module docstring: the last number, unless it sits in a tail of its sentence that only comments,
     conditions or scopes what the sentence stated (`_tail_start`); inside a math span, the span's final expression.
     Number words left in words count after a result link ("7 - 5 is two") and, without any digit, everywhere."""
-    note = _NOTE.search(text)
+    note = NOTE.search(text)
     if note and (_NUMBER.search(text, 0, note.start()) or spelled(text, 0, note.start())):
         text = text[: note.start()]
     digits = list(_NUMBER.finditer(text))
     words = spelled(text)  # what clean_answer left in words: "one", "two", "zero"
-    stated = [w for w in words if _LINK_BEFORE.search(text, max(0, w.start() - 24), w.start())]  # "7 - 5 is two"
+    stated = [w for w in words if LINK_BEFORE.search(text, max(0, w.start() - 24), w.start())]  # "7 - 5 is two"
     found = sorted(digits + stated, key=lambda m: m.start()) or words
     if not found:
         return None
     last = found[-1]
-    start = _sentence_start(text, last.start())
+    start = sentence_start(text, last.start())
     remark = _tail_start(text, start, last)
     before = [m for m in found if remark is not None and start <= m.start() < remark]
-    if not before and _AFTER_PREPOSITION.search(text, start, last.start()):  # "3 x $6 = $18 for 3 shirts": 18
-        results = [m for m in found if start <= m.start() and not _AFTER_PREPOSITION.search(text, start, m.start())]
-        before = [_linked_number(text, start, last.end(), results) or last]
+    if not before and AFTER_PREPOSITION.search(text, start, last.start()) and \
+            not APPOSITIVE.search(text, start, last.start()):  # "3 x $6 = $18 for 3 shirts": 18
+        results = [m for m in found if start <= m.start() and not AFTER_PREPOSITION.search(text, start, m.start())]
+        source = results and (SOURCE.search(text, start, last.start())  # "$10 back from her $20 bill": 10
+                              or RATE_UNIT.match(text, last.end()))  # "2.5 hours at 60 mph": 2.5
+        before = [_linked_number(text, start, last.end(), results) or (results[-1] if source else last)]
     return _as_answer(text, before[-1] if before else last)
 
 
 def _tail_start(text: str, start: int, last: re.Match | Spelled) -> int | None:
     """Where the tail that holds `last` begins in its sentence (text[start:]), if `last` is in one: after ", which
-    is", "if", ... (`_REMARK`), unless the tail computes what the sentence did not state ("we add 6 and 8, which
+    is", "if", ... (`REMARK`), unless the tail computes what the sentence did not state ("we add 6 and 8, which
     is 6 + 8 = 14"), after a colon that follows a stated number ("21 marbles: 5 red, 7 blue and 9 green"), or in a
     parenthesis that ends the sentence ("$18 a day (9 eggs x $2)")."""
-    remark = _REMARK.search(text, start, last.start())
-    if remark and not (_RESTATES.match(text, remark.start()) and _COMPUTES.search(text, remark.start(), last.end())
-                       and not _LINK.search(text, start, remark.start())):
+    first = _NUMBER.search(text, start, last.start())  # a tail follows a stated number
+    remark = REMARK.search(text, first.end(), sentence_end(text, last.end())) if first else None
+    remark = remark if remark and remark.start() < last.start() else None
+    if remark is None and (purpose := _purpose(text, start, last.start())) is not None:
+        return purpose  # "Lily needs 6 packs of 8 to get 48 buns."
+    if remark and not (RESTATES.match(text, remark.start()) and (COMPUTES.search(text, remark.start(), last.end())
+                       and not LINK.search(text, start, remark.start()) or _counts_percent(text, start, remark, last))):
         return remark.start()
+    took = [m for m in TIME_SCOPE.finditer(text, start, sentence_end(text, last.end())) if m.start() < last.start()]
+    if took and _JUST_STATED.search(text[start : took[-1].start()]):  # not "the 300 km in 2.5 hours": a given
+        return took[-1].start()  # right after the stated number and its unit: "She saves $45 in 3 weeks."
     colon = text.find(": ", start, last.start())  # "There are 21 marbles: 5 red, 7 blue and 9 green."
-    if colon >= 0 and _LINK.search(text, start, colon) and _NUMBER.search(text, start, colon) and \
-            len(_NUMBER.findall(text, colon, last.end())) > 1 and not _COMPUTES.search(text, colon, last.end()):
+    if colon >= 0 and LINK.search(text, start, colon) and _NUMBER.search(text, start, colon) and \
+            _NUMBER.search(text, colon, last.end()) and not COMPUTES.search(text, colon, last.end()) and \
+            not LINK.search(text, colon, last.start()):
         return colon
-    opened = _closing_parenthesis(text, start, _sentence_end(text, last.end()))
+    opened = closing_parenthesis(text, start, sentence_end(text, last.end()))
     return opened if opened is not None and opened < last.start() else None
 
 
-def _closing_parenthesis(text: str, start: int, end: int) -> int | None:
-    """Where a parenthesis that closes text[start:end] opens ("42 (since 6 x 7 = 42)."), if one does."""
-    closed = text.rfind(")", start, end)
-    opened = text.rfind("(", start, closed) if closed > start else -1
-    if opened > start and not re.search(r"\w", text[closed + 1 : end]) and text[opened - 1].isspace():
-        return opened
-    return None
+def _purpose(text: str, start: int, end: int) -> int | None:
+    """Where a purpose begins in a sentence that says what is needed ("needs 6 packs to get 48 buns"), if one does."""
+    first = _NUMBER.search(text, start, end)
+    found = PURPOSE.search(text, first.end(), end) if first and NEED.search(text, start, first.start()) else None
+    return found.start() if found else None
+
+
+def _counts_percent(text: str, start: int, remark: re.Match, last: re.Match | Spelled) -> bool:
+    """Whether a restating tail gives the count a stated share stands for ("40% of them walk, which is 12", "3/4 of a
+    pizza, which is 6 slices")."""
+    stated = list(_NUMBER.finditer(text, start, remark.start()))
+    share = bool(stated) and (bool(_PERCENT.match(text, stated[-1].end())) or ("/" in stated[-1].group()
+                              or "frac" in stated[-1].group()) and text.startswith(" of ", stated[-1].end()))
+    return share and not _PERCENT.match(text, last.end()) and "/" not in last.group()
+
+
+def _without_closing_comment(text: str) -> str:
+    """`text` less the closing sentences that only check or compare what came before (`CLOSING_COMMENT`: "Check: 2(9)
+    - 7 = 11.", "That's 9 more than last year."), while a number stays before them."""
+    while True:
+        body = text.rstrip()
+        start = sentence_start(body, len(body.rstrip(".!?✓✔* \t")))
+        if not (start and CLOSING_COMMENT.match(body[start:].lstrip())
+                and (_NUMBER.search(body, 0, start) or spelled(body, 0, start))):
+            return text
+        text = body[:start]
 
 
 def _auto(text: str, tag: str) -> str | None:
     """The module docstring's rule: boxed, then tag, then gsm8k, then the stated answer, then the last number."""
     for find in (_last_boxed, lambda t: _last_tag(t, tag), _after_hashes, _stated_answer, _last_number_or_math):
-        found = find(text)
+        found = find(text if find in (_last_boxed, _after_hashes) else _without_closing_comment(text))
         if found is not None:
             return found
     return None

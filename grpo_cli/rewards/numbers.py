@@ -10,8 +10,11 @@ is a Fraction: no float rounding, so 2^53 + 1 stays itself and 1e-9 is not 3e-9.
 Two plain numbers are the same answer (`numbers_match`) when they are equal, or when they agree to six decimal
 places and six significant digits (|a - b| <= 5e-7 and <= 1e-6 max(|a|, |b|)): "0.3333333" matches 1/3 and
 3.141593 matches 3.14159265, as math-verify's six-decimal rounding does, but unlike it 1e-9 is not 3e-9 (both
-round to 0) and 1000000.5 is not 1000001; "0.33" is not 1/3 (a question that asks for a common fraction is not
-answered by a rounding). Anything else (sqrt(2), 4 pi, sets, text) is math-verify's to decide.
+round to 0) and 1000000.5 is not 1000001. A decimal with three significant digits or more is also the answer whose
+decimals never end (a repeating fraction, pi, a root) when it is that answer to its last digit, rounded or cut
+(`rounds_to`: "0.333" and "0.667" are 1/3 and 2/3, "78.5" and "78.54" are 25 pi, "3.14" is pi); "0.33" is not 1/3 and
+"3.1" is not pi (two digits say too little), and no rounding is 12.5 or 0.25, whose decimals end. Anything else
+(sqrt(2), 4 pi, sets, text) is math-verify's to decide.
 
 Numbers in other forms (Unicode, words around digits) are written the plain way first (notation.py's
 `clean_answer`); a percentage is read as both its number and its hundredth (`percent_value`), and a compound
@@ -20,6 +23,7 @@ quantity ("2 hours and 30 minutes") as its value in each of its units (`quantity
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 from fractions import Fraction
@@ -96,6 +100,26 @@ def numbers_match(a: Fraction, b: Fraction) -> bool:
         return True
     diff = abs(a - b)
     return diff <= Fraction(5, 10**7) and diff <= Fraction(1, 10**6) * max(abs(a), abs(b))
+
+
+def rounds_to(exact: Fraction | float, text: str) -> bool:
+    """Whether `text`, a decimal of three significant digits or more, is `exact` (whose decimals never end) to its last
+    digit (see the module docstring)."""
+    m = re.fullmatch(r"-?(\d+(?:,\d{3})*)\.(\d+)", text.strip().rstrip(".").strip())
+    if m is None or len((m.group(1).replace(",", "") + m.group(2)).lstrip("0")) < 3:
+        return False
+    if isinstance(exact, Fraction):
+        den = exact.denominator
+        for p in (2, 5):
+            while den % p == 0:
+                den //= p
+        if den == 1:  # its decimals end: only the exact value is it
+            return False
+    given, scale = _decimal(text.strip().rstrip(".").strip()), 10 ** len(m.group(2))
+    if (given < 0) != (exact < 0):
+        return False
+    digits = abs(Fraction(exact)) * scale  # a float's Fraction is exact: its few last bits do not reach the digit
+    return abs(given) * scale in (math.floor(digits), math.floor(digits + Fraction(1, 2)))
 
 
 def percent_value(text: str) -> list[Fraction] | None:
@@ -185,7 +209,7 @@ def answers_match(reference: str, predicted: str) -> bool:
     reference, predicted = clean_answer(reference), clean_answer(predicted)
     exact = read_number(reference), read_number(predicted)
     if exact[0] is not None and exact[1] is not None:
-        return numbers_match(*exact)
+        return numbers_match(*exact) or rounds_to(exact[0], predicted)
     # "25%" is the answer 25 and the answer 0.25; "2 hours and 30 minutes" is 2.5 and 150
     readings = [percent_value(t) or quantity_values(t) for t in (reference, predicted)]
     if any(r is not None for r in readings):
@@ -195,4 +219,7 @@ def answers_match(reference: str, predicted: str) -> bool:
     gold, pred = parse_math(reference, timeout), parse_math(predicted, timeout)
     if not gold or not pred:
         return " ".join(reference.lower().split()) == " ".join(predicted.lower().split())
+    if exact[1] is not None and getattr(gold[0], "is_number", False) and gold[0].is_real and rounds_to(
+            float(gold[0].evalf()), predicted):  # "78.5" for 25 pi
+        return True
     return bool(verify(gold, pred, timeout_seconds=timeout))

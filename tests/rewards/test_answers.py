@@ -385,6 +385,84 @@ COMPOUND_QUANTITIES = rows(  # two numbers with units of one kind are one answer
 )
 
 
+# rule 4: a number that only scopes the stated one (the time it took, a purpose, where it came from or went to, the
+# rate it came at), a share restated as its count, a comparison or a range after it; and where these do not apply
+SCOPES = rows(
+    ("The shop sells 48 cupcakes in 6 hours.", "48", 1.0),
+    ("She saves $45 in 3 weeks.", "45", 1.0),
+    ("He earns $120 in an 8-hour shift.", "120", 1.0),
+    ("It goes 150 miles in 2.5 hours.", "150", 1.0),
+    ("They planted 300 trees over 4 days.", "300", 1.0),
+    ("The 4 workers finish in 5 days.", "5", 1.0),  # the number before is the subject: the time is the answer
+    ("The train covers the 300 km in 2.5 hours.", "2.5", 1.0),  # "the 300 km" is given
+    ("The water level drops by 2.5 cm each hour; after 4 hours it has dropped 10 cm.", "10", 1.0),
+    ("He needs 7 more stamps to complete his collection of 50.", "7", 1.0),
+    ("She needs 3 cups of flour to bake 24 cookies.", "3", 1.0),
+    ("Multiply 3 by 4 to get 12.", "12", 1.0),  # "to get" gives the result
+    ("We have 3 choices for the first digit and 4 for the second, giving 3 · 4 = 12 numbers.", "12", 1.0),
+    ("She got $10 back from her $20 bill.", "10", 1.0),
+    ("Sam gave away 12 marbles in total to his 3 friends.", "12", 1.0),
+    ("Only 3 of the 12 eggs were broken.", "3", 1.0),
+    ("So 14 students play both sports, out of 30 in the class.", "14", 1.0),
+    ("The trip takes 2.5 hours at 60 mph.", "2.5", 1.0),
+    ("It would take 7 weeks to save $210 at $30 a week.", "7", 1.0),
+    ("He left at 7:15 and arrived at 8:45.", "8:45", 1.0),
+    ("In 2019 the school had 850 students; by 2023 it had 1,020, an increase of 170.", "170", 1.0),
+    ("The original price was $60 and the sale price is $48, a saving of $12.", "12", 1.0),
+    ("A square with side 7 cm has an area of 49 cm^2.", "49", 1.0),
+    ("She drove 135 km in 3 hours, an average speed of 45 km/h.", "45", 1.0),
+    ("The bill was $84 and they left a 15% tip, $12.60, for a total of $96.60.", "96.6", 1.0),
+    ("The increase is 20%, from 850 to 1,020 students.", "20", 1.0),
+    ("The population doubled from 2,500 to 5,000 in 10 years.", "5000", 1.0),
+    ("40% of the students walk to school, which is 12 students.", "12", 1.0),
+    ("She has 3/4 of a pizza left, which is 6 slices.", "6", 1.0),
+    ("So 12 of the 30 students walk, which is 40%.", "12", 1.0),
+    ("Ben has 12 stickers, 6 fewer than Amy.", "12", 1.0),
+    ("He scored 42 points, 6 more than his average of 36.", "42", 1.0),
+    ("The least number of coins is 4: a quarter, a dime, a nickel and a penny.", "4", 1.0),
+    ("Janet has 16 - 3 - 4 = 9 eggs to sell, at two dollars each: she makes eighteen dollars.", "18", 1.0),
+    ("The temperature is -7 °C, 15 degrees colder than in the morning.", "-7", 1.0),
+    ("The tower is 120 m tall, 40 m taller than the church.", "120", 1.0),
+    ("5 boxes hold 120 cans, 24 in each box.", "120", 1.0),
+    ("They paid $60, $15 each.", "60", 1.0),
+    ("After 8 weeks she can buy the bike, with $20 left over.", "8", 1.0),
+    ("She can fill 7 bags, with 3 apples to spare.", "7", 1.0),
+    ("So, Lily needs 6 packs of 8 to get 48 hot dog buns.", "6", 1.0),
+    ("He must buy 4 boxes to have 48 pencils.", "4", 1.0),
+    ("Add 7 and 5 to get 12.", "12", 1.0),  # no need stated: "to get" gives the result
+)
+
+# closing sentences that only check or compare what came before, while a number comes before them
+CLOSING_COMMENTS = rows(
+    ("He has 54 chairs. That's 9 more than last year.", "54", 1.0),
+    ("She runs 35 km a week. That's 10 km more than her brother.", "35", 1.0),
+    ("The tower is 120 m tall. This is twice as tall as the church.", "120", 1.0),
+    ("So x = 9. Check: 2(9) - 7 = 11. ✓", "9", 1.0),
+    ("The average score is 84. Let me verify: 82 + 90 + 76 + 88 = 336, and 336 / 4 = 84.", "84", 1.0),
+    ("So x = 9. Verification: 2 × 9 − 7 = 11, as required.", "9", 1.0),
+    ("Check: 2 + 2 = 4", "4", 1.0),  # nothing before it: the check is the answer
+    ("That's 9 more than last year.", "9", 1.0),
+)
+
+# a decimal of three significant digits or more is the answer whose decimals never end, to its last digit
+ROUNDINGS = rows(
+    ("The probability is 0.333.", "1/3", 1.0),
+    ("The probability is 0.667.", "2/3", 1.0),
+    ("The probability is 0.666.", "2/3", 1.0),  # cut, not rounded
+    ("The probability is 0.668.", "2/3", 0.0),
+    ("The probability is 0.33.", "1/3", 0.0),  # two digits say too little
+    ("The area is about 78.5 square units.", "25\\pi", 1.0),
+    ("The area is 78.54.", "25\\pi", 1.0),
+    ("The area is 78.6.", "25\\pi", 0.0),
+    (r"\boxed{3.14}", "\\pi", 1.0),
+    (r"\boxed{3.1}", "\\pi", 0.0),
+    ("The diagonal is 1.414 m.", "\\sqrt{2}", 1.0),
+    ("The answer is 12.46.", "12.5", 0.0),  # 12.5's decimals end: only 12.5 is it
+    ("The answer is 0.2.", "1/4", 0.0),
+    ("The answer is 142.857.", "1000/7", 1.0),
+)
+
+
 def _small_model_rows():
     """Completions SmolLM2-135M-Instruct wrote (`grpo eval base`, sampled), each with the answer a careful reader
     takes as its final one (`read_as`) and the problem's own answer: extraction must find the first, and the accuracy
@@ -404,7 +482,8 @@ CLASSES = {"escaped_dollar": DOLLAR, "unicode_minus": MINUS, "inline_latex": LAT
            "remarks_after_the_answer": REMARKS, "words_around_digits": WORDS_AROUND_DIGITS,
            "unicode_math": UNICODE_MATH, "tails_after_the_answer": TAILS, "spelled_numbers": SPELLED,
            "stated_expressions": STATED_EXPRESSIONS, "compound_quantities": COMPOUND_QUANTITIES,
-           "small_model_completions": SMALL_MODEL}
+           "small_model_completions": SMALL_MODEL, "scopes_and_sources": SCOPES,
+           "closing_comments": CLOSING_COMMENTS, "roundings": ROUNDINGS}
 
 
 @pytest.mark.parametrize("completion, reference, expected, mode", [

@@ -1,0 +1,91 @@
+r"""The parts of a sentence the answer rule reads (answers.py, rules 3 and 4): result links, prepositions and what a
+number after one says, the tails that follow a stated number without being its result, the time it took, and closing
+sentences that only check or compare. The rule itself, with examples, is answers.py's docstring.
+"""
+
+from __future__ import annotations
+
+import re
+
+LINK = re.compile(
+    r"=|\\approx|≈|\b(?:is|are|was|were|equals?|gives?|makes?|yields?|comes\s+to|totals?|leaves?|has|have|had"
+    r"|holds?|contains?|costs?|gets?|earns?)\b", flags=re.IGNORECASE,
+)
+# a number right after a preposition is context ("in 6 jars", "after 2 hours", "more than 40"), not a result
+AFTER_PREPOSITION = re.compile(
+    r"\b(?:in|on|at|after|before|for|over|per|(?<!total\s)of|by|with|within|during|from|into|between|among|than)\s+"
+    r"(?:(?:the|a|an|every|each|all|his|her|their|its|my|your|our)\s+)?\$?$"
+    r"|\bto\s+(?:each\s+of\s+)?(?:the|his|her|their|its|my|your|our)\s+\$?$", flags=re.IGNORECASE,
+)
+# ... and of these, a number that only says where the stated one came from, went to or is out of ("$10 back from her
+# $20 bill", "12 marbles to his 3 friends"): a last number after one gives way to the sentence's last result, linked
+# or not
+SOURCE = re.compile(r"(?:\b(?:from|out\s+of|among|than|per|to(?=\s+(?:each|the|his|her|their|its|my|your|our)\b))"
+                     r"|(?<=\d)\s+of)"  # "3 of the 12 eggs"
+                     r"\s+(?:each\s+of\s+)?(?:(?:the|a|an|his|her|their|its|my|your|our)\s+)?\$?$", flags=re.IGNORECASE)
+# ... as does one that is a rate, the unit after it saying so ("2.5 hours at 60 mph", "an average of $50 per student")
+RATE_UNIT = re.compile(r"\s*(?:%|mph\b|km/h|kph\b|(?:[a-z]+\s+)?(?:per|an?|each|every)\s|/)", flags=re.IGNORECASE)
+# a purpose, where the sentence says what is needed: "Lily needs 6 packs of 8 to get 48 buns" (but "Multiply 3 by 4 to
+# get 12": a result)
+NEED = re.compile(r"\b(?:needs?|needed|must|requires?|required|has\s+to|have\s+to|should|wants?|takes?|took)\b",
+                  flags=re.IGNORECASE)
+PURPOSE = re.compile(r"\s(?:in\s+order\s+)?to\s+(?:get|make|have|buy|obtain|reach)\b", flags=re.IGNORECASE)
+# an appositive that names the stated number: "it had 1,020, an increase of 170": 170
+APPOSITIVE = re.compile(r",\s*(?:a|an)\s+(?:[a-z]+\s+){1,2}of\s+\$?$", flags=re.IGNORECASE)
+# a scope or purpose ends where a new statement begins: "3 choices for the first digit and 4 for the second, giving 12"
+_NO_STATEMENT = r"(?![^.!?\n]*(?:=|[:;]|\b(?:giv(?:es|ing)|makes?|is|are|was|were|equals?|totals?|costs?)\b))"
+# what follows a statement's number without being its result: a comment (", which is", "(", ", i.e.", " - "), a
+# condition, cause or scope (", since", "because", "if", "when", "assuming", "after ...ing", "for the/each ..."), a
+# purpose, a comparison or a range
+_TAIL = (r",\s*(?:which|that)\s+(?:is|was|are|were)\b|,\s*i\.e\.|\s[—–]\s|,?\s(?:since|because|if|when|whenever"
+         r"|assuming|given|provided|unless)\b|,?\s(?:after|before|once|while)\s+\w+ing\b"
+         rf"|\sfor\s+(?:the|all|each|every)\s{_NO_STATEMENT}"
+         r"|\s(?:in\s+order\s+)?to\s+(?!(?:be|get|give|obtain|find|yield|make|equal|both|each|every|all|the|a|an|his"
+         r"|her|their|its|my|your|our|him|them|me|us|it|about|around|nearly|approximately)\b)[a-z]{3,}\b"
+         rf"{_NO_STATEMENT}"  # a purpose: "7 more stamps to complete his collection of 50"
+         r"|,\s*or\s+(?:about|roughly|approximately|around|nearly|almost)\b"
+         r"|,\s*(?:(?:up|down|rising|falling|going)\s+)?from\s+\$?\d"  # "The increase is 20%, from 850 to 1,020"
+         r"|,\s*(?:(?:which|that)(?:'s|\s+is|\s+was)\s+)?(?:about\s+|only\s+|just\s+)?\$?\d[\d,.]*\s*%?\s*"
+         r"(?:[a-z]+\s+)?(?:more|less|fewer|[a-z]+er)\s+than\b"  # a comparison: ", 15 degrees colder than at noon"
+         r"|,\s*\$?\d[\d,.]*\s*(?:[a-z]+\s+)?(?:(?:in|per|for|to)\s+(?:each|every)|each|apiece)\b"  # ", 24 in each box"
+         r"|,\s*with\s+\$?\d")  # ", with $20 left over"
+# a time the stated number took, that ends its sentence: "48 cupcakes in 6 hours", "24 km in a 5-day week"
+TIME_SCOPE = re.compile(
+    r"\s(?:in|within|over|during|across)\s+(?:(?:a|an|the|just|only|about|another|next|first|last|its|his|her|their)"
+    r"\s+)*\d[\d,.]*[-\s]*(?:[a-z]+[-\s]+)?(?:second|minute|hour|day|week|month|year|decade)s?\b(?=[^\d]*$)",
+    flags=re.IGNORECASE,
+)
+# a closing sentence that only checks or compares what came before: "Check: 2(9) - 7 = 11.", "That's 9 more than
+# last year."
+CLOSING_COMMENT = re.compile(
+    r"\**(?:(?:let(?:'s|\s+me|\s+us)\s+|to\s+)?(?:check|checking|verify|verifying|verification|double[- ]check"
+    r"|sanity\s+check)\b|(?:that|this|it|which)(?:'s|\s+is|\s+was|\s+means)\s[^.!?\n]*?(?:\b(?:more|less|fewer"
+    r"|higher|lower|greater|smaller|bigger|larger|longer|shorter|older|younger|cheaper|faster|slower|further|farther)"
+    r"\s+than|\b(?:twice|times|half)\s+as)\b)|.*[✓✔]\s*$", flags=re.IGNORECASE | re.DOTALL,
+)
+REMARK = re.compile(_TAIL, flags=re.IGNORECASE)
+COMPUTES = re.compile(r"=|\bequals?\b|\bresults?\s+in\b", flags=re.IGNORECASE)
+RESTATES = re.compile(r",\s*(?:which|that)\s|,\s*i\.e\.", flags=re.IGNORECASE)  # a tail that may compute
+LINK_BEFORE = re.compile(r"(?:=|\b(?:is|are|was|were|equals?|makes?|gives?|comes\s+to|totals?))\s*$",
+                         flags=re.IGNORECASE)
+# a closing paragraph that checks or comments on what came before
+NOTE = re.compile(r"\n\s*\n\s*\(?\**(?:note|check|verification|verify|double[- ]check|sanity check|remark|p\.s\.)\b"
+                   r"(?!.*\n\s*\n)", flags=re.IGNORECASE | re.DOTALL)
+NEGATED = re.compile(r"(?:\bnot|\bnever|n't)\s+(?:\w+\s+)?$", flags=re.IGNORECASE)
+SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n")
+
+def sentence_end(text: str, pos: int) -> int:
+    m = SENTENCE_END.search(text, pos)
+    return m.start() if m else len(text)
+
+def sentence_start(text: str, pos: int) -> int:
+    starts = [m.end() for m in SENTENCE_END.finditer(text, 0, pos)]
+    return starts[-1] if starts else 0
+
+def closing_parenthesis(text: str, start: int, end: int) -> int | None:
+    """Where a parenthesis that closes text[start:end] opens ("42 (since 6 x 7 = 42)."), if one does."""
+    closed = text.rfind(")", start, end)
+    opened = text.rfind("(", start, closed) if closed > start else -1
+    if opened > start and not re.search(r"\w", text[closed + 1 : end]) and text[opened - 1].isspace():
+        return opened
+    return None
