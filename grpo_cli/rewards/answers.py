@@ -17,7 +17,8 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      number after its last result link (=, is, are, equals, gives, makes, yields, has, holds, costs, leaves,
      ... "So 5 apples and 3 apples make 8": 8), or its first number when it has none ("so 42 marbles fit in 6
      jars": 42); numbers right after a preposition ("in 6 jars", "after 2 hours", "more than 40") are passed
-     over while the clause has others, and a trailing remark (", which is ...", "(since ...)") is left out;
+     over while the clause has others, and a trailing remark (", which is ...", "(since ...)") is left out; a last
+     sentence that ends in an equation for an expression gives the expression ("The line is y = 3x - 4.");
   4. otherwise the last sentence (or line) with a number states it: its last number, unless that only comments,
      conditions or scopes what the sentence stated. Left out: a closing paragraph that notes or checks ("Note: ...",
      "Check: 30 - 12 = 18") and a closing sentence that checks or compares ("That's 9 more than last year."), while
@@ -25,13 +26,14 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      "when", "assuming", "given", "after ...ing", "for the/each", ", or about", a comparison (", 6 fewer than Amy"),
      a range (", from 850 to 1,020"), a share (", 24 in each box"), what is left (", with $20 left over") or a
      purpose ("to complete his collection of 50"; "to get 48" where a need is stated), unless a ", which is" tail
-     computes what the sentence did not state ("we add 6 and 8, which is 6 + 8 = 14") or gives the count a stated
-     share stands for ("40% of them walk, which is 12"); the time the stated number took, right after it ("$45 in 3
-     weeks"); a breakdown after a colon that follows a stated number; a parenthesis that ends the sentence. A last
-     number right after a preposition gives way to a result the sentence links ("3 x $6 = $18 for 3 shirts": 18),
-     and to the sentence's last number when it only says where the stated one came from or went to, what it is out
-     of or its rate ("$10 back from her $20 bill", "3 of the 12 eggs", "2.5 hours at 60 mph"), not in an
-     appositive that names it ("1,020, an increase of 170": 170).
+     computes what the sentence did not state ("we add 6 and 8, which is 6 + 8 = 14"), gives the count a stated
+     share stands for ("40% of them walk, which is 12") or the rate of a quantity in a time ("18 km in 45 minutes,
+     which is 24 km/h"), or an "if" tail goes on to a consequence ("if they share equally each gets 20 / 4 = 5");
+     the time the stated number took, right after it ("$45 in 3 weeks"); a breakdown after a colon that follows a
+     stated number; a parenthesis that ends the sentence. A last number right after a preposition gives way to a
+     result the sentence links ("3 x $6 = $18 for 3 shirts": 18), and to the sentence's last number when it only
+     says where the stated one came from or went to, what it is out of or its rate ("$10 back from her $20 bill",
+     "3 of the 12 eggs", "2.5 hours at 60 mph"), not in an appositive that names it ("1,020, an increase of 170").
 A number is an integer, a decimal, scientific notation ("3.2e4", `3.2 \times 10^{4}`), a fraction ("3/4",
 `\frac{3}{4}`, `\dfrac34`), a mixed number ("3 3/4"), a time or a ratio ("11:30", "3:4"), not an ordinal ("4th")
 or a power's exponent; in rules 2 and 3, after a result link, and in a completion without digits, also the number
@@ -54,8 +56,8 @@ from decimal import Decimal
 from typing import Any, Callable
 
 from grpo_cli.rewards.clauses import (
-    AFTER_PREPOSITION, APPOSITIVE, CLOSING_COMMENT, COMPUTES, LINK, LINK_BEFORE, NEED, NEGATED, NOTE, PURPOSE, RATE_UNIT,
-    REMARK, RESTATES, SOURCE, TIME_SCOPE, closing_parenthesis, sentence_end, sentence_start,
+    AFTER_PREPOSITION, APPOSITIVE, CLOSING_COMMENT, COMPUTES, CONDITION, CONSEQUENCE, LINK, LINK_BEFORE, NEED, NEGATED,
+    NOTE, PURPOSE, RATE_UNIT, REMARK, RESTATES, SOURCE, TIME_SCOPE, closing_parenthesis, sentence_end, sentence_start,
 )
 from grpo_cli.rewards.notation import Spelled, clean_answer, spelled
 from grpo_cli.rewards.numbers import PLAIN_WORD, QUANTITY, parse_math, quantity_values
@@ -91,7 +93,7 @@ _MATH_SPAN = re.compile(
 _EXPRESSION = re.compile(r"[\w\s\\{}()\[\]^+\-*/=.,']+")  # what a stated expression is made of
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _TEXT_CMD = re.compile(r"\\(?:text|mathrm|textbf|mbox)\s*\{[^{}]*\}")
-_JUST_STATED = re.compile(r"(?<!\bthe\s)(?<!\bthe\s\$)\b\d[\d.,]*\s*%?(?:\s+[\w-]+)?\s*$", flags=re.IGNORECASE)
+_JUST_STATED = re.compile(r"(?<!\bthe\s)(?<!\bthe\s\$)\b\d[\d.,]*\s*%?(?:\s+[\w-]+){0,2}\s*$", flags=re.IGNORECASE)
 _PERCENT = re.compile(r"\s?(?:\\?%|percent\b)", flags=re.IGNORECASE)
 
 
@@ -222,6 +224,10 @@ def _stated_answer(text: str) -> str | None:
     digits = list(_NUMBER.finditer(text))
     if not digits:
         return None
+    body = text.rstrip()
+    equation = body.rfind("=", sentence_start(body, len(body.rstrip(".!?*"))))
+    if equation >= 0 and (expression := _stated_expression(body, equation + 1)) is not None:
+        return expression  # a sentence that ends in an equation for an expression: "The line is y = 3x - 4."
     start = sentence_start(text, digits[-1].start())
     end = sentence_end(text, digits[-1].end())
     cues = list(_CONCLUSION.finditer(text, start, end))
@@ -281,10 +287,12 @@ def _tail_start(text: str, start: int, last: re.Match | Spelled) -> int | None:
     if remark is None and (purpose := _purpose(text, start, last.start())) is not None:
         return purpose  # "Lily needs 6 packs of 8 to get 48 buns."
     if remark and not (RESTATES.match(text, remark.start()) and (COMPUTES.search(text, remark.start(), last.end())
-                       and not LINK.search(text, start, remark.start()) or _counts_percent(text, start, remark, last))):
+                       and not LINK.search(text, start, remark.start()) or _converts(text, start, remark, last))) \
+            and not (CONDITION.match(text, remark.start()) and CONSEQUENCE.search(text, remark.end(), last.start())):
         return remark.start()
     took = [m for m in TIME_SCOPE.finditer(text, start, sentence_end(text, last.end())) if m.start() < last.start()]
-    if took and _JUST_STATED.search(text[start : took[-1].start()]):  # not "the 300 km in 2.5 hours": a given
+    stated = _JUST_STATED.search(text, start, took[-1].start()) if took else None
+    if stated and text[start : stated.start()].strip():  # not "the 300 km in 2.5 hours" (a given), nor a subject
         return took[-1].start()  # right after the stated number and its unit: "She saves $45 in 3 weeks."
     colon = text.find(": ", start, last.start())  # "There are 21 marbles: 5 red, 7 blue and 9 green."
     if colon >= 0 and LINK.search(text, start, colon) and _NUMBER.search(text, start, colon) and \
@@ -302,9 +310,11 @@ def _purpose(text: str, start: int, end: int) -> int | None:
     return found.start() if found else None
 
 
-def _counts_percent(text: str, start: int, remark: re.Match, last: re.Match | Spelled) -> bool:
+def _converts(text: str, start: int, remark: re.Match, last: re.Match | Spelled) -> bool:
     """Whether a restating tail gives the count a stated share stands for ("40% of them walk, which is 12", "3/4 of a
-    pizza, which is 6 slices")."""
+    pizza, which is 6 slices") or the rate of a quantity in a time ("18 km in 45 minutes, which is 24 km/h")."""
+    if RATE_UNIT.match(text, last.end()) and TIME_SCOPE.search(text, start, remark.start()):
+        return True
     stated = list(_NUMBER.finditer(text, start, remark.start()))
     share = bool(stated) and (bool(_PERCENT.match(text, stated[-1].end())) or ("/" in stated[-1].group()
                               or "frac" in stated[-1].group()) and text.startswith(" of ", stated[-1].end()))

@@ -39,7 +39,7 @@ _NO_STATEMENT = r"(?![^.!?\n]*(?:=|[:;]|\b(?:giv(?:es|ing)|makes?|is|are|was|wer
 # purpose, a comparison or a range
 _TAIL = (r",\s*(?:which|that)\s+(?:is|was|are|were)\b|,\s*i\.e\.|\s[—–]\s|,?\s(?:since|because|if|when|whenever"
          r"|assuming|given|provided|unless)\b|,?\s(?:after|before|once|while)\s+\w+ing\b"
-         rf"|\sfor\s+(?:the|all|each|every)\s{_NO_STATEMENT}"
+         rf"|\sfor\s+(?:the|all|each|every|its|his|her|their|my|your|our)\s{_NO_STATEMENT}"
          r"|\s(?:in\s+order\s+)?to\s+(?!(?:be|get|give|obtain|find|yield|make|equal|both|each|every|all|the|a|an|his"
          r"|her|their|its|my|your|our|him|them|me|us|it|about|around|nearly|approximately)\b)[a-z]{3,}\b"
          rf"{_NO_STATEMENT}"  # a purpose: "7 more stamps to complete his collection of 50"
@@ -51,10 +51,16 @@ _TAIL = (r",\s*(?:which|that)\s+(?:is|was|are|were)\b|,\s*i\.e\.|\s[—–]\s|,?
          r"|,\s*with\s+\$?\d")  # ", with $20 left over"
 # a time the stated number took, that ends its sentence: "48 cupcakes in 6 hours", "24 km in a 5-day week"
 TIME_SCOPE = re.compile(
-    r"\s(?:in|within|over|during|across)\s+(?:(?:a|an|the|just|only|about|another|next|first|last|its|his|her|their)"
+    r"\s(?:in|within|over|during|across|after)\s+(?:(?:a|an|the|just|only|about|another|next|first|last|its|his|her"
+    r"|their)"
     r"\s+)*\d[\d,.]*[-\s]*(?:[a-z]+[-\s]+)?(?:second|minute|hour|day|week|month|year|decade)s?\b(?=[^\d]*$)",
     flags=re.IGNORECASE,
 )
+# in a tail after "if" or "when", a consequence: "if they share them equally each gets 20 / 4 = 5" states 5
+CONSEQUENCE = re.compile(r"(?<!\bif\s)(?<!\bwhen\s)\b(?:then|each|you|we|they|he|she|it|everyone)\s+(?:gets?|receives?"
+                         r"|will\s+(?:get|have|receive|be|pay|need)|has|have|ends?\s+up\s+with|pays?)\b",
+                         flags=re.IGNORECASE)
+CONDITION = re.compile(r",?\s(?:if|when|whenever)\b", flags=re.IGNORECASE)
 # a closing sentence that only checks or compares what came before: "Check: 2(9) - 7 = 11.", "That's 9 more than
 # last year."
 CLOSING_COMMENT = re.compile(

@@ -430,6 +430,26 @@ SCOPES = rows(
     ("So, Lily needs 6 packs of 8 to get 48 hot dog buns.", "6", 1.0),
     ("He must buy 4 boxes to have 48 pencils.", "4", 1.0),
     ("Add 7 and 5 to get 12.", "12", 1.0),  # no need stated: "to get" gives the result
+    ("The restaurant needs 54 chairs for its 9 tables.", "54", 1.0),
+    ("The tree will be 7 feet tall in 3 years.", "7", 1.0),
+    ("The tree grows 2 feet per year, reaching 11 feet after 5 years.", "11", 1.0),
+    ("4 workers finish in 5 days.", "5", 1.0),  # the subject: the time is the answer
+    ("The cyclist rides 18 km in 45 minutes, which is 24 km/h.", "24", 1.0),  # the rate of a quantity in a time
+    ("She types 300 words in 5 minutes, which is 60 words per minute.", "60", 1.0),
+    ("Together they have 4 + 7 + 9 = 20 marbles, and if they share them equally each gets 20 / 4 = 5.", "5", 1.0),
+    ("So y = 6 if x = 3.", "6", 1.0),  # a condition, no consequence
+    ("There are 12 cookies if you have 3 boxes of 4.", "12", 1.0),
+)
+
+# "N out of M" is a fraction where a chance is spoken of; a sentence that ends in an equation for an expression
+CHANCES_AND_EQUATIONS = rows(
+    ("The chance of drawing a green ball is 7 out of 20.", "7/20", 1.0),
+    ("The probability is 3 out of 8.", "3/8", 1.0),
+    ("7 out of 20 balls are green.", "7", 1.0),  # a count
+    ("The line is y = 3x - 4.", "3x - 4", 1.0),
+    ("So f(x) = 2x + 1.", "2x + 1", 1.0),
+    ("So y = 11.", "11", 1.0),
+    ("Solving gives 2x = 18, so x = 9.", "9", 1.0),
 )
 
 # closing sentences that only check or compare what came before, while a number comes before them
@@ -483,7 +503,8 @@ CLASSES = {"escaped_dollar": DOLLAR, "unicode_minus": MINUS, "inline_latex": LAT
            "unicode_math": UNICODE_MATH, "tails_after_the_answer": TAILS, "spelled_numbers": SPELLED,
            "stated_expressions": STATED_EXPRESSIONS, "compound_quantities": COMPOUND_QUANTITIES,
            "small_model_completions": SMALL_MODEL, "scopes_and_sources": SCOPES,
-           "closing_comments": CLOSING_COMMENTS, "roundings": ROUNDINGS}
+           "closing_comments": CLOSING_COMMENTS, "roundings": ROUNDINGS,
+           "chances_and_equations": CHANCES_AND_EQUATIONS}
 
 
 @pytest.mark.parametrize("completion, reference, expected, mode", [
