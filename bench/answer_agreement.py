@@ -7,7 +7,7 @@ verifies it against the reference, as TRL's accuracy reward does. A set measures
 used to change it: set1 was written before the day's changes and then used to fix five of its misses (15cfb3e), set2
 was written after 15cfb3e and used to fix two (723ffd7); set3 to set6 were written one after another on
 13b29c6, each before the misses of the ones before it were fixed (bench/RESULTS.md gives each set's count on the rule
-it was fresh for), and set7 on 8bf2ffb; the table says which commit each is fresh for.
+it was fresh for), set7 on 8bf2ffb and set8 on c007f5a; the table says which commit each is fresh for.
 
     .venv/bin/python bench/answer_agreement.py [--show]     # --show: each disagreement
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FRESH_FOR = {"set1": "18cadd7 and 7f9b8d4", "set2": "18cadd7 and 15cfb3e", "set3": "13b29c6", "set4": "13b29c6",
-             "set5": "13b29c6", "set6": "13b29c6", "set7": "8bf2ffb"}
+             "set5": "13b29c6", "set6": "13b29c6", "set7": "8bf2ffb", "set8": "c007f5a"}
 
 
 def math_verify_agrees(completion: str, reference: str) -> bool:

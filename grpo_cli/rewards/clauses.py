@@ -11,10 +11,11 @@ LINK = re.compile(
     r"=|\\approx|≈|\b(?:is|are|was|were|equals?|gives?|makes?|yields?|comes\s+to|totals?|leaves?|has|have|had"
     r"|holds?|contains?|costs?|gets?|earns?)\b", flags=re.IGNORECASE,
 )
+_ADJECTIVE = r"(?:(?:original|first|last|next|other|remaining|initial|whole|entire|same|previous|following)\s+)?"
 # a number right after a preposition is context ("in 6 jars", "after 2 hours", "more than 40"), not a result
 AFTER_PREPOSITION = re.compile(
     r"\b(?:in|on|at|after|before|for|over|per|(?<!total\s)of|by|with|within|during|from|into|between|among|than)\s+"
-    r"(?:(?:the|a|an|every|each|all|his|her|their|its|my|your|our)\s+)?\$?$"
+    rf"(?:(?:the|a|an|every|each|all|his|her|their|its|my|your|our)\s+)?{_ADJECTIVE}\$?$"
     r"|\bto\s+(?:each\s+of\s+)?(?:the|his|her|their|its|my|your|our)\s+\$?$", flags=re.IGNORECASE,
 )
 # ... and of these, a number that only says where the stated one came from, went to or is out of ("$10 back from her
@@ -22,7 +23,8 @@ AFTER_PREPOSITION = re.compile(
 # or not
 SOURCE = re.compile(r"(?:\b(?:from|out\s+of|among|than|per|to(?=\s+(?:each|the|his|her|their|its|my|your|our)\b))"
                      r"|(?<=\d)\s+of)"  # "3 of the 12 eggs"
-                     r"\s+(?:each\s+of\s+)?(?:(?:the|a|an|his|her|their|its|my|your|our)\s+)?\$?$", flags=re.IGNORECASE)
+                     rf"\s+(?:each\s+of\s+)?(?:(?:the|a|an|his|her|their|its|my|your|our)\s+)?{_ADJECTIVE}\$?$",
+                     flags=re.IGNORECASE)
 # ... as does one that is a rate, the unit after it saying so ("2.5 hours at 60 mph", "an average of $50 per student")
 RATE_UNIT = re.compile(r"\s*(?:%|mph\b|km/h|kph\b|(?:[a-z]+\s+)?(?:per|an?|each|every)\s|/)", flags=re.IGNORECASE)
 # a purpose, where the sentence says what is needed: "Lily needs 6 packs of 8 to get 48 buns" (but "Multiply 3 by 4 to

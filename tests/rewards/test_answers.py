@@ -403,6 +403,8 @@ SCOPES = rows(
     ("She got $10 back from her $20 bill.", "10", 1.0),
     ("Sam gave away 12 marbles in total to his 3 friends.", "12", 1.0),
     ("Only 3 of the 12 eggs were broken.", "3", 1.0),
+    ("By the end, 60 of the original 120 guests remained.", "60", 1.0),
+    ("She spent 4 of the last 10 days at home.", "4", 1.0),
     ("So 14 students play both sports, out of 30 in the class.", "14", 1.0),
     ("The trip takes 2.5 hours at 60 mph.", "2.5", 1.0),
     ("It would take 7 weeks to save $210 at $30 a week.", "7", 1.0),
