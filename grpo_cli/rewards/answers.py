@@ -24,7 +24,8 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      "Check: 30 - 12 = 18") and a closing sentence that checks or compares ("That's 9 more than last year."), while
      a number comes before them; the sentence's tail after ", which is", ", i.e.", " - ", "since", "because", "if",
      "when", "assuming", "given", "after ...ing", "for the/each", ", or about", a comparison (", 6 fewer than Amy"),
-     a range (", from 850 to 1,020"), a share (", 24 in each box"), what is left (", with $20 left over") or a
+     a range (", from 850 to 1,020"), a share (", 24 in each box", ", 75% of the 28"), a worth (", worth $7"),
+     what is left (", with $20 left over") or a
      purpose ("to complete his collection of 50"; "to get 48" where a need is stated), unless a ", which is" tail
      computes what the sentence did not state ("we add 6 and 8, which is 6 + 8 = 14"), gives the count a stated
      share stands for ("40% of them walk, which is 12") or the rate of a quantity in a time ("18 km in 45 minutes,
@@ -267,6 +268,7 @@ def _last_number_or_math(text: str) -> str | None:
     start = sentence_start(text, last.start())
     remark = _tail_start(text, start, last)
     before = [m for m in found if remark is not None and start <= m.start() < remark]
+    before = [m for m in before if not AFTER_PREPOSITION.search(text, start, m.start())] or before  # "12 of the 30"
     if not before and AFTER_PREPOSITION.search(text, start, last.start()) and \
             not APPOSITIVE.search(text, start, last.start()):  # "3 x $6 = $18 for 3 shirts": 18
         results = [m for m in found if start <= m.start() and not AFTER_PREPOSITION.search(text, start, m.start())]

@@ -22,7 +22,7 @@ AFTER_PREPOSITION = re.compile(
 # $20 bill", "12 marbles to his 3 friends"): a last number after one gives way to the sentence's last result, linked
 # or not
 SOURCE = re.compile(r"(?:\b(?:from|out\s+of|among|than|per|to(?=\s+(?:each|the|his|her|their|its|my|your|our)\b))"
-                     r"|(?<=\d)\s+of)"  # "3 of the 12 eggs"
+                     r"|(?<=\d)(?:\s+[a-z]+)?\s+of)"  # "3 of the 12 eggs", "40 lengths of the 25 m pool"
                      rf"\s+(?:each\s+of\s+)?(?:(?:the|a|an|his|her|their|its|my|your|our)\s+)?{_ADJECTIVE}\$?$",
                      flags=re.IGNORECASE)
 # ... as does one that is a rate, the unit after it saying so ("2.5 hours at 60 mph", "an average of $50 per student")
@@ -50,7 +50,9 @@ _TAIL = (r",\s*(?:which|that)\s+(?:is|was|are|were)\b|,\s*i\.e\.|\s[—–]\s|,?
          r"|,\s*(?:(?:which|that)(?:'s|\s+is|\s+was)\s+)?(?:about\s+|only\s+|just\s+)?\$?\d[\d,.]*\s*%?\s*"
          r"(?:[a-z]+\s+)?(?:more|less|fewer|[a-z]+er)\s+than\b"  # a comparison: ", 15 degrees colder than at noon"
          r"|,\s*\$?\d[\d,.]*\s*(?:[a-z]+\s+)?(?:(?:in|per|for|to)\s+(?:each|every)|each|apiece)\b"  # ", 24 in each box"
-         r"|,\s*with\s+\$?\d")  # ", with $20 left over"
+         r"|,\s*with\s+\$?\d"  # ", with $20 left over"
+         r"|,\s*worth\s"  # "28 quarters, worth $7"
+         r"|,\s*(?:about\s+|only\s+|just\s+)?\d[\d.,/]*\s*%?\s+of\s+(?:the|all|his|her|their|its)\b")  # ", 75% of the 28"
 # a time the stated number took, that ends its sentence: "48 cupcakes in 6 hours", "24 km in a 5-day week"
 TIME_SCOPE = re.compile(
     r"\s(?:in|within|over|during|across|after)\s+(?:(?:a|an|the|just|only|about|another|next|first|last|its|his|her"

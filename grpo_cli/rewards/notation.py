@@ -12,7 +12,7 @@ In this order (dashes first: U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, 
             lone "one" and "two" (and "zero"), which are mostly not numbers ("no one came"): the answer rule reads
             those where an answer is stated (`spelled`, threshold 0)
   fractions in words: "one third" -> 1/3, "three quarters" -> 3/4, "twenty-two and a half" -> 22 1/2, "3 and 1/2"
-            -> 3 1/2
+            -> 3 1/2; a count as large as the parts' number is of things ("28 quarters", "4 halves" stay)
   odds      "N out of M" where the sentence speaks of a chance, probability, odds, fraction or proportion -> N/M ("the
             chance is 7 out of 20" -> 7/20; "7 out of 20 balls are green" stays a count)
   commas    a decimal comma, one or two digits after it and no number next: "3,5 km" -> 3.5 ("1,234" keeps its comma)
@@ -184,7 +184,10 @@ def _fraction(m: re.Match) -> str:
     whole, count, name = m.group(1), m.group(2).lower(), m.group(3).lower()
     whole = "" if whole is None else f"{whole if whole.isdigit() else _SMALL[whole.lower()]} "
     n = 1 if count in ("a", "an") else int(count) if count.isdigit() else _SMALL[count]
-    return f"{whole}{n}/{_DENOMINATORS.get(name) or _DENOMINATORS[name[:-1]]}"
+    denominator = _DENOMINATORS.get(name) or _DENOMINATORS[name[:-1]]
+    if not whole and n >= denominator:
+        return m.group(0)  # "28 quarters", "4 halves": things counted, no fraction
+    return f"{whole}{n}/{denominator}"
 
 
 def _scaled(value: str, scale: int) -> str:

@@ -405,6 +405,12 @@ SCOPES = rows(
     ("Only 3 of the 12 eggs were broken.", "3", 1.0),
     ("By the end, 60 of the original 120 guests remained.", "60", 1.0),
     ("She spent 4 of the last 10 days at home.", "4", 1.0),
+    ("He swims 40 lengths of the 25 m pool.", "40", 1.0),
+    ("21 students passed, 75% of the 28.", "21", 1.0),
+    ("She has 28 quarters, worth $7.", "28", 1.0),
+    ("There are 4 quarters in a dollar, so $7 is 28 quarters.", "28", 1.0),  # coins counted, no fraction
+    ("She ate three quarters of the pizza.", "3/4", 1.0),
+    ("She ate 3 quarters of the pizza.", "3/4", 1.0),
     ("So 14 students play both sports, out of 30 in the class.", "14", 1.0),
     ("The trip takes 2.5 hours at 60 mph.", "2.5", 1.0),
     ("It would take 7 weeks to save $210 at $30 a week.", "7", 1.0),
