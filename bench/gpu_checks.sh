@@ -3,12 +3,14 @@
 # one that fails or hangs does not cost the others; its log goes to OUT/<part>.log and its tail is printed.
 #
 #   bash bench/gpu_checks.sh OUT [PARTS...]
-#       parts: smoke vs-trl train-memory doctor-memory attention compiled goal layouts packing colocate
+#       parts: smoke floors vs-trl train-memory doctor-memory attention compiled goal layouts packing colocate
 #              (default: all, in that order)
 #
 # smoke         `grpo train` of the ci-tiny recipe in bf16 on the GPU: 4 steps straight, 2 + --resume auto to 4
 #               (metrics compared step by step), LoRA + KL, mixed_precision bf16 over fp32 weights, `grpo eval`
-# vs-trl        bench/vs_trl.py on a random Qwen2.5-0.5B-shaped model, bf16, 64 and 128 new tokens (NEW_TOKENS)
+# floors        bench/floors.py: the GPU's read bandwidth and bf16 matmul throughput, and the floors of the vs-trl shape
+# vs-trl        bench/vs_trl.py on a random Qwen2.5-0.5B-shaped model, bf16, 64 and 128 new tokens (NEW_TOKENS); it
+#               ends with each phase against its floor (issue 40)
 # train-memory  bench/train_memory.py: step time and CUDA peak of full / full + KL / LoRA + KL, bf16
 # doctor-memory bench/doctor_memory.py --no-server --trace: grpo doctor's memory plan against the CUDA peak, full and
 #               LoRA, fp32 and bf16 autocast, short and long prompts (issue 35: within 10%), what is alive at each peak
@@ -29,7 +31,7 @@
 set -u
 out=${1:?usage: gpu_checks.sh OUT [PARTS...]}
 shift
-parts=${*:-smoke vs-trl train-memory doctor-memory attention compiled goal layouts packing colocate}
+parts=${*:-smoke floors vs-trl train-memory doctor-memory attention compiled goal layouts packing colocate}
 mkdir -p "$out"
 work=$(mktemp -d)
 py=${PYTHON:-python3}
@@ -78,6 +80,10 @@ for p in $parts; do
             (cd $work && $py -m grpo_cli eval $work/straight --limit 8)
             grep -h memory/peak_gib $work/straight/metrics.jsonl | tail -1 | cut -c1-400"
         compare "$work/straight" "$work/resumed" 2>&1 | tee -a "$out/smoke.log"
+        ;;
+    floors)
+        part floors 120 $py bench/floors.py --model qwen2.5-0.5b --device cuda --dtype bfloat16 --B 4 --G 8 \
+            --micro-batch 8 --new-tokens 64
         ;;
     vs-trl)
         for n in ${NEW_TOKENS:-64 128}; do
