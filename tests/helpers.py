@@ -349,3 +349,14 @@ def train_on_echo(model: str, out_dir, *args: str) -> subprocess.CompletedProces
                "rollout.max_turns=3", "rollout.environment_kwargs={turns: 3}", "rollout.max_completion_length=24",
                "rewards=[{name: environment}, {name: recipes/rewards/toy.py:digit_fraction}]",
                "checkpoint.every_steps=2", f"logging.output_dir={out_dir}", *args, timeout=300)
+
+
+def chi_square_p(counts, probs) -> float:
+    """The p-value of Pearson's chi-square test of `counts` against `probs` (tensors; tokens of probability 0 left
+    out): the regularised upper incomplete gamma function at (k - 1) / 2 and half the statistic."""
+    import torch
+
+    kept = probs > 0
+    expected = probs[kept] * counts.sum()
+    stat = ((counts[kept].double() - expected.double()) ** 2 / expected.double()).sum()
+    return float(torch.special.gammaincc(torch.tensor((int(kept.sum()) - 1) / 2, dtype=torch.float64), stat / 2))

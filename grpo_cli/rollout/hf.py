@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from grpo_cli.algo.logprobs import distinct_rows, position_ids_from_mask
-from grpo_cli.algo.sampling import TruncatedSampling, Truncation
+from grpo_cli.algo.sampling import InverseCDFDraw, TruncatedSampling, Truncation
 from grpo_cli.datatypes import Rollout
 from grpo_cli.errors import NonFiniteError
 from grpo_cli.models.finite import nonfinite_weights
@@ -133,6 +133,7 @@ class HFGenerator:
         dtype = sampler_dtype(cfg.dtype, model, full_model=not synced and not is_peft_model(model))
         self.copy = SamplingCopy(model, dtype) if dtype is not None else None
         self.static = None  # rollout.compile: the run's static cache (grpo_cli/rollout/static.py), made by prepare
+        self.inverse_cdf = True  # the draw (algo/sampling.py's InverseCDFDraw); False: torch.multinomial, for benches
 
     def prepare(self, rows: int, prompt_width: int | None) -> str | None:
         """Before step 1, with rollout.compile: the static cache for `rows` rows and the compiled decode step; -> the
@@ -214,13 +215,14 @@ class HFGenerator:
         processors = [TruncatedSampling(temperature, truncation)] if not greedy and truncation.active else []
         if processors:
             temperature = 1.0
-        sampling = {} if greedy else dict(temperature=temperature, top_p=1.0, top_k=0, min_p=None)
+        # the draw is ours too (InverseCDFDraw, last), so generate itself decodes greedily: no exponential per token
+        sampling = {} if greedy or self.inverse_cdf else dict(temperature=temperature, top_p=1.0, top_k=0, min_p=None)
         max_new_tokens = max_new_tokens or c.max_completion_length
         # rollout.compile: the run's static cache when the batch has the run's shape (else the dynamic one)
         static = self.static.cache_for(len(rows), ids.shape[1], max_new_tokens) if self.static is not None else None
         extra = dict(c.generation_kwargs) | ({"min_new_tokens": min_new_tokens} if min_new_tokens else {})
         gen_cfg = GenerationConfig(
-            do_sample=not greedy, **sampling, repetition_penalty=c.repetition_penalty, max_new_tokens=max_new_tokens,
+            do_sample=not greedy and not self.inverse_cdf, **sampling, repetition_penalty=c.repetition_penalty, max_new_tokens=max_new_tokens,
             eos_token_id=self.eos_ids, pad_token_id=self.pad_id, use_cache=True,
             cache_implementation=c.cache_implementation if static is None else None,
             **(self.static.generation_settings() if static is not None else {}), **extra,
@@ -228,6 +230,7 @@ class HFGenerator:
         # a sampling copy is a different policy: its log-probs go with the rollout (importance sampling)
         recorder = SamplerLogprobs(temperature) if (self.copy is not None or logprobs) and not greedy else None
         processors += [recorder] if recorder is not None else []
+        processors += [InverseCDFDraw(temperature)] if self.inverse_cdf and not greedy else []
         was_training = self.model.training
         self.model.eval()
         sampler = self.copy.fill(self.model) if self.copy is not None else self.model

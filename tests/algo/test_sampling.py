@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from grpo_cli.algo.sampling import Truncation, kept_mask, truncated_logps
+from helpers import chi_square_p
 
 # one position, five tokens: p = 0.5, 0.2, 0.15, 0.1, 0.05 (logits log p, temperature 1)
 P = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05])
@@ -107,3 +108,52 @@ def test_kept_sets_equal_vllms_own_truncation():
         theirs = apply_top_k_top_p_pytorch(theirs, torch.full((6,), top_k) if top_k else None,
                                            torch.full((6,), top_p) if top_p < 1 else None, allow_cpu_sync=True)
         assert torch.equal(ours, theirs > float("-inf")), (top_k, top_p, min_p)
+
+
+# --------------------------------------------------------------------------- the draw (InverseCDFDraw)
+
+
+def _drawn(logits: torch.Tensor, temperature: float, rows: int, seed: int) -> torch.Tensor:
+    from grpo_cli.algo.sampling import InverseCDFDraw
+
+    torch.manual_seed(seed)
+    out = InverseCDFDraw(temperature)(torch.zeros(rows, 1, dtype=torch.long), logits.expand(rows, -1).clone())
+    assert (torch.isfinite(out).sum(-1) == 1).all() and (out.max(-1).values == 0).all()  # one token left a row
+    return out.argmax(-1)
+
+
+def test_the_draw_has_the_softmax_distribution():
+    """40,000 draws from softmax(x / 0.7) over 8 tokens, one of them -inf: the counts pass a chi-square test against
+    the probabilities (p > 0.01), the -inf token is never drawn; the same test rejects the counts against the
+    temperature-1 probabilities (so it can tell), and torch.multinomial's counts pass it as well."""
+    torch.set_num_threads(1)
+    x = torch.tensor([1.2, -0.3, 0.0, 2.1, float("-inf"), 0.7, -1.5, 0.4])
+    p = torch.softmax(x / 0.7, -1)
+    counts = torch.bincount(_drawn(x, 0.7, 40_000, seed=0), minlength=8)
+    print(counts.tolist(), (p * 40_000).round().tolist())
+    assert counts[4] == 0
+    assert chi_square_p(counts, p) > 0.01
+    assert chi_square_p(counts, torch.softmax(x, -1)) < 1e-6
+    torch.manual_seed(0)
+    reference = torch.bincount(torch.multinomial(p.expand(40_000, -1), 1).flatten(), minlength=8)
+    assert chi_square_p(reference, p) > 0.01
+
+
+def test_the_draw_over_a_real_vocabulary_and_a_peaked_distribution():
+    """49,152 tokens (SmolLM2's vocabulary) with most of the mass on three: the three and the rest (pooled) pass the
+    chi-square test over 20,000 draws."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(49_152, generator=g)
+    x[[7, 100, 40_000]] += torch.tensor([9.0, 8.0, 8.5])
+    p = torch.softmax(x, -1)
+    drawn = _drawn(x, 1.0, 20_000, seed=2)
+    pooled = lambda v: torch.stack([v[7], v[100], v[40_000], v.sum() - v[7] - v[100] - v[40_000]])  # noqa: E731
+    counts = pooled(torch.bincount(drawn, minlength=49_152).double())
+    assert chi_square_p(counts, pooled(p.double())) > 0.01
+
+
+def test_the_draw_names_nonfinite_probabilities_as_multinomial_does():
+    from grpo_cli.algo.sampling import InverseCDFDraw
+
+    with pytest.raises(RuntimeError, match="probability tensor contains"):
+        InverseCDFDraw(1.0)(torch.zeros(2, 1, dtype=torch.long), torch.tensor([[0.0, float("nan")], [0.0, 1.0]]))

@@ -15,7 +15,7 @@ from grpo_cli.recipe.schema import RolloutConfig
 from grpo_cli.rollout.common import left_pad
 from grpo_cli.rollout.hf import HFGenerator, SamplerLogprobs, SamplingCopy, native_bf16, sampler_dtype
 
-from helpers import cli, read_jsonl
+from helpers import chi_square_p, cli, read_jsonl
 
 torch.set_num_threads(1)
 
@@ -234,3 +234,22 @@ def test_a_copys_log_probs_under_truncation_are_the_trainers_replayed_ones():
           f"full - replayed (log S): mean {log_s.mean():.3f}")
     assert gap.abs().mean() < 0.02 and gap.exp().mean().item() == pytest.approx(1.0, abs=0.02)
     assert log_s.max() <= 1e-6 and log_s.mean() < -0.1
+
+
+@pytest.mark.parametrize("inverse_cdf", [True, False])
+def test_the_first_token_has_the_policys_distribution_with_either_draw(inverse_cdf):
+    """6,000 first tokens of one prompt at temperature 0.8, drawn by `generate` with grpo's draw (one uniform a row)
+    and with torch.multinomial: both pass a chi-square test against softmax(logits / 0.8) at the prompt's last
+    position (tokens with fewer than 5 expected draws pooled), and the second token too, position by position."""
+    model, n = tiny(), 6000
+    torch.manual_seed(5)
+    gen = HFGenerator(model, Tok(), RolloutConfig(max_completion_length=2, temperature=0.8))
+    gen.inverse_cdf = inverse_cdf
+    out = gen.generate([[5, 6, 7, 8]], ["a"], n=n)
+    with torch.no_grad():
+        p = torch.softmax(model(torch.tensor([[5, 6, 7, 8]])).logits[0, -1].double() / 0.8, -1)
+    counts = torch.bincount(out.completion_ids[:, 0], minlength=64).double()
+    small = p * n < 5
+    pooled = lambda v: torch.cat([v[~small], v[small].sum().view(1)])  # noqa: E731
+    print(f"{'inverse cdf' if inverse_cdf else 'multinomial'}: p = {chi_square_p(pooled(counts), pooled(p)):.3f}")
+    assert chi_square_p(pooled(counts), pooled(p)) > 0.01

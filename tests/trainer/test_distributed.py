@@ -154,6 +154,7 @@ def test_sigterm_to_the_launcher_stops_every_process_after_a_checkpoint(tmp_path
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err[-3000:]
+    assert (mp / "checkpoints").is_dir(), (out + err)[-4000:]  # what the processes said when none was saved
     (ckpt,) = (mp / "checkpoints").iterdir()  # both processes stopped after the same step, one saved it
     steps = len(read_jsonl(metrics))
     assert ckpt.name == f"step-{steps}" and 3 <= steps < 500
