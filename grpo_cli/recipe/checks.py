@@ -65,7 +65,7 @@ def check_generation(ro) -> None:
     if ro.compile is True and not compiles:
         raise ValueError("rollout.compile: compiled decoding is the hf backend's (vLLM compiles its own unless "
                          "rollout.vllm.enforce_eager)")
-    if ro.compile and compiles and ro.cache_implementation is not None:
+    if ro.compile is True and compiles and ro.cache_implementation is not None:  # auto leaves a chosen cache alone
         raise ValueError(f"rollout.cache_implementation: {ro.cache_implementation!r} with rollout.compile, which "
                          "builds its own static cache; leave one of them unset")
 

@@ -155,3 +155,16 @@ def test_compile_settings_a_recipe_cannot_have(overrides, message):
     with pytest.raises(RecipeError, match=message):
         load_recipe(ROOT / "recipes/ci-tiny.yaml", overrides)
     load_recipe(ROOT / "recipes/ci-tiny.yaml", ["rollout.compile=auto", "rollout.backend=vllm"])  # auto: hf on CUDA only
+    # auto is the default, and it leaves a cache the recipe chose alone: no error, and nothing compiles
+    recipe = load_recipe(ROOT / "recipes/ci-tiny.yaml", ["rollout.cache_implementation=static"])
+    assert recipe.rollout.compile == "auto"
+
+
+def test_auto_leaves_a_chosen_cache_alone_even_on_cuda(monkeypatch):
+    """rollout.compile auto with rollout.cache_implementation set: prepare() compiles nothing, whatever the device."""
+    from grpo_cli.rollout import hf
+
+    monkeypatch.setattr(hf, "compile_wanted", lambda setting, device: setting in (True, "auto"))  # as on CUDA
+    model = tiny()
+    chosen = hf.HFGenerator(model, Tok(), RolloutConfig(max_completion_length=8, cache_implementation="static"))
+    assert chosen.prepare(rows=4, prompt_width=4) is None and chosen.static is None
