@@ -93,7 +93,7 @@ class InverseCDFDraw:
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(scores.float() / self.temperature, dim=-1)
         cdf = probs.cumsum_(dim=-1)
-        total = cdf[:, -1:]
+        total = cdf[:, -1:].contiguous()
         if not torch.isfinite(total).all():  # the message torch.multinomial gives, which the generator names
             raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
         u = torch.rand(total.shape, device=scores.device, dtype=cdf.dtype) * total
