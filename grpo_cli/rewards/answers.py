@@ -25,8 +25,8 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      a number comes before them; the sentence's tail after ", which is", ", i.e.", " - ", "since", "because", "if",
      "when", "assuming", "given", "after ...ing", "for the/each", ", or about", a comparison (", 6 fewer than Amy"),
      a range (", from 850 to 1,020"), a share (", 24 in each box", ", 75% of the 28"), a worth (", worth $7"),
-     what is left (", with $20 left over") or a
-     purpose ("to complete his collection of 50"; "to get 48" where a need is stated), unless a ", which is" tail
+     what is left (", with $20 left over") or a purpose ("to complete his collection of 50"; "to get 48" where a
+     need is stated), unless a ", which is" tail
      computes what the sentence did not state ("we add 6 and 8, which is 6 + 8 = 14"), gives the count a stated
      share stands for ("40% of them walk, which is 12") or the rate of a quantity in a time ("18 km in 45 minutes,
      which is 24 km/h"), or an "if" tail goes on to a consequence ("if they share equally each gets 20 / 4 = 5");

@@ -36,6 +36,14 @@ TABLE_MIN_TEXT = 40  # fewer columns than this for the completion: stacked layou
 SCORE_COLUMNS = ("sample", "reward", "adv", "len", "trunc")  # the table's headers, reward names after "reward"
 
 
+def shown_text(text: str):
+    """A completion as the console draws it (a rich Text): control characters visible, tabs expanded to spaces (rich
+    measures a tab as one cell and draws up to eight, which wrapped table cells mid-word)."""
+    from rich.text import Text
+
+    return Text(visible(text).expandtabs(4))
+
+
 def output_width() -> int:
     """$COLUMNS when set, else the terminal's width, else PIPED_WIDTH (piped or redirected)."""
     columns = os.environ.get("COLUMNS", "").strip()
@@ -93,14 +101,14 @@ def group_panel(rows: list[Record], group: list[Record], names: list[str], width
             table.add_column(col, justify="right", no_wrap=True)
         table.add_column("completion", overflow="fold")
         for r in rows:
-            table.add_row(*score_cells(r, names, best, worst), Text(visible(with_steps(r))),
+            table.add_row(*score_cells(r, names, best, worst), shown_text(with_steps(r)),
                           style=style(r))
         completions = [table]
     else:
         completions = []
         for r in rows:
             completions += [Text(score_line(r, names, best, worst), style=f"bold {style(r) or ''}".strip()),
-                            Padding(Text(visible(with_steps(r))), (0, 0, 0, 2))]
+                            Padding(shown_text(with_steps(r)), (0, 0, 0, 2))]
     answer = Text(f"answer: {visible(first.get('answer'))}   {group_line(group_stats(group))}", style="bold")
     body = Group(Text(visible(short_prompt(str(first.get("prompt", ""))))), answer, *completions)
     return Panel(body, title=group_title(first).lower(), title_align="left")

@@ -378,6 +378,18 @@ def real_run(tmp_path_factory) -> Path:
     return out
 
 
+def test_a_tab_in_a_completion_does_not_wrap_its_table_cell(tmp_path):
+    """A sampled tab (a real ci-tiny completion) is measured as one cell and drawn as up to eight, so rich wrapped
+    the line mid-word inside a 300-column table; the view expands tabs before the table measures the text."""
+    text = "c How\t79 7What\x18 84oks 12110\ufffd49121116sy"
+    groups = [(1, 0, 10, "What is 1 + 1?", "2", [(1, 0, 0.5, 16, True, text), (0, 0, -0.5, 3, False, "3"),
+                                                 (1, 0, 0.5, 2, False, "2"), (0, 0, -0.5, 2, False, "4")])]
+    (tmp_path / "rollouts.jsonl").write_text(lines(make_records(groups)))
+    p = cli(str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert " ".join(visible(text).split()) in " ".join(p.stdout.split()), p.stdout
+
+
 @pytest.mark.slow
 def test_real_tiny_run_default_view_shows_every_completion_of_the_latest_step(real_run):
     records, skipped = load_records(real_run / "rollouts.jsonl")
