@@ -337,11 +337,11 @@ def _without_closing_comment(text: str) -> str:
 
 def _auto(text: str, tag: str) -> str | None:
     """The module docstring's rule: boxed, then tag, then gsm8k, then the stated answer, then the last number."""
-    for find in (_last_boxed, lambda t: _last_tag(t, tag), _after_hashes, _stated_answer, _last_number_or_math):
-        found = find(text if find in (_last_boxed, _after_hashes) else _without_closing_comment(text))
-        if found is not None:
+    for find in (_last_boxed, lambda t: _last_tag(t, tag), _after_hashes):  # marked: anywhere in the whole text
+        if (found := find(text)) is not None:
             return found
-    return None
+    stated = _without_closing_comment(text)  # rules 2-4 read the text without its closing checks and comparisons
+    return _stated_answer(stated) or _last_number_or_math(stated)
 
 
 # answer extraction modes, in the order the docs and errors list them: (cleaned text, tag) -> the answer or None

@@ -470,6 +470,7 @@ CLOSING_COMMENTS = rows(
     ("So x = 9. Verification: 2 × 9 − 7 = 11, as required.", "9", 1.0),
     ("Check: 2 + 2 = 4", "4", 1.0),  # nothing before it: the check is the answer
     ("That's 9 more than last year.", "9", 1.0),
+    ("First guess: 7. Check: 3 + 5 = 8, so <answer>8</answer>", "8", 1.0),  # a marked answer counts wherever it is
 )
 
 # a decimal of three significant digits or more is the answer whose decimals never end, to its last digit
