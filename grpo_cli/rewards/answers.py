@@ -256,10 +256,12 @@ def _last_number_or_math(text: str) -> str | None:
     conditions or scopes what the sentence stated (`_tail_start`); inside a math span, the span's final expression.
     Number words left in words count after a result link ("7 - 5 is two") and, without any digit, everywhere."""
     note = NOTE.search(text)
-    if note and (_NUMBER.search(text, 0, note.start()) or spelled(text, 0, note.start())):
-        text = text[: note.start()]
+    words = spelled(text, 0, note.start() if note else None)  # what clean_answer left in words: "one", "two", "zero"
+    if note and (_NUMBER.search(text, 0, note.start()) or words):
+        text = text[: note.start()]  # the closing note goes: what comes before it states the answer
+    else:
+        words = spelled(text) if note else words
     digits = list(_NUMBER.finditer(text))
-    words = spelled(text)  # what clean_answer left in words: "one", "two", "zero"
     stated = [w for w in words if LINK_BEFORE.search(text, max(0, w.start() - 24), w.start())]  # "7 - 5 is two"
     found = sorted(digits + stated, key=lambda m: m.start()) or words
     if not found:
