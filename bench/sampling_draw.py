@@ -79,8 +79,8 @@ def main() -> None:
     width = statistics.fmean(len(p) for p in prompts)
     machine = measure("cpu", "float32", 16, micro_batch_matmul(shape, 8, width + a.new_tokens), threads=a.threads)
     floor = sampling_floor(shape, machine, "float32", 2, 16, width, a.new_tokens)
-    print(f"SmolLM2-135M-Instruct float32, 16 rows, {width:.0f} prompt + {a.new_tokens} new tokens, {a.threads} threads; "
-          f"{machine.how}")
+    print(f"SmolLM2-135M-Instruct float32, 16 rows, {width:.0f} prompt + {a.new_tokens} new tokens, "
+          f"{a.threads} threads; {machine.how}")
     print("| draw | one draw over 16 x 49,152 (ms) | generate s (median) | generate / weight-read floor | "
           "/ floor at the products' rate |\n|---|---|---|---|---|")
     for inverse, name in ((False, "multinomial"), (True, "inverse CDF")):

@@ -255,8 +255,8 @@ def run_trl(args, folder: Path, prompts: Path, work: Path, steps: int) -> dict:
     max_lengths = [e["completions/max_length"] for e in result["logs"] if "completions/max_length" in e]
     rewards = [e["reward"] for e in result["logs"] if "reward" in e]
     return {"step": [x["time/step"] for x in lines], "generate": [x["time/generate"] for x in lines],
-            "length": lengths, "max_length": max_lengths, "reward": rewards, "phases": [{k: v for k, v in x.items() if k.startswith("memory/")}
-                                                             for x in lines],
+            "length": lengths, "max_length": max_lengths, "reward": rewards,
+            "phases": [{k: v for k, v in x.items() if k.startswith("memory/")} for x in lines],
             "peak_gib": lines[-1]["cuda_gib"] if args.device == "cuda" else max(tree_peak, lines[-1]["rss_gib"]),
             "own_gib": lines[-1]["cuda_gib"] if args.device == "cuda" else lines[-1]["rss_gib"], "tree_gib": tree_peak,
             "prompts": json.loads((work / "prompts.json").read_text()), "versions": result}

@@ -52,7 +52,8 @@ _TAIL = (r",\s*(?:which|that)\s+(?:is|was|are|were)\b|,\s*i\.e\.|\s[—–]\s|,?
          r"|,\s*\$?\d[\d,.]*\s*(?:[a-z]+\s+)?(?:(?:in|per|for|to)\s+(?:each|every)|each|apiece)\b"  # ", 24 in each box"
          r"|,\s*with\s+\$?\d"  # ", with $20 left over"
          r"|,\s*worth\s"  # "28 quarters, worth $7"
-         r"|,\s*(?:about\s+|only\s+|just\s+)?\d[\d.,/]*\s*%?\s+of\s+(?:the|all|his|her|their|its)\b")  # ", 75% of the 28"
+         # ", 75% of the 28"
+         r"|,\s*(?:about\s+|only\s+|just\s+)?\d[\d.,/]*\s*%?\s+of\s+(?:the|all|his|her|their|its)\b")
 # a time the stated number took, that ends its sentence: "48 cupcakes in 6 hours", "24 km in a 5-day week"
 TIME_SCOPE = re.compile(
     r"\s(?:in|within|over|during|across|after)\s+(?:(?:a|an|the|just|only|about|another|next|first|last|its|his|her"

@@ -223,8 +223,8 @@ class HFGenerator:
         static = self.static.cache_for(len(rows), ids.shape[1], max_new_tokens) if self.static is not None else None
         extra = dict(c.generation_kwargs) | ({"min_new_tokens": min_new_tokens} if min_new_tokens else {})
         gen_cfg = GenerationConfig(
-            do_sample=not greedy and not self.inverse_cdf, **sampling, repetition_penalty=c.repetition_penalty, max_new_tokens=max_new_tokens,
-            eos_token_id=self.eos_ids, pad_token_id=self.pad_id, use_cache=True,
+            do_sample=not greedy and not self.inverse_cdf, **sampling, repetition_penalty=c.repetition_penalty,
+            max_new_tokens=max_new_tokens, eos_token_id=self.eos_ids, pad_token_id=self.pad_id, use_cache=True,
             cache_implementation=c.cache_implementation if static is None else None,
             **(self.static.generation_settings() if static is not None else {}), **extra,
         )
