@@ -138,8 +138,7 @@ class HFGenerator:
     def prepare(self, rows: int, prompt_width: int | None) -> str | None:
         """Before step 1, with rollout.compile: the static cache for `rows` rows and the compiled decode step; -> the
         start line's words about it (None: eager decoding, as configured)."""
-        if not compile_wanted(self.cfg.compile, next(self.model.parameters()).device) or (
-                self.cfg.compile == "auto" and self.cfg.cache_implementation is not None):  # a cache the user chose
+        if not compile_wanted(self.cfg.compile, next(self.model.parameters()).device, self.cfg.cache_implementation):
             return None
         if self.synced:
             return "rollout.compile: not with weights sharded over processes (FSDP, ZeRO-3); sampling eagerly"

@@ -28,9 +28,10 @@ import torch
 from grpo_cli.errors import first_line
 
 
-def compile_wanted(setting: bool | str, device: torch.device) -> bool:
-    """`rollout.compile` -> whether to compile: true, or auto on CUDA."""
-    return setting is True or (setting == "auto" and device.type == "cuda")
+def compile_wanted(setting: bool | str, device: torch.device, cache_implementation: str | None = None) -> bool:
+    """`rollout.compile` -> whether to compile: true, or auto on CUDA unless the recipe chose a cache
+    (rollout.cache_implementation), which auto leaves alone."""
+    return setting is True or (setting == "auto" and device.type == "cuda" and cache_implementation is None)
 
 
 def _round_up(n: int, to: int) -> int:

@@ -71,6 +71,7 @@ def test_compile_settings():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert [compile_wanted(s, cpu) for s in (False, True, "auto")] == [False, True, False]
     assert [compile_wanted(s, cuda) for s in (False, True, "auto")] == [False, True, True]
+    assert [compile_wanted(s, cuda, "static") for s in (False, True, "auto")] == [False, True, False]  # a chosen cache
     # off (the default): nothing is prepared, generate uses the dynamic cache
     gen = HFGenerator(tiny(), Tok(), RolloutConfig(max_completion_length=4))
     assert gen.prepare(6, None) is None and gen.static is None
@@ -164,7 +165,9 @@ def test_auto_leaves_a_chosen_cache_alone_even_on_cuda(monkeypatch):
     """rollout.compile auto with rollout.cache_implementation set: prepare() compiles nothing, whatever the device."""
     from grpo_cli.rollout import hf
 
-    monkeypatch.setattr(hf, "compile_wanted", lambda setting, device: setting in (True, "auto"))  # as on CUDA
+    real = hf.compile_wanted  # the real rule, on a CUDA device
+    monkeypatch.setattr(hf, "compile_wanted", lambda setting, device, cache=None: real(setting, torch.device("cuda"),
+                                                                                       cache))
     model = tiny()
     chosen = hf.HFGenerator(model, Tok(), RolloutConfig(max_completion_length=8, cache_implementation="static"))
     assert chosen.prepare(rows=4, prompt_width=4) is None and chosen.static is None
