@@ -192,7 +192,8 @@ def _clause_number(text: str, start: int, end: int, words: bool = True) -> re.Ma
     preposition passed over while there are others."""
     first = _NUMBER.search(text, start, end)  # a remark follows a stated number
     remark = REMARK.search(text, first.end(), end) if first else None
-    end = remark.start() if remark else _purpose(text, start, end) or closing_parenthesis(text, start, end) or end
+    cut = remark.start() if remark else _purpose(text, start, first, end) or closing_parenthesis(text, start, end)
+    end = cut or end
     numbers = _numbers(text, start, end, words=words)
     results = [m for m in numbers if not AFTER_PREPOSITION.search(text[start : m.start()])]
     numbers = results or numbers
@@ -288,7 +289,7 @@ def _tail_start(text: str, start: int, last: re.Match | Spelled) -> int | None:
     first = _NUMBER.search(text, start, last.start())  # a tail follows a stated number
     remark = REMARK.search(text, first.end(), sentence_end(text, last.end())) if first else None
     remark = remark if remark and remark.start() < last.start() else None
-    if remark is None and (purpose := _purpose(text, start, last.start())) is not None:
+    if remark is None and (purpose := _purpose(text, start, first, last.start())) is not None:
         return purpose  # "Lily needs 6 packs of 8 to get 48 buns."
     if remark and not (RESTATES.match(text, remark.start()) and (COMPUTES.search(text, remark.start(), last.end())
                        and not LINK.search(text, start, remark.start()) or _converts(text, start, remark, last))) \
@@ -307,9 +308,8 @@ def _tail_start(text: str, start: int, last: re.Match | Spelled) -> int | None:
     return opened if opened is not None and opened < last.start() else None
 
 
-def _purpose(text: str, start: int, end: int) -> int | None:
-    """Where a purpose begins in a sentence that says what is needed ("needs 6 packs to get 48 buns"), if one does."""
-    first = _NUMBER.search(text, start, end)
+def _purpose(text: str, start: int, first: re.Match | None, end: int) -> int | None:
+    """Where a purpose begins after `first`, in a sentence that says what is needed ("needs 6 packs to get 48")."""
     found = PURPOSE.search(text, first.end(), end) if first and NEED.search(text, start, first.start()) else None
     return found.start() if found else None
 
