@@ -277,12 +277,40 @@ def _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, attent
     cache = prefix.past_key_values
     if cache is None:
         return None
-    cache.batch_select_indices(inverse)  # [u, ...] -> [b, ...]; indexing: backward sums the rows' gradients
+    _select_rows(cache, inverse)  # [u, ...] -> [b, ...]; backward sums the rows' gradients
     with head(torch.cat([completion_ids[:, 1:], completion_ids[:, :1]], dim=1)):  # the last target: a placeholder
         out = model(input_ids=completion_ids, attention_mask=attention_mask, position_ids=positions[:, P:],
                     past_key_values=cache, logits_to_keep=T, use_cache=True)
     # the prompt's last position predicts completion token 0, completion position t token t + 1
-    return [(prefix.logits[inverse], False), (out.logits[:, :-1], head.ran)]
+    return [(rows_of(prefix.logits, inverse), False), (out.logits[:, :-1], head.ran)]
+
+
+def _select_rows(cache, inverse: torch.Tensor) -> None:
+    """A prompt cache's rows -> the batch's, by `rows_of` where a layer holds only keys and values per row (it selects
+    them as transformers' base layer does); a layer with more per-row state (an indexer's keys, a recurrent state)
+    selects its own (its backward is then the indexing one)."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    if layers is None or any(type(layer).batch_select_indices is not DynamicLayer.batch_select_indices
+                             or not layer.is_initialized for layer in layers):
+        cache.batch_select_indices(inverse)
+        return
+    for layer in layers:
+        layer.keys, layer.values = rows_of(layer.keys, inverse), rows_of(layer.values, inverse)
+
+
+def rows_of(t: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """[u, ...] -> [b, ...], row i = t[inverse[i]], with a backward that sums each row's gradients in one order on
+    every run. Indexing (`t[inverse]`) does not: its backward adds rows that share an index with atomic adds split over
+    threads (CPU, CUDA), so a group's prompt got a differently rounded gradient on every run (SmolLM2 on 2 CPU
+    threads: 211 of 272 tensors 1 ulp apart after one step, and `grpo replay` could not reproduce it). Contiguous
+    groups of equal size (a group's G rows, the usual layout) repeat by expanding, whose backward is a sum over the
+    group; any other layout by `index_select`, whose backward adds the rows one index at a time on the CPU."""
+    u, b = t.shape[0], inverse.shape[0]
+    if b % u == 0 and torch.equal(inverse, torch.arange(u, device=inverse.device).repeat_interleave(b // u)):
+        return t.unsqueeze(1).expand(u, b // u, *t.shape[1:]).reshape(b, *t.shape[1:])
+    return t.index_select(0, inverse)
 
 
 def logps_from_logits(logits: torch.Tensor, ids: torch.Tensor, temperature: float, chunk_rows: int = 1,

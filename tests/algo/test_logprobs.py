@@ -164,3 +164,41 @@ def test_train_chunked_lm_head_decides_where_the_head_runs_and_changes_no_number
         for key in ("loss", "entropy", "grad_norm", "kl"):
             assert abs(plain[key] - chunked[key]) <= 1e-5 * max(1.0, abs(plain[key])), key
     assert runs["auto"][0][0]["grad_norm"] > 0
+
+
+def test_a_groups_shared_prompt_gets_the_same_gradient_on_every_run():
+    """A micro-batch of one group (its 8 rows share one prompt) on 2 threads: the prompt's keys, values and last
+    logits are repeated to the rows, and the backward sums the rows' gradients. By indexing, that sum was made of
+    atomic adds split over threads, rounded differently on every run; now it is the same on every run, and equal
+    to the sum of the rows' own gradients (the plain forward)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=8192, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2)).float().train()
+    g = torch.Generator().manual_seed(2)
+    prompt_ids = torch.randint(1, 8192, (1, 80), generator=g).expand(8, -1)  # 8 x [1, 2, 80, 32] keys: threads split
+    completion_ids = torch.randint(1, 8192, (8, 6), generator=g)
+    args = (prompt_ids, torch.ones_like(prompt_ids), completion_ids, torch.ones_like(completion_ids))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        runs = [run(model, True, args)[2] for _ in range(8)]
+    finally:
+        torch.set_num_threads(threads)
+    for name, grad in runs[0].items():
+        assert all(torch.equal(r[name], grad) for r in runs[1:]), name
+    plain = run(model, False, args)[2]
+    for name, grad in plain.items():
+        torch.testing.assert_close(runs[0][name], grad, atol=2e-5, rtol=1e-4, msg=name)
+
+
+def test_rows_of_repeats_rows_as_indexing_does():
+    t = torch.randn(3, 5, requires_grad=True)
+    for inverse in (torch.tensor([0, 0, 1, 1, 2, 2]), torch.tensor([2, 0, 1, 0, 2, 2]), torch.tensor([1, 1, 1])):
+        out = logprobs_module.rows_of(t, inverse)
+        assert torch.equal(out, t[inverse])
+        weights = torch.randn(out.shape)
+        mine = torch.autograd.grad((out * weights).sum(), t)[0]
+        theirs = torch.autograd.grad((t[inverse] * weights).sum(), t)[0]
+        torch.testing.assert_close(mine, theirs)
