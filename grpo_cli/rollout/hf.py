@@ -237,9 +237,14 @@ class HFGenerator:
         try:
             with without_autocast(sampler):  # train.mixed_precision autocasts training forwards, not sampling
                 # sharded weights: every process must run the same forwards, so no process-dependent prefill;
-                # rollout.cache_implementation: generate builds that cache itself
-                cache = static if static is not None else (
-                    None if self.synced or c.cache_implementation else shared_prefill(sampler, ids, mask))
+                # rollout.cache_implementation: generate builds that cache itself; else a cache made at its full
+                # length once (rollout/preallocated.py), not grown by a copy every step
+                cache = static
+                if static is None and not c.cache_implementation:
+                    from grpo_cli.rollout.preallocated import preallocated  # imports transformers
+
+                    prompt = None if self.synced else shared_prefill(sampler, ids, mask)
+                    cache = preallocated(prompt, sampler.config, ids.shape[1] + max_new_tokens)
                 out = sampler.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg, past_key_values=cache,
                                        synced_gpus=self.synced, logits_processor=processors or None,
                                        stopping_criteria=progress_criteria())

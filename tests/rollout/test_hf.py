@@ -1,19 +1,23 @@
 """`rollout.dtype`: the hf backend samples with a lower-precision copy of the policy, filled before every
 generate and freed after, and records the sampler's log-probs for importance sampling.
 
-The shared prefill too: each distinct prompt runs through the model once per generate. And truncated sampling
+The shared prefill too: each distinct prompt runs through the model once per generate; and the cache made once at
+its full length. And truncated sampling
 (top-k / top-p / min-p): generate samples the policy grpo_cli/algo/sampling.py defines, which the trainer replays."""
 
 import pytest
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, Qwen2Config, Qwen2ForCausalLM
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 import grpo_cli.rollout.hf as hf
 from grpo_cli.algo.logprobs import token_logprobs
 from grpo_cli.algo.sampling import Truncation, kept_mask
 from grpo_cli.recipe.schema import RolloutConfig
+import grpo_cli.rollout.preallocated as preallocated_module
 from grpo_cli.rollout.common import left_pad
 from grpo_cli.rollout.hf import HFGenerator, SamplerLogprobs, SamplingCopy, native_bf16, sampler_dtype
+from grpo_cli.rollout.preallocated import PreallocatedLayer, preallocated
 
 from helpers import chi_square_p, cli, read_jsonl
 
@@ -253,3 +257,84 @@ def test_the_first_token_has_the_policys_distribution_with_either_draw(inverse_c
     pooled = lambda v: torch.cat([v[~small], v[small].sum().view(1)])  # noqa: E731
     print(f"{'inverse cdf' if inverse_cdf else 'multinomial'}: p = {chi_square_p(pooled(counts), pooled(p)):.3f}")
     assert chi_square_p(pooled(counts), pooled(p)) > 0.01
+
+
+# ---------------------------------------------------------------- the preallocated cache
+# The hf backend decodes into a key/value cache made once at its full length (grpo_cli/rollout/preallocated.py): each
+# layer holds what transformers' dynamic cache would, without a copy per decoding step, and `generate` samples the
+# same tokens and log-probs with it.
+
+
+def _steps(layer, lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    for n in lengths:
+        k, v = torch.randn(3, 2, n, 4, generator=g), torch.randn(3, 2, n, 4, generator=g)
+        out = layer.update(k, v)
+    return out
+
+
+@pytest.mark.parametrize("capacity", [8, 5])  # 5: the prefill fills it, each decode step grows it
+def test_a_layer_holds_what_the_dynamic_layer_holds(capacity):
+    mine, theirs = PreallocatedLayer(capacity), DynamicLayer()
+    for step, n in enumerate([5, 1, 1, 1]):
+        k, v = _steps(mine, [n], seed=step)
+        k2, v2 = _steps(theirs, [n], seed=step)
+        assert torch.equal(k, k2) and torch.equal(v, v2) and mine.get_seq_length() == theirs.get_seq_length()
+    assert mine.capacity == (8 if capacity == 8 else 10)  # grown once, to twice its size, then in place
+    mine.crop(-2), theirs.crop(-2)
+    mine.batch_select_indices(torch.tensor([2, 0, 0])), theirs.batch_select_indices(torch.tensor([2, 0, 0]))
+    assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
+    assert torch.equal(_steps(mine, [1], seed=9)[0], _steps(theirs, [1], seed=9)[0])
+    mine.reset()
+    assert mine.get_seq_length() == 0 and mine.keys.shape[-2] == 0
+
+
+def test_decoding_writes_in_place():
+    layer = PreallocatedLayer(8)
+    _steps(layer, [5])
+    buffer = layer.key_buffer.data_ptr()
+    for step in range(3):
+        keys, _ = _steps(layer, [1], seed=step + 1)
+        assert keys.data_ptr() == layer.key_buffer.data_ptr() == buffer and keys.shape[-2] == 6 + step
+
+
+def _generate_into(model, prompts, n, *, dtype="policy"):
+    caches = []
+    hook = model.register_forward_pre_hook(lambda m, args, kw: caches.append(kw.get("past_key_values")), with_kwargs=True)
+    torch.manual_seed(3)
+    try:
+        out = HFGenerator(model, Tok(), RolloutConfig(max_completion_length=8, dtype=dtype)).generate(
+            prompts, [str(i) for i in range(len(prompts))], n=n)
+    finally:
+        hook.remove()
+    return out, caches
+
+
+@pytest.mark.parametrize("prompts, n", [(SHARED_PROMPTS, 4), (SHARED_PROMPTS, 1)])  # shared prefill; none
+@pytest.mark.parametrize("dtype", ["policy", "bfloat16"])
+def test_generate_samples_the_same_tokens_and_logprobs_as_with_the_dynamic_cache(prompts, n, dtype, monkeypatch):
+    model = tiny()
+    mine, caches = _generate_into(model, prompts, n, dtype=dtype)
+    layers = [c.layers for c in caches if c is not None]
+    assert layers and all(type(layer) is PreallocatedLayer for ls in layers for layer in ls)
+    assert all(layer.capacity == 5 + 8 for layer in layers[-1])  # widest prompt + the budget: never grown
+    monkeypatch.setattr(preallocated_module, "preallocated", lambda cache, config, capacity: cache)
+    theirs, caches = _generate_into(model, prompts, n, dtype=dtype)
+    assert all(type(layer) is DynamicLayer for c in caches if c is not None for layer in c.layers)
+    assert torch.equal(mine.completion_ids, theirs.completion_ids)
+    assert torch.equal(mine.completion_mask, theirs.completion_mask)
+    if dtype == "bfloat16":  # a sampling copy records its log-probs
+        assert torch.equal(mine.sampling_logps, theirs.sampling_logps)
+
+
+def test_a_cache_of_other_layers_is_left_to_transformers():
+    cache = DynamicCache(config=tiny().config)
+    assert all(type(layer) is PreallocatedLayer for layer in preallocated(None, tiny().config, 16).layers)
+
+    class Sliding(DynamicLayer):
+        pass
+
+    cache.layers[1] = Sliding()
+    out = preallocated(cache, None, 16)
+    assert type(out.layers[0]) is PreallocatedLayer and type(out.layers[1]) is Sliding
+    assert preallocated(object(), None, 16) is None
