@@ -1,0 +1,86 @@
+"""The key/value cache `generate` decodes into on the hf backend: transformers' dynamic cache (grown by a copy of
+every layer's cache at every step) against grpo's preallocated one (grpo_cli/rollout/preallocated.py, made once at
+its full length, written in place), issue 40 item 2.
+
+bench/vs_trl.py's shape: SmolLM2-135M-Instruct loaded as `grpo train` loads it (its grouped-query attention), float32,
+2 prompts x 8 rows, 32 new tokens, `--threads` threads; the two caches alternate, each seed drawn by both (the
+tokens are compared), beside the weight-read floor of that generate on this machine (bench/floors.py).
+
+    python bench/decode_cache.py [--repeats 5] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    from floors import Shape, measure, micro_batch_matmul, sampling_floor
+    from transformers import AutoTokenizer
+    from vs_trl import SMOLLM2
+
+    import grpo_cli.rollout.preallocated as preallocated
+    from grpo_cli.models.loading import load_model, resolve_model_source
+    from grpo_cli.recipe.schema import ModelConfig, RolloutConfig
+    from grpo_cli.rollout.hf import HFGenerator
+
+    cfg = ModelConfig(**SMOLLM2)
+    folder = resolve_model_source(cfg)
+    model = load_model(cfg).eval()
+    tok = AutoTokenizer.from_pretrained(folder)
+    prompts = [tok.apply_chat_template([{"role": "user", "content": f"What is {x} + {y}?"}], add_generation_prompt=True)
+               for x, y in ((17, 25), (8, 34))]
+    prompts = [list(p["input_ids"] if hasattr(p, "keys") else p) for p in prompts]
+    rows = [p for p in prompts for _ in range(8)]
+    gen = HFGenerator(model, tok, RolloutConfig(max_completion_length=a.new_tokens, temperature=1.0))
+    made = preallocated.preallocated
+    caches = {"dynamic (transformers')": lambda cache, config, capacity: cache, "preallocated (grpo's)": made}
+    times: dict[str, list[float]] = {name: [] for name in caches}
+    same, tokens = True, []
+    for k in range(a.repeats + 1):
+        drawn = []
+        for name, fn in caches.items():
+            preallocated.preallocated = fn
+            torch.manual_seed(k)
+            t0 = time.perf_counter()
+            ids, mask, _, _ = gen._run(rows, max_new_tokens=a.new_tokens)
+            if k:  # the first round warms up
+                times[name].append(time.perf_counter() - t0)
+            drawn.append(ids)
+            tokens.append(float(mask.sum(1).float().mean()))
+        same &= torch.equal(*drawn)
+    preallocated.preallocated = made
+    shape = Shape.of(folder)
+    width = statistics.fmean(len(p) for p in prompts)
+    machine = measure("cpu", "float32", 16, micro_batch_matmul(shape, 8, width + a.new_tokens), threads=a.threads)
+    floor = sampling_floor(shape, machine, "float32", 2, 16, width, a.new_tokens)
+    print(f"SmolLM2-135M-Instruct float32 (grpo's attention: {model.config._attn_implementation}), 16 rows, {width:.0f} "
+          f"prompt + {a.new_tokens} new tokens (mean {statistics.fmean(tokens):.1f} drawn), {a.threads} threads; "
+          f"{machine.how}")
+    print("| cache | generate s (median) | each | / weight-read floor | / floor at the products' rate |\n|---|---|---|---|---|")
+    for name, ts in times.items():
+        g = statistics.median(ts)
+        print(f"| {name} | {g:.3f} | {' '.join(f'{t:.2f}' for t in ts)} | {g / floor['seconds']:.2f}x | "
+              f"{g / floor['at_products_s']:.2f}x |")
+    print(f"floor: {floor['what']}; the same tokens from both caches for every seed: {'yes' if same else 'NO'}")
+    d, p = (statistics.median(ts) for ts in times.values())
+    print(f"preallocated cache: generate {p:.3f} s against {d:.3f} s ({p / d:.2f}x), {p / floor['seconds']:.2f}x its "
+          f"weight-read floor")
+
+
+if __name__ == "__main__":
+    main()
