@@ -48,7 +48,7 @@ def main() -> None:
     rows = [p for p in prompts for _ in range(8)]
     gen = HFGenerator(model, tok, RolloutConfig(max_completion_length=a.new_tokens, temperature=1.0))
     made = preallocated.preallocated
-    caches = {"dynamic (transformers')": lambda cache, config, capacity: cache, "preallocated (grpo's)": made}
+    caches = {"dynamic (transformers')": lambda cache, model, capacity: cache, "preallocated (grpo's)": made}
     times: dict[str, list[float]] = {name: [] for name in caches}
     same, tokens = True, []
     for k in range(a.repeats + 1):

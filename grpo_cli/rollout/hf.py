@@ -244,7 +244,7 @@ class HFGenerator:
                     from grpo_cli.rollout.preallocated import preallocated  # imports transformers
 
                     prompt = None if self.synced else shared_prefill(sampler, ids, mask)
-                    cache = preallocated(prompt, sampler.config, ids.shape[1] + max_new_tokens)
+                    cache = preallocated(prompt, sampler, ids.shape[1] + max_new_tokens)
                 out = sampler.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg, past_key_values=cache,
                                        synced_gpus=self.synced, logits_processor=processors or None,
                                        stopping_criteria=progress_criteria())

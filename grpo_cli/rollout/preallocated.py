@@ -88,18 +88,20 @@ class PreallocatedLayer(DynamicLayer):
         pass
 
 
-def preallocated(cache: DynamicCache | None, config, capacity: int) -> DynamicCache | None:
+def preallocated(cache: DynamicCache | None, model, capacity: int):
     """The cache `generate` should decode into, as long as `capacity` positions: `cache` (a prompt's cache from
-    rollout/hf.py's shared prefill) with its plain dynamic layers moved into preallocated ones, or, without one, an
-    empty cache of preallocated layers. Layers of another kind (sliding windows, linear attention) stay as they are;
-    a model whose cache is not a DynamicCache of such layers gets None (transformers' own cache)."""
+    rollout/hf.py's shared prefill) with its plain dynamic layers moved into preallocated ones, or, without one, the
+    DynamicCache transformers would make for `model`, of preallocated layers. Layers of another kind (sliding windows,
+    linear attention) stay as they are, as does a prompt cache of another class; a model for which transformers makes
+    no DynamicCache (its own cache class, or a cache_implementation in its generation config) gets None: generate
+    makes its own."""
     if cache is None:
-        try:
-            cache = DynamicCache(config=config)
-        except Exception:  # a model type transformers builds its cache for differently
+        if getattr(model.generation_config, "cache_implementation", None) or "mamba" in type(model).__name__.lower() \
+                or not getattr(model, "_supports_default_dynamic_cache", lambda: True)():
             return None
+        cache = DynamicCache(config=model.config.get_text_config(decoder=True))  # what generate would make
     if type(cache) is not DynamicCache:
-        return None
+        return cache
     for i, layer in enumerate(cache.layers):
         if type(layer) is not DynamicLayer:
             continue

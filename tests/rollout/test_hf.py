@@ -318,7 +318,7 @@ def test_generate_samples_the_same_tokens_and_logprobs_as_with_the_dynamic_cache
     layers = [c.layers for c in caches if c is not None]
     assert layers and all(type(layer) is PreallocatedLayer for ls in layers for layer in ls)
     assert all(layer.capacity == 5 + 8 for layer in layers[-1])  # widest prompt + the budget: never grown
-    monkeypatch.setattr(preallocated_module, "preallocated", lambda cache, config, capacity: cache)
+    monkeypatch.setattr(preallocated_module, "preallocated", lambda cache, model, capacity: cache)
     theirs, caches = _generate_into(model, prompts, n, dtype=dtype)
     assert all(type(layer) is DynamicLayer for c in caches if c is not None for layer in c.layers)
     assert torch.equal(mine.completion_ids, theirs.completion_ids)
@@ -328,13 +328,17 @@ def test_generate_samples_the_same_tokens_and_logprobs_as_with_the_dynamic_cache
 
 
 def test_a_cache_of_other_layers_is_left_to_transformers():
-    cache = DynamicCache(config=tiny().config)
-    assert all(type(layer) is PreallocatedLayer for layer in preallocated(None, tiny().config, 16).layers)
+    model = tiny()
+    assert all(type(layer) is PreallocatedLayer for layer in preallocated(None, model, 16).layers)
+    cache = DynamicCache(config=model.config)
 
     class Sliding(DynamicLayer):
         pass
 
     cache.layers[1] = Sliding()
-    out = preallocated(cache, None, 16)
+    out = preallocated(cache, model, 16)
     assert type(out.layers[0]) is PreallocatedLayer and type(out.layers[1]) is Sliding
-    assert preallocated(object(), None, 16) is None
+    other = object()  # a prompt cache of another class goes to generate as it is
+    assert preallocated(other, model, 16) is other
+    model.generation_config.cache_implementation = "static"  # the model's own choice: generate makes that cache
+    assert preallocated(None, model, 16) is None
