@@ -16,9 +16,10 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      "thus", "therefore", "hence", "in total", "altogether", "overall"; not "so far", "so that") gives the
      number after its last result link (=, is, are, equals, gives, makes, yields, has, holds, costs, leaves,
      ... "So 5 apples and 3 apples make 8": 8), or its first number when it has none ("so 42 marbles fit in 6
-     jars": 42); numbers right after a preposition ("in 6 jars", "after 2 hours", "more than 40") are passed
-     over while the clause has others, and a trailing remark (", which is ...", "(since ...)") is left out; a last
-     sentence that ends in an equation for an expression gives the expression ("The line is y = 3x - 4.");
+     jars": 42), unless one is a total ("so 6 more days: 16 days in total": 16); numbers right after a preposition
+     ("in 6 jars", "after 2 hours", "more than 40") are passed over while the clause has others, and a trailing
+     remark (", which is ...", "(since ...)") is left out; a last sentence that ends in an equation for an expression
+     gives the expression ("The line is y = 3x - 4.");
   4. otherwise the last sentence (or line) with a number states it: its last number, unless that only comments,
      conditions or scopes what the sentence stated. Left out: a closing paragraph that notes or checks ("Note: ...",
      "Check: 30 - 12 = 18") and a closing sentence that checks or compares ("That's 9 more than last year."), while
@@ -33,8 +34,9 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      the time the stated number took, right after it ("$45 in 3 weeks"); a breakdown after a colon that follows a
      stated number; a parenthesis that ends the sentence. A last number right after a preposition gives way to a
      result the sentence links ("3 x $6 = $18 for 3 shirts": 18), and to the sentence's last number when it only
-     says where the stated one came from or went to, what it is out of or its rate ("$10 back from her $20 bill",
-     "3 of the 12 eggs", "2.5 hours at 60 mph"), not in an appositive that names it ("1,020, an increase of 170").
+     says where the stated one came from or went to, what it is out of or its rate, or when the stated one is a rate
+     ("$10 back from her $20 bill", "3 of the 12 eggs", "2.5 hours at 60 mph", "60 km/h over the 150 km trip"), not
+     in an appositive that names it ("1,020, an increase of 170").
 A number is an integer, a decimal, scientific notation ("3.2e4", `3.2 \times 10^{4}`), a fraction ("3/4",
 `\frac{3}{4}`, `\dfrac34`), a mixed number ("3 3/4"), a time or a ratio ("11:30", "3:4"), not an ordinal ("4th")
 or a power's exponent; in rules 2 and 3, after a result link, and in a completion without digits, also the number
@@ -57,8 +59,9 @@ from decimal import Decimal
 from typing import Any, Callable
 
 from grpo_cli.rewards.clauses import (
-    AFTER_PREPOSITION, APPOSITIVE, CLOSING_COMMENT, COMPUTES, CONDITION, CONSEQUENCE, LINK, LINK_BEFORE, NEED, NEGATED,
-    NOTE, PURPOSE, RATE_UNIT, REMARK, RESTATES, SOURCE, TIME_SCOPE, closing_parenthesis, sentence_end, sentence_start,
+    AFTER_PREPOSITION, APPOSITIVE, CLOSING_COMMENT, COMPUTES, CONDITION, CONSEQUENCE, LINK, LINK_BEFORE, NEGATED, NOTE,
+    RATE_UNIT, REMARK, RESTATES, SOURCE, STATED_RATE, TIME_SCOPE, TOTAL_AFTER, closing_parenthesis, purpose_start,
+    sentence_end, sentence_start,
 )
 from grpo_cli.rewards.notation import Spelled, clean_answer, spelled
 from grpo_cli.rewards.numbers import PLAIN_WORD, QUANTITY, parse_math, quantity_values
@@ -192,13 +195,14 @@ def _clause_number(text: str, start: int, end: int, words: bool = True) -> re.Ma
     preposition passed over while there are others."""
     first = _NUMBER.search(text, start, end)  # a remark follows a stated number
     remark = REMARK.search(text, first.end(), end) if first else None
-    cut = remark.start() if remark else _purpose(text, start, first, end) or closing_parenthesis(text, start, end)
+    cut = remark.start() if remark else purpose_start(text, start, first, end) or closing_parenthesis(text, start, end)
     end = cut or end
     numbers = _numbers(text, start, end, words=words)
     results = [m for m in numbers if not AFTER_PREPOSITION.search(text[start : m.start()])]
     numbers = results or numbers
+    total = [m for m in numbers if TOTAL_AFTER.match(text, m.end())]  # "so 6 more days: 16 days in total": 16
     linked = _linked_number(text, start, end, numbers)
-    return linked if linked is not None else numbers[0] if numbers else None
+    return total[-1] if total else linked if linked is not None else numbers[0] if numbers else None
 
 
 def _linked_number(text: str, start: int, end: int, numbers: list) -> re.Match | Spelled | None:
@@ -276,7 +280,7 @@ def _last_number_or_math(text: str) -> str | None:
             not APPOSITIVE.search(text, start, last.start()):  # "3 x $6 = $18 for 3 shirts": 18
         results = [m for m in found if start <= m.start() and not AFTER_PREPOSITION.search(text, start, m.start())]
         source = results and (SOURCE.search(text, start, last.start())  # "$10 back from her $20 bill": 10
-                              or RATE_UNIT.match(text, last.end()))  # "2.5 hours at 60 mph": 2.5
+                              or RATE_UNIT.match(text, last.end()) or STATED_RATE.match(text, results[-1].end()))
         before = [_linked_number(text, start, last.end(), results) or (results[-1] if source else last)]
     return _as_answer(text, before[-1] if before else last)
 
@@ -289,7 +293,7 @@ def _tail_start(text: str, start: int, last: re.Match | Spelled) -> int | None:
     first = _NUMBER.search(text, start, last.start())  # a tail follows a stated number
     remark = REMARK.search(text, first.end(), sentence_end(text, last.end())) if first else None
     remark = remark if remark and remark.start() < last.start() else None
-    if remark is None and (purpose := _purpose(text, start, first, last.start())) is not None:
+    if remark is None and (purpose := purpose_start(text, start, first, last.start())) is not None:
         return purpose  # "Lily needs 6 packs of 8 to get 48 buns."
     if remark and not (RESTATES.match(text, remark.start()) and (COMPUTES.search(text, remark.start(), last.end())
                        and not LINK.search(text, start, remark.start()) or _converts(text, start, remark, last))) \
@@ -306,12 +310,6 @@ def _tail_start(text: str, start: int, last: re.Match | Spelled) -> int | None:
         return colon
     opened = closing_parenthesis(text, start, sentence_end(text, last.end()))
     return opened if opened is not None and opened < last.start() else None
-
-
-def _purpose(text: str, start: int, first: re.Match | None, end: int) -> int | None:
-    """Where a purpose begins after `first`, in a sentence that says what is needed ("needs 6 packs to get 48")."""
-    found = PURPOSE.search(text, first.end(), end) if first and NEED.search(text, start, first.start()) else None
-    return found.start() if found else None
 
 
 def _converts(text: str, start: int, remark: re.Match, last: re.Match | Spelled) -> bool:

@@ -27,12 +27,19 @@ SOURCE = re.compile(r"(?:\b(?:from|out\s+of|among|than|per|to(?=\s+(?:each|the|h
                      flags=re.IGNORECASE)
 # ... as does one that is a rate, the unit after it saying so ("2.5 hours at 60 mph", "an average of $50 per student")
 RATE_UNIT = re.compile(r"\s*(?:%|mph\b|km/h|kph\b|(?:[a-z]+\s+)?(?:per|an?|each|every)\s|/)", flags=re.IGNORECASE)
+# ... and a stated number whose unit is a rate gives the answer over a stretch it holds for ("60 km/h over the 150 km
+# trip"): a unit per a unit of time, distance, weight or volume ("12 has a median" is no rate)
+STATED_RATE = re.compile(r"\s*(?:mph\b|km/h|kph\b|(?:[a-z]+\s+)?(?:per|an?|each|every)\s+(?:second|minute|hour|day|week"
+                         r"|month|year|km|kilomet(?:re|er)|mile|met(?:re|er)|kg|kilogram|pound|lit(?:re|er)|gallon)s?\b)",
+                         flags=re.IGNORECASE)
 # a purpose, where the sentence says what is needed: "Lily needs 6 packs of 8 to get 48 buns" (but "Multiply 3 by 4 to
 # get 12": a result)
 NEED = re.compile(r"\b(?:needs?|needed|must|requires?|required|has\s+to|have\s+to|should|wants?|takes?|took)\b",
                   flags=re.IGNORECASE)
 PURPOSE = re.compile(r"\s(?:in\s+order\s+)?to\s+(?:get|make|have|buy|obtain|reach)\b", flags=re.IGNORECASE)
 # an appositive that names the stated number: "it had 1,020, an increase of 170": 170
+# a number the clause calls a total ("16 days in total", "8 packs in all", "5 buses altogether")
+TOTAL_AFTER = re.compile(r"(?:\s+[a-z]+){0,2}\s+(?:in\s+total|in\s+all|altogether|all\s+told)\b", flags=re.IGNORECASE)
 APPOSITIVE = re.compile(r",\s*(?:a|an)\s+(?:[a-z]+\s+){1,2}of\s+\$?$", flags=re.IGNORECASE)
 # a scope or purpose ends where a new statement begins: "3 choices for the first digit and 4 for the second, giving 12"
 _NO_STATEMENT = r"(?![^.!?\n]*(?:=|[:;]|\b(?:giv(?:es|ing)|makes?|is|are|was|were|equals?|totals?|costs?)\b))"
@@ -46,7 +53,7 @@ _TAIL = (r",\s*(?:which|that)\s+(?:is|was|are|were)\b|,\s*i\.e\.|\s[—–]\s|,?
          r"|her|their|its|my|your|our|him|them|me|us|it|about|around|nearly|approximately)\b)[a-z]{3,}\b"
          rf"{_NO_STATEMENT}"  # a purpose: "7 more stamps to complete his collection of 50"
          r"|,\s*or\s+(?:about|roughly|approximately|around|nearly|almost)\b"
-         r"|,\s*(?:(?:up|down|rising|falling|going)\s+)?from\s+\$?\d"  # "The increase is 20%, from 850 to 1,020"
+         r"|,\s*(?:(?:up|down|rising|falling|going)\s+)?from\s+\$?-?\$?\d"  # ", from 850 to 1,020", ", from -8 to 5"
          r"|,\s*(?:(?:which|that)(?:'s|\s+is|\s+was)\s+)?(?:about\s+|only\s+|just\s+)?\$?\d[\d,.]*\s*%?\s*"
          r"(?:[a-z]+\s+)?(?:more|less|fewer|[a-z]+er)\s+than\b"  # a comparison: ", 15 degrees colder than at noon"
          r"|,\s*\$?\d[\d,.]*\s*(?:[a-z]+\s+)?(?:(?:in|per|for|to)\s+(?:each|every)|each|apiece)\b"  # ", 24 in each box"
@@ -84,6 +91,11 @@ NOTE = re.compile(r"\n\s*\n\s*\(?\**(?:note|check|verification|verify|double[- ]
                    r"(?!.*\n\s*\n)", flags=re.IGNORECASE | re.DOTALL)
 NEGATED = re.compile(r"(?:\bnot|\bnever|n't)\s+(?:\w+\s+)?$", flags=re.IGNORECASE)
 SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n")
+
+def purpose_start(text: str, start: int, first: re.Match | None, end: int) -> int | None:
+    """Where a purpose begins after `first`, in a sentence that says what is needed ("needs 6 packs to get 48")."""
+    found = PURPOSE.search(text, first.end(), end) if first and NEED.search(text, start, first.start()) else None
+    return found.start() if found else None
 
 def sentence_end(text: str, pos: int) -> int:
     m = SENTENCE_END.search(text, pos)

@@ -13,8 +13,9 @@ In this order (dashes first: U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, 
             those where an answer is stated (`spelled`, threshold 0)
   fractions in words: "one third" -> 1/3, "three quarters" -> 3/4, "twenty-two and a half" -> 22 1/2, "3 and 1/2"
             -> 3 1/2; a count as large as the parts' number is of things ("28 quarters", "4 halves" stay)
-  odds      "N out of M" where the sentence speaks of a chance, probability, odds, fraction or proportion -> N/M ("the
-            chance is 7 out of 20" -> 7/20; "7 out of 20 balls are green" stays a count)
+  odds      "N out of M" or "N in M" where the sentence speaks of a chance, probability, odds, fraction or proportion
+            -> N/M ("the chance is 7 out of 20" -> 7/20, "a 1 in 4 chance" -> 1/4; "7 out of 20 balls are green"
+            stays a count)
   commas    a decimal comma, one or two digits after it and no number next: "3,5 km" -> 3.5 ("1,234" keeps its comma)
   signs     a sign word before digits: "minus 3", "negative 3" -> -3
   dollars   `\$`, `\text{\$}`, `\textdollar` are dropped (`\boxed{\$23}` is 23)
@@ -51,10 +52,10 @@ _GROUPED = re.compile(
     r"(?<![\d.,])(?<![\d.,] )(\d{1,3})(\\[,! ]|\{,\}|[ \u00a0\u2009\u202f])(\d{3})((?:\2\d{3})*)(?![\d])"
 )
 
-# "N out of M" in a sentence that speaks of a chance: the sentence, then the pair
+# "N out of M" or "N in M" in a sentence that speaks of a chance: the sentence, then the pair
 _CHANCE_SENTENCE = re.compile(r"[^.!?\n]*\b(?:chance|probability|odds|likelihood|fraction|proportion)\b[^.!?\n]*",
                               flags=re.IGNORECASE)
-_OUT_OF = re.compile(r"(?<![\d.])(\d+)\s+out\s+of\s+(\d+)(?![\d.])")
+_OUT_OF = re.compile(r"(?<![\d./])(\d+)\s+(?:out\s+of|in)\s+(\d+)(?![\d./])")
 _DENOMINATORS = {"half": 2, "halves": 2, "third": 3, "quarter": 4, "fourth": 4, "fifth": 5, "sixth": 6, "seventh": 7,
                  "eighth": 8, "ninth": 9, "tenth": 10}
 _SMALL = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten".split())}

@@ -458,6 +458,31 @@ CHANCES_AND_EQUATIONS = rows(
     ("So f(x) = 2x + 1.", "2x + 1", 1.0),
     ("So y = 11.", "11", 1.0),
     ("Solving gives 2x = 18, so x = 9.", "9", 1.0),
+    ("The chance is 1 in 6.", "1/6", 1.0),  # "N in M" where a chance is spoken of
+    ("There is a 1 in 4 chance of rain.", "1/4", 1.0),
+    ("The odds of winning are 2 in 9.", "2/9", 1.0),
+    ("The probability of a red card is 1 in 2.", "1/2", 1.0),
+    ("The chance is 1 in 6.", "1", 0.0),
+)
+
+# a conclusion's total ("16 days in total") after the step that led to it; a rate over the stretch it holds for; a
+# range that starts below zero
+TOTALS_RATES_RANGES = rows(
+    ("In 10 days she reads 250 pages, so she needs 6 more days: 16 days in total.", "16", 1.0),
+    ("So he buys 3 more packs: 8 packs in all.", "8", 1.0),
+    ("So they need 2 more buses, 5 buses altogether.", "5", 1.0),
+    ("So he adds 3 marbles and has 12 in total.", "12", 1.0),
+    ("So she needs 6 more days.", "6", 1.0),
+    ("The car averages 60 kilometres per hour over the 150 km trip.", "60", 1.0),
+    ("She types 45 words per minute for the 10-minute test.", "45", 1.0),
+    ("The pump moves 12 litres a minute during the 30-minute run.", "12", 1.0),
+    ("The trip takes 2.5 hours at 60 mph.", "2.5", 1.0),
+    ("3 x $6 = $18 for 3 shirts.", "18", 1.0),
+    ("The data set 3, 7, 7, 9, 12 has a median of 7.", "7", 1.0),  # "12 has a median": not a rate
+    ("It rose 13 degrees, from -8 to 5.", "13", 1.0),
+    ("It rose 13 degrees, from minus eight to five.", "13", 1.0),
+    ("The temperature climbed 7°C, from −3°C to 4°C.", "7", 1.0),
+    ("The temperature went from -8 to 5.", "5", 1.0),  # a range that is the statement itself: its end
 )
 
 # closing sentences that only check or compare what came before, while a number comes before them
@@ -513,7 +538,7 @@ CLASSES = {"escaped_dollar": DOLLAR, "unicode_minus": MINUS, "inline_latex": LAT
            "stated_expressions": STATED_EXPRESSIONS, "compound_quantities": COMPOUND_QUANTITIES,
            "small_model_completions": SMALL_MODEL, "scopes_and_sources": SCOPES,
            "closing_comments": CLOSING_COMMENTS, "roundings": ROUNDINGS,
-           "chances_and_equations": CHANCES_AND_EQUATIONS}
+           "chances_and_equations": CHANCES_AND_EQUATIONS, "totals_rates_ranges": TOTALS_RATES_RANGES}
 
 
 @pytest.mark.parametrize("completion, reference, expected, mode", [
