@@ -16,7 +16,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 class PreallocatedLayer(DynamicLayer):
     """One layer's keys and values in buffers of `capacity` positions; `keys`/`values` are views of the written ones.
-    Writing past the capacity grows the buffers (to twice the size), so a wrong capacity costs a copy, never an error."""
+    Writing past the capacity grows the buffers (to twice the size): a wrong capacity costs a copy, never an error."""
 
     def __init__(self, capacity: int) -> None:
         super().__init__()
