@@ -231,6 +231,11 @@ def judge(prompts: list[str], completions: list[str], **columns: Any) -> list[fl
     return judge_for(settings).score(list(questions), completions, list(answers))
 
 
+# a reward with timeout_s runs each call in a child process (scoring.py), where the judge's client and reply cache
+# would start empty every step; its requests have their own bound
+judge.stays_in_process = (  # type: ignore[attr-defined]
+    "its client and reply cache live in this process; kwargs.request_timeout_s bounds each request, retries how often "
+    "it is tried")
 # its settings are keyword-only parameters, so `grpo validate` checks kwargs against them (kwargs.py)
 judge.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
     [inspect.Parameter("prompts", inspect.Parameter.POSITIONAL_OR_KEYWORD),

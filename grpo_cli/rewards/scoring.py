@@ -111,6 +111,8 @@ def check_reward(name: str, kwargs: dict[str, Any], timeout_s: float | None = No
     if objects.is_in_process(name) and timeout_s is not None:
         raise ValueError(f"timeout_s: reward {name!r} is a function of this Python process; a reward with timeout_s "
                          "runs in a child process that imports it by name: put it in a file (path/to/file.py:fn)")
+    if timeout_s is not None and (why := getattr(fn, "stays_in_process", None)):
+        raise ValueError(f"timeout_s: reward {name!r} cannot run in a child process ({why})")
     declared = getattr(fn, "reward_level", None)
     if declared is not None and declared != level:
         raise ValueError(f"level: reward {name!r} is {declared}-level: set level: {declared}")

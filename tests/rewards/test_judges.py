@@ -21,6 +21,7 @@ from grpo_cli.recipe.schema import RewardConfig
 from grpo_cli.rewards import REWARDS, score
 from grpo_cli.rewards.judges import POINTWISE, judge_for, judge_settings, parse_ranking, parse_score
 from grpo_cli.rewards.kwargs import check_kwargs
+from grpo_cli.rewards.scoring import check_reward
 from grpo_cli.rewards.outcomes import reset_reports
 
 from helpers import cli, read_jsonl
@@ -160,6 +161,18 @@ def test_settings_are_checked_at_validate(tmp_path):
             check_kwargs("judge", fn, kwargs)
     p = cli("validate", "recipes/ci-tiny.yaml", "rewards=[{name: judge, kwargs: {model: m}}]")
     assert p.returncode == 2 and "rewards.0.kwargs.base_url: the judge needs it" in p.stderr, p.stderr
+
+
+def test_timeout_s_is_refused_for_the_judge_whose_cache_lives_in_this_process():
+    """A reward with timeout_s runs each call in a child process: the judge's client and reply cache would start
+    empty every step, so validate refuses it and names the judge's own bound on each request."""
+    base = {"base_url": "http://127.0.0.1:1/v1", "model": "m"}
+    with pytest.raises(ValueError, match=r"^timeout_s: .*kwargs\.request_timeout_s"):
+        check_reward("judge", base, timeout_s=5)
+    check_reward("judge", base)
+    p = cli("validate", "recipes/ci-tiny.yaml",
+            "rewards=[{name: judge, timeout_s: 5, kwargs: {base_url: 'http://127.0.0.1:1/v1', model: m}}]")
+    assert p.returncode == 2 and "rewards.0.timeout_s: " in p.stderr and "request_timeout_s" in p.stderr, p.stderr
 
 
 # --------------------------------------------------------------------------- transport: a server that misbehaves
