@@ -35,18 +35,30 @@ def _env(**extra) -> dict:
 
 
 def _start(tmp_path, *args: str, **env) -> tuple[subprocess.Popen, str]:
+    """The server, healthy. A port `free_port` found can be taken by another process before the server binds it (the
+    server then exits 2, "cannot listen on"): that is tried again with another; any other failure shows the log."""
     pytest.importorskip("vllm")
-    model_dir, port = make_model(tmp_path), free_port()
-    log = open(tmp_path / "server.log", "w")
-    proc = popen("serve-vllm", "--model", model_dir, "--port", str(port), *args, env=_env(**env), stdout=log,
-                 stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        print(f"server ({' '.join(args) or 'defaults'}) healthy after {wait_healthy(url, proc, 240):.1f} s")
-    except BaseException:
-        proc.kill()
-        raise
-    return proc, url
+    model_dir, log_path = make_model(tmp_path), tmp_path / "server.log"
+    for attempt in range(3):
+        port = free_port()
+        with open(log_path, "w") as log:
+            proc = popen("serve-vllm", "--model", model_dir, "--port", str(port), *args, env=_env(**env), stdout=log,
+                         stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            print(f"server ({' '.join(args) or 'defaults'}) healthy after {wait_healthy(url, proc, 240):.1f} s")
+            return proc, url
+        except (RuntimeError, TimeoutError) as e:
+            proc.kill()
+            proc.wait(30)
+            text = log_path.read_text()
+            if proc.returncode == 2 and "cannot listen on" in text and attempt < 2:
+                continue
+            raise AssertionError(f"{e}; the server's log:\n{text[-3000:]}") from None
+        except BaseException:
+            proc.kill()
+            raise
+    raise AssertionError("unreachable")
 
 
 def _descendants(pid: int) -> list:
