@@ -11,7 +11,6 @@ tokens are compared), beside the weight-read floor of that generate on this mach
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -23,13 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--new-tokens", type=int, default=32)
-    a = ap.parse_args()
-    torch.set_num_threads(a.threads)
-    from floors import Shape, measure, micro_batch_matmul, sampling_floor
+    from decode_shape import arguments, chat_rows, generate_floor
     from transformers import AutoTokenizer
     from vs_trl import SMOLLM2
 
@@ -38,14 +31,12 @@ def main() -> None:
     from grpo_cli.recipe.schema import ModelConfig, RolloutConfig
     from grpo_cli.rollout.hf import HFGenerator
 
+    a = arguments(__doc__)
     cfg = ModelConfig(**SMOLLM2)
     folder = resolve_model_source(cfg)
     model = load_model(cfg).eval()
     tok = AutoTokenizer.from_pretrained(folder)
-    prompts = [tok.apply_chat_template([{"role": "user", "content": f"What is {x} + {y}?"}], add_generation_prompt=True)
-               for x, y in ((17, 25), (8, 34))]
-    prompts = [list(p["input_ids"] if hasattr(p, "keys") else p) for p in prompts]
-    rows = [p for p in prompts for _ in range(8)]
+    prompts, rows = chat_rows(tok)
     gen = HFGenerator(model, tok, RolloutConfig(max_completion_length=a.new_tokens, temperature=1.0))
     made = preallocated.preallocated
     caches = {"dynamic (transformers')": lambda cache, model, capacity: cache, "preallocated (grpo's)": made}
@@ -64,10 +55,7 @@ def main() -> None:
             tokens.append(float(mask.sum(1).float().mean()))
         same &= torch.equal(*drawn)
     preallocated.preallocated = made
-    shape = Shape.of(folder)
-    width = statistics.fmean(len(p) for p in prompts)
-    machine = measure("cpu", "float32", 16, micro_batch_matmul(shape, 8, width + a.new_tokens), threads=a.threads)
-    floor = sampling_floor(shape, machine, "float32", 2, 16, width, a.new_tokens)
+    floor, machine, width = generate_floor(folder, prompts, a.new_tokens, a.threads)
     print(f"SmolLM2-135M-Instruct float32 (grpo's attention: {model.config._attn_implementation}), 16 rows, {width:.0f} "
           f"prompt + {a.new_tokens} new tokens (mean {statistics.fmean(tokens):.1f} drawn), {a.threads} threads; "
           f"{machine.how}")

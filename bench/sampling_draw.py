@@ -12,7 +12,6 @@ row made to run all 32: min_new_tokens), `--threads` threads, the two draws alte
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -43,13 +42,7 @@ def time_draws(rows: int, vocab: int, repeats: int) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--new-tokens", type=int, default=32)
-    a = ap.parse_args()
-    torch.set_num_threads(a.threads)
-    from floors import Shape, measure, micro_batch_matmul, sampling_floor
+    from decode_shape import arguments, chat_rows, generate_floor
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from vs_trl import SMOLLM2
 
@@ -57,13 +50,11 @@ def main() -> None:
     from grpo_cli.recipe.schema import ModelConfig, RolloutConfig
     from grpo_cli.rollout.hf import HFGenerator
 
+    a = arguments(__doc__)
     folder = resolve_model_source(ModelConfig(**SMOLLM2))
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(folder)
-    prompts = [tok.apply_chat_template([{"role": "user", "content": f"What is {a} + {b}?"}], add_generation_prompt=True)
-               for a, b in ((17, 25), (8, 34))]
-    prompts = [list(p["input_ids"] if isinstance(p, dict) or hasattr(p, "keys") else p) for p in prompts]
-    rows = [p for p in prompts for _ in range(8)]
+    prompts, rows = chat_rows(tok)
     gen = HFGenerator(model, tok, RolloutConfig(max_completion_length=a.new_tokens, temperature=1.0))
     times: dict[bool, list[float]] = {True: [], False: []}
     for k in range(a.repeats + 1):
@@ -75,10 +66,7 @@ def main() -> None:
             if k:  # the first round warms up
                 times[inverse].append(time.perf_counter() - t0)
     draws = time_draws(16, model.config.vocab_size, 20)
-    shape = Shape.of(folder)
-    width = statistics.fmean(len(p) for p in prompts)
-    machine = measure("cpu", "float32", 16, micro_batch_matmul(shape, 8, width + a.new_tokens), threads=a.threads)
-    floor = sampling_floor(shape, machine, "float32", 2, 16, width, a.new_tokens)
+    floor, machine, width = generate_floor(folder, prompts, a.new_tokens, a.threads)
     print(f"SmolLM2-135M-Instruct float32, 16 rows, {width:.0f} prompt + {a.new_tokens} new tokens, "
           f"{a.threads} threads; {machine.how}")
     print("| draw | one draw over 16 x 49,152 (ms) | generate s (median) | generate / weight-read floor | "
