@@ -236,6 +236,7 @@ def judge(prompts: list[str], completions: list[str], **columns: Any) -> list[fl
 judge.stays_in_process = (  # type: ignore[attr-defined]
     "its client and reply cache live in this process; kwargs.request_timeout_s bounds each request, retries how often "
     "it is tried")
+judge.ranks_groups = lambda kwargs: kwargs.get("mode") == "group"  # type: ignore[attr-defined]  # whole groups a process
 # its settings are keyword-only parameters, so `grpo validate` checks kwargs against them (kwargs.py)
 judge.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
     [inspect.Parameter("prompts", inspect.Parameter.POSITIONAL_OR_KEYWORD),

@@ -90,6 +90,13 @@ def check_reward_name(name: str) -> None:
     resolve_reward(name)
 
 
+def ranks_groups(name: str, kwargs: dict[str, Any]) -> bool:
+    """Whether a reward scores a prompt's completions together (the judge in mode group), so a process must hold
+    whole groups (grpo_cli/trainer/distributed.py)."""
+    ranks = getattr(REWARDS.get(name), "ranks_groups", None) if name in REWARDS else None
+    return bool(ranks and ranks(kwargs))
+
+
 def check_reward(name: str, kwargs: dict[str, Any], timeout_s: float | None = None, level: str = "outcome") -> None:
     """Everything checkable before training: the name resolves, every kwarg is a parameter of the function
     (with a did-you-mean), built-in values are valid, a reward model's config says num_labels 1, a function

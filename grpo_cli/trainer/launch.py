@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from grpo_cli.errors import LaunchError
+from grpo_cli.errors import LaunchError, SetupError
 
 GPU_ONLY = {"FSDP": "FSDP", "DEEPSPEED": "DeepSpeed"}
 
@@ -130,7 +130,10 @@ def relaunch_run(run, recipe: Path, overrides: list[str], num_processes: int | N
     """`grpo train` of a prepared run (grpo_cli/preflight/prepare.py) again under accelerate launch, its workers told
     that this process holds the run folder's lock; -> the launch's exit code."""
     from grpo_cli.run import lock
+    from grpo_cli.trainer.distributed import layout_problem
 
+    if num_processes and (problem := layout_problem(run.recipe, num_processes)) is not None:
+        raise SetupError(problem)  # before any process starts
     flags = [f for f, on in (("--start-over", run.start_over), ("--allow-recipe-change", run.allow_recipe_change),
                              ("--rewind", run.rewind)) if on]
     args = ["train", str(recipe), *overrides, "--output-dir", str(run.folder), *flags]

@@ -291,3 +291,17 @@ def test_step_rewards_are_normalised_over_both_processes(tmp_path):
     rollouts = read_jsonl(run_dir / "rollouts.jsonl")
     assert len(rollouts) == 2 * 12 and all("digit_steps" in r["steps"] for r in rollouts)
     assert [(r["group"], r["sample"]) for r in rollouts if r["step"] == 1] == [(g, s) for g in range(3) for s in range(4)]
+
+
+@pytest.mark.multiprocess
+def test_a_group_judge_is_refused_where_a_group_would_be_split_over_processes(tmp_path):
+    """A group judge ranks a prompt's G completions together; with B=3 x G=4 rows dealt 6 to a process, group 1 would
+    be ranked as two halves, each half's best getting 1. The launch stops before any step and says what fits."""
+    judge = "{name: judge, kwargs: {base_url: 'http://127.0.0.1:1/v1', model: m, mode: group}}"
+    p = grpo_train(tmp_path / "split", "train.max_steps=1", f"rewards=[{judge}]")
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]  # refused before any process started
+    assert "ranks each prompt's 4 completions together" in p.stderr and "6 rows" in p.stderr, p.stderr[-3000:]
+    assert not (tmp_path / "split" / "metrics.jsonl").exists()
+    p = grpo_train(tmp_path / "whole", "train.max_steps=1", "train.prompts_per_step=4", "train.micro_batch_size=4",
+                   f"rewards=[{judge}]")  # 8 rows a process: whole groups; the judge is then asked (and unreachable)
+    assert p.returncode == 1 and "ranks each prompt" not in p.stderr and "Connection refused" in p.stderr, p.stderr[-3000:]
