@@ -236,7 +236,8 @@ def judge(prompts: list[str], completions: list[str], **columns: Any) -> list[fl
 judge.stays_in_process = (  # type: ignore[attr-defined]
     "its client and reply cache live in this process; kwargs.request_timeout_s bounds each request, retries how often "
     "it is tried")
-judge.ranks_groups = lambda kwargs: kwargs.get("mode") == "group"  # type: ignore[attr-defined]  # whole groups a process
+# in mode group it ranks a prompt's completions together: each process must hold whole groups (trainer/distributed.py)
+judge.ranks_groups = lambda kwargs: kwargs.get("mode") == "group"  # type: ignore[attr-defined]
 # its settings are keyword-only parameters, so `grpo validate` checks kwargs against them (kwargs.py)
 judge.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
     [inspect.Parameter("prompts", inspect.Parameter.POSITIONAL_OR_KEYWORD),

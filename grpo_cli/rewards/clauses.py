@@ -37,9 +37,9 @@ STATED_RATE = re.compile(r"\s*(?:mph\b|km/h|kph\b|(?:[a-z]+\s+)?(?:per|an?|each|
 NEED = re.compile(r"\b(?:needs?|needed|must|requires?|required|has\s+to|have\s+to|should|wants?|takes?|took)\b",
                   flags=re.IGNORECASE)
 PURPOSE = re.compile(r"\s(?:in\s+order\s+)?to\s+(?:get|make|have|buy|obtain|reach)\b", flags=re.IGNORECASE)
-# an appositive that names the stated number: "it had 1,020, an increase of 170": 170
 # a number the clause calls a total ("16 days in total", "8 packs in all", "5 buses altogether")
 TOTAL_AFTER = re.compile(r"(?:\s+[a-z]+){0,2}\s+(?:in\s+total|in\s+all|altogether|all\s+told)\b", flags=re.IGNORECASE)
+# an appositive that names the stated number: "it had 1,020, an increase of 170": 170
 APPOSITIVE = re.compile(r",\s*(?:a|an)\s+(?:[a-z]+\s+){1,2}of\s+\$?$", flags=re.IGNORECASE)
 # a scope or purpose ends where a new statement begins: "3 choices for the first digit and 4 for the second, giving 12"
 _NO_STATEMENT = r"(?![^.!?\n]*(?:=|[:;]|\b(?:giv(?:es|ing)|makes?|is|are|was|were|equals?|totals?|costs?)\b))"
