@@ -165,17 +165,24 @@ torch.set_num_threads(1)
 SHARED_PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15]]
 
 
-def _generate(model, prompts, n, share: bool, monkeypatch, dtype="policy"):
-    monkeypatch.setattr(hf, "shared_prefill", hf.shared_prefill if share else (lambda *a, **k: None))
-    batches = []
-    hook = model.register_forward_pre_hook(lambda m, args, kw: batches.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+def _forwards(model, prompts, n, dtype="policy"):
+    """generate's rollout, and the keyword arguments of each forward that sampled (a sampling copy, made after the
+    hook, carries it)."""
+    calls = []
+    hook = model.register_forward_pre_hook(lambda m, args, kw: calls.append(kw), with_kwargs=True)
     torch.manual_seed(3)
     try:
         out = hf.HFGenerator(model, Tok(), RolloutConfig(max_completion_length=8, dtype=dtype)).generate(
             prompts, [str(i) for i in range(len(prompts))], n=n)
     finally:
         hook.remove()
-    return out, batches
+    return out, calls
+
+
+def _generate(model, prompts, n, share: bool, monkeypatch, dtype="policy"):
+    monkeypatch.setattr(hf, "shared_prefill", hf.shared_prefill if share else (lambda *a, **k: None))
+    out, calls = _forwards(model, prompts, n, dtype)
+    return out, [tuple(kw["input_ids"].shape) for kw in calls]
 
 
 @pytest.mark.parametrize("n", [1, 4])
@@ -299,15 +306,8 @@ def test_decoding_writes_in_place():
 
 
 def _generate_into(model, prompts, n, *, dtype="policy"):
-    caches = []
-    hook = model.register_forward_pre_hook(lambda m, args, kw: caches.append(kw.get("past_key_values")), with_kwargs=True)
-    torch.manual_seed(3)
-    try:
-        out = HFGenerator(model, Tok(), RolloutConfig(max_completion_length=8, dtype=dtype)).generate(
-            prompts, [str(i) for i in range(len(prompts))], n=n)
-    finally:
-        hook.remove()
-    return out, caches
+    out, calls = _forwards(model, prompts, n, dtype)
+    return out, [kw.get("past_key_values") for kw in calls]
 
 
 @pytest.mark.parametrize("prompts, n", [(SHARED_PROMPTS, 4), (SHARED_PROMPTS, 1)])  # shared prefill; none
