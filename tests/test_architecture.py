@@ -169,6 +169,25 @@ def test_the_recipe_never_imports_torch():
     assert out.stdout.strip() == "[]"
 
 
+def test_the_launcher_checks_the_rows_layout_without_torch():
+    """`grpo train --num-processes N` refuses a layout its processes could not deal before launching them
+    (trainer/layout.py); the launcher then lives as long as the run, so the check must not load torch into it."""
+    judge = "{name: judge, kwargs: {base_url: 'http://127.0.0.1:1/v1', model: m, mode: group}}"
+    code = (
+        "import sys\n"
+        "from grpo_cli.recipe.files import load_recipe\n"
+        "from grpo_cli.trainer.launch import relaunch_run\n"
+        "from grpo_cli.trainer.layout import layout_problem\n"
+        f"r = load_recipe('recipes/ci-tiny.yaml', [\"rewards=[{judge}]\", 'train.prompts_per_step=3', "
+        "'train.micro_batch_size=3'])\n"
+        "print(layout_problem(r, 2) is not None, layout_problem(r, 1),"
+        " sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'vllm'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True None []"
+
+
 def test_no_backend_loss_estimator_or_optimizer_name_is_compared_outside_its_table():
     """What a backend, a loss, an estimator or an optimizer can do lives on its entry (recipe/backends.py's BACKENDS,
     recipe/specs.py's tables): no `== "vllm"` or `!= "cispo"` (or `in`) anywhere else. ("grpo" is the program's name

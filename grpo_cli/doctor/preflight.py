@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from grpo_cli.trainer.distributed import splits_into_mini_batches
+from grpo_cli.trainer.layout import splits_into_mini_batches
 from grpo_cli.views.audit import ACCURACY_WORDS
 from grpo_cli.views.verdicts import Verdict
 

@@ -130,7 +130,7 @@ def relaunch_run(run, recipe: Path, overrides: list[str], num_processes: int | N
     """`grpo train` of a prepared run (grpo_cli/preflight/prepare.py) again under accelerate launch, its workers told
     that this process holds the run folder's lock; -> the launch's exit code."""
     from grpo_cli.run import lock
-    from grpo_cli.trainer.distributed import layout_problem
+    from grpo_cli.trainer.layout import layout_problem
 
     if num_processes and (problem := layout_problem(run.recipe, num_processes)) is not None:
         raise SetupError(problem)  # before any process starts
