@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from grpo_cli.trainer.layout import splits_into_mini_batches
+from grpo_cli.errors import RewardError
+from grpo_cli.trainer.layout import layout_problem, splits_into_mini_batches
 from grpo_cli.views.audit import ACCURACY_WORDS
 from grpo_cli.views.verdicts import Verdict
 
@@ -45,6 +46,8 @@ def check_batch(recipe, processes: int, rows: int | None) -> Verdict:
         return Verdict("batch", "fail", f"{per} completions a process do not split into train.mini_batches = "
                        f"{t.mini_batches} mini-batches of whole micro-batches of {t.micro_batch_size}", evidence,
                        "make the completions of a process a multiple of train.mini_batches x train.micro_batch_size")
+    if (problem := layout_problem(recipe, processes)) is not None:  # what else the launcher refuses (group judges)
+        return Verdict("batch", "fail", problem, evidence, "change the layout as the finding says, or the processes")
     if a.num_generations < 2:
         return Verdict("batch", "fail", "G = 1: a group of one has no relative advantage", evidence,
                        "algorithm.num_generations >= 2 (8 or 16 is usual)")
@@ -118,8 +121,12 @@ def probe_rewards(recipe, batch, tokenizer) -> Verdict:
                     columns[k].append(v[i])
     ids = [tokenizer(c, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id or 0] for c in completions]
     users = user_prompts(recipe.data, columns) if any(is_reward_model(s.name) for s in specs) else None
-    result = score(specs, prompts, completions, ids, {"max_completion_length": [recipe.rollout.max_completion_length]
-                                                      * len(completions), **columns}, user_prompts=users)
+    try:
+        result = score(specs, prompts, completions, ids, {"max_completion_length": [recipe.rollout.max_completion_length]
+                                                          * len(completions), **columns}, user_prompts=users)
+    except RewardError as e:  # a judge or remote reward nobody answers for: the run would stop at its first step
+        return Verdict("reward probe", "fail", str(e).splitlines()[0], str(e).splitlines()[1:],
+                       "start what the reward calls (its server, its judge) or fix its address, then run doctor again")
     evidence, flagged, total_prefers, blind = [], {}, [], []  # flagged: what -> the data rows
     for name, values in result.per_function.items():
         bests = []

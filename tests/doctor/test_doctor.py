@@ -49,6 +49,27 @@ def test_a_reward_that_never_pays_fails_and_a_batch_that_does_not_split_fails():
     assert v["batch"]["finding"] == "8 completions do not split into 3 process(es) x micro-batches of 4"
 
 
+def test_a_reward_that_cannot_be_reached_fails_the_probe_and_every_other_check_still_runs():
+    """A judge nobody serves: the probe's scoring raises, which ended `grpo doctor` with an error and no verdicts (no
+    JSON with --json); it is the reward probe's finding, with the batch and memory checks beside it."""
+    judge = "{name: judge, kwargs: {base_url: 'http://127.0.0.1:1/v1', model: m}}"
+    code, v = doctor(f"rewards=[{judge}]")
+    assert code == 2 and v["reward probe"]["severity"] == "fail", v.get("reward probe")
+    assert "reward 'judge' failed" in v["reward probe"]["finding"] and "Connection refused" in v["reward probe"]["finding"]
+    assert v["batch"]["severity"] == "ok" and "memory plan" in v
+
+
+def test_a_group_judge_split_over_processes_fails_the_batch_check():
+    """The launcher refuses a layout whose process slices split a group a group judge ranks (trainer/layout.py);
+    doctor says so too: 8 rows over 4 processes are 2 a process, half of a G = 4 group each."""
+    judge = "{name: judge, kwargs: {base_url: 'http://127.0.0.1:1/v1', model: m, mode: group}}"
+    code, v = doctor("--num-processes", "4", "train.micro_batch_size=2", f"rewards=[{judge}]")
+    assert code == 2 and v["batch"]["severity"] == "fail", v["batch"]
+    assert "ranks each prompt's 4 completions together, but 2 rows a process" in v["batch"]["finding"], v["batch"]
+    code, v = doctor("--num-processes", "2", "train.micro_batch_size=2", f"rewards=[{judge}]")  # 4 a process: whole
+    assert v["batch"]["severity"] == "ok", v["batch"]
+
+
 def test_a_prompt_cut_by_the_limit_and_a_bad_field():
     code, v = doctor("data.max_prompt_length=8")
     assert v["first prompt"]["severity"] == "warn"
