@@ -113,13 +113,19 @@ def test_kept_sets_equal_vllms_own_truncation():
 # --------------------------------------------------------------------------- the draw (InverseCDFDraw)
 
 
-def _drawn(logits: torch.Tensor, temperature: float, rows: int, seed: int) -> torch.Tensor:
+def _drawn(logits: torch.Tensor, temperature: float, rows: int, seed: int, chunk: int = 100) -> torch.Tensor:
+    """`rows` draws from one row of logits, `chunk` rows a call (a call's scores are [chunk, V]: 20,000 rows of a
+    49,152-token vocabulary at once would be 4 GB a tensor)."""
     from grpo_cli.algo.sampling import InverseCDFDraw
 
     torch.manual_seed(seed)
-    out = InverseCDFDraw(temperature)(torch.zeros(rows, 1, dtype=torch.long), logits.expand(rows, -1).clone())
-    assert (torch.isfinite(out).sum(-1) == 1).all() and (out.max(-1).values == 0).all()  # one token left a row
-    return out.argmax(-1)
+    drawn = []
+    for start in range(0, rows, chunk):
+        n = min(chunk, rows - start)
+        out = InverseCDFDraw(temperature)(torch.zeros(n, 1, dtype=torch.long), logits.expand(n, -1).clone())
+        assert (torch.isfinite(out).sum(-1) == 1).all() and (out.max(-1).values == 0).all()  # one token left a row
+        drawn.append(out.argmax(-1))
+    return torch.cat(drawn)
 
 
 def test_the_draw_has_the_softmax_distribution():
