@@ -14,7 +14,7 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      whole ("The answer is (C).", "So the answer is 2x + 3.");
   3. concluded: in the last sentence that holds a number, the clause from its last conclusion word ("so",
      "thus", "therefore", "hence", "in total", "altogether", "overall"; not "so far", "so that") gives the
-     number after its last result link (=, is, are, equals, gives, makes, yields, has, holds, costs, leaves,
+     number after its last result link (=, is, are, equals, gives, makes, yields, has, costs, pays, leaves,
      ... "So 5 apples and 3 apples make 8": 8), or its first number when it has none ("so 42 marbles fit in 6
      jars": 42), unless one is a total ("so 6 more days: 16 days in total": 16); numbers right after a preposition
      ("in 6 jars", "after 2 hours", "more than 40") are passed over while the clause has others, and a trailing
@@ -24,10 +24,10 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      conditions or scopes what the sentence stated. Left out: a closing paragraph that notes or checks ("Note: ...",
      "Check: 30 - 12 = 18") and a closing sentence that checks or compares ("That's 9 more than last year."), while
      a number comes before them; the sentence's tail after ", which is", ", i.e.", " - ", "since", "because", "if",
-     "when", "assuming", "given", "after ...ing", "for the/each", ", or about", a comparison (", 6 fewer than Amy"),
-     a range (", from 850 to 1,020"), a share (", 24 in each box", ", 75% of the 28"), a worth (", worth $7"),
-     what is left (", with $20 left over") or a purpose ("to complete his collection of 50"; "to get 48" where a
-     need is stated), unless a ", which is" tail
+     "when", "assuming", "given", "after ...ing", "for the/each", "for 6 cakes" (a count of things, not money),
+     ", or about", a comparison (", 6 fewer than Amy"), a range (", from 850 to 1,020"), a share (", 24 in each
+     box", ", or 25¢ each", ", 75% of the 28"), a worth (", worth $7"), what is left (", with $20 left over") or a
+     purpose ("to complete his collection of 50"; "to get 48" where a need is stated), unless a ", which is" tail
      computes what the sentence did not state ("we add 6 and 8, which is 6 + 8 = 14"), gives the count a stated
      share stands for ("40% of them walk, which is 12") or the rate of a quantity in a time ("18 km in 45 minutes,
      which is 24 km/h"), or an "if" tail goes on to a consequence ("if they share equally each gets 20 / 4 = 5");
@@ -36,7 +36,7 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      result the sentence links ("3 x $6 = $18 for 3 shirts": 18), and to the sentence's last number when it only
      says where the stated one came from or went to, what it is out of or its rate, or when the stated one is a rate
      ("$10 back from her $20 bill", "3 of the 12 eggs", "2.5 hours at 60 mph", "60 km/h over the 150 km trip"), not
-     in an appositive that names it ("1,020, an increase of 170").
+     where a link or an appositive names it ("gives an average of 84", "1,020, an increase of 170").
 A number is an integer, a decimal, scientific notation ("3.2e4", `3.2 \times 10^{4}`), a fraction ("3/4",
 `\frac{3}{4}`, `\dfrac34`), a mixed number ("3 3/4"), a time or a ratio ("11:30", "3:4"), not an ordinal ("4th")
 or a power's exponent; in rules 2 and 3, after a result link, and in a completion without digits, also the number
@@ -59,7 +59,7 @@ from decimal import Decimal
 from typing import Any, Callable
 
 from grpo_cli.rewards.clauses import (
-    AFTER_PREPOSITION, APPOSITIVE, CLOSING_COMMENT, COMPUTES, CONDITION, CONSEQUENCE, LINK, LINK_BEFORE, NEGATED, NOTE,
+    AFTER_PREPOSITION, CLOSING_COMMENT, COMPUTES, CONDITION, CONSEQUENCE, LINK, LINK_BEFORE, NAMED, NEGATED, NOTE,
     RATE_UNIT, REMARK, RESTATES, SOURCE, STATED_RATE, TIME_SCOPE, TOTAL_AFTER, closing_parenthesis, purpose_start,
     sentence_end, sentence_start,
 )
@@ -275,9 +275,10 @@ def _last_number_or_math(text: str) -> str | None:
     start = sentence_start(text, last.start())
     remark = _tail_start(text, start, last)
     before = [m for m in found if remark is not None and start <= m.start() < remark]
-    before = [m for m in before if not AFTER_PREPOSITION.search(text, start, m.start())] or before  # "12 of the 30"
+    before = [m for m in before if not AFTER_PREPOSITION.search(text, start, m.start())  # "12 of the 30"
+              or NAMED.search(text, start, m.start())] or before  # "336, and that gives an average of 84"
     if not before and AFTER_PREPOSITION.search(text, start, last.start()) and \
-            not APPOSITIVE.search(text, start, last.start()):  # "3 x $6 = $18 for 3 shirts": 18
+            not NAMED.search(text, start, last.start()):  # "3 x $6 = $18 for 3 shirts": 18
         results = [m for m in found if start <= m.start() and not AFTER_PREPOSITION.search(text, start, m.start())]
         source = results and (SOURCE.search(text, start, last.start())  # "$10 back from her $20 bill": 10
                               or RATE_UNIT.match(text, last.end()) or STATED_RATE.match(text, results[-1].end()))

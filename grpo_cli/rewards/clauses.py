@@ -9,7 +9,7 @@ import re
 
 LINK = re.compile(
     r"=|\\approx|≈|\b(?:is|are|was|were|equals?|gives?|makes?|yields?|comes\s+to|totals?|leaves?|has|have|had"
-    r"|holds?|contains?|costs?|gets?|earns?)\b", flags=re.IGNORECASE,
+    r"|holds?|contains?|costs?|gets?|earns?|pays?|paid|spends?|spent)\b", flags=re.IGNORECASE,
 )
 _ADJECTIVE = r"(?:(?:original|first|last|next|other|remaining|initial|whole|entire|same|previous|following)\s+)?"
 # a number right after a preposition is context ("in 6 jars", "after 2 hours", "more than 40"), not a result
@@ -39,8 +39,10 @@ NEED = re.compile(r"\b(?:needs?|needed|must|requires?|required|has\s+to|have\s+t
 PURPOSE = re.compile(r"\s(?:in\s+order\s+)?to\s+(?:get|make|have|buy|obtain|reach)\b", flags=re.IGNORECASE)
 # a number the clause calls a total ("16 days in total", "8 packs in all", "5 buses altogether")
 TOTAL_AFTER = re.compile(r"(?:\s+[a-z]+){0,2}\s+(?:in\s+total|in\s+all|altogether|all\s+told)\b", flags=re.IGNORECASE)
-# an appositive that names the stated number: "it had 1,020, an increase of 170": 170
-APPOSITIVE = re.compile(r",\s*(?:a|an)\s+(?:[a-z]+\s+){1,2}of\s+\$?$", flags=re.IGNORECASE)
+# a number a result link or an appositive names, after "of" without being context: "dividing by 4 gives an average
+# of 84": 84; "it had 1,020, an increase of 170": 170
+NAMED = re.compile(r"(?:,|\b(?:is|are|was|were|gives?|giving|makes?|making|yields?|has|have|had|comes\s+to|costs?"
+                   r"|earns?|reach(?:es|ed)?))\s*(?:a|an)\s+(?:[a-z]+\s+){1,2}of\s+\$?$", flags=re.IGNORECASE)
 # a scope or purpose ends where a new statement begins: "3 choices for the first digit and 4 for the second, giving 12"
 _NO_STATEMENT = r"(?![^.!?\n]*(?:=|[:;]|\b(?:giv(?:es|ing)|makes?|is|are|was|were|equals?|totals?|costs?)\b))"
 # what follows a statement's number without being its result: a comment (", which is", "(", ", i.e.", " - "), a
@@ -49,6 +51,8 @@ _NO_STATEMENT = r"(?![^.!?\n]*(?:=|[:;]|\b(?:giv(?:es|ing)|makes?|is|are|was|wer
 _TAIL = (r",\s*(?:which|that)\s+(?:is|was|are|were)\b|,\s*i\.e\.|\s[—–]\s|,?\s(?:since|because|if|when|whenever"
          r"|assuming|given|provided|unless)\b|,?\s(?:after|before|once|while)\s+\w+ing\b"
          rf"|\sfor\s+(?:the|all|each|every|its|his|her|their|my|your|our)\s{_NO_STATEMENT}"
+         # ... or for a count of things, not of money: "15 cups of flour for 6 cakes" (but "4 packs for 12 dollars")
+         rf"|\sfor\s+\d[\d,.]*\s+(?!(?:dollar|cent|euro|pound|buck|yen|rupee)s?\b)[a-z]{_NO_STATEMENT}"
          r"|\s(?:in\s+order\s+)?to\s+(?!(?:be|get|give|obtain|find|yield|make|equal|both|each|every|all|the|a|an|his"
          r"|her|their|its|my|your|our|him|them|me|us|it|about|around|nearly|approximately)\b)[a-z]{3,}\b"
          rf"{_NO_STATEMENT}"  # a purpose: "7 more stamps to complete his collection of 50"
@@ -56,7 +60,8 @@ _TAIL = (r",\s*(?:which|that)\s+(?:is|was|are|were)\b|,\s*i\.e\.|\s[—–]\s|,?
          r"|,\s*(?:(?:up|down|rising|falling|going)\s+)?from\s+\$?-?\$?\d"  # ", from 850 to 1,020", ", from -8 to 5"
          r"|,\s*(?:(?:which|that)(?:'s|\s+is|\s+was)\s+)?(?:about\s+|only\s+|just\s+)?\$?\d[\d,.]*\s*%?\s*"
          r"(?:[a-z]+\s+)?(?:more|less|fewer|[a-z]+er)\s+than\b"  # a comparison: ", 15 degrees colder than at noon"
-         r"|,\s*\$?\d[\d,.]*\s*(?:[a-z]+\s+)?(?:(?:in|per|for|to)\s+(?:each|every)|each|apiece)\b"  # ", 24 in each box"
+         r"|,\s*(?:or\s+)?\$?\d[\d,.]*\s*[¢%]?\s*(?:[a-z]+\s+)?(?:(?:in|per|for|to)\s+(?:each|every)|each|apiece)\b"
+         # ", 24 in each box", ", or 25¢ each"
          r"|,\s*with\s+\$?\d"  # ", with $20 left over"
          r"|,\s*worth\s"  # "28 quarters, worth $7"
          # ", 75% of the 28"

@@ -498,6 +498,32 @@ CLOSING_COMMENTS = rows(
     ("First guess: 7. Check: 3 + 5 = 8, so <answer>8</answer>", "8", 1.0),  # a marked answer counts wherever it is
 )
 
+# a number a result link names after "of" ("gives an average of 84"); a count of things a stated number is for ("15
+# cups for 6 cakes"); a per-item restatement after "or" (", or 25¢ each"): the stated number is the answer
+NAMED_SCOPES_EACH = rows(
+    ("The total is 336, and dividing by 4 tests gives an average of 84.", "84", 1.0),
+    ("The total is 336, and dividing by 4 tests gives an average of 84, which is 2 points above 82.", "84", 1.0),
+    ("Selling 40 cups at $2 brings in $80, which makes a profit of $30.", "30", 1.0),
+    ("The sides are 12 and 5, so the rectangle has an area of 60.", "60", 1.0),
+    ("Adding the 3 bonus points yields a final score of 91.", "91", 1.0),
+    ("It had 1,020, an increase of 170.", "170", 1.0),
+    ("The class has 28 students; 7 of them walk.", "7", 1.0),  # a number of a group, not named: unchanged
+    ("You need 15 cups of flour for 6 cakes.", "15", 1.0),
+    ("You need 15 cups of flour for six cakes.", "15", 1.0),
+    ("It takes 5 hours for 2 workers.", "5", 1.0),
+    ("She pays $18 for 3 shirts.", "18", 1.0),
+    ("He uses 42 eggs for 7 omelettes.", "42", 1.0),
+    ("He buys 4 packs for 12 dollars.", "12", 1.0),  # money after "for": the price, as before
+    ("The tickets cost $3 for 2 people, so 6 people pay $9.", "9", 1.0),  # paying is a result link
+    ("So 4 friends spend $36 in all.", "36", 1.0),
+    ("He has $20 and pays $5 for lunch, so he has $15 left.", "15", 1.0),
+    ("12 pencils: $3 total, or 25¢ each.", "3", 1.0),
+    ("They cost $3 total, or $0.25 each.", "3", 1.0),
+    ("It costs $3, or 25 cents each.", "3", 1.0),
+    ("The 6 friends pay $48, or $8 apiece.", "48", 1.0),
+    ("Each friend pays $8.", "8", 1.0),
+)
+
 # a decimal of three significant digits or more is the answer whose decimals never end, to its last digit
 ROUNDINGS = rows(
     ("The probability is 0.333.", "1/3", 1.0),
@@ -538,7 +564,8 @@ CLASSES = {"escaped_dollar": DOLLAR, "unicode_minus": MINUS, "inline_latex": LAT
            "stated_expressions": STATED_EXPRESSIONS, "compound_quantities": COMPOUND_QUANTITIES,
            "small_model_completions": SMALL_MODEL, "scopes_and_sources": SCOPES,
            "closing_comments": CLOSING_COMMENTS, "roundings": ROUNDINGS,
-           "chances_and_equations": CHANCES_AND_EQUATIONS, "totals_rates_ranges": TOTALS_RATES_RANGES}
+           "chances_and_equations": CHANCES_AND_EQUATIONS, "totals_rates_ranges": TOTALS_RATES_RANGES,
+           "named_scopes_each": NAMED_SCOPES_EACH}
 
 
 @pytest.mark.parametrize("completion, reference, expected, mode", [
