@@ -8,7 +8,8 @@ used to change it: set1 was written before the day's changes and then used to fi
 was written after 15cfb3e and used to fix two (723ffd7). From set3 on, each set was written before any of its misses
 were looked at, measured, then used to fix some: set3 to set6 before 8bf2ffb (on rules between 13b29c6 and 8bf2ffb
 that were never committed; bench/RESULTS.md gives each count), set7 before c007f5a, set8 before d16a24e, set9 before
-the commit after it, set10 on 868f539 before the commit after it, set11 on e3ba026 likewise. FRESH_FOR names the commits each set can measure.
+the commit after it, set10 on 868f539 before the commit after it, set11 on e3ba026 likewise. FRESH_FOR names the
+commits each set can measure.
 
     .venv/bin/python bench/answer_agreement.py [--show]     # --show: each disagreement
 
