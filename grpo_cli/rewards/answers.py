@@ -22,21 +22,22 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      gives the expression ("The line is y = 3x - 4.");
   4. otherwise the last sentence (or line) with a number states it: its last number, unless that only comments,
      conditions or scopes what the sentence stated. Left out: a closing paragraph that notes or checks ("Note: ...",
-     "Check: 30 - 12 = 18") and a closing sentence that checks or compares ("That's 9 more than last year."), while
-     a number comes before them; the sentence's tail after ", which is", ", i.e.", " - ", "since", "because", "if",
-     "when", "assuming", "given", "after ...ing", "for the/each", "for 6 cakes" (a count of things, not money),
-     ", or about", a comparison (", 6 fewer than Amy"), a range (", from 850 to 1,020"), a share (", 24 in each
-     box", ", or 25¢ each", ", 75% of the 28"), a worth (", worth $7"), what is left (", with $20 left over") or a
-     purpose ("to complete his collection of 50"; "to get 48" where a need is stated), unless a ", which is" tail
-     computes what the sentence did not state ("we add 6 and 8, which is 6 + 8 = 14"), gives the count a stated
-     share stands for ("40% of them walk, which is 12") or the rate of a quantity in a time ("18 km in 45 minutes,
-     which is 24 km/h"), or an "if" tail goes on to a consequence ("if they share equally each gets 20 / 4 = 5");
-     the time the stated number took, right after it ("$45 in 3 weeks"); a breakdown after a colon that follows a
-     stated number; a parenthesis that ends the sentence. A last number right after a preposition gives way to a
-     result the sentence links ("3 x $6 = $18 for 3 shirts": 18), and to the sentence's last number when it only
-     says where the stated one came from or went to, what it is out of or its rate, or when the stated one is a rate
-     ("$10 back from her $20 bill", "3 of the 12 eggs", "2.5 hours at 60 mph", "60 km/h over the 150 km trip"), not
-     where a link or an appositive names it ("gives an average of 84", "1,020, an increase of 170").
+     "Check: 30 - 12 = 18") and a closing sentence that checks or compares ("That's 9 more than last year."), while a
+     number comes before them; the sentence's tail after ", which is", ", i.e.", " - ", "since", "because", "if",
+     "when", "assuming", "given", "after ...ing", "for the/each", "for 6 cakes" (a count of things, not money), ", or
+     about", a comparison (", 6 fewer than Amy"), a range (", from 850 to 1,020"), a share (", 24 in each box", ", or
+     25¢ each", ", 75% of the 28"), a worth (", worth $7"), what is left (", with $20 left over"), a time from an
+     event (", 55 minutes after it left") or a purpose ("to complete his collection of 50"; "to get 48" where a need
+     is stated), unless a ", which is" tail computes what the sentence did not state ("we add 6 and 8, which is 6 + 8
+     = 14"), gives the count a stated share stands for ("40% of them walk, which is 12") or the rate of a quantity in
+     a time ("18 km in 45 minutes, which is 24 km/h"), or an "if" tail goes on to a consequence ("if they share
+     equally each gets 20 / 4 = 5"); the time the stated number took, right after it ("$45 in 3 weeks"); a breakdown
+     after a colon that follows a stated number; a parenthesis that ends the sentence. A last number right after a
+     preposition gives way to a result the sentence links ("3 x $6 = $18 for 3 shirts": 18), and to the sentence's
+     last number when it only says where the stated one came from or went to, what it is out of or its rate, or when
+     the stated one is a rate ("$10 back from her $20 bill", "3 of the 12 eggs", "2.5 hours at 60 mph", "60 km/h over
+     the 150 km trip"), not where a link, "at" or an appositive names it ("gives an average of 84", "1,020, an
+     increase of 170").
 A number is an integer, a decimal, scientific notation ("3.2e4", `3.2 \times 10^{4}`), a fraction ("3/4",
 `\frac{3}{4}`, `\dfrac34`), a mixed number ("3 3/4"), a time or a ratio ("11:30", "3:4"), not an ordinal ("4th")
 or a power's exponent; in rules 2 and 3, after a result link, and in a completion without digits, also the number
@@ -275,11 +276,11 @@ def _last_number_or_math(text: str) -> str | None:
     start = sentence_start(text, last.start())
     remark = _tail_start(text, start, last)
     before = [m for m in found if remark is not None and start <= m.start() < remark]
-    before = [m for m in before if not AFTER_PREPOSITION.search(text, start, m.start())  # "12 of the 30"
-              or NAMED.search(text, start, m.start())] or before  # "336, and that gives an average of 84"
-    if not before and AFTER_PREPOSITION.search(text, start, last.start()) and \
-            not NAMED.search(text, start, last.start()):  # "3 x $6 = $18 for 3 shirts": 18
-        results = [m for m in found if start <= m.start() and not AFTER_PREPOSITION.search(text, start, m.start())]
+    def context(m) -> bool:  # after a preposition ("12 of the 30"), unless named ("gives an average of 84")
+        return bool(AFTER_PREPOSITION.search(text, start, m.start())) and not NAMED.search(text, start, m.start())
+    before = [m for m in before if not context(m)] or before
+    if not before and context(last):  # "3 x $6 = $18 for 3 shirts": 18
+        results = [m for m in found if start <= m.start() and not context(m)]
         source = results and (SOURCE.search(text, start, last.start())  # "$10 back from her $20 bill": 10
                               or RATE_UNIT.match(text, last.end()) or STATED_RATE.match(text, results[-1].end()))
         before = [_linked_number(text, start, last.end(), results) or (results[-1] if source else last)]

@@ -39,10 +39,10 @@ NEED = re.compile(r"\b(?:needs?|needed|must|requires?|required|has\s+to|have\s+t
 PURPOSE = re.compile(r"\s(?:in\s+order\s+)?to\s+(?:get|make|have|buy|obtain|reach)\b", flags=re.IGNORECASE)
 # a number the clause calls a total ("16 days in total", "8 packs in all", "5 buses altogether")
 TOTAL_AFTER = re.compile(r"(?:\s+[a-z]+){0,2}\s+(?:in\s+total|in\s+all|altogether|all\s+told)\b", flags=re.IGNORECASE)
-# a number a result link or an appositive names, after "of" without being context: "dividing by 4 gives an average
-# of 84": 84; "it had 1,020, an increase of 170": 170
+# a number a result link, an appositive or "at" names, after "of" without being context: "dividing by 4 gives an
+# average of 84": 84; "it had 1,020, an increase of 170": 170; "it travels at an average of 80 km/h": 80
 NAMED = re.compile(r"(?:,|\b(?:is|are|was|were|gives?|giving|makes?|making|yields?|has|have|had|comes\s+to|costs?"
-                   r"|earns?|reach(?:es|ed)?))\s*(?:a|an)\s+(?:[a-z]+\s+){1,2}of\s+\$?$", flags=re.IGNORECASE)
+                   r"|earns?|reach(?:es|ed)?|at|with))\s*(?:a|an)\s+(?:[a-z]+\s+){1,2}of\s+\$?$", flags=re.IGNORECASE)
 # a scope or purpose ends where a new statement begins: "3 choices for the first digit and 4 for the second, giving 12"
 _NO_STATEMENT = r"(?![^.!?\n]*(?:=|[:;]|\b(?:giv(?:es|ing)|makes?|is|are|was|were|equals?|totals?|costs?)\b))"
 # what follows a statement's number without being its result: a comment (", which is", "(", ", i.e.", " - "), a
@@ -63,6 +63,8 @@ _TAIL = (r",\s*(?:which|that)\s+(?:is|was|are|were)\b|,\s*i\.e\.|\s[—–]\s|,?
          r"|,\s*(?:or\s+)?\$?\d[\d,.]*\s*[¢%]?\s*(?:[a-z]+\s+)?(?:(?:in|per|for|to)\s+(?:each|every)|each|apiece)\b"
          # ", 24 in each box", ", or 25¢ each"
          r"|,\s*with\s+\$?\d"  # ", with $20 left over"
+         # a time from an event: "8:35, 55 minutes after it left", "on day 12, 3 days before the deadline"
+         r"|,\s*\d[\d,.]*\s*(?:second|minute|hour|day|week|month|year)s?\s+(?:after|before|later|earlier|since)\b"
          r"|,\s*worth\s"  # "28 quarters, worth $7"
          # ", 75% of the 28"
          r"|,\s*(?:about\s+|only\s+|just\s+)?\d[\d.,/]*\s*%?\s+of\s+(?:the|all|his|her|their|its)\b")

@@ -498,8 +498,9 @@ CLOSING_COMMENTS = rows(
     ("First guess: 7. Check: 3 + 5 = 8, so <answer>8</answer>", "8", 1.0),  # a marked answer counts wherever it is
 )
 
-# a number a result link names after "of" ("gives an average of 84"); a count of things a stated number is for ("15
-# cups for 6 cakes"); a per-item restatement after "or" (", or 25¢ each"): the stated number is the answer
+# a number a result link or "at" names after "of" ("gives an average of 84"); a count of things a stated number is
+# for ("15 cups for 6 cakes"); a per-item restatement after "or" (", or 25¢ each"); a time from an event after the
+# stated number (", 55 minutes after it left"): the stated number is the answer
 NAMED_SCOPES_EACH = rows(
     ("The total is 336, and dividing by 4 tests gives an average of 84.", "84", 1.0),
     ("The total is 336, and dividing by 4 tests gives an average of 84, which is 2 points above 82.", "84", 1.0),
@@ -522,6 +523,15 @@ NAMED_SCOPES_EACH = rows(
     ("It costs $3, or 25 cents each.", "3", 1.0),
     ("The 6 friends pay $48, or $8 apiece.", "48", 1.0),
     ("Each friend pays $8.", "8", 1.0),
+    ("It travels at an average of 80 km/h over the 180 km.", "80", 1.0),  # "at" names it too
+    ("The train moves at an average speed of 90 km/h over the 270 km.", "90", 1.0),
+    ("The runner keeps a pace of 12 km/h for 2 hours.", "12", 1.0),
+    # a time from an event after the stated number
+    ("Arrival time: 8:35, 55 minutes after it left.", "8:35", 1.0),
+    ("The shop opens at 9:15, 45 minutes after the bakery.", "9:15", 1.0),
+    ("She finishes on day 12, 3 days before the deadline.", "12", 1.0),
+    ("The cake is ready at 4:50, 20 minutes later.", "4:50", 1.0),
+    ("It left at 7:40 and arrived 55 minutes later.", "55", 1.0),  # no stated number before it: the statement
 )
 
 # a decimal of three significant digits or more is the answer whose decimals never end, to its last digit
