@@ -42,7 +42,7 @@ TOTAL_AFTER = re.compile(r"(?:\s+[a-z]+){0,2}\s+(?:in\s+total|in\s+all|altogethe
 # a number a result link, an appositive or "at" names, after "of" without being context: "dividing by 4 gives an
 # average of 84": 84; "it had 1,020, an increase of 170": 170; "it travels at an average of 80 km/h": 80
 NAMED = re.compile(r"(?:,|\b(?:is|are|was|were|gives?|giving|makes?|making|yields?|has|have|had|comes\s+to|costs?"
-                   r"|earns?|reach(?:es|ed)?|at|with))\s*(?:a|an)\s+(?:[a-z]+\s+){1,2}of\s+\$?$", flags=re.IGNORECASE)
+                   r"|earns?|reach(?:es|ed)?|at))\s*(?:a|an)\s+(?:[a-z]+\s+){1,2}of\s+\$?$", flags=re.IGNORECASE)
 # a scope or purpose ends where a new statement begins: "3 choices for the first digit and 4 for the second, giving 12"
 _NO_STATEMENT = r"(?![^.!?\n]*(?:=|[:;]|\b(?:giv(?:es|ing)|makes?|is|are|was|were|equals?|totals?|costs?)\b))"
 # what follows a statement's number without being its result: a comment (", which is", "(", ", i.e.", " - "), a

@@ -526,6 +526,7 @@ NAMED_SCOPES_EACH = rows(
     ("It travels at an average of 80 km/h over the 180 km.", "80", 1.0),  # "at" names it too
     ("The train moves at an average speed of 90 km/h over the 270 km.", "90", 1.0),
     ("The runner keeps a pace of 12 km/h for 2 hours.", "12", 1.0),
+    ("The team scored 45 points with an average of 15 per game.", "45", 1.0),  # "with" names no result
     # a time from an event after the stated number
     ("Arrival time: 8:35, 55 minutes after it left.", "8:35", 1.0),
     ("The shop opens at 9:15, 45 minutes after the bakery.", "9:15", 1.0),
