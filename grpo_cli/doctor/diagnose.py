@@ -13,7 +13,7 @@ def diagnose(recipe_path: Path, overrides: list[str], processes: int = 1, resume
     from grpo_cli.data.checks import check_data
     from grpo_cli.data.epochs import with_epoch_steps
     from grpo_cli.doctor.memory import PROMPT_ROWS, check_memory, prompt_lengths
-    from grpo_cli.doctor.preflight import PROBE_ROWS, check_batch, check_prompt, probe_rewards
+    from grpo_cli.doctor.preflight import PROBE_ROWS, check_batch, check_prompt, check_served_teacher, probe_rewards
     from grpo_cli.doctor.versions import check_versions
     from grpo_cli.preflight import resolve
     from grpo_cli.recipe.files import load_recipe
@@ -41,6 +41,8 @@ def diagnose(recipe_path: Path, overrides: list[str], processes: int = 1, resume
     verdicts += [check_batch(r, processes, rows), check_prompt(r, batch, tokenizer, config),
                  check_memory(r, config, processes, lengths, _config(r.distillation.teacher) if r.distillation and r.distillation.teacher else None),
                  probe_rewards(r, batch, tokenizer)]
+    if r.distillation is not None and r.distillation.served is not None:
+        verdicts.append(check_served_teacher(r, batch, tokenizer))
     if resume_steps:
         from grpo_cli.doctor.resume_check import resume_check
 

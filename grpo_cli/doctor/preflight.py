@@ -171,3 +171,31 @@ def probe_rewards(recipe, batch, tokenizer) -> Verdict:
 
 def _fmt(v: float | None) -> str:
     return "none" if v is None else f"{v:g}"
+
+
+def check_served_teacher(recipe, batch, tokenizer) -> Verdict:
+    """distillation.served: the server's tokenizer gives the policy's ids (the run's own start check), and it scores
+    the first prompt with a short answer as the run will each micro-batch (prompt log-probs, token ids in)."""
+    import torch
+
+    from grpo_cli.datatypes import Rollout
+    from grpo_cli.errors import SetupError, VLLMServerError
+    from grpo_cli.trainer.teacher import ServedTeacher
+
+    s = recipe.distillation.served
+    teacher = ServedTeacher(s.base_url, s.model, s.api_key_env, min(s.timeout_s, 30.0), batch=1)
+    prompt = torch.tensor([list(batch.input_ids[0])])
+    completion = torch.tensor([tokenizer("The answer is 42.", add_special_tokens=False)["input_ids"]])
+    rollout = Rollout(prompt_ids=prompt, prompt_mask=torch.ones_like(prompt), completion_ids=completion,
+                      completion_mask=torch.ones_like(completion), truncated=torch.zeros(1, dtype=torch.bool),
+                      prompts=[batch.texts[0]], completions=["The answer is 42."])
+    try:
+        teacher.check_tokenizer(tokenizer)
+        logps = teacher(rollout)[0]
+    except (SetupError, VLLMServerError) as e:
+        return Verdict("served teacher", "fail", str(e), [f"{s.base_url}, model {s.model!r}"],
+                       "start the teacher's vLLM server (docs/algorithms.md, On-policy distillation) or fix "
+                       "distillation.served")
+    return Verdict("served teacher", "ok", f"{s.model!r} at {s.base_url}: the policy's tokenizer, and it scores the "
+                                           f"first prompt's answer ({len(logps)} tokens, mean log-prob "
+                                           f"{float(logps.mean()):.2f})", [f"log-probs: {logps.tolist()}"])

@@ -59,6 +59,17 @@ def test_a_reward_that_cannot_be_reached_fails_the_probe_and_every_other_check_s
     assert v["batch"]["severity"] == "ok" and "memory plan" in v
 
 
+def test_a_served_teacher_nobody_serves_fails_its_check():
+    """distillation.served at an address nothing listens on: the run would stop before step 1; doctor says so in its
+    own verdict (tests/trainer/test_distillation.py checks a real one)."""
+    code, v = doctor("rewards=[]", "distillation={served: {base_url: 'http://127.0.0.1:1/v1', model: teacher}}")
+    assert code == 2 and v["served teacher"]["severity"] == "fail", v.get("served teacher")
+    assert "could not read the teacher's tokenizer at http://127.0.0.1:1/tokenize" in v["served teacher"]["finding"]
+    assert v["batch"]["severity"] == "ok" and v["memory plan"]["severity"] != "fail"
+    code, v = doctor()
+    assert "served teacher" not in v  # no distillation, no such check
+
+
 def test_a_group_judge_split_over_processes_fails_the_batch_check():
     """The launcher refuses a layout whose process slices split a group a group judge ranks (trainer/layout.py);
     doctor says so too: 8 rows over 4 processes are 2 a process, half of a G = 4 group each."""

@@ -1,6 +1,7 @@
 """On-policy distillation (issue 39 item 2): a teacher scores each token the policy sampled and lambda (log pi_T -
 log pi_S) is added to that token's advantage, alone (rewards: []) or beside the rewards."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -170,6 +171,24 @@ def test_a_served_teacher_gives_the_local_teachers_log_probs(models, served_teac
     served.check_tokenizer(AutoTokenizer.from_pretrained(base))
     with pytest.raises(SetupError, match="the teacher's tokenizer is not the policy's"):
         served.check_tokenizer(tiny_tokenizer())
+
+
+@pytest.mark.vllm
+def test_doctor_checks_a_served_teacher_as_the_run_will_use_it(models, served_teacher):
+    """`grpo doctor` asks the server for its tokenizer and for the log-probs of the first prompt's answer: ok against
+    the real one (the log-probs are the teacher's own, negative and finite), a fail naming the server's refusal for a
+    model it does not serve."""
+    def doctor(model: str) -> dict:
+        p = cli("doctor", "recipes/ci-tiny.yaml", "--json", "rewards=[]",
+                f"distillation={{served: {{base_url: '{served_teacher}', model: {model}}}}}")
+        return {v["check"]: v for v in json.loads(p.stdout)["verdicts"]}["served teacher"]
+
+    v = doctor("teacher")
+    assert v["severity"] == "ok" and "the policy's tokenizer" in v["finding"], v
+    logps = json.loads(v["evidence"][0].removeprefix("log-probs: "))
+    assert len(logps) >= 4 and all(-30 < x < 0 for x in logps), logps
+    v = doctor("no-such-model")
+    assert v["severity"] == "fail" and "HTTP 404" in v["finding"], v
 
 
 @pytest.mark.vllm
