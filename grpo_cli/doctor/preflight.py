@@ -122,8 +122,8 @@ def probe_rewards(recipe, batch, tokenizer) -> Verdict:
     ids = [tokenizer(c, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id or 0] for c in completions]
     users = user_prompts(recipe.data, columns) if any(is_reward_model(s.name) for s in specs) else None
     try:
-        result = score(specs, prompts, completions, ids, {"max_completion_length": [recipe.rollout.max_completion_length]
-                                                          * len(completions), **columns}, user_prompts=users)
+        limits = [recipe.rollout.max_completion_length] * len(completions)
+        result = score(specs, prompts, completions, ids, {"max_completion_length": limits, **columns}, user_prompts=users)
     except RewardError as e:  # a judge or remote reward nobody answers for: the run would stop at its first step
         return Verdict("reward probe", "fail", str(e).splitlines()[0], str(e).splitlines()[1:],
                        "start what the reward calls (its server, its judge) or fix its address, then run doctor again")
