@@ -5,6 +5,8 @@ undiscounted, each token on its own). Added to GRPO's advantages with a weight, 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -20,3 +22,14 @@ def reverse_kl_per_token(teacher: torch.Tensor, student: torch.Tensor, sampled: 
     in (trainer/teacher.py)."""
     m = sampled.to(teacher.dtype)
     return float(((student - teacher) * m).sum()), float(m.sum())
+
+
+@dataclass
+class TeacherTerm:
+    """The teacher's part for an update that adds the per-token term itself, with the student's log-probs from its own
+    forward of the old policy (one student forward fewer a step): `teacher` [n, T] log pi_T of the sampled tokens,
+    `weight` lambda; the update fills `student` [n, T], the log pi_S it used."""
+
+    teacher: torch.Tensor
+    weight: float
+    student: torch.Tensor | None = None

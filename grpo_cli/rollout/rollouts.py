@@ -124,9 +124,10 @@ class Sampled:
             metrics |= episode_metrics(self._episode_counts(), self.recipe.rollout, self.procs.total,
                                        tools=self.episodes.uses_tools, splits=self.episodes.splits)
         columns = [[math.nan if v is None else v for v in col] for col in rewards.per_function.values()]
+        per_function = torch.tensor(columns, dtype=torch.float32).reshape(len(columns), len(rollout))  # [K, n]
         return StepBatch(
             prompts=batch, rollout=rollout, rewards=rewards, rows=self.rows, total=chosen.total,
-            per_function=self.procs.gather(torch.tensor(columns, dtype=torch.float32).T.contiguous()),  # [N, K]
+            per_function=self.procs.gather(per_function.T.contiguous()),  # [N, K]
             weights=[spec.weight for spec in self.recipe.rewards],
             steps={name: self.procs.gather_rows(col) for name, col in rewards.steps.items()}, metrics=metrics,
         )

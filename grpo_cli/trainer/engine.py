@@ -180,8 +180,10 @@ class Engine:
             adv = step_advantages(s, a.num_generations, a.scale_rewards, a.multi_objective_aggregation,
                                   a.advantage_estimator)  # [n], or [n, T] with step rewards
             mask = trained_mask(s.rollout, a.mask_truncated_completions)  # [n, T]: the tokens the policy sampled
-            adv = self.teacher.advise(adv, s.rollout, mask)  # on-policy distillation: + lambda log(pi_T / pi_S) a token
-            stats = self.update(s.rollout, adv.local, mask, clock.memory)  # mu clipped policy updates
+            # on-policy distillation: + lambda log(pi_T / pi_S) a token, in the update's own forward where it can
+            adv, term = self.teacher.before_update(adv, s.rollout, mask, self.update.keeps_layout(s.rollout))
+            stats = self.update(s.rollout, adv.local, mask, clock.memory, term)  # mu clipped policy updates
+            adv = self.teacher.advised(adv, term, mask)  # the advantages as trained, for the logs
             self.reference.after_update(step, policy)  # the outer loop: pi_ref <- pi_theta every M steps
             measured = self.reward_models.observe(step, s)  # the last line: the reward model learns from this step
         with clock("sync"):

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 
 from grpo_cli.algo.advantages import Advantages
-from grpo_cli.algo.distillation import reverse_kl_advantages, reverse_kl_per_token
+from grpo_cli.algo.distillation import TeacherTerm, reverse_kl_advantages, reverse_kl_per_token
 from grpo_cli.datatypes import Rollout
 from grpo_cli.errors import SetupError, VLLMServerError
 from grpo_cli.rewards.remote import JsonEndpoint, RequestFailed
@@ -29,11 +29,29 @@ class Teacher:
         self.sums: tuple[float, float] = (0.0, 0.0)
 
     def advise(self, adv: Advantages, rollout: Rollout, sampled: torch.Tensor) -> Advantages:
-        """The advantages with lambda (log pi_T - log pi_S) added to each sampled token ([n] become [n, T])."""
+        """The advantages with lambda (log pi_T - log pi_S) added to each sampled token ([n] become [n, T]), the
+        student's log-probs from a forward of their own."""
         if self.teacher is None:
             return adv
         mine = self.student(rollout)
-        teacher = self.teacher(rollout).to(mine.device, mine.dtype)
+        return self._added(adv, self.teacher(rollout).to(mine.device, mine.dtype), mine, sampled)
+
+    def before_update(self, adv: Advantages, rollout: Rollout, sampled: torch.Tensor,
+                      inline: bool) -> tuple[Advantages, TeacherTerm | None]:
+        """`inline` (the update trains the rows as given: `PolicyUpdate.keeps_layout`): the advantages unchanged and the
+        teacher's log-probs, for the update to add the term with the student's from its own forward (one forward
+        fewer); else the advantages with the term added here (`advise`), and None."""
+        if self.teacher is not None and inline:
+            return adv, TeacherTerm(self.teacher(rollout), self.weight)
+        return self.advise(adv, rollout, sampled), None
+
+    def advised(self, adv: Advantages, term: TeacherTerm | None, sampled: torch.Tensor) -> Advantages:
+        """After an update that added `term` itself: the advantages as it trained on them (for the logs), and the KL."""
+        if term is None:
+            return adv
+        return self._added(adv, term.teacher.to(term.student.device, term.student.dtype), term.student, sampled)
+
+    def _added(self, adv: Advantages, teacher: torch.Tensor, mine: torch.Tensor, sampled: torch.Tensor) -> Advantages:
         per_token = reverse_kl_advantages(teacher, mine, sampled.to(mine.device), self.weight)
         self.sums = reverse_kl_per_token(teacher, mine, sampled.to(mine.device))
         local = adv.local.to(per_token.device)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from grpo_cli.algo.distillation import TeacherTerm, reverse_kl_advantages
 from grpo_cli.algo.entropy import EntropyControl
 from grpo_cli.algo.logprobs import logps_no_grad, token_logprobs
 from grpo_cli.algo.losses import LossConfig, SEQUENCE_METRICS, compute_loss, entropy_mask, sampler_correction
@@ -85,6 +86,7 @@ class Window:
     mask: torch.Tensor  # [n, T] the tokens trained on
     old: torch.Tensor | None = None  # [n, T] the old policy's log-probs, once known (mu > 1)
     ref: torch.Tensor | None = None  # [n, T] the reference's log-probs (beta > 0)
+    teacher: TeacherTerm | None = None  # on-policy distillation, the term added here (student: the old log-probs)
     num_active: float | None = None  # active tokens of the whole generation batch (dapo, cispo, vespo)
     loss_scale: float = 1.0  # what each micro-batch's loss is multiplied by before backward
     micro_batches: int = 1  # per optimizer step
@@ -127,13 +129,18 @@ class PolicyUpdate:
         self.nonfinite = NonFiniteSteps(recipe.train.max_nonfinite_steps, procs, check_grads=unscaled)
         self.named = [(n, p) for n, p in accelerator.unwrap_model(model).named_parameters() if p.requires_grad]
 
-    def __call__(self, rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor, memory=None) -> MetricSums:
+    def __call__(self, rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor, memory=None,
+                 teacher: TeacherTerm | None = None) -> MetricSums:
         """`adv`: [n] per completion or [n, T] per token; `mask` [n, T]: the tokens trained on (an episode split where
         its history changed trains as several rows, grpo_cli/trainer/samples.py). `memory`: a
         grpo_cli.process.memory.PhasePeaks, which records the peak memory of the reference's forwards, of forward and
-        backward, and of the optimizer step."""
+        backward, and of the optimizer step. `teacher`: on-policy distillation's term, added to each micro-batch's
+        advantages with the old policy's log-probs as the student's (filled into `teacher.student`); only where the
+        rows are trained as given (`keeps_layout`)."""
         a, t = self.recipe.algorithm, self.recipe.train
         phase = memory if memory is not None else _unmeasured
+        if teacher is not None and not self.keeps_layout(rollout):
+            raise ValueError("a teacher term needs the rows trained as given (keeps_layout)")
         rollout, adv, mask = training_rows(rollout, adv, mask, self.procs)  # a split episode: a row per sample
         rollout, adv, mask = dealt(rollout, adv, mask, self.procs, t.mini_batches)  # the same steps on any count
         minis = mini_batches(len(rollout), t.mini_batches, t.micro_batch_size)
@@ -146,6 +153,11 @@ class PolicyUpdate:
             w = self.window(rollout, adv.to(mask.device), mask, len(minis[0]), mini_batches=len(minis),
                             old=self._logps_no_grad(self.model, rollout, slices) if separate_old else None,
                             ref=self._ref_logps(rollout, slices) if self.loss.beta > 0 else None)
+        if teacher is not None:
+            w.teacher = teacher
+            # log-probs are float32 (algo/logprobs.py), whatever the autocast
+            teacher.teacher = teacher.teacher.to(mask.device)
+            teacher.student = torch.zeros(mask.shape, device=mask.device)
         sums = MetricSums()
         sums.add_scalar("learning_rate", self.scheduler.get_last_lr()[0])
         self.nonfinite.new_step()
@@ -175,6 +187,13 @@ class PolicyUpdate:
                     sums.add_scalar("entropy_coef", self.entropy.coef)
                     w.entropy_sums = [0.0, 0.0]
         return sums
+
+    def keeps_layout(self, rollout: Rollout) -> bool:
+        """Whether the rows are trained as given, one to one and in order: no episode split into samples, no rows dealt
+        across processes by mini-batch (grpo_cli/trainer/samples.py)."""
+        P = self.procs.count
+        return ((rollout.segments is None or P == 1 and not any(rollout.segments))
+                and (P == 1 or self.recipe.train.mini_batches == 1))
 
     def window(self, rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor, micro_batches: int,
                old: torch.Tensor | None = None, ref: torch.Tensor | None = None, mini_batches: int = 1) -> Window:
@@ -209,12 +228,18 @@ class PolicyUpdate:
         if first:
             sums.add_tokens("entropy", entropy.detach(), m)
         old_sl = w.old[sl] if w.old is not None else logps.detach()
+        adv = w.adv[sl]
+        if w.teacher is not None:  # on-policy distillation: + lambda (log pi_T - log pi_S) a token, pi_S the old policy
+            if first:
+                w.teacher.student[sl] = old_sl
+            adv = (adv[:, None] if adv.dim() == 1 else adv) + reverse_kl_advantages(
+                w.teacher.teacher[sl].to(old_sl.dtype), old_sl, m, w.teacher.weight)
         weights = self._sampler_weights(rollout, sl, old_sl, m, sums if first else None)
         # the tokens the policy term trains on: the threshold over this micro-batch of every process (as TRL's)
         high = entropy_mask(entropy.detach(), m, q, self.procs.gather_ragged(entropy.detach()[m.bool()].float().cpu())
                             ) if q < 1 else None
         loss, lm = compute_loss(
-            self.loss, logps, old_sl, w.adv[sl], m, ref_logps=w.ref[sl] if w.ref is not None else None,
+            self.loss, logps, old_sl, adv, m, ref_logps=w.ref[sl] if w.ref is not None else None,
             num_active_tokens=w.num_active, token_weights=weights, policy_mask=high,
             sampling_logps=rollout.sampling_logps[sl] if rollout.sampling_logps is not None else None,
         )

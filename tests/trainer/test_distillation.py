@@ -80,6 +80,74 @@ def _distill(out: Path, teacher: Path | str, *args: str):
     return read_jsonl(out / "metrics.jsonl")
 
 
+def _policy_forwards_after_sampling(recipe, out: Path) -> dict[str, int]:
+    """Forwards of the policy between a step's sampling and its end, with and without grad, over a run."""
+    from grpo_cli.trainer.engine import Engine
+
+    engine = Engine(recipe, out)
+    seen = {"sampled": False, "grad": 0, "no_grad": 0}
+    sample = engine.rollouts.next
+
+    def next_batch(*args, **kwargs):
+        seen["sampled"] = False
+        batch = sample(*args, **kwargs)
+        seen["sampled"] = True
+        return batch
+
+    def count(module, args):
+        if seen["sampled"]:
+            seen["grad" if torch.is_grad_enabled() else "no_grad"] += 1
+
+    engine.rollouts.next = next_batch
+    engine.accelerator.unwrap_model(engine.policy).register_forward_pre_hook(count)
+    engine.fit()
+    return {k: v for k, v in seen.items() if k != "sampled"}
+
+
+@pytest.mark.filterwarnings("error:The use of `x.T`")  # rewards: [] gathered a 1-D tensor's transpose
+def test_the_student_runs_once_a_micro_batch_as_without_a_teacher(models, tmp_path):
+    """The student's log-probs are the old policy's, from the update's own forward: after sampling, a distillation step
+    runs the policy exactly as a step without a teacher does (the forwards with grad of each micro-batch, none
+    without); it ran a no-grad forward of every row besides."""
+    from grpo_cli.recipe.files import load_recipe
+
+    _, trained = models
+    common = ["train.max_steps=2", "checkpoint.every_steps=0", "eval=null"]
+    plain = load_recipe("recipes/ci-tiny.yaml", common)
+    taught = load_recipe("recipes/ci-tiny.yaml", [*common, "rewards=[]",
+                                                  f"distillation={{teacher: {{name_or_path: '{trained}'}}}}"])
+    without, with_teacher = (_policy_forwards_after_sampling(r, tmp_path / n) for r, n in ((plain, "a"), (taught, "b")))
+    assert without["no_grad"] == 0 and without["grad"] > 0
+    assert with_teacher == without, (with_teacher, without)
+
+
+@pytest.mark.parametrize("extra", [[], ["algorithm.num_iterations=2", "train.mini_batches=2"]], ids=["mu1", "mu2-k2"])
+def test_the_term_added_in_the_update_equals_the_term_added_before_it(models, tmp_path, extra):
+    """The update's own forward gives the student's log-probs (the old policy's: iteration 0's, or the separate old
+    forward of mini-batches); `advise` took them from a forward of its own before the update, which the update still
+    does where it deals rows to processes by mini-batch (`keeps_layout` False). Both give the same run."""
+    from grpo_cli.recipe.files import load_recipe
+    from grpo_cli.trainer.engine import Engine
+
+    _, trained = models
+    recipe = load_recipe("recipes/ci-tiny.yaml", ["train.max_steps=3", "checkpoint.every_steps=0", "eval=null",
+                                                  "train.learning_rate=3e-3", *extra,
+                                                  f"distillation={{teacher: {{name_or_path: '{trained}'}}}}"])
+    runs = {}
+    for inline in (True, False):
+        engine = Engine(recipe, tmp_path / str(inline))
+        if not inline:
+            engine.update.keeps_layout = lambda rollout: False
+        engine.fit()
+        weights = {n: p.detach().clone() for n, p in engine.accelerator.unwrap_model(engine.policy).named_parameters()}
+        runs[inline] = read_jsonl(tmp_path / str(inline) / "metrics.jsonl"), weights
+    (inline, w_inline), (before, w_before) = runs[True], runs[False]
+    for a, b in zip(inline, before):
+        for key in ("distillation/reverse_kl", "loss", "advantages/abs_mean", "grad_norm"):
+            assert abs(a[key] - b[key]) <= 1e-6 * max(1.0, abs(b[key])), (key, a[key], b[key])
+    assert all(torch.allclose(w_inline[n], w_before[n], atol=1e-6) for n in w_inline)
+
+
 @pytest.mark.slow
 def test_the_student_as_its_own_teacher_gives_no_signal_and_keeps_its_weights(models, tmp_path):
     base, _ = models
