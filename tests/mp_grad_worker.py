@@ -20,6 +20,7 @@ torch.set_num_threads(1)
 from safetensors.torch import save_file  # noqa: E402
 
 from grpo_cli.algo.advantages import compute_advantages  # noqa: E402
+from grpo_cli.algo.distillation import TeacherTerm  # noqa: E402
 from grpo_cli.datatypes import Rollout  # noqa: E402
 from grpo_cli.recipe.files import load_recipe  # noqa: E402
 from grpo_cli.trainer.engine import Engine  # noqa: E402
@@ -73,7 +74,7 @@ def capture_grads(e: Engine) -> list[dict[str, torch.Tensor]]:
 
 def main(out: Path, cases: list[dict]) -> None:
     """Each case: {"name", "overrides" (of recipes/ci-tiny.yaml), "micro_batch_size", "full_length", "split"
-    (optional)}: one
+    (optional), "teacher" (optional: a fixed teacher's log-probs, distillation's term added in the update)}: one
     PolicyUpdate of the fixed
     rollout; the main process writes OUT/<name>.safetensors (every window's gradient, `<window>.<param>`, and the
     weights after the update, `weights.<param>`) and OUT/<name>.json (the update's metrics)."""
@@ -92,7 +93,11 @@ def main(out: Path, cases: list[dict]) -> None:
                                          case.get("full_length", False), case.get("split", False))
         adv = compute_advantages(rewards, G, r.algorithm.scale_rewards)[e.rows.start : e.rows.stop]
         local = rows_of(rollout, e.rows)
-        metrics = e.update(local, adv, local.completion_mask.clone()).means(e.procs)
+        term = None
+        if case.get("teacher"):  # every row's teacher log-probs, this process's rows of them
+            teacher = -5 * torch.rand(rollout.completion_ids.shape, generator=torch.Generator().manual_seed(7))
+            term = TeacherTerm(teacher[e.rows.start : e.rows.stop], 0.5)
+        metrics = e.update(local, adv, local.completion_mask.clone(), None, term).means(e.procs)
         if e.accelerator.is_main_process:
             weights = {f"weights.{n}": p.detach().clone() for n, p in e.accelerator.unwrap_model(e.policy).named_parameters()}
             save_file({**{f"{i}.{n}": g for i, window in enumerate(grads) for n, g in window.items()}, **weights},

@@ -57,6 +57,8 @@ SPLIT = [("split-episodes", ["algorithm.loss_type=dapo"], None)]
 # process's rows 6j..6j+5 (one micro-batch of 6), or each of two processes' share of them (one micro-batch of 3)
 MINI = [(f"mini-batches-{loss}", [f"algorithm.loss_type={loss}", "train.mini_batches=2"], None)
         for loss in ("dapo", "grpo")]
+# on-policy distillation's term, added in the update with each process's old log-probs as the student's
+DISTILL = [("distillation", ["algorithm.loss_type=dapo"], None)]
 LOGGED = ("loss", "policy_loss", "entropy", "kl", "entropy_coef", "clip_ratio/region_mean", "vespo/phi_seq_mean")
 LR = 0.05  # the worker's learning rate
 
@@ -71,8 +73,8 @@ def test_two_processes_give_the_single_process_gradient_weights_and_metrics(tmp_
     for folder, k in ((one, 0), (two, 1)):
         (folder / "cases.json").write_text(json.dumps([
             {"name": name, "overrides": overrides, "micro_batch_size": (sizes or (12, 3))[k], "full_length": full,
-             "split": cases is SPLIT}
-            for full, cases in ((False, CASES), (True, FULL_LENGTH), (False, SPLIT), (False, MINI))
+             "split": cases is SPLIT, "teacher": cases is DISTILL}
+            for full, cases in ((False, CASES), (True, FULL_LENGTH), (False, SPLIT), (False, MINI), (False, DISTILL))
             for name, overrides, sizes in cases]))
     p = run([sys.executable, worker, str(one), str(one / "cases.json")])
     assert p.returncode == 0, p.stderr[-3000:]
@@ -80,7 +82,7 @@ def test_two_processes_give_the_single_process_gradient_weights_and_metrics(tmp_
     argv = argv[: argv.index("-m", 3)] + [worker, str(two), str(two / "cases.json")]
     p = run(argv, env)
     assert p.returncode == 0, p.stderr[-3000:]
-    for name, overrides, _ in CASES + FULL_LENGTH + SPLIT + MINI:
+    for name, overrides, _ in CASES + FULL_LENGTH + SPLIT + MINI + DISTILL:
         a, b = load_file(str(one / f"{name}.safetensors")), load_file(str(two / f"{name}.safetensors"))
         windows = 2 * (2 if "train.mini_batches=2" in overrides else 1)  # mu = 2
         assert a.keys() == b.keys() and {k.split(".")[0] for k in a} == {*map(str, range(windows)), "weights"}
@@ -98,6 +100,8 @@ def test_two_processes_give_the_single_process_gradient_weights_and_metrics(tmp_
         assert "loss" in logged and logged == [k for k in LOGGED if k in mb], name
         for k in logged:
             assert mb[k] == pytest.approx(ma[k], rel=1e-4, abs=1e-6), (name, k)
+    taught, plain = load_file(str(one / "distillation.safetensors")), load_file(str(one / "dapo.safetensors"))
+    assert max((taught[k] - plain[k]).abs().max().item() for k in taught if k.startswith("0.")) > 1e-3  # it acts
 
 
 def grpo_train(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
