@@ -5,48 +5,48 @@ fractions and math symbols, scale words after digits, spelled numbers in digits 
 minus, escaped dollars dropped, digit groups joined).
 Then the final answer (`extract_answer`, mode `auto`) is, in this order:
   1. marked: the last `\boxed{}`, `<answer>` tag or `####` line;
-  2. stated: after the last answer phrase ("the answer is", "Final answer:", "answer =", "the answer to the
-     question would be"), the rest of its sentence read as a statement (as in rule 3: "Answer: 42" is 42,
-     "the answer: 3 + 4 = 7, then 7 * 2 = 14" is 14), numbers negated ("not 40", "isn't 40") passed over, unless a
-     correction follows it ("Wait, no: 24", "actually", "I mean", "or rather", "sorry", "on second thought"):
-     then the correction's number. Numbers written after the statement are remarks and do not count
-     ("Final answer: 42. Note that 40 would be wrong." is 42); a stated choice or expression in plain text is taken
-     whole ("The answer is (C).", "So the answer is 2x + 3.");
-  3. concluded: in the last sentence that holds a number, the clause from its last conclusion word ("so",
-     "thus", "therefore", "hence", "in total", "altogether", "overall"; not "so far", "so that") gives the
-     number after its last result link (=, is, are, equals, gives, makes, yields, has, costs, pays, leaves,
-     ... "So 5 apples and 3 apples make 8": 8), or its first number when it has none ("so 42 marbles fit in 6
-     jars": 42), unless one is a total ("so 6 more days: 16 days in total": 16); numbers right after a preposition
-     ("in 6 jars", "after 2 hours", "more than 40") are passed over while the clause has others, and a trailing
-     remark (", which is ...", "(since ...)") is left out; a last sentence that ends in an equation for an expression
-     gives the expression ("The line is y = 3x - 4.");
+  2. stated: after the last answer phrase ("the answer is", "Final answer:", "answer =", "the answer to the question
+     would be"), the rest of its sentence read as a statement (as in rule 3: "Answer: 42" is 42, "the answer: 3 + 4 =
+     7, then 7 * 2 = 14" is 14), numbers negated ("not 40", "isn't 40") passed over, unless a correction follows it
+     ("Wait, no: 24", "actually", "I mean", "or rather", "sorry", "on second thought"): then the correction's number.
+     Numbers written after the statement are remarks and do not count ("Final answer: 42. Note that 40 would be
+     wrong." is 42); a stated choice or expression in plain text is taken whole ("The answer is (C).", "So the answer
+     is 2x + 3.");
+  3. concluded: in the last sentence that holds a number, the clause from its last conclusion word ("so", "thus",
+     "therefore", "hence", "in total", "altogether", "overall"; not "so far", "so that") gives the number after its
+     last result link (=, is, are, equals, gives, makes, yields, has, costs, pays, leaves, ... "So 5 apples and 3
+     apples make 8": 8), or its first number when it has none ("so 42 marbles fit in 6 jars": 42), unless one is a
+     total ("so 6 more days: 16 days in total": 16); numbers right after a preposition ("in 6 jars", "after 2 hours",
+     "more than 40") are passed over while the clause has others, and a trailing remark (", which is ...", "(since
+     ...)") is left out; a last sentence that ends in an equation for an expression gives the expression ("The line is
+     y = 3x - 4.");
   4. otherwise the last sentence (or line) with a number states it: its last number, unless that only comments,
      conditions or scopes what the sentence stated. Left out: a closing paragraph that notes or checks ("Note: ...",
-     "Check: 30 - 12 = 18") and a closing sentence that checks or compares ("That's 9 more than last year."), while a
-     number comes before them; the sentence's tail after ", which is", ", i.e.", " - ", "since", "because", "if",
-     "when", "assuming", "given", "after ...ing", "for the/each", "for 6 cakes" (a count of things, not money), ", or
-     about", a comparison (", 6 fewer than Amy"), a range (", from 850 to 1,020"), a share (", 24 in each box", ", or
-     25¢ each", ", 75% of the 28"), a worth (", worth $7"), what is left (", with $20 left over"), a time from an
-     event (", 55 minutes after it left") or a purpose ("to complete his collection of 50"; "to get 48" where a need
-     is stated), unless a ", which is" tail computes what the sentence did not state ("we add 6 and 8, which is 6 + 8
-     = 14"), gives the count a stated share stands for ("40% of them walk, which is 12") or the rate of a quantity in
-     a time ("18 km in 45 minutes, which is 24 km/h"), or an "if" tail goes on to a consequence ("if they share
-     equally each gets 20 / 4 = 5"); the time the stated number took, right after it ("$45 in 3 weeks"); a breakdown
-     after a colon that follows a stated number; a parenthesis that ends the sentence. A last number right after a
-     preposition gives way to a result the sentence links ("3 x $6 = $18 for 3 shirts": 18), and to the sentence's
-     last number when it only says where the stated one came from or went to, what it is out of or its rate, or when
-     the stated one is a rate ("$10 back from her $20 bill", "3 of the 12 eggs", "2.5 hours at 60 mph", "60 km/h over
-     the 150 km trip"), not where a link, "at" or an appositive names it ("gives an average of 84", "1,020, an
-     increase of 170").
+     "Check: 30 - 12 = 18") and a closing sentence that checks, compares or supposes ("That's 9 more than last year.",
+     "If they had ..., it would have cost $60."), while a number comes before them; the sentence's tail after ", which
+     is", ", i.e.", " - ", "since", "because", "if", "when", "assuming", "given", "after ...ing", "for the/each", "for
+     6 cakes", "on 20 litres" (a count of things, not money), ", or about", a comparison (", 6 fewer than Amy"), a
+     range (", from 850 to 1,020"), a share (", 24 in each box", ", or 25¢ each", ", 75% of the 28"), a worth (",
+     worth $7"), what is left or described (", with $20 left over"), a time from an event (", 55 minutes after it
+     left") or a purpose ("to complete his collection of 50"; "to get 48" where a need is stated), unless a ", which
+     is" tail computes what the sentence did not state ("we add 6 and 8, which is 6 + 8 = 14"), gives the count a
+     stated share stands for ("40% of them walk, which is 12") or the rate of a quantity in a time ("18 km in 45
+     minutes, which is 24 km/h"), or an "if" tail goes on to a consequence ("if they share equally each gets 20 / 4 =
+     5"); the time the stated number took, right after it ("$45 in 3 weeks"); a breakdown after a colon that follows a
+     stated number; a parenthesis that ends the sentence. A last number right after a preposition gives way to a
+     result the sentence links ("3 x $6 = $18 for 3 shirts": 18), and to the sentence's last number when it only says
+     where the stated one came from or went to, what it is out of or its rate, or when the stated one is a rate ("$10
+     back from her $20 bill", "3 of the 12 eggs", "2.5 hours at 60 mph", "60 km/h over the 150 km trip"), not where a
+     link ("left with"), "at" or an appositive names it ("gives an average of 84", "1,020, an increase of 170").
 A number is an integer, a decimal, scientific notation ("3.2e4", `3.2 \times 10^{4}`), a fraction ("3/4",
-`\frac{3}{4}`, `\dfrac34`), a mixed number ("3 3/4"), a time or a ratio ("11:30", "3:4"), not an ordinal ("4th")
-or a power's exponent; in rules 2 and 3, after a result link, and in a completion without digits, also the number
-words `clean_answer` leaves as words (a lone "one", "two", "zero"); a compound quantity ("2 hours and 30 minutes")
-is one answer; a number inside a math span (`$...$`, `\(...\)`, `\[...\]`) stands for the span's final
-expression (`$p = \frac{3}{4}$` -> `\frac{3}{4}`, `$\sqrt{2}$` -> `\sqrt{2}`), when math-verify can read it. What
-the rule cannot tell apart: a conclusion whose answer comes after a number the clause only mentions, with neither a
-link nor a preposition to tell them apart ("So 3 boxes fill 42 jars" reads 3); box the answer or state it ("the
-answer is 42") to be read right every time.
+`\frac{3}{4}`, `\dfrac34`), a mixed number ("3 3/4"), a time or a ratio ("11:30", "3:4"), not an ordinal ("4th") or a
+power's exponent; in rules 2 and 3, after a result link, and in a completion without digits, also the number words
+`clean_answer` leaves as words (a lone "one", "two", "zero"); a compound quantity ("2 hours and 30 minutes") is one
+answer; a number inside a math span (`$...$`, `\(...\)`, `\[...\]`) stands for the span's final expression (`$p =
+\frac{3}{4}$` -> `\frac{3}{4}`, `$\sqrt{2}$` -> `\sqrt{2}`), when math-verify can read it. What the rule cannot tell
+apart: a conclusion whose answer comes after a number the clause only mentions, with neither a link nor a preposition
+to tell them apart ("So 3 boxes fill 42 jars" reads 3); box the answer or state it ("the answer is 42") to be read
+right every time.
 
 Whether it equals a reference is numbers.py's `answers_match`.
 

@@ -14,7 +14,8 @@ LINK = re.compile(
 _ADJECTIVE = r"(?:(?:original|first|last|next|other|remaining|initial|whole|entire|same|previous|following)\s+)?"
 # a number right after a preposition is context ("in 6 jars", "after 2 hours", "more than 40"), not a result
 AFTER_PREPOSITION = re.compile(
-    r"\b(?:in|on|at|after|before|for|over|per|(?<!total\s)of|by|with|within|during|from|into|between|among|than)\s+"
+    r"\b(?:in|on|at|after|before|for|over|per|(?<!total\s)of|by|(?<!left\s)(?<!up\s)with|within|during|from|into|between"
+    r"|among|than)\s+"
     rf"(?:(?:the|a|an|every|each|all|his|her|their|its|my|your|our)\s+)?{_ADJECTIVE}\$?$"
     r"|\bto\s+(?:each\s+of\s+)?(?:the|his|her|their|its|my|your|our)\s+\$?$", flags=re.IGNORECASE,
 )
@@ -51,9 +52,10 @@ _NO_STATEMENT = r"(?![^.!?\n]*(?:=|[:;]|\b(?:giv(?:es|ing)|makes?|is|are|was|wer
 _TAIL = (r",\s*(?:which|that)\s+(?:is|was|are|were)\b|,\s*i\.e\.|\s[—–]\s|,?\s(?:since|because|if|when|whenever"
          r"|assuming|given|provided|unless)\b|,?\s(?:after|before|once|while)\s+\w+ing\b"
          rf"|\sfor\s+(?:the|all|each|every|its|his|her|their|my|your|our)\s{_NO_STATEMENT}"
-         # ... or for a count of things, not of money: "15 cups of flour for 6 cakes" (but "4 packs for 12 dollars")
-         rf"|\sfor\s+\d[\d,.]*\s+(?!(?:dollar|cent|euro|pound|buck|yen|rupee)s?\b)[a-z]{_NO_STATEMENT}"
-         r"|\s(?:in\s+order\s+)?to\s+(?!(?:be|get|give|obtain|find|yield|make|equal|both|each|every|all|the|a|an|his"
+         # ... or for or on a count of things, not money: "15 cups of flour for 6 cakes", "250 km on 20 litres" (but
+         # "4 packs for 12 dollars")
+         rf"|\s(?:for|on)\s+\d[\d,.]*\s+(?!(?:dollar|cent|euro|pound|buck|yen|rupee)s?\b)[a-z]{_NO_STATEMENT}"
+         r"|(?<![;:])\s(?:in\s+order\s+)?to\s+(?!(?:be|get|give|obtain|find|yield|make|equal|both|each|every|all|the|a|an|his"
          r"|her|their|its|my|your|our|him|them|me|us|it|about|around|nearly|approximately)\b)[a-z]{3,}\b"
          rf"{_NO_STATEMENT}"  # a purpose: "7 more stamps to complete his collection of 50"
          r"|,\s*or\s+(?:about|roughly|approximately|around|nearly|almost)\b"
@@ -62,7 +64,7 @@ _TAIL = (r",\s*(?:which|that)\s+(?:is|was|are|were)\b|,\s*i\.e\.|\s[—–]\s|,?
          r"(?:[a-z]+\s+)?(?:more|less|fewer|[a-z]+er)\s+than\b"  # a comparison: ", 15 degrees colder than at noon"
          r"|,\s*(?:or\s+)?\$?\d[\d,.]*\s*[¢%]?\s*(?:[a-z]+\s+)?(?:(?:in|per|for|to)\s+(?:each|every)|each|apiece)\b"
          # ", 24 in each box", ", or 25¢ each"
-         r"|,\s*with\s+\$?\d"  # ", with $20 left over"
+         r"|,\s*with\s+(?:[a-z]+\s+){0,3}\$?\d"  # ", with $20 left over", ", with sides of 6 cm and 12 cm"
          # a time from an event: "8:35, 55 minutes after it left", "on day 12, 3 days before the deadline"
          r"|,\s*\d[\d,.]*\s*(?:second|minute|hour|day|week|month|year)s?\s+(?:after|before|later|earlier|since)\b"
          r"|,\s*worth\s"  # "28 quarters, worth $7"
@@ -86,7 +88,8 @@ CLOSING_COMMENT = re.compile(
     r"\**(?:(?:let(?:'s|\s+me|\s+us)\s+|to\s+)?(?:check|checking|verify|verifying|verification|double[- ]check"
     r"|sanity\s+check)\b|(?:that|this|it|which)(?:'s|\s+is|\s+was|\s+means)\s[^.!?\n]*?(?:\b(?:more|less|fewer"
     r"|higher|lower|greater|smaller|bigger|larger|longer|shorter|older|younger|cheaper|faster|slower|further|farther)"
-    r"\s+than|\b(?:twice|times|half)\s+as)\b)|.*[✓✔]\s*$", flags=re.IGNORECASE | re.DOTALL,
+    r"\s+than|\b(?:twice|times|half)\s+as)\b)|.*[✓✔]\s*$"
+    r"|(?:if|had)\b[^.!?\n]*\bwould(?:\s+have|'ve)\b", flags=re.IGNORECASE | re.DOTALL,  # "If ..., it would have cost $60."
 )
 REMARK = re.compile(_TAIL, flags=re.IGNORECASE)
 COMPUTES = re.compile(r"=|\bequals?\b|\bresults?\s+in\b", flags=re.IGNORECASE)

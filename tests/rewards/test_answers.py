@@ -499,8 +499,9 @@ CLOSING_COMMENTS = rows(
 )
 
 # a number a result link or "at" names after "of" ("gives an average of 84"); a count of things a stated number is
-# for ("15 cups for 6 cakes"); a per-item restatement after "or" (", or 25¢ each"); a time from an event after the
-# stated number (", 55 minutes after it left"): the stated number is the answer
+# for or on ("15 cups for 6 cakes"); a per-item restatement after "or" (", or 25¢ each"); a time from an event after
+# the stated number (", 55 minutes after it left"); "left with"; a description after ", with"; a closing
+# counterfactual: the stated number is the answer
 NAMED_SCOPES_EACH = rows(
     ("The total is 336, and dividing by 4 tests gives an average of 84.", "84", 1.0),
     ("The total is 336, and dividing by 4 tests gives an average of 84, which is 2 points above 82.", "84", 1.0),
@@ -533,6 +534,27 @@ NAMED_SCOPES_EACH = rows(
     ("She finishes on day 12, 3 days before the deadline.", "12", 1.0),
     ("The cake is ready at 4:50, 20 minutes later.", "4:50", 1.0),
     ("It left at 7:40 and arrived 55 minutes later.", "55", 1.0),  # no stated number before it: the statement
+    # "left with" and "up with" state a result ("with" alone is context)
+    ("After selling 28, he is left with 107 cows, which is 28 fewer than before.", "107", 1.0),
+    ("After selling 28, he is left with 107 cows.", "107", 1.0),
+    ("She ends up with 14 marbles after giving 6 away.", "14", 1.0),
+    ("He was left with $35 after buying 3 books.", "35", 1.0),
+    # a scope "on" a count of things, as "for" one
+    ("It can go 250 km on 20 litres.", "250", 1.0),
+    ("She spent $12 on 4 notebooks.", "12", 1.0),
+    ("The printer prints 90 pages on 3 cartridges.", "90", 1.0),
+    # a purpose that opens a clause after ";" is no tail of the number before it
+    ("It currently holds 200 litres; to fill it, add 300 litres.", "300", 1.0),
+    ("The jar has 12 cookies; to make 30, bake 18 more.", "18", 1.0),
+    ("He needs 7 more stamps to complete his collection of 50.", "7", 1.0),
+    # ", with" and a few words before a number describes the stated one
+    ("The area is 72 square centimetres, with sides of 6 cm and 12 cm.", "72", 1.0),
+    ("The perimeter is 36 cm, with a length of 12 cm.", "36", 1.0),
+    # a closing counterfactual ("if ... had ..., would have") comments on the answer before it
+    ("The total is $45. If they had bought only adult tickets, it would have cost $60.", "45", 1.0),
+    ("She saves $360. Had she saved $50 a week, she would have had $450.", "360", 1.0),
+    ("If she saves $40 a week, she will have $360 after 9 weeks.", "360", 1.0),  # no counterfactual: the statement
+    ("It would take 16 days.", "16", 1.0),
 )
 
 # a decimal of three significant digits or more is the answer whose decimals never end, to its last digit
