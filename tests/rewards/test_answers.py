@@ -53,6 +53,14 @@ MINUS = rows(
     ("the temperature is \u22123.5 degrees", "-3.5", 1.0),
     ("the temperature is \u22123.5 degrees", "3.5", 0.0),
     ("a loss of \u22121,000", "-1000", 1.0),
+    # "below zero" is a sign too
+    ("The new temperature is 8 degrees below zero.", "-8", 1.0),
+    ("The new temperature is 8 degrees below zero.", "8", 0.0),
+    ("It is eight degrees below zero.", "-8", 1.0),
+    ("It fell to 5° below zero.", "-5", 1.0),
+    ("The low was 3.5 °C below zero.", "-3.5", 1.0),
+    ("It is 10 below zero tonight.", "-10", 1.0),
+    ("The water is 4 degrees above zero.", "4", 1.0),
     ("The answer is -3.", "\u22123", 1.0),  # the reference has the Unicode minus
     ("\\boxed{\u2212\\frac{3}{4}}", "-0.75", 1.0),
     ("$x = \u2212\\frac{1}{2}$", "-1/2", 1.0),
