@@ -58,7 +58,8 @@ def main() -> None:
                     for key in ("time/step", "time/train", "time/generate"):
                         sides[side].setdefault(key, []).extend(m[key] for m in metrics[1:])
                     print(f"  {side} round {r}: {statistics.median(m['time/step'] for m in metrics[1:]):.2f} s a step, "
-                          f"step 1's reverse KL {metrics[0]['distillation/reverse_kl']:.6f}", file=sys.stderr, flush=True)
+                          f"step 1's reverse KL {metrics[0]['distillation/reverse_kl']:.6f}", file=sys.stderr,
+                          flush=True)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT, check=False)
     med = {side: {k: statistics.median(v) for k, v in d.items()} for side, d in sides.items()}

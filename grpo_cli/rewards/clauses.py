@@ -14,8 +14,8 @@ LINK = re.compile(
 _ADJECTIVE = r"(?:(?:original|first|last|next|other|remaining|initial|whole|entire|same|previous|following)\s+)?"
 # a number right after a preposition is context ("in 6 jars", "after 2 hours", "more than 40"), not a result
 AFTER_PREPOSITION = re.compile(
-    r"\b(?:in|on|at|after|before|for|over|per|(?<!total\s)of|by|(?<!left\s)(?<!up\s)with|within|during|from|into|between"
-    r"|among|than)\s+"
+    r"\b(?:in|on|at|after|before|for|over|per|(?<!total\s)of|by|(?<!left\s)(?<!up\s)with|within|during|from|into"
+    r"|between|among|than)\s+"
     rf"(?:(?:the|a|an|every|each|all|his|her|their|its|my|your|our)\s+)?{_ADJECTIVE}\$?$"
     r"|\bto\s+(?:each\s+of\s+)?(?:the|his|her|their|its|my|your|our)\s+\$?$", flags=re.IGNORECASE,
 )
@@ -55,8 +55,8 @@ _TAIL = (r",\s*(?:which|that)\s+(?:is|was|are|were)\b|,\s*i\.e\.|\s[—–]\s|,?
          # ... or for or on a count of things, not money: "15 cups of flour for 6 cakes", "250 km on 20 litres" (but
          # "4 packs for 12 dollars")
          rf"|\s(?:for|on)\s+\d[\d,.]*\s+(?!(?:dollar|cent|euro|pound|buck|yen|rupee)s?\b)[a-z]{_NO_STATEMENT}"
-         r"|(?<![;:])\s(?:in\s+order\s+)?to\s+(?!(?:be|get|give|obtain|find|yield|make|equal|both|each|every|all|the|a|an|his"
-         r"|her|their|its|my|your|our|him|them|me|us|it|about|around|nearly|approximately)\b)[a-z]{3,}\b"
+         r"|(?<![;:])\s(?:in\s+order\s+)?to\s+(?!(?:be|get|give|obtain|find|yield|make|equal|both|each|every|all|the|a"
+         r"|an|his|her|their|its|my|your|our|him|them|me|us|it|about|around|nearly|approximately)\b)[a-z]{3,}\b"
          rf"{_NO_STATEMENT}"  # a purpose: "7 more stamps to complete his collection of 50"
          r"|,\s*or\s+(?:about|roughly|approximately|around|nearly|almost)\b"
          r"|,\s*(?:(?:up|down|rising|falling|going)\s+)?from\s+\$?-?\$?\d"  # ", from 850 to 1,020", ", from -8 to 5"
@@ -89,7 +89,8 @@ CLOSING_COMMENT = re.compile(
     r"|sanity\s+check)\b|(?:that|this|it|which)(?:'s|\s+is|\s+was|\s+means)\s[^.!?\n]*?(?:\b(?:more|less|fewer"
     r"|higher|lower|greater|smaller|bigger|larger|longer|shorter|older|younger|cheaper|faster|slower|further|farther)"
     r"\s+than|\b(?:twice|times|half)\s+as)\b)|.*[✓✔]\s*$"
-    r"|(?:if|had)\b[^.!?\n]*\bwould(?:\s+have|'ve)\b", flags=re.IGNORECASE | re.DOTALL,  # "If ..., it would have cost $60."
+    r"|(?:if|had)\b[^.!?\n]*\bwould(?:\s+have|'ve)\b",  # a counterfactual: "If ..., it would have cost $60."
+    flags=re.IGNORECASE | re.DOTALL,
 )
 REMARK = re.compile(_TAIL, flags=re.IGNORECASE)
 COMPUTES = re.compile(r"=|\bequals?\b|\bresults?\s+in\b", flags=re.IGNORECASE)

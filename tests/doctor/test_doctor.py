@@ -55,7 +55,8 @@ def test_a_reward_that_cannot_be_reached_fails_the_probe_and_every_other_check_s
     judge = "{name: judge, kwargs: {base_url: 'http://127.0.0.1:1/v1', model: m}}"
     code, v = doctor(f"rewards=[{judge}]")
     assert code == 2 and v["reward probe"]["severity"] == "fail", v.get("reward probe")
-    assert "reward 'judge' failed" in v["reward probe"]["finding"] and "Connection refused" in v["reward probe"]["finding"]
+    finding = v["reward probe"]["finding"]
+    assert "reward 'judge' failed" in finding and "Connection refused" in finding, finding
     assert v["batch"]["severity"] == "ok" and "memory plan" in v
 
 
