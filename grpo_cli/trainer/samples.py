@@ -38,6 +38,13 @@ def training_rows(rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor,
     return rollout, adv, mask
 
 
+def keeps_rows(rollout: Rollout, procs: Processes, mini_batches: int) -> bool:
+    """Whether `training_rows` and `dealt` give the rows back as they are, one to one and in order: no episode split
+    into samples, no padding to another process's count, no rows dealt across processes by mini-batch."""
+    unsplit = rollout.segments is None or procs.count == 1 and not any(rollout.segments)
+    return unsplit and (procs.count == 1 or mini_batches == 1)
+
+
 def dealt(rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor, procs: Processes,
           mini_batches: int) -> tuple[Rollout, torch.Tensor, torch.Tensor]:
     """The rows this process trains, in order, when its `mini_batches` mini-batches are its share of each block of

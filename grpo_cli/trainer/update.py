@@ -29,7 +29,7 @@ from grpo_cli.models.loading import has_dropout
 from grpo_cli.run.statefiles import TensorFile
 from grpo_cli.trainer.nonfinite import NonFiniteSteps
 from grpo_cli.trainer.reporting import MetricSums
-from grpo_cli.trainer.samples import dealt, training_rows
+from grpo_cli.trainer.samples import dealt, keeps_rows, training_rows
 from grpo_cli.trainer.setup import ForwardChoices
 
 
@@ -189,11 +189,8 @@ class PolicyUpdate:
         return sums
 
     def keeps_layout(self, rollout: Rollout) -> bool:
-        """Whether the rows are trained as given, one to one and in order: no episode split into samples, no rows dealt
-        across processes by mini-batch (grpo_cli/trainer/samples.py)."""
-        P = self.procs.count
-        return ((rollout.segments is None or P == 1 and not any(rollout.segments))
-                and (P == 1 or self.recipe.train.mini_batches == 1))
+        """Whether the rows are trained as given, one to one and in order (grpo_cli/trainer/samples.py)."""
+        return keeps_rows(rollout, self.procs, self.recipe.train.mini_batches)
 
     def window(self, rollout: Rollout, adv: torch.Tensor, mask: torch.Tensor, micro_batches: int,
                old: torch.Tensor | None = None, ref: torch.Tensor | None = None, mini_batches: int = 1) -> Window:

@@ -155,7 +155,7 @@ def test_a_split_episode_trains_as_its_samples_with_the_episode_advantage(tok, c
     from grpo_cli.algo.losses import trained_mask
     from grpo_cli.models.loading import resolve_model_source
     from grpo_cli.recipe.schema import ModelConfig
-    from grpo_cli.trainer.samples import training_rows
+    from grpo_cli.trainer.samples import keeps_rows, training_rows
 
     _, rollout = split_episode(tok, caplog)
     two = rollout.cat([rollout, rollout.select([0])], tok.pad_token_id)  # and an episode split the same way
@@ -163,6 +163,13 @@ def test_a_split_episode_trains_as_its_samples_with_the_episode_advantage(tok, c
     mask = trained_mask(two, False)
     rows, adv, m = training_rows(two, torch.tensor([0.5, -0.5]), mask, SimpleNamespace(count=1))
     assert len(rows) == 4 and adv.tolist() == [0.5, 0.5, 0.5, -0.5]
+    assert not keeps_rows(two, SimpleNamespace(count=1), 1)  # the update trains other rows than it was given
+    unsplit = two.select([1, 1])
+    unsplit.segments = [[], []]
+    assert keeps_rows(unsplit, SimpleNamespace(count=1), 2)
+    assert training_rows(unsplit, torch.tensor([0.5, -0.5]), mask, SimpleNamespace(count=1))[0] is unsplit
+    unsplit.segments = None  # several processes: rows dealt by mini-batch are others, one mini-batch keeps them
+    assert not keeps_rows(unsplit, SimpleNamespace(count=2), 2) and keeps_rows(unsplit, SimpleNamespace(count=2), 1)
     assert m.sum() == mask.sum() and m[:3].sum() == mask[0].sum()  # every trained token, once
     turns = rollout.turns[0]
     contexts = deployed_contexts(tok, "What is 6 * 7?", turns)
