@@ -16,6 +16,14 @@ def reverse_kl_advantages(teacher: torch.Tensor, student: torch.Tensor, sampled:
     return weight * (teacher - student) * sampled.to(teacher.dtype)
 
 
+def with_reverse_kl(adv: torch.Tensor, teacher: torch.Tensor, student: torch.Tensor, sampled: torch.Tensor,
+                    weight: float) -> torch.Tensor:
+    """`adv` ([n] per completion or [n, T] per token) with `reverse_kl_advantages` added to each token: [n, T]."""
+    per_token = reverse_kl_advantages(teacher, student, sampled, weight)
+    adv = adv.to(per_token.device)
+    return (adv[:, None] if adv.dim() == 1 else adv) + per_token
+
+
 def reverse_kl_per_token(teacher: torch.Tensor, student: torch.Tensor, sampled: torch.Tensor) -> tuple[float, float]:
     """(sum over sampled tokens of log pi_S - log pi_T, number of sampled tokens): the Monte Carlo estimate of
     KL(pi_S || pi_T) per token on the student's own samples, summed here and divided once every process's sums are

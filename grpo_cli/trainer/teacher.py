@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 
 from grpo_cli.algo.advantages import Advantages
-from grpo_cli.algo.distillation import TeacherTerm, reverse_kl_advantages, reverse_kl_per_token
+from grpo_cli.algo.distillation import TeacherTerm, reverse_kl_per_token, with_reverse_kl
 from grpo_cli.datatypes import Rollout
 from grpo_cli.errors import SetupError, VLLMServerError
 from grpo_cli.rewards.remote import JsonEndpoint, RequestFailed
@@ -52,10 +52,8 @@ class Teacher:
         return self._added(adv, term.teacher.to(term.student.device, term.student.dtype), term.student, sampled)
 
     def _added(self, adv: Advantages, teacher: torch.Tensor, mine: torch.Tensor, sampled: torch.Tensor) -> Advantages:
-        per_token = reverse_kl_advantages(teacher, mine, sampled.to(mine.device), self.weight)
         self.sums = reverse_kl_per_token(teacher, mine, sampled.to(mine.device))
-        local = adv.local.to(per_token.device)
-        return replace(adv, local=(local[:, None] if local.dim() == 1 else local) + per_token)
+        return replace(adv, local=with_reverse_kl(adv.local, teacher, mine, sampled.to(mine.device), self.weight))
 
     def metrics(self, procs: Any) -> dict[str, float]:
         if self.teacher is None:

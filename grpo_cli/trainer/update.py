@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from grpo_cli.algo.distillation import TeacherTerm, reverse_kl_advantages
+from grpo_cli.algo.distillation import TeacherTerm, with_reverse_kl
 from grpo_cli.algo.entropy import EntropyControl
 from grpo_cli.algo.logprobs import logps_no_grad, token_logprobs
 from grpo_cli.algo.losses import LossConfig, SEQUENCE_METRICS, compute_loss, entropy_mask, sampler_correction
@@ -229,8 +229,7 @@ class PolicyUpdate:
         if w.teacher is not None:  # on-policy distillation: + lambda (log pi_T - log pi_S) a token, pi_S the old policy
             if first:
                 w.teacher.student[sl] = old_sl
-            adv = (adv[:, None] if adv.dim() == 1 else adv) + reverse_kl_advantages(
-                w.teacher.teacher[sl].to(old_sl.dtype), old_sl, m, w.teacher.weight)
+            adv = with_reverse_kl(adv, w.teacher.teacher[sl].to(old_sl.dtype), old_sl, m, w.teacher.weight)
         weights = self._sampler_weights(rollout, sl, old_sl, m, sums if first else None)
         # the tokens the policy term trains on: the threshold over this micro-batch of every process (as TRL's)
         high = entropy_mask(entropy.detach(), m, q, self.procs.gather_ragged(entropy.detach()[m.bool()].float().cpu())
