@@ -3,8 +3,8 @@
 # one that fails or hangs does not cost the others; its log goes to OUT/<part>.log and its tail is printed.
 #
 #   bash bench/gpu_checks.sh OUT [PARTS...]
-#       parts: smoke floors vs-trl train-memory doctor-memory attention compiled goal layouts packing colocate
-#              (default: all, in that order)
+#       parts: smoke floors vs-trl train-memory doctor-memory attention compiled goal memory-options layouts packing
+#              colocate (default: all, in that order)
 #
 # smoke         `grpo train` of the ci-tiny recipe in bf16 on the GPU: 4 steps straight, 2 + --resume auto to 4
 #               (metrics compared step by step), LoRA + KL, mixed_precision bf16 over fp32 weights, `grpo eval`
@@ -19,6 +19,8 @@
 # compiled      bench/vs_trl.py at 64 tokens with rollout.compile=true (static cache + CUDA graphs) against TRL,
 #               then the same with rollout.compile=false and train.chunked_lm_head=false (eager, logits whole)
 # goal          issue 23's goal row: B=16, G=8, 256 new tokens, bf16, grpo with rollout.compile=auto
+# memory-options issue 40 item 3: bench/vs_trl.py with fewer bytes per parameter on grpo's side (bitsandbytes' 8-bit
+#               moments, alone and with recomputation + the chunked LM head; Adafactor), TRL at its defaults
 # layouts       issue 38: `grpo train` of ci-tiny in fp32 on the GPU with train.mini_batches=2, mu=2, beta=0.04, padded
 #               and with train.packing (per-step metrics compared)
 # colocate      issue 38: `grpo train --num-processes 2` with a colocated vLLM engine in each process (tp 1), then one
@@ -31,7 +33,7 @@
 set -u
 out=${1:?usage: gpu_checks.sh OUT [PARTS...]}
 shift
-parts=${*:-smoke floors vs-trl train-memory doctor-memory attention compiled goal layouts packing colocate}
+parts=${*:-smoke floors vs-trl train-memory doctor-memory attention compiled goal memory-options layouts packing colocate}
 mkdir -p "$out"
 work=$(mktemp -d)
 py=${PYTHON:-python3}
@@ -113,6 +115,17 @@ for p in $parts; do
         part goal 420 $py bench/vs_trl.py --model qwen2.5-0.5b --device cuda --dtype bfloat16 \
             --trl-python "$py" --threads 4 --new-tokens 256 --B 16 --G 8 --micro-batch 8 --rounds 1 --steps 2 \
             --grpo-set rollout.compile=auto
+        ;;
+    memory-options)
+        lean=(model.gradient_checkpointing=true train.chunked_lm_head=true)
+        vst=($py bench/vs_trl.py --model qwen2.5-0.5b --device cuda --dtype bfloat16 --trl-python "$py" --threads 4
+             --micro-batch 8 --rounds 1)
+        part mem-8bit-64 240 "${vst[@]}" --new-tokens 64 --B 4 --steps 3 --grpo-set train.optimizer=adamw_8bit
+        part mem-8bit-lean-64 240 "${vst[@]}" --new-tokens 64 --B 4 --steps 3 \
+            --grpo-set train.optimizer=adamw_8bit "${lean[@]}"
+        part mem-8bit-lean-256 300 "${vst[@]}" --new-tokens 256 --B 16 --steps 2 \
+            --grpo-set train.optimizer=adamw_8bit "${lean[@]}"
+        part mem-adafactor-64 240 "${vst[@]}" --new-tokens 64 --B 4 --steps 3 --grpo-set train.optimizer=adafactor
         ;;
     layouts)
         lay=(recipes/ci-tiny.yaml train.mini_batches=2 algorithm.num_iterations=2 algorithm.beta=0.04
