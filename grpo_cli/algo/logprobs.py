@@ -21,6 +21,8 @@ from typing import Iterator
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from grpo_cli.algo import head_gradient
+from grpo_cli.algo.head_gradient import ChunkedHead, plain_weight
 from grpo_cli.algo.packing import Packed, one_bin_for, pack
 from grpo_cli.algo.sampling import Truncation, truncated_logps
 
@@ -176,7 +178,7 @@ class HeadLogps:
     def _forward(self, original, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         self.ran = True
         return head_logps(original, hidden, targets, self.temperature, self.chunk_rows, self.truncation,
-                          self.entropy, self.entropy_grad)
+                          self.entropy, self.entropy_grad, plain_weight(self.module))
 
 
 @contextmanager
@@ -194,12 +196,21 @@ def replaced_forward(module: torch.nn.Module, forward) -> Iterator[None]:
 
 
 def head_logps(head_forward, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, chunk_rows: int = 1,
-               truncation: Truncation | None = None, entropy: bool = False, entropy_grad: bool = False) -> torch.Tensor:
+               truncation: Truncation | None = None, entropy: bool = False, entropy_grad: bool = False,
+               weight: torch.Tensor | None = None) -> torch.Tensor:
     """[b, K, H] hidden states, [b, K] targets -> [b, K, 2] (log-prob, entropy or 0) through the LM head
     `head_forward`, `chunk_rows` rows at a time: a chunk's [c, K, V] logits exist only inside it, and under autograd
-    are recomputed in the backward (the head's weight gradient accumulates over the chunks)."""
-    chunk = partial(_head_chunk, head_forward, temperature, truncation, entropy, entropy_grad)
+    are recomputed in the backward. `weight`: the head's (`plain_weight`), whose gradient the chunks then add into one
+    tensor (grpo_cli/algo/head_gradient.py); without it each chunk runs under checkpointing."""
     grad = torch.is_grad_enabled() and hidden.requires_grad
+    if grad and weight is not None:  # chunks of positions: at most head_gradient.CHUNK_LOGITS logits in each
+        after = partial(_after_head, temperature, truncation, entropy, entropy_grad)
+        (b, k), h = targets.shape, hidden.shape[-1]
+        positions = max(1, min(chunk_rows * k, head_gradient.CHUNK_LOGITS // weight.shape[0]))
+        out = ChunkedHead.apply(hidden.reshape(b * k, 1, h), weight, targets.reshape(b * k, 1), head_forward, after,
+                                positions)
+        return out.reshape(b, k, -1)
+    chunk = partial(_head_chunk, head_forward, temperature, truncation, entropy, entropy_grad)
     out = []
     for h, tok in zip(hidden.split(chunk_rows), targets.split(chunk_rows)):
         out.append(checkpoint(chunk, h, tok, use_reentrant=False) if grad else chunk(h, tok))
@@ -210,7 +221,11 @@ def _head_chunk(head_forward, temperature: float, truncation: Truncation | None,
                 hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """[c, K, H] hidden states, [c, K] targets -> [c, K, 2]: log pi(target) and the entropy (0 unless asked; without
     a gradient unless `entropy_grad`), the [c, K, V] logits only inside."""
-    logits = head_forward(hidden)
+    return _after_head(temperature, truncation, entropy, entropy_grad, head_forward(hidden), ids)
+
+
+def _after_head(temperature: float, truncation: Truncation | None, entropy: bool, entropy_grad: bool,
+                logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     logps = truncated_logps(logits, ids, temperature, truncation)
     if not entropy:
         return torch.stack([logps, torch.zeros_like(logps)], dim=-1)
@@ -233,7 +248,8 @@ def _packed_logprobs(model, packed: Packed, *, temperature: float, chunk_rows: i
     def selected(original, hidden: torch.Tensor) -> torch.Tensor:
         h = hidden[packed.at][:, None]  # [K, 1, H]
         if chunked:
-            return head_logps(original, h, targets, temperature, rows, truncation, entropy, entropy_grad)
+            return head_logps(original, h, targets, temperature, rows, truncation, entropy, entropy_grad,
+                              plain_weight(head))
         return original(h)
 
     inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False)
