@@ -10,9 +10,10 @@ follows the head (log-probs, entropy), and adds the chunk's products into one we
 products and sums autograd computes (to float rounding), in one tensor. Autograd adds a tied embedding's gradient
 (Qwen2.5's, SmolLM2's) into that tensor in place too, as it is a fresh one. Its chunks are of positions, at most
 CHUNK_LOGITS logits each, not of rows: a row of 8,192 completion tokens over 151,936 entries would be 4.6 GiB in
-float32, and a chunk's forward and backward hold a few such tensors at once. Smaller chunks cost time on a GPU (each
-is a dozen kernels and an autograd call: 27 positions a chunk made a step of 128 rows x 256 tokens 1.3 s slower on an
-H200), so a chunk is about as large as one of the head's weight gradient.
+float32, and a chunk's forward and backward hold a few such tensors at once. Smaller chunks take less memory and more time on
+a GPU, where each is a dozen kernels and an autograd call: with 27 positions a chunk (Qwen2.5's vocabulary), a step of
+128 rows x 256 tokens took 4.9 s on an H200 against 4.0-4.5 s with a row a chunk, and its peak was 0.4 GiB lower
+(bench/RESULTS.md); 110 positions a chunk gave back half the memory saved, on the CPU.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Callable
 import torch
 
 
-CHUNK_LOGITS = 1 << 24  # logits in one chunk: 64 MiB a tensor in float32 (Qwen2.5's 151,936 entries: 110 positions)
+CHUNK_LOGITS = 1 << 22  # logits in one chunk: 16 MiB a tensor in float32 (Qwen2.5's 151,936 entries: 27 positions)
 
 
 def plain_weight(head: torch.nn.Module | None) -> torch.Tensor | None:
