@@ -47,8 +47,8 @@ class TensorPeak(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
-                continue
+            if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.layout != torch.strided:
+                continue  # a sparse tensor's indices and values are counted as the ops that make them
             s = t.untyped_storage()
             key, n = s.data_ptr(), s.nbytes()
             if not n or key in self.live or key in self.known:

@@ -22,7 +22,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from grpo_cli.algo import head_gradient
-from grpo_cli.algo.head_gradient import ChunkedHead, plain_weight
+from grpo_cli.algo.head_gradient import (ChunkedHead, Shared, plain_embedding, plain_weight, replaced_forward,
+                                         tied_lookup)
 from grpo_cli.algo.packing import Packed, one_bin_for, pack
 from grpo_cli.algo.sampling import Truncation, truncated_logps
 
@@ -90,7 +91,7 @@ def token_logprobs(
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     positions = position_ids_from_mask(attention_mask)
     head = HeadLogps(_head_of(model) if chunked_head else None, temperature, chunk_rows, truncation,
-                     with_entropy or entropy_grad, entropy_grad)
+                     with_entropy or entropy_grad, entropy_grad, _unwrapped(model).get_input_embeddings())
     parts = (_shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, attention_mask, positions, head)
              if shared_prompts else None)  # [(logits or head_logps' output, which)]
     if parts is None:
@@ -160,8 +161,10 @@ class HeadLogps:
     (a head that cannot be taken over, or train.chunked_lm_head off) the model runs unchanged and returns logits."""
 
     def __init__(self, module: torch.nn.Module | None, temperature: float, chunk_rows: int,
-                 truncation: Truncation | None, entropy: bool, entropy_grad: bool) -> None:
+                 truncation: Truncation | None, entropy: bool, entropy_grad: bool,
+                 embedding: torch.nn.Module | None = None) -> None:
         self.module = module
+        self.embedding = plain_embedding(embedding, plain_weight(module))  # tied to the head: TiedEmbedding's
         self.temperature, self.chunk_rows, self.truncation = temperature, chunk_rows, truncation
         self.entropy, self.entropy_grad = entropy, entropy_grad
         self.ran = False  # whether the last call's model output came from it
@@ -172,43 +175,32 @@ class HeadLogps:
         if self.module is None:
             yield
             return
-        with replaced_forward(self.module, partial(self._forward, targets=targets)):
+        shared = Shared() if self.embedding is not None and torch.is_grad_enabled() else None
+        with replaced_forward(self.module, partial(self._forward, targets=targets, shared=shared)), \
+                tied_lookup(self.embedding, shared):
             yield
 
-    def _forward(self, original, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def _forward(self, original, hidden: torch.Tensor, targets: torch.Tensor, shared: Shared | None) -> torch.Tensor:
         self.ran = True
         return head_logps(original, hidden, targets, self.temperature, self.chunk_rows, self.truncation,
-                          self.entropy, self.entropy_grad, plain_weight(self.module))
-
-
-@contextmanager
-def replaced_forward(module: torch.nn.Module, forward) -> Iterator[None]:
-    """`module`'s calls (hooks included) run `forward(original_forward, *args)` inside the block; then its own again."""
-    own = module.__dict__.get("forward")
-    module.forward = partial(forward, module.forward)
-    try:
-        yield
-    finally:
-        if own is None:
-            del module.forward
-        else:
-            module.forward = own
+                          self.entropy, self.entropy_grad, plain_weight(self.module), shared)
 
 
 def head_logps(head_forward, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, chunk_rows: int = 1,
                truncation: Truncation | None = None, entropy: bool = False, entropy_grad: bool = False,
-               weight: torch.Tensor | None = None) -> torch.Tensor:
+               weight: torch.Tensor | None = None, shared: Shared | None = None) -> torch.Tensor:
     """[b, K, H] hidden states, [b, K] targets -> [b, K, 2] (log-prob, entropy or 0) through the LM head
     `head_forward`, `chunk_rows` rows at a time: a chunk's [c, K, V] logits exist only inside it, and under autograd
     are recomputed in the backward. `weight`: the head's (`plain_weight`), whose gradient the chunks then add into one
-    tensor (grpo_cli/algo/head_gradient.py); without it each chunk runs under checkpointing."""
+    tensor (grpo_cli/algo/head_gradient.py), handed to a tied embedding's lookup with `shared`; without it each chunk
+    runs under checkpointing."""
     grad = torch.is_grad_enabled() and hidden.requires_grad
     if grad and weight is not None:  # chunks of positions: at most head_gradient.CHUNK_LOGITS logits in each
         after = partial(_after_head, temperature, truncation, entropy, entropy_grad)
         (b, k), h = targets.shape, hidden.shape[-1]
         positions = max(1, min(chunk_rows * k, head_gradient.CHUNK_LOGITS // weight.shape[0]))
         out = ChunkedHead.apply(hidden.reshape(b * k, 1, h), weight, targets.reshape(b * k, 1), head_forward, after,
-                                positions)
+                                positions, shared)
         return out.reshape(b, k, -1)
     chunk = partial(_head_chunk, head_forward, temperature, truncation, entropy, entropy_grad)
     out = []
@@ -245,11 +237,14 @@ def _packed_logprobs(model, packed: Packed, *, temperature: float, chunk_rows: i
         head = None
     targets, rows = packed.targets[:, None], chunk_rows * packed.shape[1]
 
+    tied = plain_embedding(_unwrapped(model).get_input_embeddings(), plain_weight(head)) if chunked else None
+    shared = Shared() if tied is not None and torch.is_grad_enabled() else None
+
     def selected(original, hidden: torch.Tensor) -> torch.Tensor:
         h = hidden[packed.at][:, None]  # [K, 1, H]
         if chunked:
             return head_logps(original, h, targets, temperature, rows, truncation, entropy, entropy_grad,
-                              plain_weight(head))
+                              plain_weight(head), shared)
         return original(h)
 
     inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False)
@@ -257,7 +252,7 @@ def _packed_logprobs(model, packed: Packed, *, temperature: float, chunk_rows: i
         out = model(**inputs)
         logits, chunked = out.logits[packed.at][:, None], False  # [K, 1, V]
     else:
-        with replaced_forward(head, selected):
+        with replaced_forward(head, selected), tied_lookup(tied, shared):
             logits = model(**inputs).logits  # [K, 1, V], or [K, 1, 2] from head_logps
     if chunked:
         logps, ent = logits[:, 0, 0], logits[:, 0, 1]

@@ -74,7 +74,6 @@ class Shape:
     kv_width: int  # key/value heads x head size
     vocab: int
     n_rep: int = 1  # query heads per key/value head
-    tied: bool = False  # the LM head's weight is the input embedding's
 
 
 def model_sizes(config: Any) -> Shape:
@@ -92,10 +91,8 @@ def model_sizes(config: Any) -> Shape:
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     kv = getattr(text, "num_key_value_heads", None) or heads
-    tied = head is not None and head.weight is model.get_input_embeddings().weight
     return Shape(params, linear, text.num_hidden_layers, text.hidden_size,
-                 getattr(text, "intermediate_size", 4 * text.hidden_size), kv * head_dim, text.vocab_size, heads // kv,
-                 tied)
+                 getattr(text, "intermediate_size", 4 * text.hidden_size), kv * head_dim, text.vocab_size, heads // kv)
 
 
 def cublas_workspaces() -> float:
@@ -168,13 +165,13 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
     row = ro.max_completion_length * shape.vocab
     if ch.chunked_head:  # algo/head_gradient.py: a chunk's logits (a row's, CHUNK_LOGITS at most) and their float32
         # copies beside the head's weight gradient being built in one tensor (trained: not LoRA's; under autocast with
-        # a chunk's bfloat16 product); a tied embedding's gradient joins that tensor at the backward's end
+        # a chunk's bfloat16 product), which a tied embedding's rows join at the backward's end
         from grpo_cli.algo.head_gradient import CHUNK_LOGITS
 
-        chunk = min(row, CHUNK_LOGITS // shape.vocab * shape.vocab) * ((2 if ch.autocast else width) + 4 + 3 * 4)
+        chunk = min(row, max(1, CHUNK_LOGITS // shape.vocab) * shape.vocab) * ((2 if ch.autocast else width) + 4 + 12)
         grad = 0 if lora else shape.vocab * shape.hidden * width
         product = shape.vocab * shape.hidden * 2 if ch.autocast and not lora else 0
-        logits = max(grad + product + chunk, 2 * grad if shape.tied else grad)
+        logits = grad + product + chunk
     else:  # kept for the backward and their gradient, in the model's dtype (autocast: its float32 copy of them)
         logits = mbs * row * 2 * (4 if ch.autocast else width) + 3 * row * 4
     # autocast keeps a bfloat16 copy of every weight a matmul saves for its backward: once for weights that train

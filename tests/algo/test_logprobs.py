@@ -127,7 +127,7 @@ def test_chunks_of_positions_across_rows_give_the_same_logprobs_entropy_and_grad
     calls = []
     real = head_gradient.ChunkedHead.forward
     monkeypatch.setattr(head_gradient.ChunkedHead, "forward",
-                        staticmethod(lambda ctx, h, *a: calls.append((h.shape, a[-1])) or real(ctx, h, *a)))
+                        staticmethod(lambda ctx, h, *a: calls.append((h.shape, a[4])) or real(ctx, h, *a)))
     monkeypatch.setattr(head_gradient, "CHUNK_LOGITS", 4 * model.config.vocab_size + 7)
     chunked = run_head(model, False, args, True, monkeypatch, chunk_rows=2, **kw)
     assert calls == [((B * G * (T + 1), 1, 64), 4)]  # every kept position, 4 at a time
@@ -136,30 +136,48 @@ def test_chunks_of_positions_across_rows_give_the_same_logprobs_entropy_and_grad
         torch.testing.assert_close(chunked[2][name], g, atol=2e-5, rtol=1e-4, msg=name)
 
 
-def test_the_chunked_head_under_autocast_with_a_tied_embedding_gives_the_plain_heads_gradients(monkeypatch):
-    """bf16 autocast over float32 weights (train.mixed_precision=bf16) and a head tied to the embedding (Qwen2.5's):
-    the chunks' weight gradient, each chunk's bf16 product summed in float32, is the plain head's to bf16 rounding."""
+@pytest.mark.parametrize("autocast,shared", [(False, False), (False, True), (True, True)])
+def test_a_head_tied_to_the_embedding_gets_the_plain_heads_gradients(autocast, shared, monkeypatch):
+    """A head tied to the embedding (Qwen2.5's), its padding row (id 0, the prompts' left padding) left out of the
+    embedding's gradient as F.embedding does: the head's gradient and the looked-up rows' summed in one tensor
+    (TiedEmbedding), the plain head's to float rounding; under bf16 autocast over float32 weights
+    (train.mixed_precision=bf16), each chunk's bf16 product summed in float32, to bf16 rounding."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from grpo_cli.algo import head_gradient
 
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True))
+                                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                                         pad_token_id=0))
     model = model.float().train()
+    assert model.get_input_embeddings().padding_idx == 0
+    lookups = []
+    real = head_gradient.TiedEmbedding.backward
+    monkeypatch.setattr(head_gradient.TiedEmbedding, "backward",
+                        staticmethod(lambda ctx, g: lookups.append(len(g)) or real(ctx, g)))
     args = batch()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        plain = run_head(model, True, args, False, monkeypatch, with_entropy=True)
-        chunked = run_head(model, True, args, True, monkeypatch, with_entropy=True, chunk_rows=5)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        plain = run_head(model, shared, args, False, monkeypatch, with_entropy=True)
+        assert lookups == []
+        chunked = run_head(model, shared, args, True, monkeypatch, with_entropy=True, chunk_rows=5)
+        assert lookups == [B * G]  # the completions' lookup (with a group's prompt once, the prompts' is its own)
     assert plain[0].dtype == torch.float32 and (plain[0] - chunked[0]).abs().max() < 1e-5
     assert "lm_head.weight" not in plain[2]  # tied: one parameter, the head's and the embedding's gradients summed
     for name, g in plain[2].items():
-        assert (chunked[2][name] - g).abs().max() <= 0.02 * g.abs().max(), name
+        if autocast:
+            assert (chunked[2][name] - g).abs().max() <= 0.02 * g.abs().max(), name
+        else:
+            torch.testing.assert_close(chunked[2][name], g, atol=2e-5, rtol=1e-4, msg=name)
     assert plain[2]["model.embed_tokens.weight"].abs().max() > 1e-2
 
 
-def test_the_chunked_heads_weight_gradient_is_built_in_one_tensor():
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_chunked_heads_weight_gradient_is_built_in_one_tensor(tied):
     """Each chunk's share of the head's weight gradient is added into one [V, H] tensor. Autograd summed the chunks'
     own gradients out of place, so three tensors of the head's size were alive at once in the backward, on top of the
-    gradient kept between micro-batches: 0.76 GiB at the H200 peak of issue 40 (Qwen2.5-0.5B's 151,936 x 896 head)."""
+    gradient kept between micro-batches: 0.76 GiB at the H200 peak of issue 40 (Qwen2.5-0.5B's 151,936 x 896 head).
+    Tied to the embedding, the embedding's gradient was a dense [V, H] tensor more at the backward's end."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from tensor_peak import TensorPeak
@@ -168,7 +186,7 @@ def test_the_chunked_heads_weight_gradient_is_built_in_one_tensor():
     vocab, hidden = 20000, 128
     model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=128,
                                          num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                                         tie_word_embeddings=False)).float().train()
+                                         tie_word_embeddings=tied)).float().train()
     g = torch.Generator().manual_seed(3)
     prompt_ids = torch.randint(1, vocab, (6, 5), generator=g)
     completion_ids = torch.randint(1, vocab, (6, 4), generator=g)
