@@ -31,7 +31,7 @@ CHUNK_LOGITS = 1 << 22  # logits in one chunk: 16 MiB a tensor in float32 (Qwen2
 
 
 def plain_weight(head: torch.nn.Module | None) -> torch.Tensor | None:
-    """The weight of a head this function can take over: a bias-free `nn.Linear` itself (not a LoRA layer or a
+    """The weight of a head ChunkedHead can take over: a bias-free `nn.Linear` itself (not a LoRA layer or a
     quantized subclass, whose forward is not `hidden @ weight.T`); else None (the chunks run under checkpointing)."""
     if type(head) is torch.nn.Linear and head.bias is None:
         return head.weight
