@@ -151,12 +151,14 @@ def replaced_forward(module: torch.nn.Module, forward) -> Iterator[None]:
 
 
 @contextmanager
-def tied_lookup(embedding: torch.nn.Embedding | None, shared: Shared | None) -> Iterator[None]:
-    """Inside the block `embedding` (`plain_embedding`'s) looks up through TiedEmbedding with `shared`, the way the
-    head's gradient comes to it; without either, as it is."""
-    if embedding is None or shared is None:
-        yield
+def tied_lookup(embedding: torch.nn.Embedding | None) -> Iterator[Shared | None]:
+    """`with tied_lookup(embedding) as shared:` `embedding` (`plain_embedding`'s) looks up through TiedEmbedding inside
+    the block, and `shared` is the way the head's gradient comes to it (for ChunkedHead); None (the embedding as it is)
+    without one, or without autograd."""
+    if embedding is None or not torch.is_grad_enabled():
+        yield None
         return
+    shared = Shared()
     with replaced_forward(embedding, lambda original, ids: TiedEmbedding.apply(ids, embedding.weight, shared,
                                                                                 embedding.padding_idx)):
-        yield
+        yield shared

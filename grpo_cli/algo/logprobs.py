@@ -175,9 +175,8 @@ class HeadLogps:
         if self.module is None:
             yield
             return
-        shared = Shared() if self.embedding is not None and torch.is_grad_enabled() else None
-        with replaced_forward(self.module, partial(self._forward, targets=targets, shared=shared)), \
-                tied_lookup(self.embedding, shared):
+        with tied_lookup(self.embedding) as shared, \
+                replaced_forward(self.module, partial(self._forward, targets=targets, shared=shared)):
             yield
 
     def _forward(self, original, hidden: torch.Tensor, targets: torch.Tensor, shared: Shared | None) -> torch.Tensor:
@@ -238,9 +237,8 @@ def _packed_logprobs(model, packed: Packed, *, temperature: float, chunk_rows: i
     targets, rows = packed.targets[:, None], chunk_rows * packed.shape[1]
 
     tied = plain_embedding(_unwrapped(model).get_input_embeddings(), plain_weight(head)) if chunked else None
-    shared = Shared() if tied is not None and torch.is_grad_enabled() else None
 
-    def selected(original, hidden: torch.Tensor) -> torch.Tensor:
+    def selected(shared: Shared | None, original, hidden: torch.Tensor) -> torch.Tensor:
         h = hidden[packed.at][:, None]  # [K, 1, H]
         if chunked:
             return head_logps(original, h, targets, temperature, rows, truncation, entropy, entropy_grad,
@@ -252,7 +250,7 @@ def _packed_logprobs(model, packed: Packed, *, temperature: float, chunk_rows: i
         out = model(**inputs)
         logits, chunked = out.logits[packed.at][:, None], False  # [K, 1, V]
     else:
-        with replaced_forward(head, selected), tied_lookup(tied, shared):
+        with tied_lookup(tied) as shared, replaced_forward(head, partial(selected, shared)):
             logits = model(**inputs).logits  # [K, 1, V], or [K, 1, 2] from head_logps
     if chunked:
         logps, ent = logits[:, 0, 0], logits[:, 0, 1]

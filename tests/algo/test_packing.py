@@ -96,7 +96,7 @@ def assert_same(padded, packed):
         torch.testing.assert_close(packed[2][name], g, atol=1e-5, rtol=1e-4, msg=name)
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "llama", "qwen2 grouped"])
+@pytest.mark.parametrize("kind", ["qwen2", "llama", "qwen2 grouped", "qwen2 tied"])
 @pytest.mark.parametrize("chunked", [False, True])
 @pytest.mark.parametrize("kw", [dict(with_entropy=True), dict(entropy_grad=True, chunk_rows=5),
                                 dict(with_entropy=True, truncation="top_k")])
@@ -107,12 +107,15 @@ def test_packed_rows_give_the_padded_logprobs_entropy_and_gradients(kind, chunke
     model, args = tiny(kind.split()[0]), mixed()
     if kind.endswith("grouped"):  # as the trainer loads it: grpo_cli/models/attention.py
         assert use_grouped_sdpa(model)
+    if kind.endswith("tied"):  # the head is the input embedding (Qwen2.5's): head_gradient.TiedEmbedding's lookup
+        model.lm_head.weight = model.model.embed_tokens.weight
     padded, packed = run(model, args, False, **kw), run(model, args, True, **kw)
     assert_same(padded, packed)
     assert padded[3] == B * G * (P + T) and packed[3] == 7 * 20  # the tokens the model ran
     outside = ~args[3].bool()
     assert (packed[4][outside] == 0).all()  # 0 where the completion has no token
     assert "forward" not in model.get_output_embeddings().__dict__  # the head is the model's own again
+    assert "forward" not in model.get_input_embeddings().__dict__  # and the embedding
 
 
 def test_one_bin_for_variable_length_kernels_gives_the_same(monkeypatch):
