@@ -6,15 +6,18 @@ weight gradient, and autograd sums them out of place: the running sum, the next 
 are alive at once, three tensors of the head's size beside the gradient kept between micro-batches (0.76 GiB for
 Qwen2.5-0.5B's 151,936 x 896 head in bf16, most of a training step's transient memory on a GPU). Here one autograd
 function runs all the chunks: its backward recomputes a chunk's logits, takes their gradient through what follows
-the head (log-probs, entropy), and adds the chunk's products into one weight gradient in place, the same products
-and sums autograd computes (to float rounding), in one tensor. A tied input embedding (Qwen2.5's, SmolLM2's: the
-head's weight is the embedding's) would add a dense [V, H] gradient of its own to that one at the backward's end,
-two at once; `TiedEmbedding` adds its rows into the head's tensor instead. ChunkedHead's chunks are of positions, at
-most CHUNK_LOGITS logits each, not of rows: a row of 8,192 completion tokens over 151,936 entries would be 4.6 GiB
-in float32, and a chunk's forward and backward hold a few such tensors at once. Smaller chunks take less memory and
-more time on a GPU, where each is a dozen kernels and an autograd call: with 27 positions a chunk (Qwen2.5's
-vocabulary), a step of 128 rows x 256 tokens took 4.9 s on an H200 against 4.0-4.5 s with a row a chunk, and its
-peak was 0.4 GiB lower (bench/RESULTS.md); 110 positions a chunk gave back half the memory saved, on the CPU.
+the head (log-probs, entropy; the plain log-probs' in closed form), and adds the chunk's products into one weight
+gradient in place, the same products and sums autograd computes (to float rounding), in one tensor; from a step's
+second micro-batch on, that tensor is the gradient the first left (`kept_gradient`), so no tensor of the head's size
+is new in the backward at all. A tied input embedding (Qwen2.5's, SmolLM2's: the head's weight is the embedding's)
+would add a dense [V, H] gradient of its own at the backward's end, and an untied one beside its own kept gradient;
+`EmbeddingLookup` adds its rows into one tensor instead (the head's where tied, else its own kept gradient).
+ChunkedHead's chunks are of positions, at most CHUNK_LOGITS logits each, not of rows: a row of 8,192 completion tokens
+over 151,936 entries would be 4.6 GiB in float32, and a chunk's forward and backward hold a few such tensors at
+once. Smaller chunks take less memory and more time on a GPU, where each is a few kernels and a Python loop's turn:
+with 27 positions a chunk (Qwen2.5's vocabulary) and autograd through each, a step of 128 rows x 256 tokens took
+4.9 s on an H200 against 4.0-4.5 s with a row a chunk, and its peak was 0.4 GiB lower (bench/RESULTS.md); 110
+positions a chunk gave back half the memory saved, on the CPU.
 """
 
 from __future__ import annotations
@@ -38,65 +41,92 @@ def plain_weight(head: torch.nn.Module | None) -> torch.Tensor | None:
     return None
 
 
-def plain_embedding(embedding: torch.nn.Module | None, weight: torch.Tensor | None) -> torch.nn.Embedding | None:
-    """`embedding` when `TiedEmbedding` can take it over: an `nn.Embedding` itself whose weight is `weight` (the plain
-    head's, trained) and that looks rows up as they are (no max_norm, no scaling by frequency, dense)."""
-    if (weight is None or type(embedding) is not torch.nn.Embedding or embedding.weight is not weight
-            or not weight.requires_grad or embedding.max_norm is not None or embedding.scale_grad_by_freq
-            or embedding.sparse):
+def plain_embedding(embedding: torch.nn.Module | None) -> torch.nn.Embedding | None:
+    """`embedding` when `EmbeddingLookup` can take it over: an `nn.Embedding` itself, trained, that looks rows up as
+    they are (no max_norm, no scaling by frequency, dense)."""
+    if (type(embedding) is not torch.nn.Embedding or not embedding.weight.requires_grad
+            or embedding.max_norm is not None or embedding.scale_grad_by_freq or embedding.sparse):
         return None
     return embedding
 
 
+def kept_gradient(weight: torch.Tensor) -> torch.Tensor | None:
+    """`weight.grad` where a backward may add its share into it in place, as autograd's accumulation would (the second
+    micro-batch of a step on): a dense tensor of the weight's shape and dtype, no hook on the weight (its gradient
+    then goes through autograd), one process (DistributedDataParallel reduces what autograd accumulates), and a
+    backward that accumulates into the weight (`.backward()`, not `torch.autograd.grad`, which returns gradients)."""
+    grad = weight.grad
+    if grad is None or grad.layout != torch.strided or grad.shape != weight.shape or grad.dtype != weight.dtype:
+        return None
+    if weight._backward_hooks or getattr(weight, "_post_accumulate_grad_hooks", None):
+        return None
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return None
+    try:  # raises inside torch.autograd.grad
+        accumulates = torch._C._will_engine_execute_node(torch.autograd.graph.get_gradient_edge(weight).node)
+    except RuntimeError:
+        accumulates = False
+    return grad if accumulates else None
+
+
 class Shared:
-    """The head's weight gradient between ChunkedHead's backward, which makes it, and TiedEmbedding's, which adds the
-    embedding's rows and hands it to autograd as the weight's whole gradient."""
+    """The head's weight gradient between ChunkedHead's backward, which makes it, and a tied embedding's
+    (EmbeddingLookup's), which adds its rows and hands it to autograd as the weight's whole gradient."""
 
     grad: torch.Tensor | None = None
 
 
-class TiedEmbedding(torch.autograd.Function):
-    """`TiedEmbedding.apply(ids, weight, shared, padding_idx)` -> `F.embedding(ids, weight, padding_idx)`. The backward
-    runs after ChunkedHead's (the head reads what the embedding began) and adds the looked-up rows' gradients (none for
-    `padding_idx`, as F.embedding) into `shared.grad` (a zero tensor when no head left one): with distinct rows, summed
-    first, so that adding them is the same on every run on a GPU too. Autograd gets that one tensor for the weight,
-    and None from the head's function."""
+class EmbeddingLookup(torch.autograd.Function):
+    """`EmbeddingLookup.apply(ids, weight, shared, padding_idx)` -> `F.embedding(ids, weight, padding_idx)`, whose
+    backward adds the looked-up rows' gradients (none for `padding_idx`, as F.embedding) into one tensor: the weight's
+    kept gradient (`kept_gradient`: in place, and autograd gets None), else with `shared` (the head tied to this
+    weight: ChunkedHead's backward ran first, the head reading what the embedding began) the head's gradient, else a
+    new zero tensor. F.embedding's own backward makes a dense [V, H] gradient on every call, one head size beside the
+    kept one (1.09 GB a micro-batch for Qwen2.5-7B's input embedding in bfloat16). The rows are added with
+    `index_put_(accumulate=True)`: a row's repeats summed in the order of a sort on a GPU (the same on every run), and
+    no wait for the GPU (no count of distinct ids, no mask of the padding's)."""
 
     @staticmethod
-    def forward(ctx, ids: torch.Tensor, weight: torch.Tensor, shared: Shared, padding_idx: int | None) -> torch.Tensor:
+    def forward(ctx, ids: torch.Tensor, weight: torch.Tensor, shared: Shared | None,
+                padding_idx: int | None) -> torch.Tensor:
         ctx.save_for_backward(ids)
-        ctx.shared, ctx.padding_idx, ctx.shape, ctx.dtype = shared, padding_idx, weight.shape, weight.dtype
+        ctx.weight, ctx.shared, ctx.padding_idx = weight, shared, padding_idx
         return F.embedding(ids, weight, padding_idx)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         (ids,) = ctx.saved_tensors
-        grad, ctx.shared.grad = ctx.shared.grad, None
+        weight, grad = ctx.weight, None
+        if ctx.shared is not None:
+            grad, ctx.shared.grad = ctx.shared.grad, None
+        kept = kept_gradient(weight) if grad is None else None
         if grad is None:
-            grad = torch.zeros(ctx.shape, dtype=ctx.dtype, device=grad_out.device)
-        ids, rows = ids.reshape(-1), grad_out.reshape(-1, grad_out.shape[-1])
+            grad = kept if kept is not None else torch.zeros_like(weight, memory_format=torch.contiguous_format)
+        ids, rows = ids.reshape(-1), grad_out.reshape(-1, grad_out.shape[-1]).to(grad.dtype)
         if ctx.padding_idx is not None:
-            keep = ids != ctx.padding_idx
-            ids, rows = ids[keep], rows[keep]
-        rows = torch.sparse_coo_tensor(ids[None], rows.to(grad.dtype), (ctx.shape[0], rows.shape[1]),
-                                       check_invariants=False).coalesce()  # ids < V: the lookup read them
-        grad.index_add_(0, rows.indices()[0], rows.values())
-        return None, grad, None, None
+            rows = rows.masked_fill((ids == ctx.padding_idx)[:, None], 0)
+        grad.index_put_((ids,), rows, accumulate=True)
+        return None, (None if grad is kept else grad), None, None
 
 
 class ChunkedHead(torch.autograd.Function):
-    """`ChunkedHead.apply(hidden [n, K, H], weight [V, H], targets [n, K], head_forward, after, rows, shared)` -> cat
-    over chunks of `rows` of `after(head_forward(hidden_chunk), targets_chunk)`; `head_forward(h)` is `h @ weight.T`
-    (under the caller's autocast, which the backward's recomputation repeats). `head_logps` gives it one position a
-    row. With `shared` (a tied embedding's `TiedEmbedding` runs in the same forward) the weight's gradient goes there
-    for it to finish, else to autograd."""
+    """`ChunkedHead.apply(hidden [n, K, H], weight [V, H], targets [n, K], head_forward, after, rows, shared,
+    after_grad)` -> cat over chunks of `rows` of `after(head_forward(hidden_chunk), targets_chunk)`; `head_forward(h)`
+    is `h @ weight.T` (under the caller's autocast, which the backward's recomputation repeats). `head_logps` gives it
+    one position a row. The backward takes a chunk's logits' gradient from `after_grad(logits, targets, grad_out)`
+    where given (the plain log-probs' closed form: a few kernels a chunk where autograd through `after` runs a few
+    dozen, each a launch on a GPU), else through `after` by autograd. The weight's gradient is added into the kept one
+    (`kept_gradient`: autograd then gets None), else built in one new tensor, which goes to `shared` (a tied
+    embedding's `EmbeddingLookup`, in the same forward) for it to finish, else to autograd."""
 
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                head_forward: Callable, after: Callable, chunk_rows: int, shared: Shared | None = None) -> torch.Tensor:
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, head_forward: Callable,
+                after: Callable, chunk_rows: int, shared: Shared | None = None,
+                after_grad: Callable | None = None) -> torch.Tensor:
         device = hidden.device.type
         ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
         ctx.head_forward, ctx.after, ctx.chunk_rows, ctx.shared = head_forward, after, chunk_rows, shared
+        ctx.after_grad, ctx.weight = after_grad, weight
         ctx.save_for_backward(hidden, weight, targets)
         chunks = zip(hidden.split(chunk_rows), targets.split(chunk_rows))
         return torch.cat([after(head_forward(h), t) for h, t in chunks])
@@ -106,16 +136,20 @@ class ChunkedHead(torch.autograd.Function):
         hidden, weight, targets = ctx.saved_tensors
         device, enabled, dtype = ctx.autocast
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = w = None
+        kept = kept_gradient(ctx.weight) if ctx.needs_input_grad[1] else None
+        grad_weight, w = kept, None
         start = 0
         rows = ctx.chunk_rows
         for h, t, g in zip(hidden.split(rows), targets.split(rows), grad_out.split(rows)):
             with torch.autocast(device, dtype=dtype, enabled=enabled):
                 with torch.no_grad():
                     logits = ctx.head_forward(h)
-                logits.requires_grad_(True)
-                with torch.enable_grad():
-                    (d,) = torch.autograd.grad(ctx.after(logits, t), logits, g)
+                if ctx.after_grad is not None:
+                    d = ctx.after_grad(logits, t, g)
+                else:
+                    logits.requires_grad_(True)
+                    with torch.enable_grad():
+                        (d,) = torch.autograd.grad(ctx.after(logits, t), logits, g)
             del logits
             if w is None:  # the weight as the forward's product read it (autocast: a copy in its dtype, made once)
                 w = weight if weight.dtype == d.dtype else weight.to(d.dtype)
@@ -131,9 +165,33 @@ class ChunkedHead(torch.autograd.Function):
                 else:  # autocast: the product in its dtype, summed in the weight's (as autograd casts each back)
                     grad_weight.add_(d2.mm(h2))
             start += len(h)
-        if ctx.shared is not None and grad_weight is not None:
+        if grad_weight is kept:
+            grad_weight = None
+        elif ctx.shared is not None:
             ctx.shared.grad, grad_weight = grad_weight, None
-        return grad_hidden, grad_weight, None, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None, None
+
+
+def plain_logps(temperature: float, entropy: bool, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """[..., V] logits, [...] ids -> [..., 2]: float32 log softmax(logits / T)[ids] and the entropy (0 unless
+    `entropy`), from one log-softmax: `_after_head`'s values without truncation, in 9 kernels where it runs 20."""
+    x = logits.float()
+    if temperature != 1.0:
+        x = x / temperature
+    logp = torch.log_softmax(x, dim=-1)
+    del x
+    ent = -logp.exp().mul_(logp).sum(-1) if entropy else logp.new_zeros(logp.shape[:-1])
+    return torch.stack([logp.gather(-1, ids.unsqueeze(-1)).squeeze(-1), ent], dim=-1)
+
+
+def plain_logps_grad(temperature: float, logits: torch.Tensor, ids: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """The gradient of `grad[..., 0]` x log softmax(logits / T)[ids] with respect to the [..., V] logits, in their
+    dtype: (onehot(ids) - softmax(logits / T)) x grad / T, what autograd takes through `plain_logps` and
+    `_after_head` (the entropy beside the log-probs, without a gradient, takes none), in 5 kernels."""
+    scale = grad[..., :1].float() / temperature  # [..., 1]
+    x = logits if temperature == 1.0 else logits.float() / temperature
+    d = torch.softmax(x, dim=-1, dtype=torch.float32).mul_(-scale)
+    return d.scatter_add_(-1, ids.unsqueeze(-1), scale).to(logits.dtype)
 
 
 @contextmanager
@@ -151,14 +209,15 @@ def replaced_forward(module: torch.nn.Module, forward) -> Iterator[None]:
 
 
 @contextmanager
-def tied_lookup(embedding: torch.nn.Embedding | None) -> Iterator[Shared | None]:
-    """`with tied_lookup(embedding) as shared:` `embedding` (`plain_embedding`'s) looks up through TiedEmbedding inside
-    the block, and `shared` is the way the head's gradient comes to it (for ChunkedHead); None (the embedding as it is)
-    without one, or without autograd."""
+def embedding_lookup(embedding: torch.nn.Embedding | None, head_weight: torch.Tensor | None
+                     ) -> Iterator[Shared | None]:
+    """`with embedding_lookup(embedding, head_weight) as shared:` `embedding` (`plain_embedding`'s) looks up through
+    EmbeddingLookup inside the block; `shared` is the way the head's gradient comes to it (for ChunkedHead) where the
+    head is tied to it (its weight is `head_weight`), else None, as without an embedding or without autograd."""
     if embedding is None or not torch.is_grad_enabled():
         yield None
         return
-    shared = Shared()
-    with replaced_forward(embedding, lambda original, ids: TiedEmbedding.apply(ids, embedding.weight, shared,
-                                                                                embedding.padding_idx)):
+    shared = Shared() if embedding.weight is head_weight else None
+    with replaced_forward(embedding, lambda original, ids: EmbeddingLookup.apply(ids, embedding.weight, shared,
+                                                                                  embedding.padding_idx)):
         yield shared

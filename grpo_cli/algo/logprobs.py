@@ -22,8 +22,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from grpo_cli.algo import head_gradient
-from grpo_cli.algo.head_gradient import (ChunkedHead, Shared, plain_embedding, plain_weight, replaced_forward,
-                                         tied_lookup)
+from grpo_cli.algo.head_gradient import (ChunkedHead, Shared, embedding_lookup, plain_embedding, plain_logps,
+                                         plain_logps_grad, plain_weight, replaced_forward)
 from grpo_cli.algo.packing import Packed, one_bin_for, pack
 from grpo_cli.algo.sampling import Truncation, truncated_logps
 
@@ -164,7 +164,8 @@ class HeadLogps:
                  truncation: Truncation | None, entropy: bool, entropy_grad: bool,
                  embedding: torch.nn.Module | None = None) -> None:
         self.module = module
-        self.embedding = plain_embedding(embedding, plain_weight(module))  # tied to the head: TiedEmbedding's
+        # trained, and the head taken over: its gradient added in place too (head_gradient.EmbeddingLookup)
+        self.embedding = plain_embedding(embedding) if plain_weight(module) is not None else None
         self.temperature, self.chunk_rows, self.truncation = temperature, chunk_rows, truncation
         self.entropy, self.entropy_grad = entropy, entropy_grad
         self.ran = False  # whether the last call's model output came from it
@@ -175,7 +176,7 @@ class HeadLogps:
         if self.module is None:
             yield
             return
-        with tied_lookup(self.embedding) as shared, \
+        with embedding_lookup(self.embedding, plain_weight(self.module)) as shared, \
                 replaced_forward(self.module, partial(self._forward, targets=targets, shared=shared)):
             yield
 
@@ -198,8 +199,11 @@ def head_logps(head_forward, hidden: torch.Tensor, targets: torch.Tensor, temper
         after = partial(_after_head, temperature, truncation, entropy, entropy_grad)
         (b, k), h = targets.shape, hidden.shape[-1]
         positions = max(1, min(chunk_rows * k, head_gradient.CHUNK_LOGITS // weight.shape[0]))
+        closed = not entropy_grad and (truncation is None or not truncation.active)  # the plain log-probs
+        if closed:
+            after = partial(plain_logps, temperature, entropy)
         out = ChunkedHead.apply(hidden.reshape(b * k, 1, h), weight, targets.reshape(b * k, 1), head_forward, after,
-                                positions, shared)
+                                positions, shared, partial(plain_logps_grad, temperature) if closed else None)
         return out.reshape(b, k, -1)
     chunk = partial(_head_chunk, head_forward, temperature, truncation, entropy, entropy_grad)
     out = []
@@ -236,7 +240,8 @@ def _packed_logprobs(model, packed: Packed, *, temperature: float, chunk_rows: i
         head = None
     targets, rows = packed.targets[:, None], chunk_rows * packed.shape[1]
 
-    tied = plain_embedding(_unwrapped(model).get_input_embeddings(), plain_weight(head)) if chunked else None
+    embedding = plain_embedding(_unwrapped(model).get_input_embeddings()) \
+        if chunked and plain_weight(head) is not None else None
 
     def selected(shared: Shared | None, original, hidden: torch.Tensor) -> torch.Tensor:
         h = hidden[packed.at][:, None]  # [K, 1, H]
@@ -250,7 +255,8 @@ def _packed_logprobs(model, packed: Packed, *, temperature: float, chunk_rows: i
         out = model(**inputs)
         logits, chunked = out.logits[packed.at][:, None], False  # [K, 1, V]
     else:
-        with tied_lookup(tied) as shared, replaced_forward(head, partial(selected, shared)):
+        with embedding_lookup(embedding, plain_weight(head)) as shared, \
+                replaced_forward(head, partial(selected, shared)):
             logits = model(**inputs).logits  # [K, 1, V], or [K, 1, 2] from head_logps
     if chunked:
         logps, ent = logits[:, 0, 0], logits[:, 0, 1]

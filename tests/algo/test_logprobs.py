@@ -140,7 +140,7 @@ def test_chunks_of_positions_across_rows_give_the_same_logprobs_entropy_and_grad
 def test_a_head_tied_to_the_embedding_gets_the_plain_heads_gradients(autocast, shared, monkeypatch):
     """A head tied to the embedding (Qwen2.5's), its padding row (id 0, the prompts' left padding) left out of the
     embedding's gradient as F.embedding does: the head's gradient and the looked-up rows' summed in one tensor
-    (TiedEmbedding), the plain head's to float rounding; under bf16 autocast over float32 weights
+    (EmbeddingLookup), the plain head's to float rounding; under bf16 autocast over float32 weights
     (train.mixed_precision=bf16), each chunk's bf16 product summed in float32, to bf16 rounding."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -153,8 +153,8 @@ def test_a_head_tied_to_the_embedding_gets_the_plain_heads_gradients(autocast, s
     model = model.float().train()
     assert model.get_input_embeddings().padding_idx == 0
     lookups = []
-    real = head_gradient.TiedEmbedding.backward
-    monkeypatch.setattr(head_gradient.TiedEmbedding, "backward",
+    real = head_gradient.EmbeddingLookup.backward
+    monkeypatch.setattr(head_gradient.EmbeddingLookup, "backward",
                         staticmethod(lambda ctx, g: lookups.append(len(g)) or real(ctx, g)))
     args = batch()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
@@ -173,11 +173,14 @@ def test_a_head_tied_to_the_embedding_gets_the_plain_heads_gradients(autocast, s
 
 
 @pytest.mark.parametrize("tied", [False, True])
-def test_the_chunked_heads_weight_gradient_is_built_in_one_tensor(tied):
+def test_the_chunked_heads_weight_gradient_is_built_in_one_tensor_then_added_where_it_is_kept(tied, monkeypatch):
     """Each chunk's share of the head's weight gradient is added into one [V, H] tensor. Autograd summed the chunks'
     own gradients out of place, so three tensors of the head's size were alive at once in the backward, on top of the
     gradient kept between micro-batches: 0.76 GiB at the H200 peak of issue 40 (Qwen2.5-0.5B's 151,936 x 896 head).
-    Tied to the embedding, the embedding's gradient was a dense [V, H] tensor more at the backward's end."""
+    Tied to the embedding, the embedding's gradient was a dense [V, H] tensor more at the backward's end. From the
+    second micro-batch on, that one tensor is the gradient the first left (`weight.grad`, added to in place, as
+    autograd's accumulation would): no tensor of the head's size is new in the backward (one was, 1.24 head sizes at
+    the peak with one of the head's size). Two micro-batches leave the plain head's gradients."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from tensor_peak import TensorPeak
@@ -188,19 +191,78 @@ def test_the_chunked_heads_weight_gradient_is_built_in_one_tensor(tied):
                                          num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
                                          tie_word_embeddings=tied)).float().train()
     g = torch.Generator().manual_seed(3)
-    prompt_ids = torch.randint(1, vocab, (6, 5), generator=g)
-    completion_ids = torch.randint(1, vocab, (6, 4), generator=g)
-    args = (prompt_ids, torch.ones_like(prompt_ids), completion_ids, torch.ones_like(completion_ids))
-    head = model.get_output_embeddings().weight
-    peaks = []
+    batches = []
     for _ in range(2):  # the second micro-batch adds to the gradients the first left
-        logps, _ = token_logprobs(model, *args, shared_prompts=False, chunk_rows=1)
-        with TensorPeak() as p:
-            logps.sum().backward()
-        peaks.append(p.new_peak / (head.numel() * head.element_size()))
-    # new at the peak: the gradient being built (1 head), a chunk's logits and their gradients (4 x 20000: 1/32 each)
-    assert peaks[1] < 1.5, peaks
+        prompt_ids = torch.randint(1, vocab, (6, 5), generator=g)
+        completion_ids = torch.randint(1, vocab, (6, 4), generator=g)
+        batches.append((prompt_ids, torch.ones_like(prompt_ids), completion_ids, torch.ones_like(completion_ids)))
+    head = model.get_output_embeddings().weight
+
+    def two_micro_batches(chunked: bool) -> tuple[list[float], dict[str, torch.Tensor]]:
+        monkeypatch.setattr(logprobs_module, "HEAD_CHUNKED", set(HEAD_CHUNKED) if chunked else set())
+        model.zero_grad(set_to_none=True)
+        peaks = []
+        for args in batches:
+            logps, _ = token_logprobs(model, *args, temperature=0.7, shared_prompts=False, chunk_rows=1)
+            with TensorPeak() as p:
+                (logps * torch.linspace(-1, 1, logps.numel()).view_as(logps)).sum().backward()
+            peaks.append(p.new_peak / (head.numel() * head.element_size()))
+        return peaks, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    _, plain = two_micro_batches(False)
+    peaks, chunked = two_micro_batches(True)
+    # new at the first's peak: the gradients being built (the head's, then kept as the weight's, and untied the
+    # embedding's: 1 or 2 head sizes), a chunk's logits and their gradients (4 x 20000: 1/32 each); at the second's,
+    # only the chunk's
+    assert peaks[0] < (1.5 if tied else 2.5) and peaks[1] < 0.5, peaks
+    for name, grad in plain.items():
+        torch.testing.assert_close(chunked[name], grad, atol=2e-5, rtol=1e-4, msg=name)
     assert head.grad.abs().max() > 1e-3
+
+    def returned(chunked: bool) -> torch.Tensor:  # torch.autograd.grad: the gradient returned, none accumulated
+        monkeypatch.setattr(logprobs_module, "HEAD_CHUNKED", set(HEAD_CHUNKED) if chunked else set())
+        logps, _ = token_logprobs(model, *batches[1], temperature=0.7, shared_prompts=False, chunk_rows=1)
+        return torch.autograd.grad((logps * torch.linspace(-1, 1, logps.numel()).view_as(logps)).sum(), [head])[0]
+
+    kept = head.grad.clone()
+    torch.testing.assert_close(returned(True), returned(False), atol=2e-5, rtol=1e-4)
+    assert torch.equal(head.grad, kept)  # the kept gradient as the two micro-batches left it
+
+
+@pytest.mark.parametrize("dtype,temperature", [(torch.float32, 0.7), (torch.float32, 1.0), (torch.bfloat16, 0.7)])
+def test_the_plain_log_probs_gradient_in_closed_form_is_autograds(dtype, temperature, monkeypatch):
+    """Without truncation or an entropy gradient the chunked head's chunks run head_gradient.plain_logps (_after_head's
+    log-probs and entropy) and, in the backward, plain_logps_grad: autograd's gradient through _after_head, the
+    entropy beside the log-probs taking none; the chunked head then runs it, not autograd, in every chunk."""
+    from grpo_cli.algo import head_gradient
+    from grpo_cli.algo.logprobs import _after_head
+
+    g = torch.Generator().manual_seed(5)
+    logits = (3 * torch.randn(6, 1, 50, generator=g)).to(dtype)
+    ids = torch.randint(0, 50, (6, 1), generator=g)
+    grad = torch.randn(6, 1, 2, generator=g)
+    x = logits.clone().requires_grad_(True)
+    values = _after_head(temperature, None, True, False, x, ids)
+    (want,) = torch.autograd.grad(values, x, grad)
+    torch.testing.assert_close(head_gradient.plain_logps(temperature, True, logits, ids), values.detach(),
+                               atol=2e-6, rtol=1e-5)
+    assert (head_gradient.plain_logps(temperature, False, logits, ids)[..., 1] == 0).all()
+    got = head_gradient.plain_logps_grad(temperature, logits.clone(), ids, grad)
+    assert got.dtype == dtype
+    tolerance = dict(atol=1e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(got, want, **tolerance)
+    assert want.abs().max() > 0.1
+
+    model, args = tiny("qwen2"), batch()
+    calls = []
+    real = head_gradient.plain_logps_grad
+    monkeypatch.setattr(head_gradient, "plain_logps_grad", lambda *a: calls.append(a[1].shape) or real(*a))
+    monkeypatch.setattr(logprobs_module, "plain_logps_grad", head_gradient.plain_logps_grad)
+    run_head(model, False, args, True, monkeypatch, with_entropy=True)
+    assert sum(s[0] for s in calls) == B * G * (T + 1)  # every kept position's logits, in chunks
+    calls.clear()
+    run_head(model, False, args, True, monkeypatch, entropy_grad=True)  # the entropy's gradient: autograd's
+    assert calls == []
 
 
 def test_models_whose_head_output_is_changed_after_it_keep_their_logits():

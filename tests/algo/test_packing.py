@@ -107,7 +107,7 @@ def test_packed_rows_give_the_padded_logprobs_entropy_and_gradients(kind, chunke
     model, args = tiny(kind.split()[0]), mixed()
     if kind.endswith("grouped"):  # as the trainer loads it: grpo_cli/models/attention.py
         assert use_grouped_sdpa(model)
-    if kind.endswith("tied"):  # the head is the input embedding (Qwen2.5's): head_gradient.TiedEmbedding's lookup
+    if kind.endswith("tied"):  # the head is the input embedding (Qwen2.5's): head_gradient.EmbeddingLookup's lookup
         model.lm_head.weight = model.model.embed_tokens.weight
     padded, packed = run(model, args, False, **kw), run(model, args, True, **kw)
     assert_same(padded, packed)
