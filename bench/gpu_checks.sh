@@ -3,8 +3,8 @@
 # one that fails or hangs does not cost the others; its log goes to OUT/<part>.log and its tail is printed.
 #
 #   bash bench/gpu_checks.sh OUT [PARTS...]
-#       parts: smoke floors vs-trl train-memory doctor-memory attention compiled goal memory-options layouts packing
-#              colocate (default: all, in that order)
+#       parts: smoke floors vs-trl train-memory doctor-memory attention compiled goal chunked-head memory-options
+#              layouts packing colocate (default: all, in that order)
 #
 # smoke         `grpo train` of the ci-tiny recipe in bf16 on the GPU: 4 steps straight, 2 + --resume auto to 4
 #               (metrics compared step by step), LoRA + KL, mixed_precision bf16 over fp32 weights, `grpo eval`
@@ -19,6 +19,8 @@
 # compiled      bench/vs_trl.py at 64 tokens with rollout.compile=true (static cache + CUDA graphs) against TRL,
 #               then the same with rollout.compile=false and train.chunked_lm_head=false (eager, logits whole)
 # goal          issue 23's goal row: B=16, G=8, 256 new tokens, bf16, grpo with rollout.compile=auto
+# chunked-head  bench/chunked_head_check.py: the chunked LM head's log-probs and gradients against the plain head's on
+#               CUDA's kernels (tied and untied, fp32 and bf16, two micro-batches), and its time on Qwen2.5-0.5B's head
 # memory-options issue 40 item 3: bench/vs_trl.py with fewer bytes per parameter on grpo's side (bitsandbytes' 8-bit
 #               moments, alone and with recomputation + the chunked LM head; Adafactor), TRL at its defaults
 # layouts       issue 38: `grpo train` of ci-tiny in fp32 on the GPU with train.mini_batches=2, mu=2, beta=0.04, padded
@@ -33,7 +35,8 @@
 set -u
 out=${1:?usage: gpu_checks.sh OUT [PARTS...]}
 shift
-parts=${*:-smoke floors vs-trl train-memory doctor-memory attention compiled goal memory-options layouts packing colocate}
+parts=${*:-smoke floors vs-trl train-memory doctor-memory attention compiled goal chunked-head memory-options layouts packing
+colocate}
 mkdir -p "$out"
 work=$(mktemp -d)
 py=${PYTHON:-python3}
@@ -115,6 +118,9 @@ for p in $parts; do
         part goal 420 $py bench/vs_trl.py --model qwen2.5-0.5b --device cuda --dtype bfloat16 \
             --trl-python "$py" --threads 4 --new-tokens 256 --B 16 --G 8 --micro-batch 8 --rounds 1 --steps 2 \
             --grpo-set rollout.compile=auto
+        ;;
+    chunked-head)
+        part chunked-head 120 $py bench/chunked_head_check.py --device cuda
         ;;
     memory-options)
         lean=(model.gradient_checkpointing=true train.chunked_lm_head=true)
