@@ -53,14 +53,14 @@ def plain_embedding(embedding: torch.nn.Module | None) -> torch.nn.Embedding | N
 def kept_gradient(weight: torch.Tensor) -> torch.Tensor | None:
     """`weight.grad` where a backward may add its share into it in place, as autograd's accumulation would (the second
     micro-batch of a step on): a dense tensor of the weight's shape and dtype, no hook on the weight (its gradient
-    then goes through autograd), one process (DistributedDataParallel reduces what autograd accumulates), and a
-    backward that accumulates into the weight (`.backward()`, not `torch.autograd.grad`, which returns gradients)."""
+    then goes through autograd), and a backward that accumulates into the weight (`.backward()`, not
+    `torch.autograd.grad`, which returns gradients). DistributedDataParallel reduces the weight's `.grad` as it finds
+    it once the weight's accumulation has run, which it does with no gradient to add (tests/trainer/
+    test_distributed.py: two processes give the one process's gradient)."""
     grad = weight.grad
     if grad is None or grad.layout != torch.strided or grad.shape != weight.shape or grad.dtype != weight.dtype:
         return None
     if weight._backward_hooks or getattr(weight, "_post_accumulate_grad_hooks", None):
-        return None
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
         return None
     try:  # raises inside torch.autograd.grad
         accumulates = torch._C._will_engine_execute_node(torch.autograd.graph.get_gradient_edge(weight).node)

@@ -164,15 +164,13 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
     # the log-probs run a row at a time (algo/logprobs.py): a row's float32 log-softmax takes three [T, V] temporaries
     row = ro.max_completion_length * shape.vocab
     if ch.chunked_head:  # algo/head_gradient.py: a chunk's logits (a row's, CHUNK_LOGITS at most) and their float32
-        # copies beside the head's weight gradient, built in one tensor (trained: not LoRA's; under autocast with a
-        # chunk's bfloat16 product) that the embedding's rows join: in one process, the weight's kept gradient (added
-        # in place; the first micro-batch's becomes it), with several, one tensor more (DDP reduces autograd's)
+        # copies beside the head's weight gradient, built in the weight's kept gradient (added in place; the first
+        # micro-batch's becomes it) that the embedding's rows join (under autocast with a chunk's bfloat16 product)
         from grpo_cli.algo.head_gradient import CHUNK_LOGITS
 
         chunk = min(row, max(1, CHUNK_LOGITS // shape.vocab) * shape.vocab) * ((2 if ch.autocast else width) + 4 + 12)
-        grad = 0 if lora or processes == 1 else shape.vocab * shape.hidden * width
         product = shape.vocab * shape.hidden * 2 if ch.autocast and not lora else 0
-        logits = grad + product + chunk
+        logits = product + chunk
     else:  # kept for the backward and their gradient, in the model's dtype (autocast: its float32 copy of them)
         logits = mbs * row * 2 * (4 if ch.autocast else width) + 3 * row * 4
     # autocast keeps a bfloat16 copy of every weight a matmul saves for its backward: once for weights that train

@@ -38,6 +38,9 @@ CASES = [(loss, [f"algorithm.loss_type={loss}", *(["algorithm.epsilon_high=5.0"]
     ("sapo", ["algorithm.loss_type=sapo"], None),
     ("scale-batch", ["algorithm.loss_type=grpo", "algorithm.scale_rewards=batch"], None),
     ("packed", ["algorithm.loss_type=dapo", "train.packing=true"], None),  # every micro-batch packed on both sides
+    # the LM head inside the chunks, tied to the embedding: each process adds its second micro-batch's head and
+    # embedding gradients into the kept one in place (algo/head_gradient.py), which DDP then reduces as it finds it
+    ("chunked-head", ["algorithm.loss_type=dapo", "train.chunked_lm_head=true"], (6, 3)),
 ]
 # TRL's entropy bonus is each micro-batch's mean entropy / accumulation steps, averaged over processes, and its
 # top-entropy threshold the quantile over the micro-batch of every process: the same batch is then one whose
