@@ -265,6 +265,42 @@ def test_the_plain_log_probs_gradient_in_closed_form_is_autograds(dtype, tempera
     assert calls == []
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_under_autocast_the_kept_gradient_adds_each_chunks_product_in_the_weights_dtype(tied, monkeypatch):
+    """bf16 autocast over float32 weights (train.mixed_precision=bf16), two micro-batches: from the second on, each
+    chunk's bfloat16 product is added into the float32 kept gradient (and the embedding's rows), as autograd casts
+    and accumulates them: the plain head's gradients to bf16 rounding."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied,
+                                         pad_token_id=0)).float().train()
+    data = [batch(), tuple(t.flip(0) for t in batch())]
+
+    def two(chunked: bool) -> dict[str, torch.Tensor]:
+        monkeypatch.setattr(logprobs_module, "HEAD_CHUNKED", set(HEAD_CHUNKED) if chunked else set())
+        model.zero_grad(set_to_none=True)
+        for args in data:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logps, _ = token_logprobs(model, *args, temperature=0.7, with_entropy=True, chunk_rows=5)
+            (logps * args[3]).sum().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    from grpo_cli.algo import head_gradient
+
+    kept = []
+    real = head_gradient.kept_gradient
+    monkeypatch.setattr(head_gradient, "kept_gradient", lambda w: kept.append(real(w) is not None) or real(w))
+    plain, chunked = two(False), two(True)
+    # the head's, then the embedding's (tied, the first micro-batch's takes the head's new one): new, then the kept one
+    assert kept == ([False, True, True] if tied else [False, False, True, True])
+    assert all(g.dtype == torch.float32 for g in chunked.values())
+    for name, g in plain.items():
+        assert (chunked[name] - g).abs().max() <= 0.02 * g.abs().max(), name
+    assert plain["model.embed_tokens.weight"].abs().max() > 1e-2
+
+
 def test_models_whose_head_output_is_changed_after_it_keep_their_logits():
     from transformers import GPT2Config, GPT2LMHeadModel
 
