@@ -202,10 +202,11 @@ def test_a_server_sampling_elsewhere_counts_no_cache_and_the_longest_prompt_pads
     assert peaks["all"][2] != peaks["short"][2]  # the long prompt's micro-batch is planned, not the first prompt's
 
 
-def test_on_a_gpu_the_plan_counts_cublas_the_heads_gradient_and_the_folded_mask(monkeypatch):
+def test_on_a_gpu_the_plan_counts_cublas_the_heads_chunk_and_the_folded_mask(monkeypatch):
     # issue 35, traced on an H200 (bench/cuda_memory_trace.py): the plan was 28-30% under the allocator's peak on full
     # fine-tuning: two 32 MiB cuBLAS workspaces (the forward's thread and autograd's), the chunked head's weight
-    # gradient three at once while autograd summed the chunks' (one now), and the attention mask, folded per query head
+    # gradient three at once while autograd summed the chunks' (none new now: issue 40), and the attention mask, folded
+    # per query head
     from transformers import Qwen2Config
 
     from grpo_cli.doctor.memory import cublas_workspaces
