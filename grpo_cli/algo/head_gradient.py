@@ -210,11 +210,12 @@ def replaced_forward(module: torch.nn.Module, forward) -> Iterator[None]:
 
 
 @contextmanager
-def embedding_lookup(embedding: torch.nn.Embedding | None, head_weight: torch.Tensor | None
-                     ) -> Iterator[Shared | None]:
-    """`with embedding_lookup(embedding, head_weight) as shared:` `embedding` (`plain_embedding`'s) looks up through
-    EmbeddingLookup inside the block; `shared` is the way the head's gradient comes to it (for ChunkedHead) where the
-    head is tied to it (its weight is `head_weight`), else None, as without an embedding or without autograd."""
+def embedding_lookup(embedding: torch.nn.Module | None, head_weight: torch.Tensor | None) -> Iterator[Shared | None]:
+    """`with embedding_lookup(embedding, head_weight) as shared:` the input `embedding` looks up through
+    EmbeddingLookup inside the block where ChunkedHead takes the head over (`head_weight`: `plain_weight`'s) and the
+    embedding is `plain_embedding`'s; `shared` is the way the head's gradient comes to it where the head is tied to it
+    (its weight is `head_weight`), else None, as without autograd or where the embedding stays as it is."""
+    embedding = plain_embedding(embedding) if head_weight is not None else None
     if embedding is None or not torch.is_grad_enabled():
         yield None
         return

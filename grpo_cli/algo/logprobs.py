@@ -22,8 +22,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from grpo_cli.algo import head_gradient
-from grpo_cli.algo.head_gradient import (ChunkedHead, Shared, embedding_lookup, plain_embedding, plain_logps,
-                                         plain_logps_grad, plain_weight, replaced_forward)
+from grpo_cli.algo.head_gradient import (ChunkedHead, Shared, embedding_lookup, plain_logps, plain_logps_grad,
+                                         plain_weight, replaced_forward)
 from grpo_cli.algo.packing import Packed, one_bin_for, pack
 from grpo_cli.algo.sampling import Truncation, truncated_logps
 
@@ -164,8 +164,7 @@ class HeadLogps:
                  truncation: Truncation | None, entropy: bool, entropy_grad: bool,
                  embedding: torch.nn.Module | None = None) -> None:
         self.module = module
-        # trained, and the head taken over: its gradient added in place too (head_gradient.EmbeddingLookup)
-        self.embedding = plain_embedding(embedding) if plain_weight(module) is not None else None
+        self.embedding = embedding  # its gradient added in place too where it can be (head_gradient.embedding_lookup)
         self.temperature, self.chunk_rows, self.truncation = temperature, chunk_rows, truncation
         self.entropy, self.entropy_grad = entropy, entropy_grad
         self.ran = False  # whether the last call's model output came from it
@@ -240,8 +239,7 @@ def _packed_logprobs(model, packed: Packed, *, temperature: float, chunk_rows: i
         head = None
     targets, rows = packed.targets[:, None], chunk_rows * packed.shape[1]
 
-    embedding = plain_embedding(_unwrapped(model).get_input_embeddings()) \
-        if chunked and plain_weight(head) is not None else None
+    embedding = _unwrapped(model).get_input_embeddings() if chunked else None
 
     def selected(shared: Shared | None, original, hidden: torch.Tensor) -> torch.Tensor:
         h = hidden[packed.at][:, None]  # [K, 1, H]
