@@ -195,12 +195,11 @@ def head_logps(head_forward, hidden: torch.Tensor, targets: torch.Tensor, temper
     runs under checkpointing."""
     grad = torch.is_grad_enabled() and hidden.requires_grad
     if grad and weight is not None:  # chunks of positions: at most head_gradient.CHUNK_LOGITS logits in each
-        after = partial(_after_head, temperature, truncation, entropy, entropy_grad)
         (b, k), h = targets.shape, hidden.shape[-1]
         positions = max(1, min(chunk_rows * k, head_gradient.CHUNK_LOGITS // weight.shape[0]))
         closed = not entropy_grad and (truncation is None or not truncation.active)  # the plain log-probs
-        if closed:
-            after = partial(plain_logps, temperature, entropy)
+        after = (partial(plain_logps, temperature, entropy) if closed
+                 else partial(_after_head, temperature, truncation, entropy, entropy_grad))
         out = ChunkedHead.apply(hidden.reshape(b * k, 1, h), weight, targets.reshape(b * k, 1), head_forward, after,
                                 positions, shared, partial(plain_logps_grad, temperature) if closed else None)
         return out.reshape(b, k, -1)
