@@ -20,8 +20,9 @@ In this order (dashes first: U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, 
   signs     a sign word before digits: "minus 3", "negative 3" -> -3; "3 degrees below zero" -> -3 degrees
   dollars   `\$`, `\text{\$}`, `\textdollar` are dropped (`\boxed{\$23}` is 23)
   grouping  digits grouped in threes by `\,` `\!` `\ ` `{,}`, thin / no-break spaces or plain spaces are joined
-            ("1 000 000", `1\,000\,000` -> 1000000; one plain space only where the number is the whole text, as in
-            `\boxed{1 000}`: "2 100 dollar bills" stays two numbers); commas are left to the number reader
+            ("1 000 000", `1\,000\,000` -> 1000000, "the population is 13 500" -> 13500), except one plain space
+            before a number that names what is counted ("2 100 dollar bills", "2 100-page books" stay two numbers);
+            commas are left to the number reader
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ _DOLLAR = re.compile(r"\\text\s*\{\s*\\\$\s*\}|\\textdollar\b\s*|\\\$")
 _GROUPED = re.compile(
     r"(?<![\d.,])(?<![\d.,] )(\d{1,3})(\\[,! ]|\{,\}|[ \u00a0\u2009\u202f])(\d{3})((?:\2\d{3})*)(?![\d])"
 )
+# ... which one plain space does not group where the second number names the things counted
+_MODIFIER = re.compile(r"-[a-z]|\s+(?:dollar|euro|pound|rupee|yen)s?[\s-]+(?:bills?|notes?|coins?)\b",
+                       flags=re.IGNORECASE)
 
 # "N out of M" or "N in M" in a sentence that speaks of a chance: the sentence, then the pair
 _CHANCE_SENTENCE = re.compile(r"[^.!?\n]*\b(?:chance|probability|odds|likelihood|fraction|proportion)\b[^.!?\n]*",
@@ -71,7 +75,7 @@ _SCALED = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\s*(dozen|thousand|million|billi
 # "1.2k", "3bn", "$2.5M": k and bn right after any number, m and M only after a dollar (a bare "5m" is five metres)
 _SUFFIXED = re.compile(r"(?<![\w.])(?:(\$\s?)(\d+(?:\.\d+)?)(k|K|m|M|bn)|()(\d+(?:\.\d+)?)(k|K|bn))\b")
 _SUFFIX_SCALE = {"k": 10**3, "m": 10**6, "bn": 10**9}
-_SIGN_WORD = re.compile(r"\b(?:minus|negative)\s+(?=\d)", flags=re.IGNORECASE)
+_SIGN_WORD = re.compile(r"\b(?:minus|negative)\s+(\$?)(?=\d)", flags=re.IGNORECASE)  # "minus $4^\circ$"
 # "8 degrees below zero" -> "-8 degrees below zero" (the degree sign is `$8^\circ$` by now)
 _BELOW_ZERO = re.compile(r"(?<![\d.-])(?=\d+(?:\.\d+)?(?:\^\\circ\$\s*[CF]?|\s*degrees?(?:\s+(?:celsius|fahrenheit))?)?"
                          r"\s+below\s+zero\b)", flags=re.IGNORECASE)
@@ -89,7 +93,7 @@ def clean_answer(text: str) -> str:
     text = _AND_FRACTION.sub(r"\1 \2", text)  # "3 and 1/2" -> "3 1/2", a mixed number
     text = _CHANCE_SENTENCE.sub(lambda m: _OUT_OF.sub(r"\1/\2", m.group()), text)  # "The chance is 7 out of 20": 7/20
     text = _DECIMAL_COMMA.sub(r"\1.\2", text)  # "3,5 km" -> 3.5 (a thousands comma has three digits after it)
-    text = _SIGN_WORD.sub("-", text)
+    text = _SIGN_WORD.sub(r"\1-", text)
     text = _BELOW_ZERO.sub("-", text)
     text = _DOLLAR.sub("", text)
     whole = _GROUPED.fullmatch(text.strip()) is not None
@@ -281,7 +285,7 @@ def words_value(text: str) -> Fraction | None:
 
 
 def _join_groups(m: re.Match, whole: bool) -> str:
-    if m.group(2) == " " and not m.group(4) and not whole:
-        return m.group(0)  # "2 100 dollar bills" in running text is two numbers; "1 000 000" or a bare "1 000" is one
+    if m.group(2) == " " and not m.group(4) and not whole and _MODIFIER.match(m.string, m.end()):
+        return m.group(0)  # "2 100 dollar bills", "2 100-page books": a count of things named by the second number
     sep = re.escape(m.group(2))
     return m.group(1) + m.group(3) + re.sub(sep, "", m.group(4))

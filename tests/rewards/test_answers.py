@@ -58,6 +58,9 @@ MINUS = rows(
     ("The new temperature is 8 degrees below zero.", "8", 0.0),
     ("It is eight degrees below zero.", "-8", 1.0),
     ("It fell to 5° below zero.", "-5", 1.0),
+    ("The midnight temperature was minus 4°C.", "-4", 1.0),  # a sign word before a degree sign
+    ("The midnight temperature was minus 4°C.", "4", 0.0),
+    ("It was negative 3.5 °F.", "-3.5", 1.0),
     ("The low was 3.5 °C below zero.", "-3.5", 1.0),
     ("It is 10 below zero tonight.", "-10", 1.0),
     ("The water is 4 degrees above zero.", "4", 1.0),
@@ -109,6 +112,11 @@ GROUPING = rows(
     (r"\boxed{12 500}", "12500", 1.0),  # one plain space: one number when it is the whole answer
     ("She has 2 100 dollar bills, so 200", "200", 1.0),  # ... but two numbers in running text
     ("She has 2 100 dollar bills.", "2100", 0.0),
+    ("In total, the class collected 1 234 cans.", "1234", 1.0),  # one plain space in running text: one number
+    ("After the growth, the population is 13 500.", "13500", 1.0),
+    ("It weighs 2 500 g.", "2500", 1.0),
+    ("It weighs 2 500 g.", "500", 0.0),
+    ("She buys 2 100-page notebooks, so 200 pages.", "200", 1.0),  # ... unless the second names what is counted
 )
 
 ORDER = rows(
