@@ -64,6 +64,7 @@ from grpo_cli.rewards.clauses import (
     RATE_UNIT, REMARK, RESTATES, SOURCE, STATED_RATE, TIME_SCOPE, TOTAL_AFTER, closing_parenthesis, purpose_start,
     sentence_end, sentence_start,
 )
+from grpo_cli.rewards.marks import after_hashes, last_boxed, last_tag, marked_answer
 from grpo_cli.rewards.notation import Spelled, clean_answer, spelled
 from grpo_cli.rewards.numbers import PLAIN_WORD, QUANTITY, parse_math, quantity_values
 
@@ -72,17 +73,17 @@ _EXPONENT = r"(?:[eE][-+]?\d+|\s*(?:\\times|\\cdot|×|x|\*)\s*10\s*\^\s*\{?\s*[-
 # A number as people write it: optional minus (not a subtraction: "3-5" gives 5), thousands
 # separators ("1,000"), decimals, scientific notation ("3.2e4"), simple fractions ("3/4"), mixed numbers
 # ("3 3/4") and LaTeX fractions.
-_NUMBER = re.compile(
+NUMBER = re.compile(
     rf"(?<![\w.^])(?<!\^\{{)-?(?:\d{{1,2}}:\d{{2}}(?::\d{{2}})?(?![\d:])|\d+:\d+(?![\d:])"
     rf"|\d+\s+\d+/\d+(?![\d/]|\.\d)|\d+\s*{_FRAC}|{_FRAC}"
     rf"|(?:\d{{1,3}}(?:,\d{{3}})+|\d+)(?:\.\d+)?(?:{_EXPONENT}|/\d+(?:\.\d+)?)?|\.\d+)(?!\d|st\b|nd\b|rd\b|th\b)"
 )
 # The last answer phrase: "the answer is", "Final answer:", "answer =", "the answer to part a would be"
-_ANSWER_PHRASE = re.compile(
+ANSWER_PHRASE = re.compile(
     r"\banswers?\b[^.!?\n\d]{0,40}?(?:\b(?:is|was|would\s+be|will\s+be|should\s+be|must\s+be|equals|comes\s+to)\b"
     r"|[:=])", flags=re.IGNORECASE,
 )
-_CORRECTION = re.compile(
+CORRECTION = re.compile(
     r"(?:^|(?<=[\s.!?;,:(]))(?:wait|no(?=\s*[,:;!.\-])|nope|actually|correction|sorry|oops|i\s+mean|or\s+rather"
     r"|on\s+second\s+thought)\b", flags=re.IGNORECASE,
 )
@@ -96,7 +97,6 @@ _MATH_SPAN = re.compile(
     r"\$\$(.+?)\$\$|\\\((.+?)\\\)|\\\[(.+?)\\\]|(?<![\\$])\$(?![\s$])([^$]+?)(?<![\s\\])\$(?!\d)", flags=re.DOTALL
 )
 _EXPRESSION = re.compile(r"[\w\s\\{}()\[\]^+\-*/=.,']+")  # what a stated expression is made of
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _TEXT_CMD = re.compile(r"\\(?:text|mathrm|textbf|mbox)\s*\{[^{}]*\}")
 _JUST_STATED = re.compile(r"(?<!\bthe\s)(?<!\bthe\s\$)\b\d[\d.,]*\s*%?(?:\s+[\w-]+){0,2}\s*$", flags=re.IGNORECASE)
 _PERCENT = re.compile(r"\s?(?:\\?%|percent\b)", flags=re.IGNORECASE)
@@ -105,44 +105,12 @@ _PERCENT = re.compile(r"\s?(?:\\?%|percent\b)", flags=re.IGNORECASE)
 # --------------------------------------------------------------------------- answer extraction
 
 
-def _last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` (or `\\fbox{...}`), braces balanced; None if absent or unclosed."""
-    matches = list(_BOXED.finditer(text))
-    if not matches:
-        return None
-    start = matches[-1].end()
-    depth = 1
-    for i in range(start, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start:i].strip() or None
-    return None
-
-
-def _last_tag(text: str, tag: str) -> str | None:
-    found = re.findall(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text, flags=re.DOTALL)
-    return (found[-1].strip() or None) if found else None
-
-
-def _after_hashes(text: str) -> str | None:
-    """GSM8K writes the final answer after `####`; keep the rest of that line."""
-    idx = text.rfind("####")
-    if idx < 0:
-        return None
-    rest = text[idx + 4 :].strip()
-    line = rest.splitlines()[0].strip().rstrip(".").strip() if rest else ""
-    return line or None
-
-
 def _number_text(found: str) -> str:
     return found if "frac" in found else found.replace(",", "")
 
 
 def _last_number(text: str) -> str | None:
-    found = _NUMBER.findall(text)
+    found = NUMBER.findall(text)
     return _number_text(found[-1]) if found else None
 
 
@@ -162,7 +130,7 @@ def _final_expression(span: str) -> str:
     return expression.strip().rstrip(".,;").strip()
 
 
-def _as_answer(text: str, m: re.Match) -> str:
+def as_answer(text: str, m: re.Match) -> str:
     """A number found in `text`: inside a math span the span's final expression if math-verify reads it; number
     words as digits."""
     if isinstance(m, Spelled):
@@ -179,9 +147,9 @@ def _as_answer(text: str, m: re.Match) -> str:
     return _number_text(m.group()) + ("%" if _PERCENT.match(text, m.end()) else "")
 
 
-def _numbers(text: str, start: int, end: int, words: bool) -> list[re.Match | Spelled]:
+def numbers_in(text: str, start: int, end: int, words: bool) -> list[re.Match | Spelled]:
     """Numbers (and the number words left in words) within text[start:end] not negated ("not 40"), in order."""
-    found: list[re.Match | Spelled] = list(_NUMBER.finditer(text, start, end))
+    found: list[re.Match | Spelled] = list(NUMBER.finditer(text, start, end))
     if words:
         taken = [(m.start(), m.end()) for m in found]
         found += [w for w in spelled(text, start, end)
@@ -194,11 +162,11 @@ def _clause_number(text: str, start: int, end: int, words: bool = True) -> re.Ma
     """A statement's number: after its last result link that has a number after it, else its first number;
     a trailing remark (", which is ...", "if ...", a parenthesis that closes it) left out, numbers right after a
     preposition passed over while there are others."""
-    first = _NUMBER.search(text, start, end)  # a remark follows a stated number
+    first = NUMBER.search(text, start, end)  # a remark follows a stated number
     remark = REMARK.search(text, first.end(), end) if first else None
     cut = remark.start() if remark else purpose_start(text, start, first, end) or closing_parenthesis(text, start, end)
     end = cut or end
-    numbers = _numbers(text, start, end, words=words)
+    numbers = numbers_in(text, start, end, words=words)
     results = [m for m in numbers if not AFTER_PREPOSITION.search(text[start : m.start()])]
     numbers = results or numbers
     total = [m for m in numbers if TOTAL_AFTER.match(text, m.end())]  # "so 6 more days: 16 days in total": 16
@@ -217,18 +185,18 @@ def _linked_number(text: str, start: int, end: int, numbers: list) -> re.Match |
 
 def _stated_answer(text: str) -> str | None:
     """Rules 2 and 3 of the module docstring: the number an answer phrase or a conclusion states, or None."""
-    phrases = list(_ANSWER_PHRASE.finditer(text))
+    phrases = list(ANSWER_PHRASE.finditer(text))
     if phrases and (expression := _stated_expression(text, phrases[-1].end())) is not None:
         return expression
     if phrases:
         answer = _clause_number(text, phrases[-1].end(), sentence_end(text, phrases[-1].end()))
         if answer is not None:
-            for fix in _CORRECTION.finditer(text, answer.end()):
+            for fix in CORRECTION.finditer(text, answer.end()):
                 corrected = _clause_number(text, fix.end(), sentence_end(text, fix.end()))
                 if corrected is not None and corrected.start() > answer.start():
                     answer = corrected
-            return _as_answer(text, answer)
-    digits = list(_NUMBER.finditer(text))
+            return as_answer(text, answer)
+    digits = list(NUMBER.finditer(text))
     if not digits:
         return None
     body = text.rstrip()
@@ -239,7 +207,7 @@ def _stated_answer(text: str) -> str | None:
     end = sentence_end(text, digits[-1].end())
     cues = list(_CONCLUSION.finditer(text, start, end))
     found = _clause_number(text, cues[-1].end(), end) if cues else None
-    return _as_answer(text, found) if found is not None else None
+    return as_answer(text, found) if found is not None else None
 
 
 def _stated_expression(text: str, start: int) -> str | None:
@@ -263,11 +231,11 @@ def _last_number_or_math(text: str) -> str | None:
     Number words left in words count after a result link ("7 - 5 is two") and, without any digit, everywhere."""
     note = NOTE.search(text)
     words = spelled(text, 0, note.start() if note else None)  # what clean_answer left in words: "one", "two", "zero"
-    if note and (_NUMBER.search(text, 0, note.start()) or words):
+    if note and (NUMBER.search(text, 0, note.start()) or words):
         text = text[: note.start()]  # the closing note goes: what comes before it states the answer
     else:
         words = spelled(text) if note else words
-    digits = list(_NUMBER.finditer(text))
+    digits = list(NUMBER.finditer(text))
     stated = [w for w in words if LINK_BEFORE.search(text, max(0, w.start() - 24), w.start())]  # "7 - 5 is two"
     found = sorted(digits + stated, key=lambda m: m.start()) or words
     if not found:
@@ -284,7 +252,7 @@ def _last_number_or_math(text: str) -> str | None:
         source = results and (SOURCE.search(text, start, last.start())  # "$10 back from her $20 bill": 10
                               or RATE_UNIT.match(text, last.end()) or STATED_RATE.match(text, results[-1].end()))
         before = [_linked_number(text, start, last.end(), results) or (results[-1] if source else last)]
-    return _as_answer(text, before[-1] if before else last)
+    return as_answer(text, before[-1] if before else last)
 
 
 def _tail_start(text: str, start: int, last: re.Match | Spelled) -> int | None:
@@ -292,7 +260,7 @@ def _tail_start(text: str, start: int, last: re.Match | Spelled) -> int | None:
     is", "if", ... (`REMARK`), unless the tail computes what the sentence did not state ("we add 6 and 8, which
     is 6 + 8 = 14"), after a colon that follows a stated number ("21 marbles: 5 red, 7 blue and 9 green"), or in a
     parenthesis that ends the sentence ("$18 a day (9 eggs x $2)")."""
-    first = _NUMBER.search(text, start, last.start())  # a tail follows a stated number
+    first = NUMBER.search(text, start, last.start())  # a tail follows a stated number
     remark = REMARK.search(text, first.end(), sentence_end(text, last.end())) if first else None
     remark = remark if remark and remark.start() < last.start() else None
     if remark is None and (purpose := purpose_start(text, start, first, last.start())) is not None:
@@ -306,8 +274,8 @@ def _tail_start(text: str, start: int, last: re.Match | Spelled) -> int | None:
     if stated and text[start : stated.start()].strip():  # not "the 300 km in 2.5 hours" (a given), nor a subject
         return took[-1].start()  # right after the stated number and its unit: "She saves $45 in 3 weeks."
     colon = text.find(": ", start, last.start())  # "There are 21 marbles: 5 red, 7 blue and 9 green."
-    if colon >= 0 and LINK.search(text, start, colon) and _NUMBER.search(text, start, colon) and \
-            _NUMBER.search(text, colon, last.end()) and not COMPUTES.search(text, colon, last.end()) and \
+    if colon >= 0 and LINK.search(text, start, colon) and NUMBER.search(text, start, colon) and \
+            NUMBER.search(text, colon, last.end()) and not COMPUTES.search(text, colon, last.end()) and \
             not LINK.search(text, colon, last.start()):
         return colon
     opened = closing_parenthesis(text, start, sentence_end(text, last.end()))
@@ -319,39 +287,38 @@ def _converts(text: str, start: int, remark: re.Match, last: re.Match | Spelled)
     pizza, which is 6 slices") or the rate of a quantity in a time ("18 km in 45 minutes, which is 24 km/h")."""
     if RATE_UNIT.match(text, last.end()) and TIME_SCOPE.search(text, start, remark.start()):
         return True
-    stated = list(_NUMBER.finditer(text, start, remark.start()))
+    stated = list(NUMBER.finditer(text, start, remark.start()))
     share = bool(stated) and (bool(_PERCENT.match(text, stated[-1].end())) or ("/" in stated[-1].group()
                               or "frac" in stated[-1].group()) and text.startswith(" of ", stated[-1].end()))
     return share and not _PERCENT.match(text, last.end()) and "/" not in last.group()
 
 
-def _without_closing_comment(text: str) -> str:
+def without_closing_comment(text: str) -> str:
     """`text` less the closing sentences that only check or compare what came before (`CLOSING_COMMENT`: "Check: 2(9)
     - 7 = 11.", "That's 9 more than last year."), while a number stays before them."""
     while True:
         body = text.rstrip()
         start = sentence_start(body, len(body.rstrip(".!?✓✔* \t")))
         if not (start and CLOSING_COMMENT.match(body[start:].lstrip())
-                and (_NUMBER.search(body, 0, start) or spelled(body, 0, start))):
+                and (NUMBER.search(body, 0, start) or spelled(body, 0, start))):
             return text
         text = body[:start]
 
 
 def _auto(text: str, tag: str) -> str | None:
     """The module docstring's rule: boxed, then tag, then gsm8k, then the stated answer, then the last number."""
-    for find in (_last_boxed, lambda t: _last_tag(t, tag), _after_hashes):  # marked: anywhere in the whole text
-        if (found := find(text)) is not None:
-            return found
-    stated = _without_closing_comment(text)  # rules 2-4 read the text without its closing checks and comparisons
+    if (found := marked_answer(text, tag)) is not None:
+        return found
+    stated = without_closing_comment(text)  # rules 2-4 read the text without its closing checks and comparisons
     return _stated_answer(stated) or _last_number_or_math(stated)
 
 
 # answer extraction modes, in the order the docs and errors list them: (cleaned text, tag) -> the answer or None
 EXTRACTORS: dict[str, Callable[[str, str], str | None]] = {
     "auto": _auto,
-    "boxed": lambda text, tag: _last_boxed(text),
-    "tag": lambda text, tag: _last_tag(text, tag),
-    "gsm8k": lambda text, tag: _after_hashes(text),
+    "boxed": lambda text, tag: last_boxed(text),
+    "tag": lambda text, tag: last_tag(text, tag),
+    "gsm8k": lambda text, tag: after_hashes(text),
     "last_number": lambda text, tag: _last_number(text),
 }
 EXTRACT_MODES = tuple(EXTRACTORS)
@@ -376,5 +343,5 @@ def reference_text(answer: Any) -> str | None:
     if isinstance(answer, float):
         return format(Decimal(repr(answer)), "f")  # 1e-07 -> "0.0000001", which math-verify reads
     if isinstance(answer, str):
-        return _after_hashes(answer) if "####" in answer else answer.strip()
+        return after_hashes(answer) if "####" in answer else answer.strip()
     return str(answer)
