@@ -38,6 +38,8 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      where the stated one came from or went to, what it is out of or its rate, or when the stated one is a rate ("$10
      back from her $20 bill", "3 of the 12 eggs", "2.5 hours at 60 mph", "60 km/h over the 150 km trip"), not where a
      link ("left with"), "at" or an appositive names it ("gives an average of 84", "1,020, an increase of 170").
+  5. (`accuracy` only, where nothing is marked or stated by an answer phrase) the other results the final sentence
+     states answer too: "Ben pays $36 and Ana pays $48." is right for 36 and 48 (results.py; not with `strict`).
 A number is an integer, a decimal, scientific notation ("3.2e4", `3.2 \times 10^{4}`), a fraction ("3/4",
 `\frac{3}{4}`, `\dfrac34`), a mixed number ("3 3/4"), a time or a ratio ("11:30", "3:4"), not an ordinal ("4th") or a
 power's exponent; in rules 2 and 3, after a result link, and in a completion without digits, also the number words

@@ -33,6 +33,7 @@ from grpo_cli.rewards.judges import JudgeSettings, judge_for, judge_settings
 from grpo_cli.registry import Registry
 from grpo_cli.rewards.answers import EXTRACT_MODES, extract_answer, reference_text  # noqa: F401
 from grpo_cli.rewards.numbers import answers_match
+from grpo_cli.rewards.results import stated_results
 from grpo_cli.rewards.steps import token_at
 
 REWARDS: Registry[Callable[..., list[float | None]]] = Registry("reward")
@@ -42,14 +43,16 @@ REWARDS: Registry[Callable[..., list[float | None]]] = Registry("reward")
 
 @REWARDS.register("accuracy")
 def accuracy(
-    completions: list[str], answer: Sequence[Any] | None = None, *, mode: str = "auto", tag: str = "answer", **_: Any
+    completions: list[str], answer: Sequence[Any] | None = None, *, mode: str = "auto", tag: str = "answer",
+    strict: bool = False, **_: Any
 ) -> list[float | None]:
     """1.0 if the completion's final answer equals the reference `answer` column, else 0.0.
 
     The rule-based accuracy reward of DeepSeekMath (arXiv:2402.03300) / DeepSeek-R1, with
     equivalence decided by math-verify as in Open-R1's `accuracy_reward`. The answer is taken with
-    `extract_answer(completion, mode, tag)`; no extractable answer scores 0.0; a missing reference
-    (None) gives None (no reward for that row).
+    `extract_answer(completion, mode, tag)`; in mode `auto`, unless `strict`, a completion that marks no answer is
+    also right when the reference is one of the results its final sentence states ("Ben pays $36 and Ana pays $48",
+    results.py). No extractable answer scores 0.0; a missing reference (None) gives None (no reward for that row).
     """
     if answer is None:
         raise ValueError(
@@ -64,7 +67,9 @@ def accuracy(
             rewards.append(None)
             continue
         predicted = extract_answer(completion, mode, tag)
-        rewards.append(1.0 if predicted is not None and answers_match(gold, predicted) else 0.0)
+        right = predicted is not None and answers_match(gold, predicted) or mode == "auto" and not strict and any(
+            answers_match(gold, result) for result in stated_results(completion, tag) if result != predicted)
+        rewards.append(1.0 if right else 0.0)
     return rewards
 
 

@@ -108,6 +108,8 @@ def _accuracy(kwargs: dict[str, Any]) -> None:
     tag = kwargs.get("tag", "answer")
     if not isinstance(tag, str) or not tag.strip():
         raise ValueError(f"kwargs.tag: must be a non-empty tag name such as answer (got {tag!r})")
+    if not isinstance(kwargs.get("strict", False), bool):
+        raise ValueError(f"kwargs.strict: must be true or false (got {kwargs['strict']!r})")
 
 
 def _format(kwargs: dict[str, Any]) -> None:

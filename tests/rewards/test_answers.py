@@ -125,7 +125,7 @@ ORDER = rows(
     (r"\boxed{23} is wrong; the answer is \boxed{24}", "23", 0.0),
     ("The answer is 23. Wait, no: 24.", "23", 0.0),
     ("The answer is 23. Wait, no: 24.", "24", 1.0),
-    (r"So $p = \frac{3}{4}$, which gives 5 marbles", "3/4", 0.0),
+    (r"So $p = \frac{3}{4}$, which gives 5 marbles", "3/4", 1.0),  # both stated (rule 5; 0.0 with strict: STRICT)
     (r"So $p = \frac{3}{4}$, which gives 5 marbles", "5", 1.0),
     ("<answer>23</answer> hmm <answer>24</answer>", "23", 0.0),
     ("#### 23\n#### 24", "23", 0.0),
@@ -615,6 +615,51 @@ CLASSES = {"escaped_dollar": DOLLAR, "unicode_minus": MINUS, "inline_latex": LAT
            "closing_comments": CLOSING_COMMENTS, "roundings": ROUNDINGS,
            "chances_and_equations": CHANCES_AND_EQUATIONS, "totals_rates_ranges": TOTALS_RATES_RANGES,
            "named_scopes_each": NAMED_SCOPES_EACH}
+
+# rule 5 (grpo_cli/rewards/results.py): where no answer is marked, each result the final sentence states answers
+RESULTS = rows(
+    ("Ben pays $36 and Ana pays $48.", "36", 1.0),
+    ("Ben pays $36 and Ana pays $48.", "48", 1.0),
+    ("Ben pays $36 and Ana pays $48.", "84", 0.0),
+    ("Perimeter: 96 cm; area: 576 cm².", "96", 1.0),
+    ("Ann: 7, Tom: 12", "7", 1.0),
+    ("There are 12 boys and 18 girls.", "12", 1.0),
+    ("The jacket now costs $60, a saving of $20.", "60", 1.0),  # a result an appositive names
+    ("The jacket now costs $60, a saving of $20.", "20", 1.0),
+    ("The total is $4.75, so she gets $5.25 change from $10.", "4.75", 1.0),
+    ("The total is $4.75, so she gets $5.25 change from $10.", "10", 0.0),  # after a preposition: context
+    ("The temperature dropped to -4 degrees, 11 below noon's 7.", "-4", 1.0),
+    ("The legs are 9 and 12, so the hypotenuse is 15 and the area is 54.", "15", 1.0),
+    ("The legs are 9 and 12, so the hypotenuse is 15 and the area is 54.", "9", 0.0),  # a list: no result
+    ("The area is 15 × 10 = 160 cm².", "15", 0.0),  # operands
+    ("The area is 15 × 10 = 160 cm².", "10", 0.0),
+    ("It fills in 16 minutes at 15 L/min.", "16", 1.0),  # a sentence of context only: each number
+    ("The solutions are x = 3 and x = −2.", "3", 0.0),  # a list of candidates
+    ("The integers are 32, 33 and 34.", "33", 0.0),
+    ("I think it's 24, but it could also be 26.", "24", 0.0),  # hedges
+    ("It is 24 or 26.", "24", 0.0),
+    ("Ben pays $48 and Ana pays $36? No, Ana pays $48.", "36", 0.0),
+    ("There are 10 legs in total if you have 10 shrimps and 13 crabs.", "10", 1.0),  # a premise states none
+    (r"Ben pays \boxed{48} and Ana pays $36.", "36", 0.0),  # a marked answer is the only answer
+    ("The answer is 48. Ana pays $36.", "36", 0.0),  # as is a stated one
+    ("Ben pays $36.\n\nNote: Ana pays $48.", "48", 0.0),  # a closing note is no statement
+    ("A is 1, B is 2, C is 3, D is 4 and E is 5.", "1", 0.0),  # more than four results
+    ("A is 1, B is 2, C is 3 and D is 4.", "1", 1.0),
+    ("Ben pays $36 and Ana pays $48.", "36", 0.0, "last_number"),  # rule 5 is mode auto's
+)
+CLASSES["stated_results"] = RESULTS
+
+
+@pytest.mark.parametrize("completion, reference", [
+    (r"So $p = \frac{3}{4}$, which gives 5 marbles", "3/4"),
+    ("Ben pays $36 and Ana pays $48.", "36"),
+    ("The jacket now costs $60, a saving of $20.", "60"),
+    ("The total is $4.75, so she gets $5.25 change from $10.", "4.75"),
+])
+def test_strict_reads_one_answer(completion, reference):
+    """`strict=True` reads only `extract_answer`'s answer: another result stated beside it scores 0."""
+    assert accuracy([completion], [reference]) == [1.0]
+    assert accuracy([completion], [reference], strict=True) == [0.0]
 
 
 @pytest.mark.parametrize("completion, reference, expected, mode", [

@@ -73,6 +73,7 @@ def refused(*rewards: dict) -> str:
         ("accuracy", {"mode": "boxd"}, "rewards.0.kwargs.mode: unknown answer extraction mode 'boxd' (did you mean "
                                        "'boxed'?); valid: auto, boxed, tag, gsm8k, last_number"),
         ("accuracy", {"tag": ""}, "rewards.0.kwargs.tag: must be a non-empty tag name"),
+        ("accuracy", {"strict": "yes"}, "rewards.0.kwargs.strict: must be true or false"),
         ("accuracy", {"answer": "42"}, "rewards.0.kwargs.answer: not a parameter of the built-in reward 'accuracy'"),
         ("format", {"pattern": "(("}, "rewards.0.kwargs.pattern: not a valid regular expression"),
         ("format", {"patern": "x"}, "rewards.0.kwargs.patern: not a parameter of the built-in reward 'format' (did "

@@ -1,0 +1,84 @@
+r"""Every result a completion's final statement states (`stated_results`), for `accuracy`'s rule 5.
+
+A final sentence often states more than one quantity: "Ben pays $36 and Ana pays $48.", "Perimeter: 96 cm; area: 576
+cm².", "The jacket now costs $60, a saving of $20.", "The total is $4.75, so she gets $5.25 change." Which of them the
+question asked for, only the question says; a grader who reads it takes the completion as right when the asked
+quantity is stated right. So, when the completion marks no answer (no `\boxed{}`, tag, `####` line or answer phrase),
+the completion is also right when the reference equals one of the results its final statement states:
+  - the final statement is the last sentence (or line) with a number, after the closing notes, checks and comparisons
+    answers.py leaves out;
+  - its results are its numbers less the operands ("15 × 10 = 150": 150 only), the negated ("not 40") and those right
+    after a preposition ("in 4 hours", "from $10", "of 240"; not where a link or an appositive names it: "a saving of
+    $20"), unless the sentence has nothing else ("It fills in 16 minutes at 15 L/min.": both);
+  - numbers with only "and" or a comma between them are a list of candidates, not results ("The solutions are x = 3
+    and x = -2", "32, 33 and 34");
+  - a condition or a cause after a stated number is a premise ("10 legs if you have 10 shrimps and 13 crabs": 10);
+  - a sentence that hedges, corrects or goes on to another value states none ("24, or maybe 26", "it could be 45", "I
+    think", "I mean 4", "I thought 1/2 but it is 0.75", "23, then 24"), and neither does one with more than four
+    distinct results.
+`accuracy(..., strict=True)` reads the one answer `extract_answer` gives and nothing else; the default reads as the
+grader does, which lets a policy that names two quantities be right on either (no more than that: a hedge scores 0).
+"""
+
+from __future__ import annotations
+
+import re
+
+from grpo_cli.rewards.answers import ANSWER_PHRASE, CORRECTION, NUMBER, as_answer, numbers_in, without_closing_comment
+from grpo_cli.rewards.clauses import AFTER_PREPOSITION, NAMED, NOTE, sentence_end, sentence_start
+from grpo_cli.rewards.marks import marked_answer
+from grpo_cli.rewards.notation import clean_answer
+
+MAX_RESULTS = 4
+# a sentence that offers candidates or doubts its own answer states no result
+_HEDGE = re.compile(r"\b(?:or|maybe|might|could|perhaps|possibly|probably|either|unsure|not\s+sure|guess|think"
+                    r"|thought|between|then|but|instead)\b|\?", flags=re.IGNORECASE)
+# a condition or a cause after a stated number: what follows it is a premise, not a result
+_PREMISE = re.compile(r"\b(?:if|since|because|as|assuming|given|provided|unless|when|whenever)\b", flags=re.IGNORECASE)
+_OPERATOR_AFTER = re.compile(r"\s*(?:[-+*/×÷·^]|\\(?:times|cdot|div)\b|x\s*\$?\d)")
+_OPERATOR_BEFORE = re.compile(r"(?:[-+*/×÷·^(]|\\(?:times|cdot|div|frac)|\bx)\s*\$?$")
+# two numbers with nothing between them but "and" or a comma (and the same name again: "x = 3 and x = -2") are a list
+# of candidates ("The solutions are 3 and -2", "32, 33 and 34"), none of them a result of its own
+_LISTED = re.compile(r"\s*(?:,|,?\s*and|&)\s*(?:(\w+)\s*(?:=|is|are)\s*)?\$?", flags=re.IGNORECASE)
+_NAME = re.compile(r"(\w+)\s*(?:=|is|are)\s*\$?$", flags=re.IGNORECASE)
+
+
+def stated_results(text: str, tag: str = "answer") -> list[str]:
+    """The results the final statement of `text` states (the module docstring's rule), cleaned as `extract_answer`'s
+    answer is; [] where the completion marks its answer, hedges, or states more than `MAX_RESULTS` results."""
+    text = clean_answer(text)
+    if marked_answer(text, tag) is not None or ANSWER_PHRASE.search(text):
+        return []
+    note = NOTE.search(text)
+    if note and NUMBER.search(text, 0, note.start()):
+        text = text[: note.start()]
+    text = without_closing_comment(text).rstrip()
+    digits = list(NUMBER.finditer(text))
+    if not digits:
+        return []
+    start, end = sentence_start(text, digits[-1].start()), sentence_end(text, digits[-1].end())
+    if _HEDGE.search(text, start, end) or CORRECTION.search(text, start, end):
+        return []
+    first = NUMBER.search(text, start, end)
+    end = premise.start() if first and (premise := _PREMISE.search(text, first.end(), end)) else end
+    found = [m for m in numbers_in(text, start, end, words=False)
+             if not (_OPERATOR_AFTER.match(text, m.end()) or _OPERATOR_BEFORE.search(text, start, m.start()))]
+    stated = [m for m in found
+              if not AFTER_PREPOSITION.search(text, start, m.start()) or NAMED.search(text, start, m.start())]
+    found = stated or found  # a sentence of context only ("It fills in 16 minutes at 15 L/min."): each of them
+    listed = {i for i, (a, b) in enumerate(zip(found, found[1:])) if _listed(text, start, a, b)}
+    results: list[str] = []
+    for i, m in enumerate(found):
+        if not ({i, i - 1} & listed) and (value := as_answer(text, m)) not in results:
+            results.append(value)
+    return results if len(results) <= MAX_RESULTS else []
+
+
+def _listed(text: str, start: int, a: re.Match, b: re.Match) -> bool:
+    """Whether numbers `a` and `b` are two items of one list: "and" or a comma between them, and no name before `b`
+    but the one before `a` ("x = 3 and x = -2"; not "A is 1 and B is 2")."""
+    between = _LISTED.fullmatch(text, a.end(), b.start())
+    if between is None or between.group(1) is None:
+        return between is not None
+    name = _NAME.search(text, start, a.start())
+    return name is not None and name.group(1).lower() == between.group(1).lower()
