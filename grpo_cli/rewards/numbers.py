@@ -131,7 +131,7 @@ def percent_value(text: str) -> list[Fraction] | None:
 
 # a compound quantity: two or more numbers each with its unit ("2 hours and 30 minutes", "5 ft 6 in")
 _PART = r"\d+(?:\.\d+)?\s*[A-Za-z]+\b"
-QUANTITY = re.compile(rf"(?<![\w.]){_PART}(?:\s*(?:,\s*and|,|and)?\s+{_PART})+")
+QUANTITY = re.compile(rf"(?<![\w./]){_PART}(?:\s*(?:,\s*and|,|and)?\s+{_PART})+")
 _UNITS = None
 
 

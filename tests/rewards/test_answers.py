@@ -394,6 +394,8 @@ COMPOUND_QUANTITIES = rows(  # two numbers with units of one kind are one answer
     ("The answer is 2 hours and 30 minutes.", "2", 0.0),
     ("It takes 1 hour 45 minutes.", "105", 1.0),
     ("He is 5 feet 6 inches tall.", "66", 1.0),
+    ("Each glass holds a quarter litre, 250 millilitres.", "250", 1.0),  # a fraction's unit starts no compound
+    ("Each glass holds 3/4 litre, 750 mL.", "750", 1.0),
     ("The remaining amount is 18 dollars and 50 cents.", "18.5", 1.0),
     ("The times are 2 hours, 3 hours and 4 hours.", "4", 1.0),  # a list, not one quantity
     ("She spent 2 hours on Monday and 30 minutes on Tuesday.", "30", 1.0),
