@@ -10,8 +10,8 @@ the completion is also right when the reference equals one of the results its fi
   - its results are its numbers less the operands ("15 × 10 = 150": 150 only), the negated ("not 40") and those right
     after a preposition ("in 4 hours", "from $10", "of 240"; not where a link or an appositive names it: "a saving of
     $20"), unless the sentence has nothing else ("It fills in 16 minutes at 15 L/min.": both);
-  - numbers with only "and" or a comma between them are a list of candidates, not results ("The solutions are x = 3
-    and x = -2", "32, 33 and 34");
+  - numbers with only "and" or a comma between them, the last ending its clause, are a list of candidates, not
+    results ("The solutions are x = 3 and x = -2", "32, 33 and 34"; not "$27 in June, and $117 over the year");
   - a condition or a cause after a stated number is a premise ("10 legs if you have 10 shrimps and 13 crabs": 10);
   - a sentence that hedges, corrects or goes on to another value states none ("24, or maybe 26", "it could be 45", "I
     think", "I mean 4", "I thought 1/2 but it is 0.75", "23, then 24"), and neither does one with more than four
@@ -41,6 +41,9 @@ _OPERATOR_BEFORE = re.compile(r"(?:[-+*/×÷·^(]|\\(?:times|cdot|div|frac)|\bx)
 # of candidates ("The solutions are 3 and -2", "32, 33 and 34"), none of them a result of its own
 _LISTED = re.compile(r"\s*(?:,|,?\s*and|&)\s*(?:(\w+)\s*(?:=|is|are)\s*)?\$?", flags=re.IGNORECASE)
 _NAME = re.compile(r"(\w+)\s*(?:=|is|are)\s*\$?$", flags=re.IGNORECASE)
+# ... and the list's last item ends its clause, with no more than a unit after it ("... and 34.", "... and 12, so");
+# "$27 in June, and $117 over the six months" is two results, each with its own scope
+_ITEM_END = re.compile(r"\s*(?:[^\W\d_]+|%|°)?\s*(?:[,;.!?)\n]|$|(?:and|so|which|thus)\b)", flags=re.IGNORECASE)
 
 
 def stated_results(text: str, tag: str = "answer") -> list[str]:
@@ -75,10 +78,12 @@ def stated_results(text: str, tag: str = "answer") -> list[str]:
 
 
 def _listed(text: str, start: int, a: re.Match, b: re.Match) -> bool:
-    """Whether numbers `a` and `b` are two items of one list: "and" or a comma between them, and no name before `b`
-    but the one before `a` ("x = 3 and x = -2"; not "A is 1 and B is 2")."""
+    """Whether numbers `a` and `b` are two items of one list: "and" or a comma between them, no name before `b` but
+    the one before `a` ("x = 3 and x = -2"; not "A is 1 and B is 2"), and `b` ending its clause."""
     between = _LISTED.fullmatch(text, a.end(), b.start())
-    if between is None or between.group(1) is None:
-        return between is not None
+    if between is None or not _ITEM_END.match(text, b.end()):
+        return False
+    if between.group(1) is None:
+        return True
     name = _NAME.search(text, start, a.start())
     return name is not None and name.group(1).lower() == between.group(1).lower()

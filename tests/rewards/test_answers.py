@@ -638,6 +638,7 @@ RESULTS = rows(
     ("It fills in 16 minutes at 15 L/min.", "16", 1.0),  # a sentence of context only: each number
     ("The solutions are x = 3 and x = −2.", "3", 0.0),  # a list of candidates
     ("The integers are 32, 33 and 34.", "33", 0.0),
+    ("In June he saves $27, and $117 over the six months.", "27", 1.0),  # each with its own scope: no list
     ("I think it's 24, but it could also be 26.", "24", 0.0),  # hedges
     ("It is 24 or 26.", "24", 0.0),
     ("Ben pays $48 and Ana pays $36? No, Ana pays $48.", "36", 0.0),
