@@ -15,7 +15,7 @@ In this order (dashes first: U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, 
             -> 3 1/2; a count as large as the parts' number is of things ("28 quarters", "4 halves" stay)
   odds      "N out of M" or "N in M" where the sentence speaks of a chance, probability, odds, fraction or proportion
             -> N/M ("the chance is 7 out of 20" -> 7/20, "a 1 in 4 chance" -> 1/4; "7 out of 20 balls are green"
-            stays a count)
+            stays a count), and as the whole answer ("3 in 10" -> 3/10)
   commas    a decimal comma, one or two digits after it and no number next: "3,5 km" -> 3.5 ("1,234" keeps its comma)
   signs     a sign word before digits: "minus 3", "negative 3" -> -3; "3 degrees below zero" -> -3 degrees
   dollars   `\$`, `\text{\$}`, `\textdollar` are dropped (`\boxed{\$23}` is 23)
@@ -92,6 +92,8 @@ def clean_answer(text: str) -> str:
     text = _FRACTION_WORDS.sub(_fraction, text)
     text = _AND_FRACTION.sub(r"\1 \2", text)  # "3 and 1/2" -> "3 1/2", a mixed number
     text = _CHANCE_SENTENCE.sub(lambda m: _OUT_OF.sub(r"\1/\2", m.group()), text)  # "The chance is 7 out of 20": 7/20
+    if _OUT_OF.fullmatch(bare := text.strip().rstrip(".").strip()):
+        text = _OUT_OF.sub(r"\1/\2", bare)  # "3 in 10" as the whole answer: 3/10
     text = _DECIMAL_COMMA.sub(r"\1.\2", text)  # "3,5 km" -> 3.5 (a thousands comma has three digits after it)
     text = _SIGN_WORD.sub(r"\1-", text)
     text = _BELOW_ZERO.sub("-", text)

@@ -477,6 +477,9 @@ CHANCES_AND_EQUATIONS = rows(
     ("So y = 11.", "11", 1.0),
     ("Solving gives 2x = 18, so x = 9.", "9", 1.0),
     ("The chance is 1 in 6.", "1/6", 1.0),  # "N in M" where a chance is spoken of
+    ("3 in 10", "3/10", 1.0),  # ... or as the whole answer
+    ("3 out of 10.", "3/10", 1.0),
+    ("3 out of 10.", "10", 0.0),
     ("There is a 1 in 4 chance of rain.", "1/4", 1.0),
     ("The odds of winning are 2 in 9.", "2/9", 1.0),
     ("The probability of a red card is 1 in 2.", "1/2", 1.0),
