@@ -13,7 +13,8 @@ places and six significant digits (|a - b| <= 5e-7 and <= 1e-6 max(|a|, |b|)): "
 round to 0) and 1000000.5 is not 1000001. A decimal with three significant digits or more is also the answer whose
 decimals never end (a repeating fraction, pi, a root) when it is that answer to its last digit, rounded or cut
 (`rounds_to`: "0.333" and "0.667" are 1/3 and 2/3, "78.5" and "78.54" are 25 pi, "3.14" is pi); "0.33" is not 1/3 and
-"3.1" is not pi (two digits say too little), and no rounding is 12.5 or 0.25, whose decimals end. Anything else
+"3.1" is not pi (two digits say too little), and no rounding is 12.5 or 0.25, whose decimals end. Either way round: a
+reference written "78.5" is answered by 25 pi. Anything else
 (sqrt(2), 4 pi, sets, text) is math-verify's to decide.
 
 Numbers in other forms (Unicode, words around digits) are written the plain way first (notation.py's
@@ -209,7 +210,7 @@ def answers_match(reference: str, predicted: str) -> bool:
     reference, predicted = clean_answer(reference), clean_answer(predicted)
     exact = read_number(reference), read_number(predicted)
     if exact[0] is not None and exact[1] is not None:
-        return numbers_match(*exact) or rounds_to(exact[0], predicted)
+        return numbers_match(*exact) or rounds_to(exact[0], predicted) or rounds_to(exact[1], reference)
     # "25%" is the answer 25 and the answer 0.25; "2 hours and 30 minutes" is 2.5 and 150
     readings = [percent_value(t) or quantity_values(t) for t in (reference, predicted)]
     if any(r is not None for r in readings):
@@ -219,7 +220,8 @@ def answers_match(reference: str, predicted: str) -> bool:
     gold, pred = parse_math(reference, timeout), parse_math(predicted, timeout)
     if not gold or not pred:
         return " ".join(reference.lower().split()) == " ".join(predicted.lower().split())
-    if exact[1] is not None and getattr(gold[0], "is_number", False) and gold[0].is_real and rounds_to(
-            float(gold[0].evalf()), predicted):  # "78.5" for 25 pi
-        return True
+    for value, text in ((gold[0], predicted), (pred[0], reference)):  # "78.5" for 25 pi, either way round
+        if read_number(text) is not None and getattr(value, "is_number", False) and value.is_real and rounds_to(
+                float(value.evalf()), text):
+            return True
     return bool(verify(gold, pred, timeout_seconds=timeout))

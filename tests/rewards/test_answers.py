@@ -592,6 +592,13 @@ ROUNDINGS = rows(
     (r"\boxed{3.1}", "\\pi", 0.0),
     ("The diagonal is 1.414 m.", "\\sqrt{2}", 1.0),
     ("The answer is 12.46.", "12.5", 0.0),  # 12.5's decimals end: only 12.5 is it
+    ("25π ≈ 78.5 cm²", "78.5", 1.0),  # a reference rounded, the answer exact
+    (r"The area is $25\pi$.", "78.5", 1.0),
+    (r"The area is $25\pi$.", "78.6", 0.0),
+    ("The probability is 1/3.", "0.333", 1.0),
+    ("The probability is 1/3.", "0.33", 0.0),
+    ("The probability is 1/4.", "0.2500", 1.0),
+    ("The probability is 1/4.", "0.251", 0.0),
     ("The answer is 0.2.", "1/4", 0.0),
     ("The answer is 142.857.", "1000/7", 1.0),
 )
