@@ -101,7 +101,9 @@ LINK_BEFORE = re.compile(r"(?:=|\b(?:is|are|was|were|equals?|makes?|gives?|comes
 NOTE = re.compile(r"\n\s*\n\s*\(?\**(?:note|check|verification|verify|double[- ]check|sanity check|remark|p\.s\.)\b"
                    r"(?!.*\n\s*\n)", flags=re.IGNORECASE | re.DOTALL)
 NEGATED = re.compile(r"(?:\bnot|\bnever|n't)\s+(?:\w+\s+)?$", flags=re.IGNORECASE)
-SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n")
+# a sentence ends at ".", "!" or "?" before a space, or at a line's end; not at an abbreviation ("i.e.", "e.g.")
+SENTENCE_END = re.compile(r"(?<!\bi\.e)(?<!\be\.g)(?<!\bapprox)(?<!\bvs)(?<!\bcf)[.!?](?=\s|$)|\n",
+                          flags=re.IGNORECASE)
 
 def purpose_start(text: str, start: int, first: re.Match | None, end: int) -> int | None:
     """Where a purpose begins after `first`, in a sentence that says what is needed ("needs 6 packs to get 48")."""

@@ -649,6 +649,8 @@ RESULTS = rows(
     ("The solutions are x = 3 and x = −2.", "3", 0.0),  # a list of candidates
     ("The integers are 32, 33 and 34.", "33", 0.0),
     ("In June he saves $27, and $117 over the six months.", "27", 1.0),  # each with its own scope: no list
+    ("It holds 120 cm³, i.e. 0.12 litres.", "120", 1.0),  # "i.e." ends no sentence
+    ("Each costs 2.50 dollars, e.g. 10 cost 25 dollars.", "2.50", 1.0),
     ("I think it's 24, but it could also be 26.", "24", 0.0),  # hedges
     ("It is 24 or 26.", "24", 0.0),
     ("Ben pays $48 and Ana pays $36? No, Ana pays $48.", "36", 0.0),
