@@ -355,6 +355,9 @@ SPELLED = rows(  # number words read by text2num; ordinals and a lone "one" are 
     ("So the total is one hundred and five.", "105", 1.0),
     ("The answer is two point five.", "2.5", 1.0),
     ("Three thousand two hundred people came.", "3200", 1.0),
+    ("Two buses are needed, with 5 empty seats.", "2", 1.0),  # a lone "two" before a plural noun counts
+    ("Zero apples are left, since 4 were eaten.", "0", 1.0),
+    ("One of the 2 boxes is empty.", "1", 0.0),  # a lone "one" stays a word
     ("So there are twenty-two and a half liters.", "22.5", 1.0),
     ("He finished fifth with 12 points.", "12", 1.0),
     ("On the fourth day she reads 30 pages.", "30", 1.0),
@@ -478,6 +481,10 @@ CHANCES_AND_EQUATIONS = rows(
     ("Solving gives 2x = 18, so x = 9.", "9", 1.0),
     ("The chance is 1 in 6.", "1/6", 1.0),  # "N in M" where a chance is spoken of
     ("3 in 10", "3/10", 1.0),  # ... or as the whole answer
+    ("Dividing both by 4 gives 3 to 4.", "3:4", 1.0),  # "N to M" after a link, ending the sentence: a ratio
+    ("The ratio is 3 to 4.", "3:4", 1.0),
+    ("It takes 3 to 4 hours.", "3:4", 0.0),
+    ("It rose from 3 to 4.", "3:4", 0.0),
     ("3 out of 10.", "3/10", 1.0),
     ("3 out of 10.", "10", 0.0),
     ("There is a 1 in 4 chance of rain.", "1/4", 1.0),
