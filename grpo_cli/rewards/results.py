@@ -12,7 +12,8 @@ the completion is also right when the reference equals one of the results its fi
     $20"), unless the sentence has nothing else ("It fills in 16 minutes at 15 L/min.": both);
   - numbers with only "and" or a comma between them, the last ending its clause, are a list of candidates, not
     results ("The solutions are x = 3 and x = -2", "32, 33 and 34"; not "$27 in June, and $117 over the year");
-  - a condition or a cause after a stated number is a premise ("10 legs if you have 10 shrimps and 13 crabs": 10);
+  - a condition, a cause or an earlier act after a stated number is a premise ("10 legs if you have 10 shrimps and 13
+    crabs": 10; "35 after buying 15": 35);
   - a sentence that hedges, corrects or goes on to another value states none ("24, or maybe 26", "it could be 45", "I
     think", "I mean 4", "I thought 1/2 but it is 0.75", "23, then 24"), and neither does one with more than four
     distinct results.
@@ -34,9 +35,10 @@ MAX_RESULTS = 4
 _HEDGE = re.compile(r"\b(?:or|maybe|might|could|perhaps|possibly|probably|either|unsure|not\s+sure|guess|think"
                     r"|thought|between|then|but|instead)\b|\?", flags=re.IGNORECASE)
 # a condition or a cause after a stated number: what follows it is a premise, not a result
-_PREMISE = re.compile(r"\b(?:if|since|because|as|assuming|given|provided|unless|when|whenever)\b", flags=re.IGNORECASE)
+_PREMISE = re.compile(r"\b(?:if|since|because|as|assuming|given|provided|unless|when|whenever"
+                      r"|(?:after|before|once|while)\s+\w+ing)\b", flags=re.IGNORECASE)
 _OPERATOR_AFTER = re.compile(r"\s*(?:[-+*/×÷·^]|\\(?:times|cdot|div)\b|x\s*\$?\d)")
-_OPERATOR_BEFORE = re.compile(r"(?:[-+*/×÷·^(]|\\(?:times|cdot|div|frac)|\bx)\s*\$?$")
+_OPERATOR_BEFORE = re.compile(r"(?:[-+*/×÷·^]|\\(?:times|cdot|div|frac)|\bx)\s*\$?$")
 # two numbers with nothing between them but "and" or a comma (and the same name again: "x = 3 and x = -2") are a list
 # of candidates ("The solutions are 3 and -2", "32, 33 and 34"), none of them a result of its own
 _LISTED = re.compile(r"\s*(?:,|,?\s*and|&)\s*(?:(\w+)\s*(?:=|is|are)\s*)?\$?", flags=re.IGNORECASE)

@@ -356,6 +356,7 @@ SPELLED = rows(  # number words read by text2num; ordinals and a lone "one" are 
     ("The answer is two point five.", "2.5", 1.0),
     ("Three thousand two hundred people came.", "3200", 1.0),
     ("Two buses are needed, with 5 empty seats.", "2", 1.0),  # a lone "two" before a plural noun counts
+    ("It takes him two weeks (14 days).", "14", 1.0),  # ... and a restatement in brackets is a result too
     ("Zero apples are left, since 4 were eaten.", "0", 1.0),
     ("One of the 2 boxes is empty.", "1", 0.0),  # a lone "one" stays a word
     ("So there are twenty-two and a half liters.", "22.5", 1.0),
@@ -656,6 +657,9 @@ RESULTS = rows(
     ("The solutions are x = 3 and x = −2.", "3", 0.0),  # a list of candidates
     ("The integers are 32, 33 and 34.", "33", 0.0),
     ("In June he saves $27, and $117 over the six months.", "27", 1.0),  # each with its own scope: no list
+    ("He started with 20, and ended up with 35 after buying 15.", "20", 1.0),  # "started with" states
+    ("He started with 20, and ended up with 35 after buying 15.", "15", 0.0),
+    ("She started with 20 stamps and now has 35.", "35", 1.0),
     ("It holds 120 cm³, i.e. 0.12 litres.", "120", 1.0),  # "i.e." ends no sentence
     ("Each costs 2.50 dollars, e.g. 10 cost 25 dollars.", "2.50", 1.0),
     ("I think it's 24, but it could also be 26.", "24", 0.0),  # hedges
