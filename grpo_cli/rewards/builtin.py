@@ -67,8 +67,8 @@ def accuracy(
             rewards.append(None)
             continue
         predicted = extract_answer(completion, mode, tag)
-        right = predicted is not None and answers_match(gold, predicted) or mode == "auto" and not strict and any(
-            answers_match(gold, result) for result in stated_results(completion, tag) if result != predicted)
+        right = (predicted is not None and answers_match(gold, predicted)) or (mode == "auto" and not strict and any(
+            answers_match(gold, result) for result in stated_results(completion, tag) if result != predicted))
         rewards.append(1.0 if right else 0.0)
     return rewards
 

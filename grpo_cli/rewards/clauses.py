@@ -9,7 +9,7 @@ import re
 
 LINK = re.compile(
     r"=|\\approx|≈|\b(?:is|are|was|were|equals?|gives?|makes?|yields?|comes\s+to|totals?|leaves?|has|have|had"
-    r"|holds?|contains?|costs?|gets?|earns?|pays?|paid|spends?|spent)\b", flags=re.IGNORECASE,
+    r"|holds?|contains?|costs?|costing|gets?|earns?|pays?|paid|paying|spends?|spent)\b", flags=re.IGNORECASE,
 )
 _ADJECTIVE = r"(?:(?:original|first|last|next|other|remaining|initial|whole|entire|same|previous|following)\s+)?"
 # a number right after a preposition is context ("in 6 jars", "after 2 hours", "more than 40"), not a result

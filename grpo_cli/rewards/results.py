@@ -34,7 +34,7 @@ MAX_RESULTS = 4
 # a sentence that offers candidates or doubts its own answer states no result
 _HEDGE = re.compile(r"\b(?:or|maybe|might|could|perhaps|possibly|probably|either|unsure|not\s+sure|guess|think"
                     r"|thought|between|then|but|instead)\b|\?", flags=re.IGNORECASE)
-# a condition or a cause after a stated number: what follows it is a premise, not a result
+# a condition, a cause or an earlier act after a stated number: what follows it is a premise, not a result
 _PREMISE = re.compile(r"\b(?:if|since|because|as|assuming|given|provided|unless|when|whenever"
                       r"|(?:after|before|once|while)\s+\w+ing)\b", flags=re.IGNORECASE)
 _OPERATOR_AFTER = re.compile(r"\s*(?:[-+*/×÷·^]|\\(?:times|cdot|div)\b|x\s*\$?\d)")

@@ -657,6 +657,8 @@ RESULTS = rows(
     ("The solutions are x = 3 and x = −2.", "3", 0.0),  # a list of candidates
     ("The integers are 32, 33 and 34.", "33", 0.0),
     ("In June he saves $27, and $117 over the six months.", "27", 1.0),  # each with its own scope: no list
+    ("He gets a 15% discount, paying $85 instead of $100.", "85", 1.0),  # "paying", "costing" link a result
+    ("The set is on sale, costing $40 rather than $50.", "40", 1.0),
     ("He started with 20, and ended up with 35 after buying 15.", "20", 1.0),  # "started with" states
     ("He started with 20, and ended up with 35 after buying 15.", "15", 0.0),
     ("She started with 20 stamps and now has 35.", "35", 1.0),
