@@ -21,8 +21,8 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      ...)") is left out; a last sentence that ends in an equation for an expression gives the expression ("The line is
      y = 3x - 4.");
   4. otherwise the last sentence (or line) with a number states it: its last number, unless that only comments,
-     conditions or scopes what the sentence stated. Left out: a closing paragraph that notes or checks ("Note: ...",
-     "Check: 30 - 12 = 18") and a closing sentence that checks, compares or supposes ("That's 9 more than last year.",
+     conditions or scopes what the sentence stated. Left out: a closing paragraph that notes, checks or explains ("Note:
+     ...", "Check: 30 - 12 = 18", "Explanation: ...") and a closing sentence that checks, compares or supposes ("That's 9 more than last year.",
      "If they had ..., it would have cost $60."), while a number comes before them; the sentence's tail after ", which
      is", ", i.e.", " - ", "since", "because", "if", "when", "assuming", "given", "after ...ing", "for the/each", "for
      6 cakes", "on 20 litres" (a count of things, not money), ", or about", a comparison (", 6 fewer than Amy"), a

@@ -98,8 +98,8 @@ RESTATES = re.compile(r",\s*(?:which|that)\s|,\s*i\.e\.", flags=re.IGNORECASE)  
 LINK_BEFORE = re.compile(r"(?:=|\b(?:is|are|was|were|equals?|makes?|gives?|comes\s+to|totals?))\s*$",
                          flags=re.IGNORECASE)
 # a closing paragraph that checks or comments on what came before
-NOTE = re.compile(r"\n\s*\n\s*\(?\**(?:note|check|verification|verify|double[- ]check|sanity check|remark|p\.s\.)\b"
-                   r"(?!.*\n\s*\n)", flags=re.IGNORECASE | re.DOTALL)
+NOTE = re.compile(r"\n\s*\n\s*\(?\**(?:note|check|verification|verify|double[- ]check|sanity check|remark|p\.s\."
+                  r"|explanation|reasoning|justification)\b(?!.*\n\s*\n)", flags=re.IGNORECASE | re.DOTALL)
 NEGATED = re.compile(r"(?:\bnot|\bnever|n't)\s+(?:\w+\s+)?$", flags=re.IGNORECASE)
 # a sentence ends at ".", "!" or "?" before a space, or at a line's end; not at an abbreviation ("i.e.", "e.g.")
 SENTENCE_END = re.compile(r"(?<!\bi\.e)(?<!\be\.g)(?<!\bapprox)(?<!\bvs)(?<!\bcf)[.!?](?=\s|$)|\n",
