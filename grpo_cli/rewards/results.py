@@ -41,11 +41,11 @@ _OPERATOR_AFTER = re.compile(r"\s*(?:[-+*/×÷·^]|\\(?:times|cdot|div)\b|x\s*\$
 _OPERATOR_BEFORE = re.compile(r"(?:[-+*/×÷·^]|\\(?:times|cdot|div|frac)|\bx)\s*\$?$")
 # two numbers with nothing between them but "and" or a comma (and the same name again: "x = 3 and x = -2") are a list
 # of candidates ("The solutions are 3 and -2", "32, 33 and 34"), none of them a result of its own
-_LISTED = re.compile(r"\s*(?:,|,?\s*and|&)\s*(?:(\w+)\s*(?:=|is|are)\s*)?\$?", flags=re.IGNORECASE)
+_LISTED = re.compile(r"\$?\s*(?:,|,?\s*and|&)\s*\$?\s*(?:(\w+)\s*(?:=|is|are)\s*)?\$?", flags=re.IGNORECASE)
 _NAME = re.compile(r"(\w+)\s*(?:=|is|are)\s*\$?$", flags=re.IGNORECASE)
 # ... and the list's last item ends its clause, with no more than a unit after it ("... and 34.", "... and 12, so");
 # "$27 in June, and $117 over the six months" is two results, each with its own scope
-_ITEM_END = re.compile(r"\s*(?:[^\W\d_]+|%|°)?\s*(?:[,;.!?)\n]|$|(?:and|so|which|thus)\b)", flags=re.IGNORECASE)
+_ITEM_END = re.compile(r"\$?\s*(?:[^\W\d_]+|%|°)?\s*\$?(?:[,;.!?)\n]|$|(?:and|so|which|thus)\b)", flags=re.IGNORECASE)
 
 
 def stated_results(text: str, tag: str = "answer") -> list[str]:
