@@ -9,7 +9,8 @@ the completion is also right when the reference equals one of the results its fi
     answers.py leaves out;
   - its results are its numbers less the operands ("15 × 10 = 150": 150 only), the negated ("not 40") and those right
     after a preposition ("in 4 hours", "from $10", "of 240"; not where a link or an appositive names it: "a saving of
-    $20"), unless the sentence has nothing else ("It fills in 16 minutes at 15 L/min.": both);
+    $20") or listed with one that is ("the sum of 12 and 15"), unless the sentence has nothing else ("It fills in 16
+    minutes at 15 L/min.": both);
   - numbers with only "and" or a comma between them, the last ending its clause, are a list of candidates, not
     results ("The solutions are x = 3 and x = -2", "32, 33 and 34"; not "$27 in June, and $117 over the year");
   - a condition, a cause or an earlier act after a stated number is a premise ("10 legs if you have 10 shrimps and 13
@@ -68,15 +69,26 @@ def stated_results(text: str, tag: str = "answer") -> list[str]:
     end = premise.start() if first and (premise := _PREMISE.search(text, first.end(), end)) else end
     found = [m for m in numbers_in(text, start, end, words=False)
              if not (_OPERATOR_AFTER.match(text, m.end()) or _OPERATOR_BEFORE.search(text, start, m.start()))]
-    stated = [m for m in found
-              if not AFTER_PREPOSITION.search(text, start, m.start()) or NAMED.search(text, start, m.start())]
-    found = stated or found  # a sentence of context only ("It fills in 16 minutes at 15 L/min."): each of them
+    context = _context(text, start, found)
+    found = [m for i, m in enumerate(found) if i not in context] or found  # a sentence of context only ("It fills in 16 minutes at 15 L/min."): each of them
     listed = {i for i, (a, b) in enumerate(zip(found, found[1:])) if _listed(text, start, a, b)}
     results: list[str] = []
     for i, m in enumerate(found):
         if not ({i, i - 1} & listed) and (value := as_answer(text, m)) not in results:
             results.append(value)
     return results if len(results) <= MAX_RESULTS else []
+
+
+def _context(text: str, start: int, found: list[re.Match]) -> set[int]:
+    """The indices of `found` that are context only: right after a preposition ("in 4 hours"; not where a link or an
+    appositive names it: "a saving of $20"), or listed right after one that is ("the sum of 12 and 15")."""
+    context: set[int] = set()
+    for i, m in enumerate(found):
+        bare = _LISTED.fullmatch(text, found[i - 1].end(), m.start()) if i - 1 in context else None
+        if AFTER_PREPOSITION.search(text, start, m.start()) and not NAMED.search(text, start, m.start()) \
+                or bare is not None and bare.group(1) is None:
+            context.add(i)
+    return context
 
 
 def _listed(text: str, start: int, a: re.Match, b: re.Match) -> bool:

@@ -659,6 +659,8 @@ RESULTS = rows(
     ("The solutions are x = 3 and x = −2.", "3", 0.0),  # a list of candidates
     ("The integers are 32, 33 and 34.", "33", 0.0),
     (r"The solutions are $x = 2$ and $x = -3$.", "2", 0.0),  # ... in math spans too
+    ("The sum of 12 and 15 is 28.", "15", 0.0),  # a number listed with one after a preposition is context too
+    ("The product of 3, 4 and 5 is 61.", "5", 0.0),
     ("In June he saves $27, and $117 over the six months.", "27", 1.0),  # each with its own scope: no list
     ("He gets a 15% discount, paying $85 instead of $100.", "85", 1.0),  # "paying", "costing" link a result
     ("The set is on sale, costing $40 rather than $50.", "40", 1.0),
