@@ -7,10 +7,10 @@ quantity is stated right. So, when the completion marks no answer (no `\boxed{}`
 the completion is also right when the reference equals one of the results its final statement states:
   - the final statement is the last sentence (or line) with a number, after the closing notes, checks and comparisons
     answers.py leaves out;
-  - its results are its numbers less the operands ("15 × 10 = 150": 150 only), the negated ("not 40") and those right
-    after a preposition ("in 4 hours", "from $10", "of 240"; not where a link or an appositive names it: "a saving of
-    $20") or listed with one that is ("the sum of 12 and 15"), unless the sentence has nothing else ("It fills in 16
-    minutes at 15 L/min.": both);
+  - its results are its numbers less the operands ("15 × 10 = 150": 150 only), the coefficients ("16x"), the negated
+    ("not 40") and those right after a preposition ("in 4 hours", "from $10", "of 240"; not where a link or an
+    appositive names it: "a saving of $20") or listed with one that is ("the sum of 12 and 15"), unless the sentence
+    has nothing else ("It fills in 16 minutes at 15 L/min.": both);
   - numbers with only "and" or a comma between them, the last ending its clause, are a list of candidates, not
     results ("The solutions are x = 3 and x = -2", "32, 33 and 34"; not "$27 in June, and $117 over the year");
   - a condition, a cause or an earlier act after a stated number is a premise ("10 legs if you have 10 shrimps and 13
@@ -38,7 +38,8 @@ _HEDGE = re.compile(r"\b(?:or|maybe|might|could|perhaps|possibly|probably|either
 # a condition, a cause or an earlier act after a stated number: what follows it is a premise, not a result
 _PREMISE = re.compile(r"\b(?:if|since|because|as|assuming|given|provided|unless|when|whenever"
                       r"|(?:after|before|once|while)\s+\w+ing)\b", flags=re.IGNORECASE)
-_OPERATOR_AFTER = re.compile(r"\s*(?:[-+*/×÷·^]|\\(?:times|cdot|div)\b|x\s*\$?\d)")
+# an operand, or a coefficient: a number with one letter written onto it ("16x", "3a"; not a unit: "5km")
+_OPERATOR_AFTER = re.compile(r"\s*(?:[-+*/×÷·^]|\\(?:times|cdot|div)\b|x\s*\$?\d)|[^\W\d_](?![^\W\d_])")
 _OPERATOR_BEFORE = re.compile(r"(?:[-+*/×÷·^]|\\(?:times|cdot|div|frac)|\bx)\s*\$?$")
 # two numbers with nothing between them but "and" or a comma (and the same name again: "x = 3 and x = -2") are a list
 # of candidates ("The solutions are 3 and -2", "32, 33 and 34"), none of them a result of its own

@@ -660,6 +660,9 @@ RESULTS = rows(
     ("The integers are 32, 33 and 34.", "33", 0.0),
     (r"The solutions are $x = 2$ and $x = -3$.", "2", 0.0),  # ... in math spans too
     ("The sum of 12 and 15 is 28.", "15", 0.0),  # a number listed with one after a preposition is context too
+    ("12 + 4 = 16x.", "16", 0.0),  # a coefficient is no result (the quickstart's step 16 wrote it)
+    ("The line is y = 3x - 4.", "3", 0.0),
+    ("The cable is 5km long, and the pole 12m.", "5", 1.0),  # a unit written onto the number is one
     ("The product of 3, 4 and 5 is 61.", "5", 0.0),
     ("In June he saves $27, and $117 over the six months.", "27", 1.0),  # each with its own scope: no list
     ("He gets a 15% discount, paying $85 instead of $100.", "85", 1.0),  # "paying", "costing" link a result
