@@ -11,10 +11,11 @@ In this order (dashes first: U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, 
             105, "twenty-one" -> 21, "two point five" -> 2.5. Ordinals stay words ("the fifth day"), and so do a
             lone "one" and "two" (and "zero"), which are mostly not numbers ("no one came"): the answer rule reads
             those where an answer is stated (`spelled`, threshold 0)
-  fractions in words: "one third" -> 1/3, "three quarters" -> 3/4, "twenty-two and a half" -> 22 1/2, "3 and 1/2"
-            -> 3 1/2; a count as large as the parts' number is of things ("28 quarters", "4 halves" stay)
+  fractions in words: "one third" -> 1/3, "three quarters" -> 3/4, "nine twentieths" -> 9/20, "twenty-two and a
+            half" -> 22 1/2, "3 and 1/2" -> 3 1/2; a count as large as the parts' number is of things ("28 quarters", "4 halves" stay)
   counts    a lone "two" or "zero" before a plural noun: "Two buses are needed" -> 2 buses ("one" stays a word)
-  ratios    "N to M" after a result link, ending its sentence: "gives 3 to 4." -> 3:4 ("from 3 to 4" stays)
+  ratios    "N to M" after a result link, ending its sentence: "gives 3 to 4." -> 3:4 ("from 3 to 4" stays); "N to M"
+            and "N : M" in a sentence that speaks of a ratio: "the ratio is 2 : 5" -> 2:5
   odds      "N out of M" or "N in M" where the sentence speaks of a chance, probability, odds, fraction or proportion
             -> N/M ("the chance is 7 out of 20" -> 7/20, "a 1 in 4 chance" -> 1/4; "7 out of 20 balls are green"
             stays a count), and as the whole answer ("3 in 10" -> 3/10)
@@ -63,18 +64,23 @@ _CHANCE_SENTENCE = re.compile(r"[^.!?\n]*\b(?:chance|probability|odds|likelihood
                               flags=re.IGNORECASE)
 _OUT_OF = re.compile(r"(?<![\d./])(\d+)\s+(?:out\s+of|in)\s+(\d+)(?![\d./])")
 _DENOMINATORS = {"half": 2, "halves": 2, "third": 3, "quarter": 4, "fourth": 4, "fifth": 5, "sixth": 6, "seventh": 7,
-                 "eighth": 8, "ninth": 9, "tenth": 10}
+                 "eighth": 8, "ninth": 9, "tenth": 10, "eleventh": 11, "twelfth": 12, "sixteenth": 16, "twentieth": 20,
+                 "hundredth": 100, "thousandth": 1000}
 _SMALL = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten".split())}
 _COUNT = r"a|an|\d+|" + "|".join(_SMALL)
 _FRACTION_WORDS = re.compile(
     rf"\b(?:(\d+|{'|'.join(_SMALL)})\s+and\s+)?({_COUNT})[\s-]+(halves|half|thirds?|quarters?|fourths?|fifths?|sixths?"
-    r"|sevenths?|eighths?|ninths?|tenths?)\b", flags=re.IGNORECASE)
+    r"|sevenths?|eighths?|ninths?|tenths?|elevenths?|twelfths?|sixteenths?|twentieths?|hundredths?|thousandths?)\b",
+    flags=re.IGNORECASE)
 _DECIMAL_COMMA = re.compile(r"(?<![\d,.])(\d+),(\d{1,2})(?![\d,])(?!\s*\d)")
 # a lone "two" or "zero" before a plural noun is a count ("Two buses are needed"); a lone "one" stays a word
 _COUNTED = re.compile(r"\b(two|zero)\s+(?=(?!of\b)[a-z]+s\b)", flags=re.IGNORECASE)
 # "N to M" after a result link, ending its sentence, is a ratio ("gives 3 to 4."; not "from 3 to 4", "3 to 4 hours")
-_RATIO_TO = re.compile(r"\b(is|are|was|gives|equals|becomes|be)\s+(\d+)\s+to\s+(\d+)(?=\s*(?:[.!;]|$))",
-                       flags=re.IGNORECASE)
+_RATIO_TO = re.compile(r"\b(is|are|was|gives|equals|becomes|be|simplifies\s+to|reduces\s+to)\s+(\d+)\s+to\s+(\d+)"
+                       r"(?=\s*(?:[.!;]|$))", flags=re.IGNORECASE)
+# ... and "N to M" or "N : M" anywhere in a sentence that speaks of a ratio ("the ratio is 2 : 5")
+_RATIO_SENTENCE = re.compile(r"[^.!?\n]*\bratios?\b[^.!?\n]*", flags=re.IGNORECASE)
+_RATIO_PAIR = re.compile(r"(?<![\d./:])(\d+)\s*(?:\s:|\sto)\s+(\d+)(?![\d./:])")
 _AND_FRACTION = re.compile(r"(?<![\d.])(\d+)\s+and\s+(\d+/\d+)(?![\d/])")
 _DOZEN = re.compile(r"\b(a|half\s+a)\s+dozen\b", flags=re.IGNORECASE)
 _SCALES = {"dozen": 12, "thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
@@ -100,6 +106,7 @@ def clean_answer(text: str) -> str:
     text = _AND_FRACTION.sub(r"\1 \2", text)  # "3 and 1/2" -> "3 1/2", a mixed number
     text = _COUNTED.sub(lambda m: str(_SMALL[m.group(1).lower()]) + " ", text)  # "Two buses are needed": 2 buses
     text = _RATIO_TO.sub(r"\1 \2:\3", text)  # "Dividing both by 4 gives 3 to 4.": 3:4
+    text = _RATIO_SENTENCE.sub(lambda m: _RATIO_PAIR.sub(r"\1:\2", m.group()), text)  # "The ratio is 2 : 5": 2:5
     text = _CHANCE_SENTENCE.sub(lambda m: _OUT_OF.sub(r"\1/\2", m.group()), text)  # "The chance is 7 out of 20": 7/20
     if _OUT_OF.fullmatch(bare := text.strip().rstrip(".").strip()):
         text = _OUT_OF.sub(r"\1/\2", bare)  # "3 in 10" as the whole answer: 3/10

@@ -297,6 +297,9 @@ WORDS_AROUND_DIGITS = rows(  # what people write in words around or instead of d
     ("The probability is one half.", "0.5", 1.0),
     ("Three quarters of the pie is left: the answer is three quarters.", "0.75", 1.0),
     ("It is two and a half.", "2.5", 1.0),
+    ("nine twentieths", "9/20", 1.0),  # denominators past ten
+    ("The answer is seven twelfths.", "7/12", 1.0),
+    ("It is 3 hundredths of the total.", "0.03", 1.0),
     ("She ran 5 and a half miles.", "5.5", 1.0),
     ("It takes 2 1/2.", "2.5", 1.0),  # a mixed number that ends the sentence
     ("The city has 1.5 million people.", "1500000", 1.0),
@@ -483,6 +486,10 @@ CHANCES_AND_EQUATIONS = rows(
     ("The chance is 1 in 6.", "1/6", 1.0),  # "N in M" where a chance is spoken of
     ("3 in 10", "3/10", 1.0),  # ... or as the whole answer
     ("Dividing both by 4 gives 3 to 4.", "3:4", 1.0),  # "N to M" after a link, ending the sentence: a ratio
+    ("It simplifies to 2 to 5.", "2:5", 1.0),
+    ("The simplified ratio is 2 : 5.", "2:5", 1.0),  # "N to M" and "N : M" where a ratio is spoken of
+    ("The ratio of boys to girls is 12 to 16, or 3 to 4 in lowest terms.", "3:4", 1.0),
+    ("Step 2 : 5 apples remain.", "5", 1.0),  # a spaced colon elsewhere is no ratio
     ("The ratio is 3 to 4.", "3:4", 1.0),
     ("It takes 3 to 4 hours.", "3:4", 0.0),
     ("It rose from 3 to 4.", "3:4", 0.0),
