@@ -12,7 +12,8 @@ In this order (dashes first: U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, 
             lone "one" and "two" (and "zero"), which are mostly not numbers ("no one came"): the answer rule reads
             those where an answer is stated (`spelled`, threshold 0)
   fractions in words: "one third" -> 1/3, "three quarters" -> 3/4, "nine twentieths" -> 9/20, "twenty-two and a
-            half" -> 22 1/2, "3 and 1/2" -> 3 1/2; a count as large as the parts' number is of things ("28 quarters", "4 halves" stay)
+            half" -> 22 1/2, "3 and 1/2" -> 3 1/2; a count as large as the parts' number is of things ("28
+            quarters", "4 halves" stay)
   counts    a lone "two" or "zero" before a plural noun: "Two buses are needed" -> 2 buses ("one" stays a word)
   ratios    "N to M" after a result link, ending its sentence: "gives 3 to 4." -> 3:4 ("from 3 to 4" stays); "N to M"
             and "N : M" in a sentence that speaks of a ratio: "the ratio is 2 : 5" -> 2:5
