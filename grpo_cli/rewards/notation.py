@@ -14,7 +14,8 @@ In this order (dashes first: U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, 
   fractions in words: "one third" -> 1/3, "three quarters" -> 3/4, "nine twentieths" -> 9/20, "twenty-two and a
             half" -> 22 1/2, "3 and 1/2" -> 3 1/2; a count as large as the parts' number is of things ("28
             quarters", "4 halves" stay)
-  counts    a lone "two" or "zero" before a plural noun: "Two buses are needed" -> 2 buses ("one" stays a word)
+  counts    a lone "two" or "zero" before a plural noun: "Two buses are needed" -> 2 buses ("one" stays a word, but
+            where it starts a compound quantity: "one dollar and 65 cents" -> 1 dollar and 65 cents)
   ratios    "N to M" after a result link, ending its sentence: "gives 3 to 4." -> 3:4 ("from 3 to 4" stays); "N to M"
             and "N : M" in a sentence that speaks of a ratio: "the ratio is 2 : 5" -> 2:5
   odds      "N out of M" or "N in M" where the sentence speaks of a chance, probability, odds, fraction or proportion
@@ -76,6 +77,9 @@ _FRACTION_WORDS = re.compile(
 _DECIMAL_COMMA = re.compile(r"(?<![\d,.])(\d+),(\d{1,2})(?![\d,])(?!\s*\d)")
 # a lone "two" or "zero" before a plural noun is a count ("Two buses are needed"); a lone "one" stays a word
 _COUNTED = re.compile(r"\b(two|zero)\s+(?=(?!of\b)[a-z]+s\b)", flags=re.IGNORECASE)
+# ... and a lone "one" that starts a compound quantity ("one dollar and 65 cents", "one hour 20 minutes")
+_ONE_UNIT = re.compile(r"\bone\s+(?=(?:dollar|euro|pound|hour|minute|day|week|year|foot|yard|mile|met(?:re|er)"
+                       r"|kilomet(?:re|er)|kilogram|lit(?:re|er)|gallon)\s+(?:and\s+)?\d)", flags=re.IGNORECASE)
 # "N to M" after a result link, ending its sentence, is a ratio ("gives 3 to 4."; not "from 3 to 4", "3 to 4 hours")
 _RATIO_TO = re.compile(r"\b(is|are|was|gives|equals|becomes|be|simplifies\s+to|reduces\s+to)\s+(\d+)\s+to\s+(\d+)"
                        r"(?=\s*(?:[.!;]|$))", flags=re.IGNORECASE)
@@ -106,6 +110,7 @@ def clean_answer(text: str) -> str:
     text = _FRACTION_WORDS.sub(_fraction, text)
     text = _AND_FRACTION.sub(r"\1 \2", text)  # "3 and 1/2" -> "3 1/2", a mixed number
     text = _COUNTED.sub(lambda m: str(_SMALL[m.group(1).lower()]) + " ", text)  # "Two buses are needed": 2 buses
+    text = _ONE_UNIT.sub("1 ", text)  # "one dollar and 65 cents": a compound quantity
     text = _RATIO_TO.sub(r"\1 \2:\3", text)  # "Dividing both by 4 gives 3 to 4.": 3:4
     text = _RATIO_SENTENCE.sub(lambda m: _RATIO_PAIR.sub(r"\1:\2", m.group()), text)  # "The ratio is 2 : 5": 2:5
     text = _CHANCE_SENTENCE.sub(lambda m: _OUT_OF.sub(r"\1/\2", m.group()), text)  # "The chance is 7 out of 20": 7/20

@@ -8,8 +8,8 @@ the completion is also right when the reference equals one of the results its fi
   - the final statement is the last sentence (or line) with a number, after the closing notes, checks and comparisons
     answers.py leaves out;
   - its results are its numbers less the operands ("15 × 10 = 150": 150 only), the coefficients ("16x"), the negated
-    ("not 40") and those right after a preposition ("in 4 hours", "from $10", "of 240"; not where a link or an
-    appositive names it: "a saving of $20") or listed with one that is ("the sum of 12 and 15"), unless the sentence
+    ("not 40") and those right after a preposition ("from $10", "of 240"; not a time the sentence states, "after 8
+    weeks", nor where a link or an appositive names it: "a saving of $20") or listed with one that is ("the sum of 12 and 15"), unless the sentence
     has nothing else ("It fills in 16 minutes at 15 L/min.": both);
   - numbers with only "and" or a comma between them, the last ending its clause, are a list of candidates, not
     results ("The solutions are x = 3 and x = -2", "32, 33 and 34"; not "$27 in June, and $117 over the year");
@@ -39,6 +39,9 @@ _HEDGE = re.compile(r"\b(?:or|maybe|might|could|perhaps|possibly|probably|either
 _PREMISE = re.compile(r"\b(?:if|since|because|as|assuming|given|provided|unless|when|whenever"
                       r"|(?:after|before|once|while)\s+\w+ing)\b", flags=re.IGNORECASE)
 # an operand, or a coefficient: a number with one letter written onto it ("16x", "3a"; not a unit: "5km")
+# a time the sentence states: "After 8 weeks Sam has $240", "she has $360 after 9 weeks" (the question may ask for it)
+_TIME_BEFORE = re.compile(r"\b(?:after|in|within|for|over)\s+(?:another\s+|just\s+|only\s+)?$", flags=re.IGNORECASE)
+_TIME_UNIT = re.compile(r"\s*(?:more\s+)?(?:second|minute|hour|day|week|month|year)s?\b", flags=re.IGNORECASE)
 _OPERATOR_AFTER = re.compile(r"\s*(?:[-+*/×÷·^]|\\(?:times|cdot|div)\b|x\s*\$?\d)|[^\W\d_](?![^\W\d_])")
 _OPERATOR_BEFORE = re.compile(r"(?:[-+*/×÷·^]|\\(?:times|cdot|div|frac)|\bx)\s*\$?$")
 # two numbers with nothing between them but "and" or a comma (and the same name again: "x = 3 and x = -2") are a list
@@ -81,13 +84,15 @@ def stated_results(text: str, tag: str = "answer") -> list[str]:
 
 
 def _context(text: str, start: int, found: list[re.Match]) -> set[int]:
-    """The indices of `found` that are context only: right after a preposition ("in 4 hours"; not where a link or an
-    appositive names it: "a saving of $20"), or listed right after one that is ("the sum of 12 and 15")."""
+    """The indices of `found` that are context only: right after a preposition ("from $10", "of 240"; not a time the
+    sentence states, "after 8 weeks", nor where a link or an appositive names it: "a saving of $20"), or listed right
+    after one that is ("the sum of 12 and 15")."""
     context: set[int] = set()
     for i, m in enumerate(found):
         bare = _LISTED.fullmatch(text, found[i - 1].end(), m.start()) if i - 1 in context else None
+        timed = _TIME_BEFORE.search(text, start, m.start()) and _TIME_UNIT.match(text, m.end())
         if AFTER_PREPOSITION.search(text, start, m.start()) and not NAMED.search(text, start, m.start()) \
-                or bare is not None and bare.group(1) is None:
+                and not timed or bare is not None and bare.group(1) is None:
             context.add(i)
     return context
 

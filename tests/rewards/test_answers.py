@@ -404,6 +404,8 @@ COMPOUND_QUANTITIES = rows(  # two numbers with units of one kind are one answer
     ("Each glass holds a quarter litre, 250 millilitres.", "250", 1.0),  # a fraction's unit starts no compound
     ("Each glass holds 3/4 litre, 750 mL.", "750", 1.0),
     ("The remaining amount is 18 dollars and 50 cents.", "18.5", 1.0),
+    ("Her change was one dollar and sixty-five cents.", "1.65", 1.0),  # a lone "one" that starts a compound quantity
+    ("It took one hour and 20 minutes.", "80", 1.0),
     ("The times are 2 hours, 3 hours and 4 hours.", "4", 1.0),  # a list, not one quantity
     ("She spent 2 hours on Monday and 30 minutes on Tuesday.", "30", 1.0),
     ("2 apples and 3 oranges", "3", 1.0),  # no units
@@ -674,6 +676,12 @@ RESULTS = rows(
     ("In June he saves $27, and $117 over the six months.", "27", 1.0),  # each with its own scope: no list
     ("He gets a 15% discount, paying $85 instead of $100.", "85", 1.0),  # "paying", "costing" link a result
     ("The set is on sale, costing $40 rather than $50.", "40", 1.0),
+    ("After 8 weeks Sam will have $240, enough for the bike.", "8", 1.0),  # a time the sentence states is a result
+    ("Sara saves $40 a week, so she has $360 after 9 weeks.", "9", 1.0),
+    ("After 16 days she has read all 400 pages.", "16", 1.0),
+    ("After 16 days she has read all 400 pages.", "400", 1.0),
+    ("She reads 25 pages a day for 16 days.", "25", 1.0),
+    ("After 2 hours the tank holds 90 litres.", "3", 0.0),
     ("He started with 20, and ended up with 35 after buying 15.", "20", 1.0),  # "started with" states
     ("He started with 20, and ended up with 35 after buying 15.", "15", 0.0),
     ("She started with 20 stamps and now has 35.", "35", 1.0),
