@@ -14,8 +14,8 @@ LINK = re.compile(
 _ADJECTIVE = r"(?:(?:original|first|last|next|other|remaining|initial|whole|entire|same|previous|following)\s+)?"
 # a number right after a preposition is context ("in 6 jars", "after 2 hours", "more than 40"), not a result
 AFTER_PREPOSITION = re.compile(
-    r"\b(?:in|on|at|after|before|for|over|per|(?<!total\s)of|by|(?<!left\s)(?<!up\s)(?<!started\s)(?<!starts\s)(?<!began\s)with|within|during|from|into"
-    r"|between|among|than)\s+"
+    r"\b(?:in|on|at|after|before|for|over|per|(?<!total\s)of|by|within|during|from|into|between|among|than"
+    r"|(?<!left\s)(?<!up\s)(?<!started\s)(?<!starts\s)(?<!began\s)with)\s+"  # "left with 5", "started with 20" state
     rf"(?:(?:the|a|an|every|each|all|his|her|their|its|my|your|our)\s+)?{_ADJECTIVE}\$?$"
     r"|\bto\s+(?:each\s+of\s+)?(?:the|his|her|their|its|my|your|our)\s+\$?$", flags=re.IGNORECASE,
 )
