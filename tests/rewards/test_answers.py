@@ -348,6 +348,9 @@ TAILS = rows(  # a condition, cause or scope after the stated number is not the 
     ("She needs 2 more cups, for a total of 5 cups.", "5", 1.0),
     ("The probability is 1/6 \u2248 0.167.", "1/6", 1.0),  # an approximation's exact side
     ("So $p \\approx 0.167$.", "0.167", 1.0),
+    ("Distance = 18 × 2.33 ≈ 42 km", "42", 1.0),  # ... not when it is a computation of rounded inputs
+    ("It costs 3 × 1.99 + 0.5 ≈ $6.47.", "6.47", 1.0),
+    ("x = 25π ≈ 78.5", "25\\pi", 1.0),
     ("Janet has 16 - 3 - 4 = 9 eggs to sell, at two dollars each: she makes eighteen dollars.", "18", 1.0),
     ("We need 7 buses, since 6 buses only hold 6 \u00d7 40 = 240 < 250 students.", "7", 1.0),  # a reason computes
     ("The cost is $45.99 per month, or about $552 a year.", "45.99", 1.0),  # an approximate restatement
