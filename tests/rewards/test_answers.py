@@ -125,7 +125,7 @@ ORDER = rows(
     (r"\boxed{23} is wrong; the answer is \boxed{24}", "23", 0.0),
     ("The answer is 23. Wait, no: 24.", "23", 0.0),
     ("The answer is 23. Wait, no: 24.", "24", 1.0),
-    (r"So $p = \frac{3}{4}$, which gives 5 marbles", "3/4", 1.0),  # both stated (rule 5; 0.0 with strict: STRICT)
+    (r"So $p = \frac{3}{4}$, which gives 5 marbles", "3/4", 1.0),  # both stated (rule 5; 0.0 with strict: test_strict_reads_one_answer)
     (r"So $p = \frac{3}{4}$, which gives 5 marbles", "5", 1.0),
     ("<answer>23</answer> hmm <answer>24</answer>", "23", 0.0),
     ("#### 23\n#### 24", "23", 0.0),
