@@ -61,9 +61,14 @@ _GROUPED = re.compile(
 _MODIFIER = re.compile(r"-[a-z]|\s+(?:dollar|euro|pound|rupee|yen)s?[\s-]+(?:bills?|notes?|coins?)\b",
                        flags=re.IGNORECASE)
 
+
+def _sentence_about(words: str) -> re.Pattern:
+    """A sentence (up to its end mark or line) that holds one of `words`, where a pair of numbers is read one way."""
+    return re.compile(rf"[^.!?\n]*\b(?:{words})\b[^.!?\n]*", flags=re.IGNORECASE)
+
+
 # "N out of M" or "N in M" in a sentence that speaks of a chance: the sentence, then the pair
-_CHANCE_SENTENCE = re.compile(r"[^.!?\n]*\b(?:chance|probability|odds|likelihood|fraction|proportion)\b[^.!?\n]*",
-                              flags=re.IGNORECASE)
+_CHANCE_SENTENCE = _sentence_about("chance|probability|odds|likelihood|fraction|proportion")
 _OUT_OF = re.compile(r"(?<![\d./])(\d+)\s+(?:out\s+of|in)\s+(\d+)(?![\d./])")
 _DENOMINATORS = {"half": 2, "halves": 2, "third": 3, "quarter": 4, "fourth": 4, "fifth": 5, "sixth": 6, "seventh": 7,
                  "eighth": 8, "ninth": 9, "tenth": 10, "eleventh": 11, "twelfth": 12, "sixteenth": 16, "twentieth": 20,
@@ -84,7 +89,7 @@ _ONE_UNIT = re.compile(r"\bone\s+(?=(?:dollar|euro|pound|hour|minute|day|week|ye
 _RATIO_TO = re.compile(r"\b(is|are|was|gives|equals|becomes|be|simplifies\s+to|reduces\s+to)\s+(\d+)\s+to\s+(\d+)"
                        r"(?=\s*(?:[.!;]|$))", flags=re.IGNORECASE)
 # ... and "N to M" or "N : M" anywhere in a sentence that speaks of a ratio ("the ratio is 2 : 5")
-_RATIO_SENTENCE = re.compile(r"[^.!?\n]*\bratios?\b[^.!?\n]*", flags=re.IGNORECASE)
+_RATIO_SENTENCE = _sentence_about("ratios?")
 _RATIO_PAIR = re.compile(r"(?<![\d./:])(\d+)\s*(?:\s:|\sto)\s+(\d+)(?![\d./:])")
 _AND_FRACTION = re.compile(r"(?<![\d.])(\d+)\s+and\s+(\d+/\d+)(?![\d/])")
 _DOZEN = re.compile(r"\b(a|half\s+a)\s+dozen\b", flags=re.IGNORECASE)
