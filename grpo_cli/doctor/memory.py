@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_cli.recipe.specs import OPTIMIZERS
+from grpo_cli.trainer.offload import offloads
 from grpo_cli.trainer.setup import ForwardChoices, forward_choices
 from grpo_cli.views.verdicts import Verdict
 
@@ -183,6 +184,11 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
                else max((m.lora.r * (i + o) for name, i, o in shape.linear if _targeted(name, m.lora.target_modules)),
                         default=0))
     step = trainable * width if device == "cuda" and opt.foreach_on_cuda else opt.step_largest * largest * width
+    if offloads(t, lora, device, processes, False):  # trainer/offload.py: the state and the step in host memory
+        if device == "cuda":
+            optimizer = step = 0.0
+        else:  # on a CPU the offload adds its copies of the trained weights and their gradients
+            optimizer += 2 * width
     parts = [
         Part("runtime", runtime, ""),
         Part("weights", shape.params * width, "model.dtype=bfloat16, or a smaller model"),
@@ -190,7 +196,9 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
              "algorithm.beta=0, or LoRA (model.lora.r=16: the base with adapters off is the reference)"),
         Part("teacher", teacher.params * BYTES.get(recipe.distillation.teacher.dtype, 4) if teacher else 0.0,
              "distillation.teacher.dtype=bfloat16, or a smaller teacher"),
-        Part("optimizer state", trainable * optimizer, "model.lora.r=16, or train.optimizer=adamw_8bit"),
+        Part("optimizer state", trainable * optimizer,
+             "model.lora.r=16, train.optimizer=adamw_8bit, or train.offload_optimizer=true" if device == "cuda"
+             else "model.lora.r=16, or train.optimizer=adamw_8bit"),
         Part("gradients", trainable * width, "model.lora.r=16"),
         Part("vLLM's share (colocated: " + ("rollout.vllm.gpu_memory_utilization)" if device == "cuda" else
                                             "its weights and rollout.vllm.cpu_kv_cache_gib)"), vllm,

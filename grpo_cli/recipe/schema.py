@@ -151,6 +151,13 @@ class TrainConfig(Section):
         "for the model types grpo has checked; true: always, and an error for other model types."))
     optimizer: Literal[tuple(OPTIMIZERS)] = Field(  # type: ignore[valid-type]  (recipe/specs.py's table)
         "adamw", description="; ".join(f"{s.name}: {s.what}" for s in OPTIMIZERS.values()) + ".")
+    offload_optimizer: bool | Literal["auto"] = Field("auto", description=(
+        "Keep the optimizer's state (AdamW's two moments: twice the trained weights' bytes) and a copy of the "
+        "weights it steps in host memory, and step there (ZeRO-Offload's trade, verl's optimizer_offload): each "
+        "optimizer step copies the gradients down and the weights up. The update is the optimizer's own and "
+        "checkpoints are the plain optimizer's. For GPUs (on a CPU the state is in host memory already); one "
+        "process's optimizer, not FSDP's or DeepSpeed's (their own offload settings). auto: on for full fine-tuning "
+        "with adamw on one CUDA process."))
     learning_rate: float = Field(1e-6, gt=0, description="AdamW peak learning rate.")
     scheduler: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up: constant, linear or cosine to 0.")
     warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up.")

@@ -8,6 +8,7 @@ colocated vLLM engine re-seeds torch's generator on CPU; a fresh run then seeds 
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,9 @@ from grpo_cli.registry import Registry
 from grpo_cli.run.folder import check_drift, start_point
 from grpo_cli.run.rewind import rewind as set_aside_later
 from grpo_cli.trainer.distributed import is_deepspeed, is_fsdp
+from grpo_cli.trainer.offload import HostOptimizer, offloads
+
+log = logging.getLogger(__name__)
 
 
 def start_from(run_dir: Path, resume: str | None, start_over: bool, allow_recipe_change: bool, recipe,
@@ -131,8 +135,13 @@ def build_policy(recipe, accelerator, checkpoint: Path | None) -> Policy:
     disable_dropout(model)
     summary = parameter_summary(model)
     params = [p for p in model.parameters() if p.requires_grad]
-    fused = not (is_fsdp(accelerator) or is_deepspeed(accelerator)) and accelerator.device.type in ("cpu", "cuda")
-    optimizer = build_optimizer(params, t, fused=fused and OPTIMIZERS[t.optimizer].fusable, device=accelerator.device)
+    wrapped = is_fsdp(accelerator) or is_deepspeed(accelerator)  # their optimizers: DTensors, DeepSpeed's wrapper
+    fused = not wrapped and accelerator.device.type in ("cpu", "cuda") and OPTIMIZERS[t.optimizer].fusable
+    if offloads(t, bool(r.model.lora.r), accelerator.device.type, accelerator.num_processes, wrapped):
+        optimizer = offloaded_optimizer(params, t, accelerator, fused)
+        summary += f"; {t.optimizer} in host memory (train.offload_optimizer)"
+    else:
+        optimizer = build_optimizer(params, t, fused=fused, device=accelerator.device)
     optimizer_steps = t.max_steps * r.algorithm.num_iterations * t.mini_batches
     scheduler = make_scheduler(optimizer, t.scheduler, t.warmup_steps, optimizer_steps)
     if is_deepspeed(accelerator):  # no dataloader to infer these from; grpo accumulates itself
@@ -158,6 +167,20 @@ def build_stream(recipe, tokenizer, accelerator):
         tools = schemas(recipe.rollout.tools)
     return PromptStream(dataset, d, tokenizer, recipe.train.prompts_per_step, data_seed, tools=tools,
                         in_flight=recipe.rollout.max_staleness + 1)
+
+
+def offloaded_optimizer(params, t, accelerator, fused: bool) -> HostOptimizer:
+    """train.optimizer in host memory (train.offload_optimizer), over host copies of the trained weights."""
+    if is_fsdp(accelerator) or is_deepspeed(accelerator):
+        raise SetupError("train.offload_optimizer offloads one process's optimizer; FSDP and DeepSpeed shard theirs: "
+                         "use FSDP's cpu_offload or DeepSpeed's offload_optimizer in the accelerate config instead")
+    if OPTIMIZERS[t.optimizer].state_bytes:
+        raise SetupError(f"train.offload_optimizer steps on the host's kernels: adamw or adafactor, not {t.optimizer} "
+                         "(bitsandbytes' 8-bit moments step on the GPU, at a quarter of AdamW's state)")
+    if accelerator.device.type != "cuda":
+        log.warning("train.offload_optimizer on %s: the optimizer's state is in host memory already; the offload "
+                    "only adds a copy of the trained weights", accelerator.device.type)
+    return HostOptimizer(params, lambda host: build_optimizer(host, t, fused=fused, device=torch.device("cpu")))
 
 
 def build_optimizer(params, t, *, fused: bool, device: torch.device | None = None) -> torch.optim.Optimizer:
