@@ -4,7 +4,7 @@
 #
 #   bash bench/gpu_checks.sh OUT [PARTS...]
 #       parts: smoke floors vs-trl train-memory doctor-memory attention compiled goal chunked-head memory-options
-#              layouts packing colocate (default: all, in that order)
+#              layouts packing colocate offload (default: all, in that order)
 #
 # smoke         `grpo train` of the ci-tiny recipe in bf16 on the GPU: 4 steps straight, 2 + --resume auto to 4
 #               (metrics compared step by step), LoRA + KL, mixed_precision bf16 over fp32 weights, `grpo eval`
@@ -30,13 +30,17 @@
 #               lent H100/H200 machines have neither: the part says so and skips)
 # packing       issue 38: bench/packing.py --check (packed = padded on CUDA's kernels, fp32; flash attention's varlen
 #               path if installed), then the bench on the Qwen2.5-0.5B shape in bf16, prompts 16-512, completions to 1024
+# offload       issue 40 item 3: bench/offload_step.py (an AdamW step with its state on the GPU against
+#               train.offload_optimizer's, Qwen2.5-0.5B shape, bf16), `grpo train` of ci-tiny in bf16 with the offload
+#               (4 steps straight against 2 + --resume auto, and against the state on the GPU), then bench/vs_trl.py
+#               with the offload at 64 tokens (B=4) and 256 (B=16), TRL at its defaults
 # TRL and the packages the GPU image lacks (pydantic, omegaconf, datasets, math-verify, text2num, pint with flexcache
 # and flexparser) are expected on PYTHONPATH (see bench/RESULTS.md, "GPU").
 set -u
 out=${1:?usage: gpu_checks.sh OUT [PARTS...]}
 shift
 parts=${*:-smoke floors vs-trl train-memory doctor-memory attention compiled goal chunked-head memory-options layouts packing
-colocate}
+colocate offload}
 mkdir -p "$out"
 work=$(mktemp -d)
 py=${PYTHON:-python3}
@@ -160,6 +164,22 @@ for p in $parts; do
                 $py -m grpo_cli train ${col[*]} --num-processes 2 -o $work/colo-tp2 rollout.vllm.tensor_parallel_size=2
                 grep -ho '\"sampling/sampling_logp_difference/max\": [0-9.e-]*' $work/colo-tp1/metrics.jsonl $work/colo-tp2/metrics.jsonl"
         fi
+        ;;
+    offload)
+        part offload-step 120 $py bench/offload_step.py --device cuda --dtype bfloat16 --threads 4
+        off=(recipes/ci-tiny.yaml model.dtype=bfloat16 train.learning_rate=1e-4)
+        part offload-smoke 240 bash -c "
+            set -e
+            $py -m grpo_cli train ${off[*]} -o $work/on-gpu train.max_steps=4 train.offload_optimizer=false
+            $py -m grpo_cli train ${off[*]} -o $work/offloaded train.max_steps=4 train.offload_optimizer=true
+            $py -m grpo_cli train ${off[*]} -o $work/off-resumed train.max_steps=2 train.offload_optimizer=true
+            $py -m grpo_cli train ${off[*]} -o $work/off-resumed train.max_steps=4 train.offload_optimizer=true --resume auto"
+        compare "$work/offloaded" "$work/off-resumed" 2>&1 | tee -a "$out/offload-smoke.log"
+        compare "$work/on-gpu" "$work/offloaded" 2>&1 | tee -a "$out/offload-smoke.log"
+        vst=($py bench/vs_trl.py --model qwen2.5-0.5b --device cuda --dtype bfloat16 --trl-python "$py" --threads 4
+             --micro-batch 8 --rounds 1 --grpo-set train.offload_optimizer=true)
+        part offload-64 240 "${vst[@]}" --new-tokens 64 --B 4 --steps 3
+        part offload-256 300 "${vst[@]}" --new-tokens 256 --B 16 --steps 2
         ;;
     *) echo "unknown part $p" ;;
     esac
