@@ -126,3 +126,20 @@ def test_auto_offloads_one_cuda_process_s_full_adamw_and_the_plan_counts_it_off_
     cpu = load_recipe(ROOT / "recipes/ci-tiny.yaml", ["train.offload_optimizer=true"])
     on_cpu = {p.name: p.bytes for p in plan(cpu, shape, 1, 64, "cpu", 0.0)}
     assert on_cpu["optimizer state"] == 4 * 4 * shape.params  # float32 moments and the offload's two copies
+
+
+@pytest.mark.parametrize("kind, optimizer, message", [
+    ("FSDP", "adamw", "use FSDP's cpu_offload or DeepSpeed's offload_optimizer"),
+    ("DEEPSPEED", "adamw", "use FSDP's cpu_offload or DeepSpeed's offload_optimizer"),
+    ("NO", "adamw_8bit", "adamw or adafactor, not adamw_8bit"),
+])
+def test_what_it_cannot_offload_is_refused_by_name(kind, optimizer, message):
+    from types import SimpleNamespace
+
+    from grpo_cli.errors import SetupError
+    from grpo_cli.trainer.setup import offloaded_optimizer
+
+    accelerator = SimpleNamespace(distributed_type=SimpleNamespace(name=kind), device=torch.device("cpu"))
+    t = SimpleNamespace(optimizer=optimizer, offload_optimizer=True)
+    with pytest.raises(SetupError, match=message):
+        offloaded_optimizer(list(tiny_model(0).parameters()), t, accelerator, fused=True)
