@@ -39,6 +39,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from grpo_cli.process.memory import host_available_bytes
 from grpo_cli.recipe.specs import OPTIMIZERS
 from grpo_cli.trainer.offload import offloads
 from grpo_cli.trainer.setup import ForwardChoices, forward_choices
@@ -184,7 +185,7 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
                else max((m.lora.r * (i + o) for name, i, o in shape.linear if _targeted(name, m.lora.target_modules)),
                         default=0))
     step = trainable * width if device == "cuda" and opt.foreach_on_cuda else opt.step_largest * largest * width
-    if offloads(t, lora, device, processes, False):  # trainer/offload.py: the state and the step in host memory
+    if offloads(t, lora, device, processes, False, trainable * width):  # trainer/offload.py: the state and the step in host memory
         if device == "cuda":
             optimizer = step = 0.0
         else:  # on a CPU the offload adds its copies of the trained weights and their gradients
@@ -264,12 +265,7 @@ def free_bytes(device: str) -> float | None:
         import torch
 
         return float(torch.cuda.mem_get_info()[0])
-    try:
-        with open("/proc/meminfo") as f:
-            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
-        return float(info["MemAvailable"])
-    except (OSError, KeyError, ValueError):
-        return None
+    return host_available_bytes()
 
 
 def prompt_lengths(batch) -> PromptLengths:

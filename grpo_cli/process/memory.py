@@ -34,6 +34,16 @@ def status_kib(field: str) -> int | None:
     return None
 
 
+def host_available_bytes() -> float | None:
+    """The host memory Linux says is available for new allocations without swapping (MemAvailable); None elsewhere."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        return float(info["MemAvailable"])
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
 def peak_rss_gib() -> float:
     """This process's peak resident memory since its counter was last reset: Linux's VmHWM (the high-water mark of
     its own address space), not ru_maxrss, which keeps the peak of the process that launched it across fork and

@@ -157,7 +157,7 @@ class TrainConfig(Section):
         "optimizer step copies the gradients down and the weights up. The update is the optimizer's own and "
         "checkpoints are the plain optimizer's. For GPUs (on a CPU the state is in host memory already); one "
         "process's optimizer, not FSDP's or DeepSpeed's (their own offload settings). auto: on for full fine-tuning "
-        "with adamw on one CUDA process."))
+        "with adamw on one CUDA process, where the host has 5x the trained weights' bytes available."))
     learning_rate: float = Field(1e-6, gt=0, description="AdamW peak learning rate.")
     scheduler: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up: constant, linear or cosine to 0.")
     warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up.")

@@ -13,14 +13,24 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from grpo_cli.process.memory import host_available_bytes
 
-def offloads(train, lora: bool, device_type: str, processes: int, sharded: bool) -> bool:
+
+HOST_ROOM = 5  # auto offloads where the host has this many times the trained weights' bytes available: its copy of
+# them, of their gradients, AdamW's two moments, and a share for everything else
+
+
+def offloads(train, lora: bool, device_type: str, processes: int, sharded: bool, trained_bytes: float) -> bool:
     """Whether train.offload_optimizer puts the optimizer in host memory. auto: where it frees a GPU's memory and
     costs the host little: full fine-tuning (LoRA's state is small) on CUDA by one process (each process would
-    keep its own host copy of the state), not sharded (FSDP and DeepSpeed offload their own), with AdamW."""
+    keep its own host copy of the state), not sharded (FSDP and DeepSpeed offload their own), with AdamW, and
+    HOST_ROOM x `trained_bytes` of host memory available."""
     if train.offload_optimizer != "auto":
         return bool(train.offload_optimizer)
-    return (device_type == "cuda" and processes == 1 and not sharded and not lora and train.optimizer == "adamw")
+    if not (device_type == "cuda" and processes == 1 and not sharded and not lora and train.optimizer == "adamw"):
+        return False
+    available = host_available_bytes()
+    return available is None or available >= HOST_ROOM * trained_bytes
 
 
 class HostOptimizer(torch.optim.Optimizer):

@@ -137,7 +137,8 @@ def build_policy(recipe, accelerator, checkpoint: Path | None) -> Policy:
     params = [p for p in model.parameters() if p.requires_grad]
     wrapped = is_fsdp(accelerator) or is_deepspeed(accelerator)  # their optimizers: DTensors, DeepSpeed's wrapper
     fused = not wrapped and accelerator.device.type in ("cpu", "cuda") and OPTIMIZERS[t.optimizer].fusable
-    if offloads(t, bool(r.model.lora.r), accelerator.device.type, accelerator.num_processes, wrapped):
+    trained = sum(p.numel() * p.element_size() for p in params)
+    if offloads(t, bool(r.model.lora.r), accelerator.device.type, accelerator.num_processes, wrapped, trained):
         optimizer = offloaded_optimizer(params, t, accelerator, fused)
         summary += f"; {t.optimizer} in host memory (train.offload_optimizer)"
     else:

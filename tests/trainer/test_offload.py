@@ -105,12 +105,15 @@ def test_auto_offloads_one_cuda_process_s_full_adamw_and_the_plan_counts_it_off_
     from helpers import ROOT
 
     auto = SimpleNamespace(offload_optimizer="auto", optimizer="adamw")
-    assert offloads(auto, False, "cuda", 1, False)
-    assert not any([offloads(auto, True, "cuda", 1, False), offloads(auto, False, "cpu", 1, False),  # LoRA, a CPU
-                    offloads(auto, False, "cuda", 2, False), offloads(auto, False, "cuda", 1, True),  # DDP, FSDP
-                    offloads(SimpleNamespace(offload_optimizer="auto", optimizer="adamw_8bit"), False, "cuda", 1, False)])
-    assert offloads(SimpleNamespace(offload_optimizer=True, optimizer="adamw"), True, "cpu", 2, False)
-    assert not offloads(SimpleNamespace(offload_optimizer=False, optimizer="adamw"), False, "cuda", 1, False)
+    gib = 2.0**30
+    assert offloads(auto, False, "cuda", 1, False, gib)
+    assert not any([offloads(auto, True, "cuda", 1, False, gib), offloads(auto, False, "cpu", 1, False, gib),  # LoRA, CPU
+                    offloads(auto, False, "cuda", 2, False, gib), offloads(auto, False, "cuda", 1, True, gib),  # DDP, FSDP
+                    offloads(SimpleNamespace(offload_optimizer="auto", optimizer="adamw_8bit"), False, "cuda", 1, False,
+                             gib),
+                    offloads(auto, False, "cuda", 1, False, 2.0**50)])  # more than the host has for its copies
+    assert offloads(SimpleNamespace(offload_optimizer=True, optimizer="adamw"), True, "cpu", 2, False, 2.0**50)
+    assert not offloads(SimpleNamespace(offload_optimizer=False, optimizer="adamw"), False, "cuda", 1, False, gib)
 
     from transformers import Qwen2Config
 
