@@ -145,8 +145,6 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
     lora = m.lora.r > 0
     trainable = (sum(m.lora.r * (i + o) for name, i, o in shape.linear if _targeted(name, m.lora.target_modules))
                  if lora else shape.params)
-    opt = OPTIMIZERS[t.optimizer]
-    optimizer = opt.state_bytes or opt.state_widths * width
     rows = recipe.generation_batch_size // processes
     positions = prompt_tokens + ro.max_completion_length
     sampling_copy = shape.params * 2 if ro.dtype == "bfloat16" or (ro.dtype == "auto" and device == "cuda"
@@ -179,17 +177,7 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
     # (its cache), once a forward for frozen ones (LoRA's base; a group's prompt runs in a forward of its own)
     calls = 2 if lora and ch.shared_prompts else 1
     casts = shape.params * 2 * calls if ch.autocast and width == 4 else 0.0
-    # the optimizer step's temporaries: torch's AdamW on CUDA updates every tensor at once (foreach: the second
-    # moments' square root, one copy of what trains); on the CPU one tensor at a time (copies of the largest)
-    largest = (max([i * o for name, i, o in shape.linear] + [shape.vocab * shape.hidden]) if not lora
-               else max((m.lora.r * (i + o) for name, i, o in shape.linear if _targeted(name, m.lora.target_modules)),
-                        default=0))
-    step = trainable * width if device == "cuda" and opt.foreach_on_cuda else opt.step_largest * largest * width
-    if offloads(t, lora, device, processes, False, trainable * width):  # trainer/offload.py: the state and the step in host memory
-        if device == "cuda":
-            optimizer = step = 0.0
-        else:  # on a CPU the offload adds its copies of the trained weights and their gradients
-            optimizer += 2 * width
+    optimizer, step = _optimizer(recipe, shape, trainable, width, device, processes)
     parts = [
         Part("runtime", runtime, ""),
         Part("weights", shape.params * width, "model.dtype=bfloat16, or a smaller model"),
@@ -211,6 +199,24 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
         Part("optimizer step (temporaries)", step, "train.optimizer=adamw_8bit, or model.lora.r=16"),
     ]
     return parts
+
+
+def _optimizer(recipe, shape: Shape, trainable: float, width: int, device: str, processes: int) -> tuple[float, float]:
+    """The optimizer's state per trained parameter and its step's temporaries. torch's AdamW on CUDA updates every
+    tensor at once (foreach: the second moments' square root, one copy of what trains); on the CPU one tensor at a
+    time (copies of the largest). Offloaded (trainer/offload.py), a GPU holds neither; on a CPU the offload adds its
+    copies of the trained weights and their gradients."""
+    m, t = recipe.model, recipe.train
+    lora = m.lora.r > 0
+    opt = OPTIMIZERS[t.optimizer]
+    state = opt.state_bytes or opt.state_widths * width
+    largest = (max([i * o for name, i, o in shape.linear] + [shape.vocab * shape.hidden]) if not lora
+               else max((m.lora.r * (i + o) for name, i, o in shape.linear if _targeted(name, m.lora.target_modules)),
+                        default=0))
+    step = trainable * width if device == "cuda" and opt.foreach_on_cuda else opt.step_largest * largest * width
+    if offloads(t, lora, device, processes, False, trainable * width):
+        return (0.0, 0.0) if device == "cuda" else (state + 2 * width, step)
+    return state, step
 
 
 def _activations(recipe, shape: Shape, ch: ForwardChoices, prompt_tokens: int, device: str, width: int) -> float:

@@ -85,13 +85,14 @@ class OptimizerSpec:
     step_largest: float = 0.0  # else: copies of the largest trained tensor (one tensor at a time)
     needs_cuda: bool = False
     fusable: bool = False  # torch has a fused kernel of it (used where the device and the sharding allow)
+    host_step: bool = False  # steps on the host's kernels: train.offload_optimizer can take it (trainer/offload.py)
 
 
 OPTIMIZERS = {s.name: s for s in (
     OptimizerSpec("adamw", "torch's (fused where it can)", state_widths=2, foreach_on_cuda=True, step_largest=2,
-                  fusable=True),
+                  fusable=True, host_step=True),
     OptimizerSpec("adafactor", "transformers' (factored second moments: far less memory, fixed learning rate here)",
-                  state_widths=0.1, step_largest=3),
+                  state_widths=0.1, step_largest=3, host_step=True),
     OptimizerSpec("adamw_8bit", "bitsandbytes' 8-bit moments (1/4 of AdamW's state)", state_bytes=2),
     OptimizerSpec("paged_adamw_8bit", "bitsandbytes' 8-bit moments, paged: spills to host memory", state_bytes=2,
                   needs_cuda=True),

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from grpo_cli.process.memory import host_available_bytes
+from grpo_cli.recipe.specs import OPTIMIZERS
 
 
 HOST_ROOM = 5  # auto offloads where the host has this many times the trained weights' bytes available: its copy of
@@ -27,7 +28,9 @@ def offloads(train, lora: bool, device_type: str, processes: int, sharded: bool,
     HOST_ROOM x `trained_bytes` of host memory available."""
     if train.offload_optimizer != "auto":
         return bool(train.offload_optimizer)
-    if not (device_type == "cuda" and processes == 1 and not sharded and not lora and train.optimizer == "adamw"):
+    spec = OPTIMIZERS[train.optimizer]  # a state at least the weights' size, and a step the host can take
+    if not (device_type == "cuda" and processes == 1 and not sharded and not lora and spec.host_step
+            and spec.state_widths >= 1):
         return False
     available = host_available_bytes()
     return available is None or available >= HOST_ROOM * trained_bytes

@@ -175,9 +175,10 @@ def offloaded_optimizer(params, t, accelerator, fused: bool) -> HostOptimizer:
     if is_fsdp(accelerator) or is_deepspeed(accelerator):
         raise SetupError("train.offload_optimizer offloads one process's optimizer; FSDP and DeepSpeed shard theirs: "
                          "use FSDP's cpu_offload or DeepSpeed's offload_optimizer in the accelerate config instead")
-    if OPTIMIZERS[t.optimizer].state_bytes:
-        raise SetupError(f"train.offload_optimizer steps on the host's kernels: adamw or adafactor, not {t.optimizer} "
-                         "(bitsandbytes' 8-bit moments step on the GPU, at a quarter of AdamW's state)")
+    if not OPTIMIZERS[t.optimizer].host_step:
+        hosted = " or ".join(n for n, spec in OPTIMIZERS.items() if spec.host_step)
+        raise SetupError(f"train.offload_optimizer steps on the host's kernels: {hosted}, not {t.optimizer} "
+                         f"({OPTIMIZERS[t.optimizer].what})")
     if accelerator.device.type != "cuda":
         log.warning("train.offload_optimizer on %s: the optimizer's state is in host memory already; the offload "
                     "only adds a copy of the trained weights", accelerator.device.type)
