@@ -30,12 +30,10 @@ def step(model, opt, sched, ids, drop: str | None = None) -> float:
     return float(norm)
 
 
-def pair(opt_b_from_plain: dict | None = None):
+def pair():
     a, b = tiny_model(0), tiny_model(0)
     plain = adamw(a.parameters())
     host = HostOptimizer(b.parameters(), adamw)
-    if opt_b_from_plain is not None:
-        host.load_state_dict(opt_b_from_plain)
     return (a, plain, torch.optim.lr_scheduler.LambdaLR(plain, warmup)), \
         (b, host, torch.optim.lr_scheduler.LambdaLR(host, warmup))
 
