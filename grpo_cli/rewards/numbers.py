@@ -123,11 +123,24 @@ def rounds_to(exact: Fraction | float, text: str) -> bool:
     return abs(given) * scale in (math.floor(digits), math.floor(digits + Fraction(1, 2)))
 
 
-def percent_value(text: str) -> list[Fraction] | None:
-    """A percentage ("25%", "25 \\%", "25 percent") read as its two answers, [25, 1/4]; None for anything else."""
+def percent_number(text: str) -> str | None:
+    """The number of a percentage ("25%", "25 \\%", "25 percent": "25"); None for anything else."""
     m = re.fullmatch(r"(.+?)\s*(?:\\?%|percent)", text.strip().rstrip("."), flags=re.IGNORECASE)
-    value = read_number(m.group(1)) if m else None
+    return m.group(1) if m else None
+
+
+def percent_value(text: str) -> list[Fraction] | None:
+    """A percentage read as its two answers ("25%": [25, 1/4]); None for anything else."""
+    number = percent_number(text)
+    value = read_number(number) if number is not None else None
     return None if value is None else [value, value / 100]
+
+
+def percent_rounds_to(exact: Fraction | None, text: str) -> bool:
+    """Whether the percentage `text` is `exact` to its last digit as either of its answers ("33.3%" for 1/3, "14.3%"
+    for 100/7; `rounds_to`'s three significant digits)."""
+    number = percent_number(text)
+    return exact is not None and number is not None and (rounds_to(exact, number) or rounds_to(exact * 100, number))
 
 
 # a compound quantity: two or more numbers each with its unit ("2 hours and 30 minutes", "5 ft 6 in")
@@ -215,7 +228,8 @@ def answers_match(reference: str, predicted: str) -> bool:
     readings = [percent_value(t) or quantity_values(t) for t in (reference, predicted)]
     if any(r is not None for r in readings):
         a, b = (readings[k] if readings[k] is not None else [exact[k]] for k in (0, 1))
-        return any(x is not None and y is not None and numbers_match(x, y) for x in a for y in b)
+        return any(x is not None and y is not None and numbers_match(x, y) for x in a for y in b) or \
+            percent_rounds_to(exact[0], predicted) or percent_rounds_to(exact[1], reference)
     timeout = math_verify_timeout()
     gold, pred = parse_math(reference, timeout), parse_math(predicted, timeout)
     if not gold or not pred:

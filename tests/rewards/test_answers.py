@@ -623,6 +623,15 @@ ROUNDINGS = rows(
     ("The probability is 1/4.", "0.251", 0.0),
     ("The answer is 0.2.", "1/4", 0.0),
     ("The answer is 142.857.", "1000/7", 1.0),
+    ("The probability is 33.3%.", "1/3", 1.0),  # a percentage rounds as its hundredth: 0.333
+    ("The chance is 66.7 percent.", "2/3", 1.0),
+    ("The probability is 33.4%.", "1/3", 0.0),
+    ("The probability is 33%.", "1/3", 0.0),  # two digits say too little, as for 0.33
+    ("The probability is 1/3.", "33.3%", 1.0),
+    ("It grew by 14.29%.", "1/7", 1.0),
+    ("It grew by 14.3%.", "100/7", 1.0),  # read as 14.3, a rounding of 14.2857...
+    ("The share is 12.5%.", "1/8", 1.0),
+    ("The share is 12.4%.", "1/8", 0.0),  # 1/8's decimals end: only 12.5% is it
 )
 
 
