@@ -7,6 +7,8 @@ In this order (dashes first: U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, 
             ±, ≈, ≤, ≥, ≠). In text without math spans, a run of math that holds one of these becomes a math span:
             "25π square units" -> "$25\pi$ square units", "√2" -> "$\sqrt{2}$", "3 × 6 = 18" -> "$3 \times 6 = 18$"
   scales    after digits: "1.5 million" -> 1500000, "1.2k" -> 1200, "$2.5M" -> $2500000, "2 dozen" -> 24 ("a dozen")
+  clock     a time of day in words: "seven o'clock" -> 7:00, "half past three" -> 3:30, "quarter to four" -> 3:45,
+            "twenty past six" -> 6:20, "10 minutes to 9" -> 8:50 ("5 to 7", "ten to four" stay: a range, a score)
   words     spelled numbers as digits, by text2num (a maintained parser of number words): "one hundred and five" ->
             105, "twenty-one" -> 21, "two point five" -> 2.5. Ordinals stay words ("the fifth day"), and so do a
             lone "one" and "two" (and "zero"), which are mostly not numbers ("no one came"): the answer rule reads
@@ -102,6 +104,12 @@ _SIGN_WORD = re.compile(r"\b(?:minus|negative)\s+(\$?)(?=\d)", flags=re.IGNORECA
 # "8 degrees below zero" -> "-8 degrees below zero" (the degree sign is `$8^\circ$` by now)
 _BELOW_ZERO = re.compile(r"(?<![\d.-])(?=\d+(?:\.\d+)?(?:\^\\circ\$\s*[CF]?|\s*degrees?(?:\s+(?:celsius|fahrenheit))?)?"
                          r"\s+below\s+zero\b)", flags=re.IGNORECASE)
+_HOURS = {w: i for i, w in enumerate("one two three four five six seven eight nine ten eleven twelve".split(), 1)}
+_MINUTES = {"five": 5, "ten": 10, "twenty": 20, "twenty-five": 25, "quarter": 15, "a quarter": 15, "half": 30}
+_HOUR = r"(1[0-2]|[1-9]|" + "|".join(_HOURS) + ")"
+_CLOCK = re.compile(  # not before a percent or a plural noun: "twenty past six" is a time, "... six apples" is not
+    rf"\b(?:{_HOUR}\s+o['’ ]?clock|((?:a\s+)?quarter|half|five|ten|twenty(?:[- ]five)?|[1-9]|[12]\d)(\s+minutes?)?"
+    rf"\s+(past|to)\s+{_HOUR})\b(?!\s*(?:%|percent|[a-z]+s\b))", flags=re.IGNORECASE)
 _TOKEN = re.compile(r"[^\W\d_]+|\d+|\s+|\S")  # words, digit runs, spaces, single marks: what text2num reads
 
 
@@ -111,6 +119,7 @@ def clean_answer(text: str) -> str:
     text = _DOZEN.sub(lambda m: {"a": "12", "half a": "6"}[" ".join(m.group(1).lower().split())], text)
     text = _SCALED.sub(lambda m: _scaled(m.group(1), _SCALES[m.group(2).lower()]), text)
     text = _SUFFIXED.sub(_suffixed, text)
+    text = _CLOCK.sub(_clock, text)  # "quarter past twelve" -> 12:15
     text = spell_digits(text, threshold=3)
     text = _FRACTION_WORDS.sub(_fraction, text)
     text = _AND_FRACTION.sub(r"\1 \2", text)  # "3 and 1/2" -> "3 1/2", a mixed number
@@ -231,6 +240,21 @@ def _fraction(m: re.Match) -> str:
 def _scaled(value: str, scale: int) -> str:
     exact = Fraction(value) * scale
     return str(exact.numerator) if exact.denominator == 1 else str(float(exact))
+
+
+def _clock(m: re.Match) -> str:
+    """A time of day in words as H:MM; the match as it was where it may be no time."""
+    def hour(h: str) -> int:
+        return _HOURS.get(h.lower()) or int(h)
+
+    if m.group(1):
+        return f"{hour(m.group(1))}:00"
+    minutes, said, way, h = m.group(2), m.group(3), m.group(4).lower(), hour(m.group(5))
+    words = re.sub(r"[\s-]+", "-", minutes.lower()).replace("a-", "a ")
+    minute = _MINUTES.get(words) or (int(minutes) if said else 0)  # "5 to 7", "3 past 4": a range, a sum
+    if not 0 < minute < 60 or (way == "to" and not said and minute != 15):
+        return m.group()  # "ten to four" is as often a score or a range as a time: "quarter to", "minutes to" are times
+    return f"{h}:{minute:02d}" if way == "past" else f"{h - 1 if h > 1 else 12}:{60 - minute:02d}"
 
 
 def _suffixed(m: re.Match) -> str:

@@ -213,6 +213,12 @@ def parse_math(text: str, timeout: int | None = None) -> list:
     return []
 
 
+def clock_time(text: str) -> tuple[int, int] | None:
+    """A time of day "H:MM" ("07:30", "7:30") as (hours, minutes); None for anything else ("3:4" is a ratio)."""
+    m = re.fullmatch(r"(\d{1,2}):([0-5]\d)", text.strip().rstrip(".").strip())
+    return (int(m.group(1)), int(m.group(2))) if m and int(m.group(1)) < 24 else None
+
+
 def answers_match(reference: str, predicted: str) -> bool:
     """True if `predicted` is equivalent to `reference`, both cleaned first (`clean_answer`): two plain numbers
     compared exactly (to six decimals and six significant digits: grpo_cli/rewards/numbers.py), anything else by
@@ -224,6 +230,10 @@ def answers_match(reference: str, predicted: str) -> bool:
     exact = read_number(reference), read_number(predicted)
     if exact[0] is not None and exact[1] is not None:
         return numbers_match(*exact) or rounds_to(exact[0], predicted) or rounds_to(exact[1], reference)
+    times = [clock_time(t) for t in (reference, predicted)]  # "07:00" is 7:00, and the hour 7 is 7:00
+    a, b = (times[k] or (exact[k] is not None and exact[k].denominator == 1 and (int(exact[k]), 0)) for k in (0, 1))
+    if any(times) and a and b:
+        return a == b
     # "25%" is the answer 25 and the answer 0.25; "2 hours and 30 minutes" is 2.5 and 150
     readings = [percent_value(t) or quantity_values(t) for t in (reference, predicted)]
     if any(r is not None for r in readings):

@@ -647,6 +647,29 @@ def _small_model_rows():
 
 SMALL_MODEL = _small_model_rows()
 
+# a time of day in words (notation.py's clock step)
+CLOCK_TIMES = rows(
+    ("The show starts at seven o'clock.", "7:00", 1.0),
+    ("The show starts at seven o'clock.", "7", 1.0),  # "o" was read as a zero
+    ("The show starts at 7 o’clock.", "7:00", 1.0),
+    ("It arrives at quarter past twelve.", "12:15", 1.0),
+    ("It arrives at quarter past twelve.", "12", 0.0),
+    ("They meet at half past three.", "3:30", 1.0),
+    ("The film ends at a quarter to one.", "12:45", 1.0),
+    ("The bus comes at twenty-five past 6.", "6:25", 1.0),
+    ("She wakes at twenty minutes past nine.", "9:20", 1.0),
+    ("Leave at 10 minutes to 9.", "8:50", 1.0),
+    ("The class ends at ten to four.", "3:50", 0.0),  # as often a score or a range: "ten to four" stays
+    ("Between 5 to 7 people came.", "7", 1.0),  # a range, no time
+    ("It is 5 past 3 now, so 8 remain.", "8", 1.0),
+    ("She ran twenty past six laps.", "6", 1.0),  # before a plural noun: no time
+    ("The meeting is at 07:30.", "7:30", 1.0),  # a time's leading zero
+    ("It starts at 7:00.", "7", 1.0),  # a whole hour is its hour
+    ("It starts at 7.", "7:00", 1.0),
+    ("It starts at 7:05.", "7:50", 0.0),
+    ("It starts at 7:30.", "7", 0.0),
+)
+
 CLASSES = {"escaped_dollar": DOLLAR, "unicode_minus": MINUS, "inline_latex": LATEX, "digit_grouping": GROUPING,
            "only_the_final_answer_counts": ORDER, "stated_answer_then_mentions": STATED,
            "scientific_notation": SCIENTIFIC, "number_words": WORDS, "mixed_numbers": MIXED,
@@ -657,7 +680,7 @@ CLASSES = {"escaped_dollar": DOLLAR, "unicode_minus": MINUS, "inline_latex": LAT
            "small_model_completions": SMALL_MODEL, "scopes_and_sources": SCOPES,
            "closing_comments": CLOSING_COMMENTS, "roundings": ROUNDINGS,
            "chances_and_equations": CHANCES_AND_EQUATIONS, "totals_rates_ranges": TOTALS_RATES_RANGES,
-           "named_scopes_each": NAMED_SCOPES_EACH}
+           "named_scopes_each": NAMED_SCOPES_EACH, "clock_times": CLOCK_TIMES}
 
 # rule 5 (grpo_cli/rewards/results.py): where no answer is marked, each result the final sentence states answers
 RESULTS = rows(
