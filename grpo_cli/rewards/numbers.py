@@ -14,7 +14,8 @@ round to 0) and 1000000.5 is not 1000001. A decimal with three significant digit
 decimals never end (a repeating fraction, pi, a root) when it is that answer to its last digit, rounded or cut
 (`rounds_to`: "0.333" and "0.667" are 1/3 and 2/3, "78.5" and "78.54" are 25 pi, "3.14" is pi); "0.33" is not 1/3 and
 "3.1" is not pi (two digits say too little), and no rounding is 12.5 or 0.25, whose decimals end. Either way round: a
-reference written "78.5" is answered by 25 pi. Anything else
+reference written "78.5" is answered by 25 pi. A reference that is a fraction in lowest terms is not answered by the
+same fraction unreduced (`unreduced`: "9/12" for 3/4). Anything else
 (sqrt(2), 4 pi, sets, text) is math-verify's to decide.
 
 Numbers in other forms (Unicode, words around digits) are written the plain way first (notation.py's
@@ -93,6 +94,24 @@ def read_number(text: str) -> Fraction | None:
         t = t[1:-1].strip()
     value = _unsigned(t)
     return None if value is None else sign * value
+
+
+def fraction_terms(text: str) -> tuple[int, int] | None:
+    """The numerator and denominator of `text` written as one fraction of whole numbers ("3/4", "-3/4", `\frac{3}{4}`),
+    else None."""
+    t = text.strip().rstrip(".").strip().strip("$").strip().lstrip("-+").strip()
+    m = re.fullmatch(r"(\d+)\s*/\s*(\d+)", t) or re.fullmatch(_LATEX_FRAC, t)
+    if m is None:
+        return None
+    num, den = (g for g in m.groups() if g is not None)
+    return (int(num), int(den)) if num.isdigit() and den.isdigit() else None
+
+
+def unreduced(reference: str, predicted: str) -> bool:
+    """Whether `reference` is a fraction in lowest terms and `predicted` one that is not ("9/12" for 3/4: the question
+    asked for the fraction, and echoing a fraction unreduced would be a simplification's reward for nothing)."""
+    ref, pred = fraction_terms(reference), fraction_terms(predicted)
+    return bool(ref and pred and ref[1] > 1 and math.gcd(*ref) == 1 and math.gcd(*pred) > 1)
 
 
 def numbers_match(a: Fraction, b: Fraction) -> bool:
@@ -229,6 +248,8 @@ def answers_match(reference: str, predicted: str) -> bool:
     reference, predicted = clean_answer(reference), clean_answer(predicted)
     exact = read_number(reference), read_number(predicted)
     if exact[0] is not None and exact[1] is not None:
+        if unreduced(reference, predicted):
+            return False
         return numbers_match(*exact) or rounds_to(exact[0], predicted) or rounds_to(exact[1], reference)
     times = [clock_time(t) for t in (reference, predicted)]  # "07:00" is 7:00, and the hour 7 is 7:00
     a, b = (times[k] or (exact[k] is not None and exact[k].denominator == 1 and (int(exact[k]), 0)) for k in (0, 1))

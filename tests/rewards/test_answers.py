@@ -647,6 +647,24 @@ def _small_model_rows():
 
 SMALL_MODEL = _small_model_rows()
 
+# a reference in lowest terms is not answered by the same fraction unreduced (numbers.unreduced)
+LOWEST_TERMS = rows(
+    ("Dividing top and bottom by 2 gives 9/12.", "3/4", 0.0),
+    ("The fraction is 3/4.", "3/4", 1.0),
+    (r"\boxed{\frac{9}{12}}", "3/4", 0.0),
+    (r"\boxed{\frac{9}{12}}", r"\frac{3}{4}", 0.0),
+    ("The answer is -6/8.", "-3/4", 0.0),
+    ("P = 6/36", "1/6", 0.0),  # a probability left unreduced: some graders take it, this rule does not
+    ("The answer is 12/2.", "6", 1.0),  # a whole number written as a fraction: any fraction worth it
+    ("So the answer is 6/8.", "0.75", 1.0),  # a decimal reference says nothing of the form
+    ("The answer is 0.75.", "3/4", 1.0),
+    ("The answer is 2/12.", "2/12", 1.0),  # a reference unreduced itself
+    ("The answer is 1/6.", "2/12", 1.0),
+    ("1972/12937 = 3/11", "116/761", 0.0),  # an equation's left side is what it computes, not a result
+    ("12/16 = 3/4", "3/4", 1.0),
+    (r"So, $\frac{44280}{59850}\frac{1}{1}$ is equal to 1.", "492/665", 0.0),
+)
+
 # a time of day in words (notation.py's clock step)
 CLOCK_TIMES = rows(
     ("The show starts at seven o'clock.", "7:00", 1.0),
@@ -680,7 +698,8 @@ CLASSES = {"escaped_dollar": DOLLAR, "unicode_minus": MINUS, "inline_latex": LAT
            "small_model_completions": SMALL_MODEL, "scopes_and_sources": SCOPES,
            "closing_comments": CLOSING_COMMENTS, "roundings": ROUNDINGS,
            "chances_and_equations": CHANCES_AND_EQUATIONS, "totals_rates_ranges": TOTALS_RATES_RANGES,
-           "named_scopes_each": NAMED_SCOPES_EACH, "clock_times": CLOCK_TIMES}
+           "named_scopes_each": NAMED_SCOPES_EACH, "clock_times": CLOCK_TIMES,
+           "lowest_terms": LOWEST_TERMS}
 
 # rule 5 (grpo_cli/rewards/results.py): where no answer is marked, each result the final sentence states answers
 RESULTS = rows(
