@@ -29,7 +29,8 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      (", 6 fewer than Amy"), a range (", from 850 to 1,020"), a share (", 24 in each box", ", or 25¢ each", ", 75% of
      the 28"), a worth (", worth $7"), what is left or described (", with $20 left over"), a time from an event (", 55
      minutes after it left") or a purpose ("to complete his collection of 50"; "to get 48" where a need is stated),
-     unless a ", which is" tail computes what the sentence did not state ("we add 6 and 8, which is 6 + 8 = 14"), gives
+     unless a ", which is" tail computes what the sentence did not state ("we add 6 and 8, which is 6 + 8 = 14", "add
+     them together, which is 52", "the total is 29 + 24, which is 53"), gives
      the count a stated share stands for ("40% of them walk, which is 12") or the rate of a quantity in a time ("18 km
      in 45 minutes, which is 24 km/h"), or an "if" tail goes on to a consequence ("if they share equally each gets 20 /
      4 = 5"); the time the stated number took, right after it ("$45 in 3 weeks"); a breakdown after a colon that follows
@@ -63,8 +64,8 @@ from typing import Any, Callable
 
 from grpo_cli.rewards.clauses import (
     AFTER_PREPOSITION, CLOSING_COMMENT, COMPUTES, CONDITION, CONSEQUENCE, LINK, LINK_BEFORE, NAMED, NEGATED, NOTE,
-    RATE_UNIT, REMARK, RESTATES, SOURCE, STATED_RATE, TIME_SCOPE, TOTAL_AFTER, closing_parenthesis, purpose_start,
-    sentence_end, sentence_start,
+    OPERAND_END, OPERATION, RATE_UNIT, REMARK, RESTATES, SOURCE, STATED_RATE, TIME_SCOPE, TOTAL_AFTER,
+    closing_parenthesis, purpose_start, sentence_end, sentence_start,
 )
 from grpo_cli.rewards.marks import after_hashes, last_boxed, last_tag, marked_answer
 from grpo_cli.rewards.notation import Spelled, clean_answer, spelled
@@ -261,15 +262,17 @@ def _last_number_or_math(text: str) -> str | None:
 def _tail_start(text: str, start: int, last: re.Match | Spelled) -> int | None:
     """Where the tail that holds `last` begins in its sentence (text[start:]), if `last` is in one: after ", which
     is", "if", ... (`REMARK`), unless the tail computes what the sentence did not state ("we add 6 and 8, which
-    is 6 + 8 = 14"), after a colon that follows a stated number ("21 marbles: 5 red, 7 blue and 9 green"), or in a
+    is 6 + 8 = 14", "we add 6 and 8, which is 14", "the total is 29 + 24, which is 53"), after a colon that follows a stated number ("21 marbles: 5 red, 7 blue and 9 green"), or in a
     parenthesis that ends the sentence ("$18 a day (9 eggs x $2)")."""
     first = NUMBER.search(text, start, last.start())  # a tail follows a stated number
     remark = REMARK.search(text, first.end(), sentence_end(text, last.end())) if first else None
     remark = remark if remark and remark.start() < last.start() else None
     if remark is None and (purpose := purpose_start(text, start, first, last.start())) is not None:
         return purpose  # "Lily needs 6 packs of 8 to get 48 buns."
-    if remark and not (RESTATES.match(text, remark.start()) and (COMPUTES.search(text, remark.start(), last.end())
-                       and not LINK.search(text, start, remark.start()) or _converts(text, start, remark, last))) \
+    computes = (COMPUTES.search(text, remark.start(), last.end()) or OPERATION.search(text, start, remark.start())) \
+        and not LINK.search(text, start, remark.start()) if remark else False
+    if remark and not (RESTATES.match(text, remark.start()) and (computes or OPERAND_END.search(
+            text, start, remark.start()) or _converts(text, start, remark, last))) \
             and not (CONDITION.match(text, remark.start()) and CONSEQUENCE.search(text, remark.end(), last.start())):
         return remark.start()
     took = [m for m in TIME_SCOPE.finditer(text, start, sentence_end(text, last.end())) if m.start() < last.start()]

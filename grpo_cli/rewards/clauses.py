@@ -94,6 +94,12 @@ CLOSING_COMMENT = re.compile(
 )
 REMARK = re.compile(_TAIL, flags=re.IGNORECASE)
 COMPUTES = re.compile(r"=|\bequals?\b|\bresults?\s+in\b", flags=re.IGNORECASE)
+# an operation a clause states without its result ("29 + 24", "add them together", "multiply 13 by 9"), or ends
+# with (OPERAND_END): a restating tail after it gives the result
+_OPERATOR = r"\d\s*(?:[-+*/×÷]|\\(?:times|cdot|div)\b|(?<=\s)x(?=\s))\s*\$?\d"
+OPERATION = re.compile(rf"{_OPERATOR}|\b(?:add|adding|subtract|subtracting|multiply|multiplying|divide|dividing"
+                       r"|(?:sum|product|difference|quotient)\s+of)\b", flags=re.IGNORECASE)
+OPERAND_END = re.compile(rf"{_OPERATOR}[\d,.]*\$?(?:\s*[^\W\d_]+)?\s*$")  # "is 29 + 24", "3 x 4 inches" before a tail
 RESTATES = re.compile(r",\s*(?:which|that)\s|,\s*i\.e\.", flags=re.IGNORECASE)  # a tail that may compute
 LINK_BEFORE = re.compile(r"(?:=|\b(?:is|are|was|were|equals?|makes?|gives?|comes\s+to|totals?))\s*$",
                          flags=re.IGNORECASE)

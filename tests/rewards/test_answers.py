@@ -647,6 +647,18 @@ def _small_model_rows():
 
 SMALL_MODEL = _small_model_rows()
 
+# a restating tail after an operation the sentence states without its result gives the result
+OPERATION_TAILS = rows(
+    ("To calculate 29 + 24, you simply add them together, which is 52.", "52", 1.0),  # SmolLM2's; read as 24 before
+    ("We add 6 and 8, which is 14.", "14", 1.0),
+    ("Multiply 13 by 9, which is 117.", "117", 1.0),
+    ("The total is 29 + 24, which is 53.", "53", 1.0),
+    ("The cost is 3 x 4, which is 12 dollars.", "12", 1.0),
+    ("The box is 3 x 4 inches, which is 12 square inches.", "12", 1.0),
+    ("She has 12 apples, which is 4 more than Tom.", "12", 1.0),  # a stated result: the tail compares
+    ("29 + 24 is 53, which is odd.", "53", 1.0),
+)
+
 # a reference in lowest terms is not answered by the same fraction unreduced (numbers.unreduced)
 LOWEST_TERMS = rows(
     ("Dividing top and bottom by 2 gives 9/12.", "3/4", 0.0),
@@ -699,7 +711,7 @@ CLASSES = {"escaped_dollar": DOLLAR, "unicode_minus": MINUS, "inline_latex": LAT
            "closing_comments": CLOSING_COMMENTS, "roundings": ROUNDINGS,
            "chances_and_equations": CHANCES_AND_EQUATIONS, "totals_rates_ranges": TOTALS_RATES_RANGES,
            "named_scopes_each": NAMED_SCOPES_EACH, "clock_times": CLOCK_TIMES,
-           "lowest_terms": LOWEST_TERMS}
+           "lowest_terms": LOWEST_TERMS, "operation_tails": OPERATION_TAILS}
 
 # rule 5 (grpo_cli/rewards/results.py): where no answer is marked, each result the final sentence states answers
 RESULTS = rows(
