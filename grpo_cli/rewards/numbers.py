@@ -15,7 +15,8 @@ decimals never end (a repeating fraction, pi, a root) when it is that answer to 
 (`rounds_to`: "0.333" and "0.667" are 1/3 and 2/3, "78.5" and "78.54" are 25 pi, "3.14" is pi); "0.33" is not 1/3 and
 "3.1" is not pi (two digits say too little), and no rounding is 12.5 or 0.25, whose decimals end. Either way round: a
 reference written "78.5" is answered by 25 pi. A reference that is a fraction in lowest terms is not answered by the
-same fraction unreduced (`unreduced`: "9/12" for 3/4). Anything else
+same fraction unreduced (`unreduced`: "9/12" for 3/4), and a number is not answered by a computation without its
+result (`unevaluated`: "11 + 18" for 29, which math-verify evaluates). Anything else
 (sqrt(2), 4 pi, sets, text) is math-verify's to decide.
 
 Numbers in other forms (Unicode, words around digits) are written the plain way first (notation.py's
@@ -232,6 +233,16 @@ def parse_math(text: str, timeout: int | None = None) -> list:
     return []
 
 
+_OPERATION = re.compile(r"[\d)]\s*(?:[+*×÷]|(?<=\s)-(?=\s)|(?<=\d)-(?=\d)|\\(?:times|cdot|div)\b)\s*[({]?\s*(\d+)(\s*\^)?")
+
+
+def unevaluated(text: str) -> bool:
+    """Whether `text` writes a computation on numbers without its result ("11 + 18", "7 \\times 2", "(3 + 4) \\cdot
+    2"; not "5 + 3 = 8"); scientific notation ("1.5 \\times 10^{4}") is a number, a power or a fraction a closed form."""
+    result = re.split(r"=|\\approx|≈", text)[-1]  # "5 + 3 = 8" states its result
+    return any(not (m.group(1) == "10" and m.group(2)) for m in _OPERATION.finditer(result))
+
+
 def clock_time(text: str) -> tuple[int, int] | None:
     """A time of day "H:MM" ("07:30", "7:30") as (hours, minutes); None for anything else ("3:4" is a ratio)."""
     m = re.fullmatch(r"(\d{1,2}):([0-5]\d)", text.strip().rstrip(".").strip())
@@ -251,6 +262,8 @@ def answers_match(reference: str, predicted: str) -> bool:
         if unreduced(reference, predicted):
             return False
         return numbers_match(*exact) or rounds_to(exact[0], predicted) or rounds_to(exact[1], reference)
+    if exact[0] is not None and exact[1] is None and unevaluated(predicted):
+        return False  # "\\boxed{11 + 18}" for 29: the question's own sum, not its answer
     times = [clock_time(t) for t in (reference, predicted)]  # "07:00" is 7:00, and the hour 7 is 7:00
     a, b = (times[k] or (exact[k] is not None and exact[k].denominator == 1 and (int(exact[k]), 0)) for k in (0, 1))
     if any(times) and a and b:

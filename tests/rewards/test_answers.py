@@ -647,6 +647,26 @@ def _small_model_rows():
 
 SMALL_MODEL = _small_model_rows()
 
+# an answer that only writes the computation ("\boxed{11 + 18}" for "What is 11 + 18?") does not answer a number:
+# math-verify evaluates it, which paid a policy for restating the question
+UNEVALUATED = rows(
+    (r"\boxed{11 + 18}", "29", 0.0),
+    ("<answer>11+18</answer>", "29", 0.0),
+    ("#### 7 * 2", "14", 0.0),
+    (r"\boxed{7 \times 2}", "14", 0.0),
+    (r"\boxed{12 - 5}", "7", 0.0),
+    (r"\boxed{(3 + 4) \cdot 2}", "14", 0.0),
+    (r"\boxed{29}", "29", 1.0),
+    (r"\boxed{-5}", "-5", 1.0),
+    (r"\boxed{1.5 \times 10^{4}}", "15000", 1.0),  # scientific notation is a number
+    (r"\boxed{2^{10}}", "1024", 1.0),  # a power is a closed form
+    (r"\boxed{3/4}", "0.75", 1.0),  # a fraction too
+    ("11 + 18 = 29", "29", 1.0),
+    (r"\boxed{2 \times 3 = 6}", "6", 1.0),  # a computation with its result
+    ("#### 5 + 3 = 8", "8", 1.0),
+    (r"\boxed{1 + \sqrt{2}}", r"1 + \sqrt{2}", 1.0),  # a reference that is an expression itself
+)
+
 # a restating tail after an operation the sentence states without its result gives the result
 OPERATION_TAILS = rows(
     ("To calculate 29 + 24, you simply add them together, which is 52.", "52", 1.0),  # SmolLM2's; read as 24 before
@@ -711,7 +731,8 @@ CLASSES = {"escaped_dollar": DOLLAR, "unicode_minus": MINUS, "inline_latex": LAT
            "closing_comments": CLOSING_COMMENTS, "roundings": ROUNDINGS,
            "chances_and_equations": CHANCES_AND_EQUATIONS, "totals_rates_ranges": TOTALS_RATES_RANGES,
            "named_scopes_each": NAMED_SCOPES_EACH, "clock_times": CLOCK_TIMES,
-           "lowest_terms": LOWEST_TERMS, "operation_tails": OPERATION_TAILS}
+           "lowest_terms": LOWEST_TERMS, "operation_tails": OPERATION_TAILS,
+           "unevaluated": UNEVALUATED}
 
 # rule 5 (grpo_cli/rewards/results.py): where no answer is marked, each result the final sentence states answers
 RESULTS = rows(
