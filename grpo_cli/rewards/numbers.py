@@ -233,12 +233,14 @@ def parse_math(text: str, timeout: int | None = None) -> list:
     return []
 
 
-_OPERATION = re.compile(r"[\d)]\s*(?:[+*×÷]|(?<=\s)-(?=\s)|(?<=\d)-(?=\d)|\\(?:times|cdot|div)\b)\s*[({]?\s*(\d+)(\s*\^)?")
+_OPERATION = re.compile(r"[\d)]\s*(?:[+*×÷]|(?<=\s)-(?=\s)|(?<=\d)-(?=\d)|\\(?:times|cdot|div)\b)"
+                        r"\s*[({]?\s*(\d+)(\s*\^)?")
 
 
 def unevaluated(text: str) -> bool:
     """Whether `text` writes a computation on numbers without its result ("11 + 18", "7 \\times 2", "(3 + 4) \\cdot
-    2"; not "5 + 3 = 8"); scientific notation ("1.5 \\times 10^{4}") is a number, a power or a fraction a closed form."""
+    2"; not "5 + 3 = 8"); scientific notation ("1.5 \\times 10^{4}") is a number, a power or a fraction a closed
+    form."""
     result = re.split(r"=|\\approx|≈", text)[-1]  # "5 + 3 = 8" states its result
     return any(not (m.group(1) == "10" and m.group(2)) for m in _OPERATION.finditer(result))
 

@@ -7,10 +7,11 @@ quantity is stated right. So, when the completion marks no answer (no `\boxed{}`
 the completion is also right when the reference equals one of the results its final statement states:
   - the final statement is the last sentence (or line) with a number, after the closing notes, checks and comparisons
     answers.py leaves out;
-  - its results are its numbers less the operands ("15 × 10 = 150": 150 only; "1972/12937 = 3/11": 3/11), the coefficients ("16x"), the negated
-    ("not 40") and those right after a preposition ("from $10", "of 240"; not a time the sentence states, "after 8
-    weeks", nor where a link or an appositive names it: "a saving of $20") or listed with one that is ("the sum of 12 and 15"), unless the sentence
-    has nothing else ("It fills in 16 minutes at 15 L/min.": both);
+  - its results are its numbers less the operands ("15 × 10 = 150": 150 only; "1972/12937 = 3/11": 3/11), the
+    coefficients ("16x"), the negated ("not 40") and those right after a preposition ("from $10", "of 240"; not a
+    time the sentence states, "after 8 weeks", nor where a link or an appositive names it: "a saving of $20") or
+    listed with one that is ("the sum of 12 and 15"), unless the sentence has nothing else ("It fills in 16 minutes
+    at 15 L/min.": both);
   - numbers with only "and" or a comma between them, the last ending its clause, are a list of candidates, not
     results ("The solutions are x = 3 and x = -2", "32, 33 and 34"; not "$27 in June, and $117 over the year");
   - a condition, a cause or an earlier act after a stated number is a premise ("10 legs if you have 10 shrimps and 13
@@ -43,7 +44,7 @@ _PREMISE = re.compile(r"\b(?:if|since|because|as|assuming|given|provided|unless|
 _TIME_BEFORE = re.compile(r"\b(?:after|in|within|for|over)\s+(?:another\s+|just\s+|only\s+)?$", flags=re.IGNORECASE)
 _TIME_UNIT = re.compile(r"\s*(?:more\s+)?(?:second|minute|hour|day|week|month|year)s?\b", flags=re.IGNORECASE)
 _OPERATOR_AFTER = re.compile(r"\s*(?:[-+*/×÷·^]|\\(?:times|cdot|div|frac)\b|x\s*\$?\d)|[^\W\d_](?![^\W\d_])"
-                             r"|\$?\s*(?:=|equals\b|is\s+equal\s+to\b)")  # and an equation's left side: "774/1574 = 3/11"
+                             r"|\$?\s*(?:=|equals\b|is\s+equal\s+to\b)")  # an equation's left side: "1972/12937 = 3/11"
 _OPERATOR_BEFORE = re.compile(r"(?:[-+*/×÷·^]|\\(?:times|cdot|div|frac)|\bx)\s*\$?$")
 # two numbers with nothing between them but "and" or a comma (and the same name again: "x = 3 and x = -2") are a list
 # of candidates ("The solutions are 3 and -2", "32, 33 and 34"), none of them a result of its own

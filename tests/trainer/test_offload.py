@@ -105,21 +105,24 @@ def test_auto_offloads_one_cuda_process_s_full_adamw_and_the_plan_counts_it_off_
     auto = SimpleNamespace(offload_optimizer="auto", optimizer="adamw")
     gib = 2.0**30
     assert offloads(auto, False, "cuda", 1, False, gib)
-    assert not any([offloads(auto, True, "cuda", 1, False, gib), offloads(auto, False, "cpu", 1, False, gib),  # LoRA, CPU
-                    offloads(auto, False, "cuda", 2, False, gib), offloads(auto, False, "cuda", 1, True, gib),  # DDP, FSDP
-                    offloads(SimpleNamespace(offload_optimizer="auto", optimizer="adamw_8bit"), False, "cuda", 1, False,
-                             gib),
-                    offloads(auto, False, "cuda", 1, False, 2.0**50)])  # more than the host has for its copies
+    refused = [offloads(auto, True, "cuda", 1, False, gib), offloads(auto, False, "cpu", 1, False, gib),  # LoRA, CPU
+               offloads(auto, False, "cuda", 2, False, gib), offloads(auto, False, "cuda", 1, True, gib),  # DDP, FSDP
+               offloads(SimpleNamespace(offload_optimizer="auto", optimizer="adamw_8bit"), False, "cuda", 1, False,
+                        gib),
+               offloads(auto, False, "cuda", 1, False, 2.0**50)]  # more than the host has for its copies
+    assert not any(refused)
     assert offloads(SimpleNamespace(offload_optimizer=True, optimizer="adamw"), True, "cpu", 2, False, 2.0**50)
     assert not offloads(SimpleNamespace(offload_optimizer=False, optimizer="adamw"), False, "cuda", 1, False, gib)
 
     from transformers import Qwen2Config
 
-    shape = model_sizes(Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                                    num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True))
+    shape = model_sizes(Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,  # Qwen2.5-0.5B's
+                                    num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                                    tie_word_embeddings=True))
     parts = {}
     for setting in ("auto", "false"):
-        recipe = load_recipe(ROOT / "recipes/ci-tiny.yaml", ["model.dtype=bfloat16", f"train.offload_optimizer={setting}"])
+        overrides = ["model.dtype=bfloat16", f"train.offload_optimizer={setting}"]
+        recipe = load_recipe(ROOT / "recipes/ci-tiny.yaml", overrides)
         parts[setting] = {p.name: p.bytes for p in plan(recipe, shape, 1, 64, "cuda", 0.0, 80 * 2**30)}
     assert parts["false"]["optimizer state"] == 2 * 2 * shape.params  # two bfloat16 moments
     assert parts["auto"]["optimizer state"] == parts["auto"]["optimizer step (temporaries)"] == 0
