@@ -73,10 +73,11 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     dtype = getattr(torch, a.dtype)
-    rows = []
+    rows, n = [], 0
     for side in ("state on the device", "offloaded (host memory)"):
         model = model_of(a.shape, a.device, dtype)
         params = list(model.parameters())
+        n = sum(p.numel() for p in params)
         fused = a.device in ("cpu", "cuda")
 
         def adamw(ps):
@@ -88,7 +89,6 @@ def main() -> None:
         del model, optimizer, params
         if a.device == "cuda":
             torch.cuda.empty_cache()
-    n = sum(p.numel() for p in model_of(a.shape, "meta", dtype).parameters())
     print(f"{a.shape}: {n / 1e6:.0f}M parameters, {a.dtype} on {a.device}, {a.threads} host threads, "
           f"median of {a.steps} steps")
     print("| optimizer | step s | device memory it holds, GiB |\n|---|---|---|")

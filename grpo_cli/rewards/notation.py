@@ -105,7 +105,7 @@ _SIGN_WORD = re.compile(r"\b(?:minus|negative)\s+(\$?)(?=\d)", flags=re.IGNORECA
 _BELOW_ZERO = re.compile(r"(?<![\d.-])(?=\d+(?:\.\d+)?(?:\^\\circ\$\s*[CF]?|\s*degrees?(?:\s+(?:celsius|fahrenheit))?)?"
                          r"\s+below\s+zero\b)", flags=re.IGNORECASE)
 _HOURS = {w: i for i, w in enumerate("one two three four five six seven eight nine ten eleven twelve".split(), 1)}
-_MINUTES = {"five": 5, "ten": 10, "twenty": 20, "twenty-five": 25, "quarter": 15, "a quarter": 15, "half": 30}
+_MINUTES = {"five": 5, "ten": 10, "twenty": 20, "twenty five": 25, "quarter": 15, "a quarter": 15, "half": 30}
 _HOUR = r"(1[0-2]|[1-9]|" + "|".join(_HOURS) + ")"
 _CLOCK = re.compile(  # not before a percent or a plural noun: "twenty past six" is a time, "... six apples" is not
     rf"\b(?:{_HOUR}\s+o['’ ]?clock|((?:a\s+)?quarter|half|five|ten|twenty(?:[- ]five)?|[1-9]|[12]\d)(\s+minutes?)?"
@@ -250,7 +250,7 @@ def _clock(m: re.Match) -> str:
     if m.group(1):
         return f"{hour(m.group(1))}:00"
     minutes, said, way, h = m.group(2), m.group(3), m.group(4).lower(), hour(m.group(5))
-    words = re.sub(r"[\s-]+", "-", minutes.lower()).replace("a-", "a ")
+    words = " ".join(minutes.lower().replace("-", " ").split())  # "twenty-five", "a  quarter"
     minute = _MINUTES.get(words) or (int(minutes) if said else 0)  # "5 to 7", "3 past 4": a range, a sum
     if not 0 < minute < 60 or (way == "to" and not said and minute != 15):
         return m.group()  # "ten to four" is as often a score or a range as a time: "quarter to", "minutes to" are times

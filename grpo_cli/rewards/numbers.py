@@ -267,9 +267,10 @@ def answers_match(reference: str, predicted: str) -> bool:
     if exact[0] is not None and exact[1] is None and unevaluated(predicted):
         return False  # "\\boxed{11 + 18}" for 29: the question's own sum, not its answer
     times = [clock_time(t) for t in (reference, predicted)]  # "07:00" is 7:00, and the hour 7 is 7:00
-    a, b = (times[k] or (exact[k] is not None and exact[k].denominator == 1 and (int(exact[k]), 0)) for k in (0, 1))
-    if any(times) and a and b:
-        return a == b
+    if any(times):
+        a, b = (times[k] or (exact[k] is not None and exact[k].denominator == 1 and (int(exact[k]), 0)) for k in (0, 1))
+        if a and b:
+            return a == b
     # "25%" is the answer 25 and the answer 0.25; "2 hours and 30 minutes" is 2.5 and 150
     readings = [percent_value(t) or quantity_values(t) for t in (reference, predicted)]
     if any(r is not None for r in readings):
