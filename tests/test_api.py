@@ -53,6 +53,9 @@ def straight(tmp_path_factory, python_run, cache_env) -> list[dict]:
             "data.generator=null", "rewards.1.name=tests/api_rewards.py:brevity", "rewards.1.weight=0.5",
             env=cache_env)
     assert p.returncode == 0, p.stderr[-3000:]
+    # grpo train's own process keeps freed memory for reuse (train.keep_freed_memory: auto on a CPU); the Python run
+    # leaves its host's allocator alone, and both runs are step for step the same (the tests below)
+    assert "; freed memory kept for reuse (train.keep_freed_memory);" in p.stderr
     return read_jsonl(out / "metrics.jsonl")
 
 

@@ -94,7 +94,7 @@ def _train(run) -> None:
 
     run_dir = run.folder
     try:
-        engine = build_engine(run)
+        engine = build_engine(run, own_process=True)
         step = engine.fit()
     except OSError as e:  # e.g. a full disk while logging: say what, not where in the code
         raise UserError(f"{e}; the last checkpoint is intact (resume with --resume auto)") from None

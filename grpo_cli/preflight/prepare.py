@@ -95,12 +95,13 @@ def with_rows(recipe: Recipe, rows: Any, folder: Path) -> Recipe:
     return validated(raw)
 
 
-def build_engine(run: PreparedRun):
-    """The run's engine (grpo_cli/trainer/engine.py): the model loaded, the checkpoint resumed or the folder set up."""
+def build_engine(run: PreparedRun, own_process: bool = False):
+    """The run's engine (grpo_cli/trainer/engine.py): the model loaded, the checkpoint resumed or the folder set up.
+    `own_process`: the process is grpo train's own (its process-wide settings may change: process/allocator.py)."""
     from grpo_cli.trainer.engine import Engine
 
     return Engine(run.recipe, run.folder, resume=run.resume, start_over=run.start_over,
-                  allow_recipe_change=run.allow_recipe_change, rewind=run.rewind)
+                  allow_recipe_change=run.allow_recipe_change, rewind=run.rewind, own_process=own_process)
 
 
 def finished_text(run: PreparedRun, start_over: str = "--start-over") -> str:

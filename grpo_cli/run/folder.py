@@ -53,7 +53,7 @@ OUTPUTS = (*LOGS, CHECKPOINTS, "recipe.yaml", RECIPE_CHANGES, RESUMES, "replay",
 # log and evaluate, where the vLLM server is, how many CPU threads to use, how long a stall may last and how many
 # non-finite steps in a row stop the run.
 RESUMABLE = ("train.max_steps", "train.threads", "train.stall_timeout_s", "train.max_nonfinite_steps",
-             "train.offload_optimizer", "checkpoint.",
+             "train.offload_optimizer", "train.keep_freed_memory", "checkpoint.",
              "logging.", "eval.", "rollout.vllm.server_url", "rollout.vllm.request_timeout_s")  # a trailing dot: a section
 UNSET = "<unset>"
 

@@ -25,6 +25,7 @@ from grpo_cli.datatypes import StepBatch
 from grpo_cli.eval.evaluate import evaluate_during_training
 from grpo_cli.models.loading import quiet_libraries, resolve_mixed_precision
 from grpo_cli.process.clock import Clock
+from grpo_cli.process.allocator import keep_freed_memory
 from grpo_cli.process.cpus import SlowSteps, apply_threads
 from grpo_cli.process.watchdog import Watchdog, phase
 from grpo_cli.recipe.schema import Recipe
@@ -49,14 +50,18 @@ class Engine:
 
     def __init__(self, recipe: Recipe, run_dir: str | Path, resume: str | None = None, *, start_over: bool = False,
                  allow_recipe_change: bool = False, rewind: bool = False,
-                 rollouts: Callable[..., Rollouts] = build_rollouts, record: bool = True) -> None:
+                 rollouts: Callable[..., Rollouts] = build_rollouts, record: bool = True,
+                 own_process: bool = False) -> None:
         """`start_over`, `allow_recipe_change`, `rewind`: the CLI's --start-over, --allow-recipe-change and --rewind
         (grpo_cli/run/folder.py). `rollouts`: what builds the run's rollouts, called with `build_rollouts`'s
         keywords once the policy exists (`grpo replay`: the recorded ones); `record`: False leaves logging.replay's
-        records unwritten (a replay's steps are the run's records already). The caller holds the run folder: `grpo
-        train` and `grpo_cli.train` take its lock in grpo_cli/preflight/prepare.py's prepare_run, before anything loads."""
+        records unwritten (a replay's steps are the run's records already); `own_process`: the process is `grpo
+        train`'s own, whose allocator train.keep_freed_memory may set (grpo_cli/process/allocator.py). The caller
+        holds the run folder: `grpo train` and `grpo_cli.train` take its lock in grpo_cli/preflight/prepare.py's
+        prepare_run, before anything loads."""
         recipe = with_epoch_steps(recipe)  # train.epochs: steps from the data (done by prepare_run for a command)
         self.recipe, self.run_dir, self._records = recipe, Path(run_dir), record and recipe.logging.replay
+        self.own_process = own_process
         self._setup(resume, start_over, allow_recipe_change, rewind, rollouts)
 
     def _setup(self, resume: str | None, start_over: bool, allow_recipe_change: bool, rewind: bool,
@@ -70,6 +75,7 @@ class Engine:
         self.mixed_precision = resolve_mixed_precision(t.mixed_precision, r.model.dtype)
         self.accelerator = acc = Accelerator(mixed_precision=self.mixed_precision, log_with=r.logging.trackers or None,
                                              project_config=tracker_folders(self.run_dir))
+        self.allocator = keep_freed_memory(t.keep_freed_memory, acc.device.type, self.own_process)  # before the model
         self.procs = Collectives(acc)
         self.rows = process_rows(acc, r)  # this process's slice of the B*G completion rows
         self.checkpoint_path, self.recipe_changes = start_from(self.run_dir, resume, start_over, allow_recipe_change,
@@ -138,7 +144,7 @@ class Engine:
             readied = self.rollouts.prepare()
         self.console.print(start_line(self.model_summary, self.recipe, self.mixed_precision,
                                       self.reference.model is not None, self.rollouts.sampling_copy(),
-                                      self.accelerator.device, self.threads, readied))
+                                      self.accelerator.device, self.threads, readied, self.allocator))
         slow = SlowSteps(torch.get_num_threads(), self.accelerator.device.type)
         self.rollouts.start(step)
         try:

@@ -24,15 +24,17 @@ from grpo_cli.views.summary import live_bar_works
 
 
 def start_line(model_summary: str, recipe, mixed_precision: str, ref_copy: bool, sampling_copy, device,
-               threads=None, sampler: str | None = None) -> str:
+               threads=None, sampler: str | None = None, allocator: str | None = None) -> str:
     """The line a run starts with: the policy, the precision of its forwards and sampling, the reference, the CPU
     threads (`threads`: grpo_cli/process/cpus.py's choice, on the CPU), what the sampler readied for the run (`sampler`:
-    rollout.compile's compiled decoding and how long it took, or how a server gets LoRA weights)."""
+    rollout.compile's compiled decoding and how long it took, or how a server gets LoRA weights), the C allocator's
+    setting (`allocator`: grpo_cli/process/allocator.py's words, where it changed)."""
     ref = "none (beta = 0)" if recipe.algorithm.beta == 0 else (
         "a second copy" if ref_copy else "the base with adapters disabled (no copy)")
     forwards = f"{mixed_precision} autocast" if mixed_precision != "no" else recipe.model.dtype
     sampling = f", sampling in {str(sampling_copy.dtype).removeprefix('torch.')}" if sampling_copy is not None else ""
     cpu = f"; {threads}" if threads is not None and device.type == "cpu" else ""
+    cpu += f"; {allocator}" if allocator else ""
     sampling += f"; sampling: {sampler}" if sampler else ""
     return (f"policy: {model_summary}; forwards in {forwards}{sampling}; reference: {ref}{cpu}; "
             f"peak memory {peak_memory_gib(device):.2f} GiB")
