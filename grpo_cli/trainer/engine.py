@@ -24,8 +24,8 @@ from grpo_cli.data.epochs import with_epoch_steps
 from grpo_cli.datatypes import StepBatch
 from grpo_cli.eval.evaluate import evaluate_during_training
 from grpo_cli.models.loading import quiet_libraries, resolve_mixed_precision
-from grpo_cli.process.clock import Clock
 from grpo_cli.process.allocator import keep_freed_memory
+from grpo_cli.process.clock import Clock
 from grpo_cli.process.cpus import SlowSteps, apply_threads
 from grpo_cli.process.watchdog import Watchdog, phase
 from grpo_cli.recipe.schema import Recipe
