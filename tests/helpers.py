@@ -362,7 +362,6 @@ def chi_square_p(counts, probs) -> float:
     return float(torch.special.gammaincc(torch.tensor((int(kept.sum()) - 1) / 2, dtype=torch.float64), stat / 2))
 
 
-
 def kept_after_free(mib: int) -> float:
     """MiB of a `mib` MiB block, made, written and freed, that stay resident: about all of it where the allocator kept
     it for reuse (grpo_cli/process/allocator.py), about none where it went back to the kernel (glibc's default for a

@@ -30,16 +30,12 @@ USER_SETTINGS = ("MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRE
 KEPT = "freed memory kept for reuse (train.keep_freed_memory)"
 
 
-def users_allocator() -> str | None:
-    """The environment variable by which the user tuned or replaced the C allocator, if any."""
-    return next((name for name in USER_SETTINGS if os.environ.get(name)), None)
-
-
 def keep_freed_memory(setting: bool | str, device_type: str, own_process: bool) -> str | None:
     """Apply `train.keep_freed_memory` to this process: True, or `auto` where the policy trains on a CPU in a process
     of `grpo train`'s own (`own_process`) whose allocator the user left alone. -> the start line's words for it, None
     where glibc's defaults stay."""
-    if setting is False or (setting == "auto" and (device_type != "cpu" or not own_process or users_allocator())):
+    users = any(os.environ.get(name) for name in USER_SETTINGS)  # the user tuned or replaced the C allocator
+    if setting is False or (setting == "auto" and (device_type != "cpu" or not own_process or users)):
         return None
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return None  # musl, macOS: another allocator with other settings

@@ -3,15 +3,18 @@ MiB stays resident for the next one instead of going back to the kernel, a large
 where the policy trains on a CPU in `grpo train`'s own process, never over an allocator the user chose. Each case runs
 in a new interpreter: the setting is the process's for good."""
 
+import ast
 import os
+import platform
 import subprocess
 import sys
 
 import pytest
 
+from grpo_cli.process.allocator import USER_SETTINGS
 from helpers import ROOT
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None,
+pytestmark = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
                                 reason="glibc's malloc")
 
 
@@ -22,11 +25,12 @@ def after(setting, device: str, own_process: bool, env: dict | None = None) -> t
             "from grpo_cli.process.allocator import keep_freed_memory; "
             f"print(repr(keep_freed_memory({setting!r}, {device!r}, {own_process!r}))); "
             "print(kept_after_free(24)); print(kept_after_free(64))")
+    untuned = {k: v for k, v in os.environ.items() if k not in USER_SETTINGS}  # whatever this machine has set
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                       env={**os.environ, **(env or {})})
+                       env={**untuned, **(env or {})})
     assert p.returncode == 0, p.stderr[-2000:]
     words, small, large = p.stdout.splitlines()[-3:]
-    return eval(words), float(small), float(large)
+    return ast.literal_eval(words), float(small), float(large)
 
 
 def test_a_cpu_run_of_its_own_keeps_freed_blocks_up_to_32_mib():
