@@ -362,17 +362,20 @@ def chi_square_p(counts, probs) -> float:
     return float(torch.special.gammaincc(torch.tensor((int(kept.sum()) - 1) / 2, dtype=torch.float64), stat / 2))
 
 
+def resident_gib() -> float:
+    """What is resident now (VmRSS): the baseline of a phase, whose counter restarts from here. Not the process
+    peak, which an earlier test in the same worker may have set far higher."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 2**20
+
+
 def kept_after_free(mib: int) -> float:
     """MiB of a `mib` MiB block, made, written and freed, that stay resident: about all of it where the allocator kept
     it for reuse (grpo_cli/process/allocator.py), about none where it went back to the kernel (glibc's default for a
     first block of that size)."""
     import torch
 
-    def resident_mib() -> float:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
-
-    before = resident_mib()
+    before = resident_gib()
     t = torch.ones(mib * 2**20, dtype=torch.uint8)  # written: every page resident
     del t
-    return resident_mib() - before
+    return (resident_gib() - before) * 1024

@@ -9,17 +9,11 @@ import pytest
 import torch
 
 from grpo_cli.process.memory import PhasePeaks, peak_memory_gib
+from helpers import resident_gib
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM and clear_refs are Linux's")
 CPU = torch.device("cpu")
 MIB = 2**20
-
-
-def resident_gib() -> float:
-    """What is resident now (VmRSS): the baseline of a phase, whose counter restarts from here. Not the process
-    peak, which an earlier test in the same worker may have set far higher."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 2**20
 
 
 def hold(mib: int) -> torch.Tensor:
