@@ -61,11 +61,10 @@ class Engine:
         prepare_run, before anything loads."""
         recipe = with_epoch_steps(recipe)  # train.epochs: steps from the data (done by prepare_run for a command)
         self.recipe, self.run_dir, self._records = recipe, Path(run_dir), record and recipe.logging.replay
-        self.own_process = own_process
-        self._setup(resume, start_over, allow_recipe_change, rewind, rollouts)
+        self._setup(resume, start_over, allow_recipe_change, rewind, rollouts, own_process)
 
     def _setup(self, resume: str | None, start_over: bool, allow_recipe_change: bool, rewind: bool,
-               build_rollouts: Callable[..., Rollouts]) -> None:
+               build_rollouts: Callable[..., Rollouts], own_process: bool) -> None:
         """Everything a step needs, in the order that fixes what every RNG draws (grpo_cli/trainer/setup.py)."""
 
         quiet_libraries()
@@ -75,7 +74,7 @@ class Engine:
         self.mixed_precision = resolve_mixed_precision(t.mixed_precision, r.model.dtype)
         self.accelerator = acc = Accelerator(mixed_precision=self.mixed_precision, log_with=r.logging.trackers or None,
                                              project_config=tracker_folders(self.run_dir))
-        self.allocator = keep_freed_memory(t.keep_freed_memory, acc.device.type, self.own_process)  # before the model
+        self.allocator = keep_freed_memory(t.keep_freed_memory, acc.device.type, own_process)  # before the model
         self.procs = Collectives(acc)
         self.rows = process_rows(acc, r)  # this process's slice of the B*G completion rows
         self.checkpoint_path, self.recipe_changes = start_from(self.run_dir, resume, start_over, allow_recipe_change,
