@@ -253,11 +253,13 @@ def load_model(cfg: ModelConfig, *, device: Any = None) -> Any:
     """AutoModelForCausalLM in cfg.dtype, optionally moved to `device`, gradient checkpointing per cfg. Without an
     attn_implementation of the recipe's, a grouped-query model that transformers puts on sdpa runs `sdpa_grouped`
     (models/attention.py: the same attention without repeated keys/values); gated SiLU MLPs keep two of their four
-    intermediates for the backward (models/swiglu.py)."""
+    intermediates for the backward (models/swiglu.py), RMS norms their input instead of two float32 copies
+    (models/rmsnorm.py)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from grpo_cli.models import attention
+    from grpo_cli.models.rmsnorm import use_lean_norms
     from grpo_cli.models.swiglu import use_lean_mlp
 
     source = resolve_model_source(cfg)
@@ -287,6 +289,7 @@ def load_model(cfg: ModelConfig, *, device: Any = None) -> Any:
     if not cfg.attn_implementation:
         attention.use_grouped_sdpa(model)
     use_lean_mlp(model)
+    use_lean_norms(model)
     for m in model.modules() if cfg.load_in_4bit else ():
         # bitsandbytes on avx512-bf16 CPUs repacks a 4-bit weight for inference at the first no-grad eval
         # forward (generation), and later training forwards then fail in that inference-only kernel

@@ -8,6 +8,11 @@ outputs only and recomputes silu and the product in backward, two elementwise op
 The forward computes what the model's own does, in the same order; the gradients are the same operations on the
 same values.
 
+With `recompute_up_projection` (train.recompute_up_projection) `GatedUpDown` keeps the gate's output and the MLP's
+input (which the gate projection keeps anyway) and recomputes the up projection in the backward too: one product of
+the layer's seven, for one [tokens, intermediate] tensor a layer less (on a GPU, where a step at micro-batch shapes
+waits on the host rather than on its products, about free).
+
 Installed by `use_lean_mlp` on every module with `gate_proj`, `up_proj`, `down_proj` and a SiLU `act_fn`. It runs only
 under autograd without autocast, and with a down projection that is a plain `nn.Linear` holding its whole weight
 (algo/logprobs.py whole_tensor); otherwise (generation, reference forwards, autocast, a LoRA, quantized, sharded or ZeRO-3
@@ -37,17 +42,51 @@ class GatedDown(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         gate, up, weight = ctx.saved_tensors
-        silu = F.silu(gate)
-        grad_h = grad @ weight  # d/dh of h @ W^T
-        grad_weight = grad_bias = None
-        if ctx.needs_input_grad[2]:
-            h = silu * up
-            grad_weight = grad.reshape(-1, grad.shape[-1]).t() @ h.reshape(-1, h.shape[-1])
-        if ctx.has_bias and ctx.needs_input_grad[3]:
-            grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0)
-        grad_gate = torch.ops.aten.silu_backward(grad_h * up, gate) if ctx.needs_input_grad[0] else None
-        grad_up = grad_h * silu if ctx.needs_input_grad[1] else None
-        return grad_gate, grad_up, grad_weight, grad_bias
+        return gated_down_gradients(grad, gate, up, weight, ctx.has_bias, *ctx.needs_input_grad)
+
+
+def gated_down_gradients(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, has_bias: bool,
+                         need_gate: bool, need_up: bool, need_weight: bool, need_bias: bool) -> tuple:
+    """-> the gradients of gate, up, the down projection's weight and bias (None where not needed)."""
+    silu = F.silu(gate)
+    grad_h = grad @ weight  # d/dh of h @ W^T
+    grad_weight = grad_bias = None
+    if need_weight:
+        h = silu * up
+        grad_weight = grad.reshape(-1, grad.shape[-1]).t() @ h.reshape(-1, h.shape[-1])
+    if has_bias and need_bias:
+        grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0)
+    grad_gate = torch.ops.aten.silu_backward(grad_h * up, gate) if need_gate else None
+    grad_up = grad_h * silu if need_up else None
+    return grad_gate, grad_up, grad_weight, grad_bias
+
+
+class GatedUpDown(torch.autograd.Function):
+    """(x, gate, up weight, up bias, down weight, down bias) -> linear(silu(gate) * linear(x, up...), down...), keeping
+    x and gate for the backward: the up projection is recomputed there."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, gate: torch.Tensor, up_weight: torch.Tensor, up_bias: torch.Tensor | None,
+                weight: torch.Tensor, bias: torch.Tensor | None):
+        ctx.save_for_backward(x, gate, up_weight, up_bias, weight)
+        ctx.has_bias = bias is not None
+        return F.linear(F.silu(gate) * F.linear(x, up_weight, up_bias), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, gate, up_weight, up_bias, weight = ctx.saved_tensors
+        need_x, need_gate, need_up_weight, need_up_bias, need_weight, need_bias = ctx.needs_input_grad
+        up = F.linear(x, up_weight, up_bias)
+        grad_gate, grad_up, grad_weight, grad_bias = gated_down_gradients(
+            grad, gate, up, weight, ctx.has_bias, need_gate, need_x or need_up_weight or need_up_bias, need_weight,
+            need_bias)
+        grad_x = grad_up @ up_weight if need_x else None
+        grad_up_weight = grad_up_bias = None
+        if need_up_weight:
+            grad_up_weight = grad_up.reshape(-1, grad_up.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
+        if up_bias is not None and need_up_bias:
+            grad_up_bias = grad_up.reshape(-1, grad_up.shape[-1]).sum(0)
+        return grad_x, grad_gate, grad_up_weight, grad_up_bias, grad_weight, grad_bias
 
 
 def _plain_linear(layer: Any) -> bool:
@@ -56,10 +95,16 @@ def _plain_linear(layer: Any) -> bool:
 
 
 def lean_forward(self, x: torch.Tensor) -> torch.Tensor:
+    lean = (torch.is_grad_enabled() and not torch.is_autocast_enabled(x.device.type) and _plain_linear(self.down_proj))
+    if lean and getattr(self, "recompute_up", False) and _plain_linear(self.up_proj):
+        gate = self.gate_proj(x)
+        if x.requires_grad or gate.requires_grad or any(p.requires_grad for p in (*self.up_proj.parameters(),
+                                                                                     *self.down_proj.parameters())):
+            return GatedUpDown.apply(x, gate, self.up_proj.weight, self.up_proj.bias, self.down_proj.weight,
+                                     self.down_proj.bias)
+        return self.down_proj(self.act_fn(gate) * self.up_proj(x))
     gate, up = self.gate_proj(x), self.up_proj(x)
-    lean = (torch.is_grad_enabled() and not torch.is_autocast_enabled(x.device.type) and _plain_linear(self.down_proj)
-            and (gate.requires_grad or up.requires_grad or self.down_proj.weight.requires_grad))
-    if lean:
+    if lean and (gate.requires_grad or up.requires_grad or self.down_proj.weight.requires_grad):
         return GatedDown.apply(gate, up, self.down_proj.weight, self.down_proj.bias)
     return self.down_proj(self.act_fn(gate) * up)
 
@@ -74,5 +119,15 @@ def use_lean_mlp(model: torch.nn.Module) -> int:
     for module in model.modules():
         if all(hasattr(module, a) for a in ("gate_proj", "up_proj", "down_proj")) and _silu(getattr(module, "act_fn", None)):
             module.forward = types.MethodType(lean_forward, module)
+            n += 1
+    return n
+
+
+def recompute_up_projection(model: torch.nn.Module, on: bool) -> int:
+    """Whether the lean MLPs of `model` recompute their up projection in the backward; -> how many MLPs."""
+    n = 0
+    for module in model.modules():
+        if getattr(module, "forward", None) is not None and getattr(module.forward, "__func__", None) is lean_forward:
+            module.recompute_up = on
             n += 1
     return n
