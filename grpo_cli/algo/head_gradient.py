@@ -52,14 +52,17 @@ def plain_embedding(embedding: torch.nn.Module | None) -> torch.nn.Embedding | N
 
 
 def kept_gradient(weight: torch.Tensor) -> torch.Tensor | None:
-    """`weight.grad` where a backward may add its share into it in place, as autograd's accumulation would (the second
-    micro-batch of a step on): a dense tensor of the weight's shape and dtype, no hook on the weight (its gradient
-    then goes through autograd), and a backward that accumulates into the weight (`.backward()`, not
-    `torch.autograd.grad`, which returns gradients). DistributedDataParallel reduces the weight's `.grad` as it finds
-    it once the weight's accumulation has run, which it does with no gradient to add (tests/trainer/
-    test_distributed.py: two processes give the one process's gradient)."""
+    """`weight.grad` where a backward may add its share into it in place, as autograd's accumulation would: a dense
+    tensor of the weight's shape and dtype, no hook on the weight (its gradient then goes through autograd), and a
+    backward that accumulates into the weight (`.backward()`, not `torch.autograd.grad`, which returns gradients).
+    Where the weight has no gradient yet (a step's first micro-batch) it gets one of zeros here, which the backward
+    adds into as into any other (0 + x is x: the same gradient autograd would have set), so that no tensor of the
+    weight's size is new beside it however many parts add to it (the head's chunks, a tied embedding, a group's prompt
+    run in a forward of its own). DistributedDataParallel reduces the weight's `.grad` as it finds it once the weight's
+    accumulation has run, which it does with no gradient to add (tests/trainer/test_distributed.py: two processes give
+    the one process's gradient)."""
     grad = weight.grad
-    if grad is None or grad.layout != torch.strided or grad.shape != weight.shape or grad.dtype != weight.dtype:
+    if grad is not None and (grad.layout != torch.strided or grad.shape != weight.shape or grad.dtype != weight.dtype):
         return None
     if weight._backward_hooks or getattr(weight, "_post_accumulate_grad_hooks", None):
         return None
@@ -67,6 +70,8 @@ def kept_gradient(weight: torch.Tensor) -> torch.Tensor | None:
         accumulates = torch._C._will_engine_execute_node(torch.autograd.graph.get_gradient_edge(weight).node)
     except RuntimeError:
         accumulates = False
+    if accumulates and grad is None:
+        grad = weight.grad = torch.zeros_like(weight, memory_format=torch.contiguous_format)
     return grad if accumulates else None
 
 
@@ -112,9 +117,11 @@ class EmbeddingLookup(torch.autograd.Function):
 
 class ChunkedHead(torch.autograd.Function):
     """`ChunkedHead.apply(hidden [n, K, H], weight [V, H], targets [n, K], head_forward, after, rows, shared,
-    after_grad)` -> cat over chunks of `rows` of `after(head_forward(hidden_chunk), targets_chunk)`; `head_forward(h)`
-    is `h @ weight.T` (under the caller's autocast, which the backward's recomputation repeats). `head_logps` gives it
-    one position a row. The backward takes a chunk's logits' gradient from `after_grad(logits, targets, grad_out)`
+    after_grad, keep)` -> cat over chunks of `rows` of `after(head_forward(hidden_chunk), targets_chunk)`;
+    `head_forward(h)` is `h @ weight.T` (under the caller's autocast, which the backward's recomputation repeats).
+    `head_logps` gives it one position a row. With `keep` the chunks' logits are kept for the backward instead of
+    recomputed there: no second head product, for the logits' memory (the same values: the product is the same).
+    The backward takes a chunk's logits' gradient from `after_grad(logits, targets, grad_out)`
     where given (the plain log-probs' closed form: a few kernels a chunk where autograd through `after` runs a few
     dozen, each a launch on a GPU), else through `after` by autograd. The weight's gradient is added into the kept one
     (`kept_gradient`: autograd then gets None), else built in one new tensor, which goes to `shared` (a tied
@@ -123,14 +130,17 @@ class ChunkedHead(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, head_forward: Callable,
                 after: Callable, chunk_rows: int, shared: Shared | None = None,
-                after_grad: Callable | None = None) -> torch.Tensor:
+                after_grad: Callable | None = None, keep: bool = False) -> torch.Tensor:
         device = hidden.device.type
         ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
         ctx.head_forward, ctx.after, ctx.chunk_rows, ctx.shared = head_forward, after, chunk_rows, shared
         ctx.after_grad, ctx.weight = after_grad, weight
         ctx.save_for_backward(hidden, weight, targets)
-        chunks = zip(hidden.split(chunk_rows), targets.split(chunk_rows))
-        return torch.cat([after(head_forward(h), t) for h, t in chunks])
+        chunks = list(zip(hidden.split(chunk_rows), targets.split(chunk_rows)))
+        # a chunk's logits are neither an input nor an output: kept on ctx, each dropped once its backward has run
+        ctx.kept = [head_forward(h) for h, _ in chunks] if keep else None
+        logits = ctx.kept if keep else (head_forward(h) for h, _ in chunks)
+        return torch.cat([after(z, t) for z, (_, t) in zip(logits, chunks)])
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
@@ -141,10 +151,13 @@ class ChunkedHead(torch.autograd.Function):
         grad_weight, w = kept, None
         start = 0
         rows = ctx.chunk_rows
-        for h, t, g in zip(hidden.split(rows), targets.split(rows), grad_out.split(rows)):
+        for i, (h, t, g) in enumerate(zip(hidden.split(rows), targets.split(rows), grad_out.split(rows))):
             with torch.autocast(device, dtype=dtype, enabled=enabled):
-                with torch.no_grad():
-                    logits = ctx.head_forward(h)
+                if ctx.kept is not None:
+                    logits, ctx.kept[i] = ctx.kept[i], None
+                else:
+                    with torch.no_grad():
+                        logits = ctx.head_forward(h)
                 if ctx.after_grad is not None:
                     d = ctx.after_grad(logits, t, g)
                 else:
@@ -170,7 +183,8 @@ class ChunkedHead(torch.autograd.Function):
             grad_weight = None
         elif ctx.shared is not None:
             ctx.shared.grad, grad_weight = grad_weight, None
-        return grad_hidden, grad_weight, None, None, None, None, None, None
+        ctx.kept = None
+        return grad_hidden, grad_weight, None, None, None, None, None, None, None
 
 
 def plain_logps(temperature: float, entropy: bool, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

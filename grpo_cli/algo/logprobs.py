@@ -61,7 +61,7 @@ def token_logprobs(
     entropy_grad: bool = False,
     shared_prompts: bool = True,
     truncation: Truncation | None = None,
-    chunked_head: bool = True,
+    chunked_head: bool | str = True,
     packing: bool | str = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """-> logps [b, T] (fp32) and, if asked, per-token entropy [b, T] (no grad, unless `entropy_grad`).
@@ -72,7 +72,8 @@ def token_logprobs(
     row's forward and backward instead of G. Same function, same gradient (to float rounding).
     `truncation`: the log-probs of the truncated sampling policy (its kept set replayed); the entropy stays the full
     distribution's at temperature T.
-    `chunked_head`: run the LM head inside the row chunks where the model allows it (`HeadLogps`).
+    `chunked_head`: run the LM head inside the row chunks where the model allows it (`HeadLogps`); KEEP_LOGITS: the
+    chunks' logits kept for the backward rather than recomputed there.
     `packing`: the rows packed end to end (grpo_cli/algo/packing.py), no padding computed; the same values and
     gradients, and 0 (not a value computed on padding) where the completion mask is 0. Takes the place of
     `shared_prompts`; "auto": packed where that runs fewer tokens than the padded layout (with `shared_prompts`, each
@@ -87,11 +88,12 @@ def token_logprobs(
     if packed is not None:
         return _packed_logprobs(model, packed, temperature=temperature, chunk_rows=chunk_rows,
                                 entropy=with_entropy or entropy_grad, entropy_grad=entropy_grad,
-                                truncation=truncation, chunked=chunked_head and _head_of(model) is not None)
+                                truncation=truncation, chunked=chunked_head if _head_of(model) is not None else False)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     positions = position_ids_from_mask(attention_mask)
     head = HeadLogps(_head_of(model) if chunked_head else None, temperature, chunk_rows, truncation,
-                     with_entropy or entropy_grad, entropy_grad, _unwrapped(model).get_input_embeddings())
+                     with_entropy or entropy_grad, entropy_grad, _unwrapped(model).get_input_embeddings(),
+                     keep=chunked_head == KEEP_LOGITS)
     parts = (_shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, attention_mask, positions, head)
              if shared_prompts else None)  # [(logits or head_logps' output, which)]
     if parts is None:
@@ -120,6 +122,7 @@ def token_logprobs(
 
 # CausalLM forwards that return `lm_head(hidden)` unchanged (no soft-capping or scaling of the logits after it)
 HEAD_CHUNKED = {"llama", "qwen2", "qwen3", "mistral"}
+KEEP_LOGITS = "keep_logits"  # train.chunked_lm_head's value for chunks whose logits are kept for the backward
 
 
 def whole_tensor(p: torch.Tensor | None) -> bool:
@@ -156,52 +159,60 @@ def _head_of(model) -> torch.nn.Module | None:
 class HeadLogps:
     """`with head(targets): model(...)` runs the model with its LM head (`module`, from `_head_of`) replaced, for that
     call, by `head_logps`: per chunk of rows the logits of the kept positions, their log-probs of `targets` [b, K]
-    (and entropy), and the logits dropped; under autograd each chunk is recomputed in the backward. The model then
-    returns, in place of [b, K, V] logits, [b, K, 2]: log-prob and entropy (0 where not asked). With `module` None
-    (a head that cannot be taken over, or train.chunked_lm_head off) the model runs unchanged and returns logits."""
+    (and entropy), and the logits dropped (with `keep`, kept for the backward); under autograd each chunk is
+    recomputed in the backward. The model then returns, in place of [b, K, V] logits, [b, K, 2]: log-prob and entropy
+    (0 where not asked). With `module` None (a head that cannot be taken over, or train.chunked_lm_head off) the model
+    runs unchanged and returns logits. `head(targets, rows=inverse)`: the model's hidden states are of distinct rows,
+    [u, K, H], and `rows_of(hidden, inverse)` gives the [b, K, H] that `targets` [b, K] go with (a group's prompt run
+    once: its last position predicts each row's first completion token)."""
 
     def __init__(self, module: torch.nn.Module | None, temperature: float, chunk_rows: int,
                  truncation: Truncation | None, entropy: bool, entropy_grad: bool,
-                 embedding: torch.nn.Module | None = None) -> None:
-        self.module = module
+                 embedding: torch.nn.Module | None = None, keep: bool = False) -> None:
+        self.module, self.keep = module, keep
         self.embedding = embedding  # its gradient added in place too where it can be (head_gradient.embedding_lookup)
         self.temperature, self.chunk_rows, self.truncation = temperature, chunk_rows, truncation
         self.entropy, self.entropy_grad = entropy, entropy_grad
         self.ran = False  # whether the last call's model output came from it
 
     @contextmanager
-    def __call__(self, targets: torch.Tensor) -> Iterator[None]:
+    def __call__(self, targets: torch.Tensor, rows: torch.Tensor | None = None) -> Iterator[None]:
         self.ran = False
         if self.module is None:
             yield
             return
         with embedding_lookup(self.embedding, plain_weight(self.module)) as shared, \
-                replaced_forward(self.module, partial(self._forward, targets=targets, shared=shared)):
+                replaced_forward(self.module, partial(self._forward, targets=targets, shared=shared, rows=rows)):
             yield
 
-    def _forward(self, original, hidden: torch.Tensor, targets: torch.Tensor, shared: Shared | None) -> torch.Tensor:
+    def _forward(self, original, hidden: torch.Tensor, targets: torch.Tensor, shared: Shared | None,
+                 rows: torch.Tensor | None) -> torch.Tensor:
         self.ran = True
-        return head_logps(original, hidden, targets, self.temperature, self.chunk_rows, self.truncation,
-                          self.entropy, self.entropy_grad, plain_weight(self.module), shared)
+        return head_logps(original, hidden if rows is None else rows_of(hidden, rows), targets, self.temperature,
+                          self.chunk_rows, self.truncation, self.entropy, self.entropy_grad, plain_weight(self.module),
+                          shared, self.keep)
 
 
 def head_logps(head_forward, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, chunk_rows: int = 1,
                truncation: Truncation | None = None, entropy: bool = False, entropy_grad: bool = False,
-               weight: torch.Tensor | None = None, shared: Shared | None = None) -> torch.Tensor:
+               weight: torch.Tensor | None = None, shared: Shared | None = None, keep: bool = False) -> torch.Tensor:
     """[b, K, H] hidden states, [b, K] targets -> [b, K, 2] (log-prob, entropy or 0) through the LM head
     `head_forward`, `chunk_rows` rows at a time: a chunk's [c, K, V] logits exist only inside it, and under autograd
     are recomputed in the backward. `weight`: the head's (`plain_weight`), whose gradient the chunks then add into one
-    tensor (grpo_cli/algo/head_gradient.py), handed to a tied embedding's lookup with `shared`; without it each chunk
-    runs under checkpointing."""
+    tensor (grpo_cli/algo/head_gradient.py), handed to a tied embedding's lookup with `shared`, and with `keep` the
+    chunks' logits are kept for the backward instead; without it each chunk runs under checkpointing."""
     grad = torch.is_grad_enabled() and hidden.requires_grad
-    if grad and weight is not None:  # chunks of positions: at most head_gradient.CHUNK_LOGITS logits in each
+    # chunks of positions, at most head_gradient.CHUNK_LOGITS logits in each; without autograd too (an old policy's or
+    # a reference's forward), so that its numbers are the training forward's bit for bit: the same products and sums
+    if weight is not None:
         (b, k), h = targets.shape, hidden.shape[-1]
         positions = max(1, min(chunk_rows * k, head_gradient.CHUNK_LOGITS // weight.shape[0]))
         closed = not entropy_grad and (truncation is None or not truncation.active)  # the plain log-probs
         after = (partial(plain_logps, temperature, entropy) if closed
                  else partial(_after_head, temperature, truncation, entropy, entropy_grad))
         out = ChunkedHead.apply(hidden.reshape(b * k, 1, h), weight, targets.reshape(b * k, 1), head_forward, after,
-                                positions, shared, partial(plain_logps_grad, temperature) if closed else None)
+                                positions, shared, partial(plain_logps_grad, temperature) if closed else None,
+                                keep and grad)
         return out.reshape(b, k, -1)
     chunk = partial(_head_chunk, head_forward, temperature, truncation, entropy, entropy_grad)
     out = []
@@ -228,7 +239,7 @@ def _after_head(temperature: float, truncation: Truncation | None, entropy: bool
 
 
 def _packed_logprobs(model, packed: Packed, *, temperature: float, chunk_rows: int, entropy: bool, entropy_grad: bool,
-                     truncation: Truncation | None, chunked: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     truncation: Truncation | None, chunked: bool | str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """token_logprobs on the packed layout: the model runs the bins; the LM head, taken over for the call, gets only
     the K hidden states that predict a completion token ([K, 1, H]), and with `chunked` computes their log-probs inside
     chunks of as many positions as `chunk_rows` padded rows hold. A head that cannot be taken over (FSDP's wrapper)
@@ -244,7 +255,7 @@ def _packed_logprobs(model, packed: Packed, *, temperature: float, chunk_rows: i
         h = hidden[packed.at][:, None]  # [K, 1, H]
         if chunked:
             return head_logps(original, h, targets, temperature, rows, truncation, entropy, entropy_grad,
-                              plain_weight(head), shared)
+                              plain_weight(head), shared, chunked == KEEP_LOGITS)
         return original(h)
 
     inputs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False)
@@ -276,16 +287,18 @@ def distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, 
 
 def _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, attention_mask, positions,
                           head: HeadLogps) -> list[tuple[torch.Tensor, bool]] | None:
-    """Logits of the completion tokens, each distinct prompt run once -> [b, 1, V] and [b, T-1, V] (the second
-    [b, T-1, 2] through `head`); None when every row's prompt differs, or the model returns no key/value cache
-    (gradient checkpointing)."""
+    """Logits of the completion tokens, each distinct prompt run once -> [b, 1, V] and [b, T-1, V] (each [b, ., 2]
+    through `head`); None when every row's prompt differs, or the model returns no key/value cache (gradient
+    checkpointing)."""
     shared = distinct_rows(prompt_ids, prompt_mask)
     if shared is None:
         return None
     first, inverse = shared
     P, T = prompt_ids.shape[1], completion_ids.shape[1]
-    prefix = model(input_ids=prompt_ids[first], attention_mask=prompt_mask[first], position_ids=positions[first, :P],
-                   logits_to_keep=1, use_cache=True)
+    with head(completion_ids[:, :1], rows=inverse):  # the prompt's last position: each row's first token
+        prefix = model(input_ids=prompt_ids[first], attention_mask=prompt_mask[first],
+                       position_ids=positions[first, :P], logits_to_keep=1, use_cache=True)
+    first_token = (prefix.logits, True) if head.ran else (rows_of(prefix.logits, inverse), False)
     cache = prefix.past_key_values
     if cache is None:
         return None
@@ -294,7 +307,7 @@ def _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, attent
         out = model(input_ids=completion_ids, attention_mask=attention_mask, position_ids=positions[:, P:],
                     past_key_values=cache, logits_to_keep=T, use_cache=True)
     # the prompt's last position predicts completion token 0, completion position t token t + 1
-    return [(rows_of(prefix.logits, inverse), False), (out.logits[:, :-1], head.ran)]
+    return [first_token, (out.logits[:, :-1], head.ran)]
 
 
 def _select_rows(cache, inverse: torch.Tensor) -> None:

@@ -12,8 +12,9 @@ What it counts, in the model's dtype unless said otherwise:
   (rollout.dtype), the last position's logits in float32; with a colocated vLLM engine instead its share
   (rollout.vllm.gpu_memory_utilization of the GPU, or on the CPU its own weights and rollout.vllm.cpu_kv_cache_gib);
 - a micro-batch's forward and backward: per token and layer, what a Llama-style block keeps for its backward
-  (grpo's lean gated MLP and grouped attention: 8 x hidden + 2 x key/value width + 2 x intermediate values; with
-  gradient checkpointing one hidden state a layer and one layer's whole set), over the completion tokens and each
+  (grpo's lean norms, gated MLP and grouped attention: 7 x hidden + 2 x key/value width + 2 x intermediate values,
+  1 x intermediate with the up projection recomputed; with gradient checkpointing one hidden state a layer and one
+  layer's whole set), over the completion tokens and each
   group's prompt once; the logits and their gradient (float32 under autocast), a row's float32 log-softmax; under
   autocast its bfloat16 weight copies (the LM head's chunks instead of whole logits: a row's logits, or the head's
   weight gradient as autograd sums it over the chunks, three at once); the attention mask sdpa reads (on a GPU one
@@ -39,6 +40,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from grpo_cli.algo.logprobs import KEEP_LOGITS
 from grpo_cli.process.memory import host_available_bytes
 from grpo_cli.recipe.specs import OPTIMIZERS
 from grpo_cli.trainer.offload import offloads
@@ -137,10 +139,11 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
     from grpo_cli.recipe.backends import backend_of
 
     m, t, a, ro = recipe.model, recipe.train, recipe.algorithm, recipe.rollout
-    chunked = device == "cuda" if t.chunked_lm_head == "auto" else t.chunked_lm_head
+    chunked = (True if device == "cuda" else KEEP_LOGITS) if t.chunked_lm_head == "auto" else t.chunked_lm_head
     shared = device == "cpu" and not m.gradient_checkpointing
+    up = device == "cuda" if t.recompute_up_projection == "auto" else t.recompute_up_projection
     ch = choices or ForwardChoices(shared_prompts=shared, chunked_head=chunked, lean_mlp=True, grouped_attention=True,
-                                   autocast=t.mixed_precision in ("bf16", "fp16"))
+                                   autocast=t.mixed_precision in ("bf16", "fp16"), recompute_up=bool(up))
     width = BYTES.get(m.dtype, 4)
     lora = m.lora.r > 0
     trainable = (sum(m.lora.r * (i + o) for name, i, o in shape.linear if _targeted(name, m.lora.target_modules))
@@ -164,19 +167,24 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
     # the log-probs run a row at a time (algo/logprobs.py): a row's float32 log-softmax takes three [T, V] temporaries
     row = ro.max_completion_length * shape.vocab
     if ch.chunked_head:  # algo/head_gradient.py: a chunk's logits (a row's, CHUNK_LOGITS at most) and their float32
-        # copies beside the head's weight gradient, built in the weight's kept gradient (added in place; the first
-        # micro-batch's becomes it) that the embedding's rows join (under autocast with a chunk's bfloat16 product)
+        # copies beside the head's weight gradient, built in the weight's kept gradient (added in place, from zeros on
+        # a step's first micro-batch) that the embedding's rows join (under autocast with a chunk's bfloat16 product);
+        # with KEEP_LOGITS every chunk's logits, kept for the backward
         from grpo_cli.algo.head_gradient import CHUNK_LOGITS
 
-        chunk = min(row, max(1, CHUNK_LOGITS // shape.vocab) * shape.vocab) * ((2 if ch.autocast else width) + 4 + 12)
+        keep = ch.chunked_head == KEEP_LOGITS  # the chunks' logits kept: a chunk's float32 log-softmax and softmax
+        chunk = min(row, max(1, CHUNK_LOGITS // shape.vocab) * shape.vocab) * (8 if keep else
+                                                                                (2 if ch.autocast else width) + 4 + 12)
         product = shape.vocab * shape.hidden * 2 if ch.autocast and not lora else 0
-        logits = product + chunk
+        logits = product + chunk + (mbs * row * (2 if ch.autocast else width) if keep else 0)
     else:  # kept for the backward and their gradient, in the model's dtype (autocast: its float32 copy of them)
         logits = mbs * row * 2 * (4 if ch.autocast else width) + 3 * row * 4
     # autocast keeps a bfloat16 copy of every weight a matmul saves for its backward: once for weights that train
-    # (its cache), once a forward for frozen ones (LoRA's base; a group's prompt runs in a forward of its own)
+    # (its cache), once a forward for frozen ones (LoRA's base; a group's prompt runs in a forward of its own); the
+    # chunked head's once, in its backward
     calls = 2 if lora and ch.shared_prompts else 1
-    casts = shape.params * 2 * calls if ch.autocast and width == 4 else 0.0
+    head = shape.vocab * shape.hidden if ch.chunked_head else 0  # the chunked head casts its weight once, in the backward
+    casts = ((shape.params - head) * calls + head) * 2 if ch.autocast and width == 4 else 0.0
     optimizer, step = _optimizer(recipe, shape, trainable, width, device, processes)
     parts = [
         Part("runtime", runtime, ""),
@@ -226,13 +234,18 @@ def _activations(recipe, shape: Shape, ch: ForwardChoices, prompt_tokens: int, d
     # each group's prompt once (shared prompts) or every row's, each padded to the longest
     tokens = mbs * T + (math.ceil(mbs / G) if ch.shared_prompts else mbs) * prompt_tokens
     kv = shape.kv_width if ch.grouped_attention else shape.hidden  # repeated keys and values are kept otherwise
-    per_token_layer = 8 * shape.hidden + 2 * kv + (2 if ch.lean_mlp else 4) * shape.intermediate
-    # autocast keeps the residual stream and the norms in float32 beside its bfloat16 casts of each matmul's input:
-    # about what the model's dtype keeps without it
-    if recipe.model.gradient_checkpointing:
-        activations = tokens * (shape.layers * shape.hidden + per_token_layer) * width
+    mlp = (1 if ch.recompute_up else 2) if ch.lean_mlp else 4
+    H, I = shape.hidden, shape.intermediate
+    if ch.autocast:  # bytes: the residual stream and the norms' inputs in float32 (the model's own norms keep two
+        # float32 copies more), a bfloat16 cast of each matmul's input (q, k and v cast it apiece, gate and up too),
+        # attention's inputs and output, the MLP's four intermediates in bfloat16 (its own forward under autocast)
+        per_token_layer = (8 if ch.lean_norms else 16) * H + 16 * H + 4 * kv + 8 * I
     else:
-        activations = tokens * shape.layers * per_token_layer * width
+        per_token_layer = ((7 if ch.lean_norms else 8) * H + 2 * kv + mlp * I) * width
+    if recipe.model.gradient_checkpointing:
+        activations = tokens * (shape.layers * H * width + per_token_layer)
+    else:
+        activations = tokens * shape.layers * per_token_layer
     # the additive mask sdpa reads, made once a forward (models/attention.py): [rows, 1, T, T] on the CPU, whose
     # kernel groups heads itself; elsewhere folded, one copy per query head of a key/value head, rows 16-aligned
     folded = shape.n_rep if ch.grouped_attention and device != "cpu" else 1
@@ -302,8 +315,11 @@ def check_memory(recipe, config: Any, processes: int, prompts: PromptLengths, te
         f"batch is padded to its longest)",
         "forwards as the trainer runs them: " + ", ".join(
             name for name, on in (("a group's prompt once", choices.shared_prompts),
-                                  ("the LM head in row chunks", choices.chunked_head),
+                                  ("the LM head in chunks" + (", their logits kept" if choices.chunked_head ==
+                                                              KEEP_LOGITS else ""), bool(choices.chunked_head)),
                                   ("the lean gated MLP", choices.lean_mlp),
+                                  ("its up projection recomputed", choices.recompute_up),
+                                  ("the lean RMS norms", choices.lean_norms),
                                   ("grouped attention", choices.grouped_attention),
                                   ("autocast", choices.autocast),
                                   ("rows packed (planned as padded: the worst case)", choices.packing is True),

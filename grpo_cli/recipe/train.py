@@ -57,11 +57,17 @@ class TrainConfig(Section):
         "gradient is not finite). This many steps in a row with a skipped update stop the run with an error (the "
         "last checkpoint intact); None: never stop. A checkpoint is never written with non-finite weights.",
     )
-    chunked_lm_head: bool | Literal["auto"] = Field(
-        "auto", description="Llama/Qwen2/Qwen3/Mistral: run the LM head inside the log-prob row chunks, so the "
-        "micro-batch's [rows, T, vocab] logits never exist, for a second head forward in the backward and a weight-"
-        "gradient product per row (Qwen2.5-0.5B's head over 8 x 256 tokens in bf16: 1969 -> 1119 MiB; SmolLM2 on a "
-        "2-core CPU: 0.12 GiB less for +0.5 s per 8 rows). auto: on CUDA, off on CPUs.",
+    chunked_lm_head: bool | Literal["auto", "keep_logits"] = Field(
+        "auto", description="Llama/Qwen2/Qwen3/Mistral: run the LM head inside the log-prob chunks, the head's "
+        "weight gradient added in place into one tensor (a tied embedding's rows too): true: the micro-batch's "
+        "[rows, T, vocab] logits never exist, for a second head product in the backward (Qwen2.5-0.5B's head over "
+        "8 x 256 tokens in bf16: 1969 -> 1119 MiB); keep_logits: the chunks' logits are kept for the backward, no "
+        "second product. auto: true on CUDA, keep_logits on CPUs. The same numbers either way as each other.",
+    )
+    recompute_up_projection: bool | Literal["auto"] = Field(
+        "auto", description="Gated SiLU MLPs (Llama, Qwen, Mistral): recompute the up projection in the backward "
+        "instead of keeping its output, one product of a layer's seven for a quarter of its activations. Same numbers "
+        "either way. auto: on CUDA (where a step at micro-batch shapes waits on the host, not on products), off on CPUs.",
     )
     mixed_precision: Literal["no", "auto", "bf16", "fp16"] = Field(
         "no", description="Autocast for forward passes (accelerate); weights, gradients and AdamW stay in model.dtype. "

@@ -51,10 +51,10 @@ RECIPE_CHANGES = "recipe_changes.jsonl"
 OUTPUTS = (*LOGS, CHECKPOINTS, "recipe.yaml", RECIPE_CHANGES, RESUMES, "replay", "stalls", ABANDONED, *TRACKER_OUTPUTS)
 # Fields a resume may change without --allow-recipe-change: how long to train, where and how often to save,
 # log and evaluate, where the vLLM server is, how many CPU threads to use, how long a stall may last, how many
-# non-finite steps in a row stop the run, where the optimizer steps and whether freed host memory is kept (neither
-# changes a number).
+# non-finite steps in a row stop the run, where the optimizer steps, whether freed host memory is kept and whether
+# the up projection is recomputed (none of them changes a number).
 RESUMABLE = ("train.max_steps", "train.threads", "train.stall_timeout_s", "train.max_nonfinite_steps",
-             "train.offload_optimizer", "train.keep_freed_memory", "checkpoint.",
+             "train.offload_optimizer", "train.keep_freed_memory", "train.recompute_up_projection", "checkpoint.",
              "logging.", "eval.", "rollout.vllm.server_url", "rollout.vllm.request_timeout_s")  # a trailing dot: a section
 UNSET = "<unset>"
 

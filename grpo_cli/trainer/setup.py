@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from grpo_cli.agents.tools import schemas
-from grpo_cli.algo.logprobs import HEAD_CHUNKED
+from grpo_cli.algo.logprobs import HEAD_CHUNKED, KEEP_LOGITS
 from grpo_cli.algo.packing import PACKED_MODELS
 from grpo_cli.data.prompts import PromptStream
 from grpo_cli.data.sources import load_rows
@@ -26,6 +26,7 @@ from grpo_cli.errors import RunFolderError, SetupError
 from grpo_cli.models.attention import grouped_heads
 from grpo_cli.models.loading import disable_dropout, load_model, load_tokenizer, resolve_mixed_precision
 from grpo_cli.models.lora import load_policy, parameter_summary
+from grpo_cli.models.swiglu import recompute_up_projection
 from grpo_cli.recipe.specs import OPTIMIZERS
 from grpo_cli.registry import Registry
 from grpo_cli.run.folder import check_drift, start_point
@@ -63,11 +64,13 @@ class ForwardChoices:
     model's config: `build_policy` follows it, and `grpo doctor`'s memory plan counts with it."""
 
     shared_prompts: bool  # a group's prompt runs once per micro-batch (through the key/value cache)
-    chunked_head: bool  # the LM head inside the log-prob row chunks: no [rows, T, vocab] logits
+    chunked_head: bool | str  # the LM head inside the log-prob chunks (KEEP_LOGITS: their logits kept for the backward)
     lean_mlp: bool  # the gated MLP keeps gate and up for its backward, not four tensors (models/swiglu.py)
     grouped_attention: bool  # keys and values of grouped heads are not repeated (models/attention.py)
     autocast: bool  # forwards in bf16 / fp16 autocast (train.mixed_precision)
     packing: bool | str = False  # rows packed end to end (grpo_cli/algo/packing.py): True, "auto" (where fewer tokens)
+    recompute_up: bool = False  # the lean MLP recomputes its up projection in the backward (models/swiglu.py)
+    lean_norms: bool = True  # RMS norms keep their input, not two float32 copies (models/rmsnorm.py): whole weights
 
 
 def forward_choices(recipe, device_type: str, config: Any, sharded: bool = False) -> ForwardChoices:
@@ -84,8 +87,8 @@ def forward_choices(recipe, device_type: str, config: Any, sharded: bool = False
                          f"{getattr(text, 'model_type', None)!r} (its attention may not stay inside each packed row); "
                          f"it has for: {', '.join(sorted(PACKED_MODELS))}. Set train.packing: false (or auto)")
     shared = not m.gradient_checkpointing and device_type == "cpu" and packing is not True
-    wanted = device_type == "cuda" if t.chunked_lm_head == "auto" else t.chunked_lm_head
-    chunked = bool(wanted) and getattr(text, "model_type", None) in HEAD_CHUNKED and not sharded  # algo/logprobs._head_of
+    wanted = (True if device_type == "cuda" else KEEP_LOGITS) if t.chunked_lm_head == "auto" else t.chunked_lm_head
+    chunked = wanted if getattr(text, "model_type", None) in HEAD_CHUNKED and not sharded else False  # logprobs._head_of
     autocast = resolve_mixed_precision(t.mixed_precision, m.dtype) in ("bf16", "fp16")
     targets = m.lora.target_modules
     down_adapted = m.lora.r > 0 and (targets == "all-linear" or "down_proj" in ([targets] if isinstance(targets, str)
@@ -93,7 +96,11 @@ def forward_choices(recipe, device_type: str, config: Any, sharded: bool = False
     gated = getattr(text, "hidden_act", None) in ("silu", "swish") and hasattr(text, "intermediate_size")
     lean = gated and not autocast and not sharded and not down_adapted and not m.load_in_4bit  # swiglu.lean_forward
     grouped = grouped_heads(text) and m.attn_implementation in (None, "sdpa", "sdpa_grouped")  # loading.load_model
-    return ForwardChoices(shared, chunked, lean, grouped, autocast, packing)
+    up = device_type == "cuda" if t.recompute_up_projection == "auto" else t.recompute_up_projection
+    up_adapted = m.lora.r > 0 and (targets == "all-linear" or "up_proj" in ([targets] if isinstance(targets, str)
+                                                                               else targets))
+    return ForwardChoices(shared, chunked, lean, grouped, autocast, packing, lean and up and not up_adapted,
+                          lean_norms=not sharded)
 
 
 @dataclass
@@ -154,6 +161,7 @@ def build_policy(recipe, accelerator, checkpoint: Path | None) -> Policy:
         raise SetupError("algorithm.sync_ref_model needs the policy's full weights on every process; with FSDP "
                          "or ZeRO-3 they are sharded: use DDP (or ZeRO-1/2) to refresh the reference")
     choices = forward_choices(r, accelerator.device.type, accelerator.unwrap_model(model).config, sharded)
+    recompute_up_projection(accelerator.unwrap_model(model), choices.recompute_up)
     return Policy(tokenizer, model, reference, teacher, optimizer, scheduler, cfg, summary, sharded, choices)
 
 

@@ -102,15 +102,21 @@ def test_the_head_inside_the_chunks_gives_the_same_logprobs_entropy_and_gradient
     model, args = tiny("qwen2"), batch()
     plain = run_head(model, shared, args, False, monkeypatch, **kw)
     chunked = run_head(model, shared, args, True, monkeypatch, **kw)
+    kept = run_head(model, shared, args, True, monkeypatch, chunked_head=logprobs_module.KEEP_LOGITS, **kw)
     assert (plain[0] - chunked[0]).abs().max() < 1e-5 and (plain[1] - chunked[1]).abs().max() < 1e-4
     for name, g in plain[2].items():
         torch.testing.assert_close(chunked[2][name], g, atol=2e-5, rtol=1e-4, msg=name)
     assert max(g.abs().max() for g in plain[2].values()) > 1e-1
+    # the chunks' logits kept for the backward instead of recomputed there (train.chunked_lm_head: keep_logits, a
+    # CPU's default): the same products, the same numbers bit for bit
+    assert torch.equal(kept[0], chunked[0]) and torch.equal(kept[1], chunked[1])
+    for name, g in chunked[2].items():
+        assert torch.equal(kept[2][name], g), name
     rows = B * G
-    # the plain head keeps the micro-batch's logits for the backward; the chunked one none of the completions'
-    # (a shared prompt's last position, [distinct prompts, 1, V], is still the model's own logits)
+    # the plain head keeps the micro-batch's logits for the backward; the chunked one none (a shared prompt's last
+    # position goes through it too), kept or not (keep_logits holds them itself, not autograd)
     assert max(plain[3]) >= rows * (T - (1 if shared else 0))
-    assert chunked[3] == ([] if not shared else [B]) or max(chunked[3]) <= rows
+    assert chunked[3] == [] and kept[3] == []
 
 
 @pytest.mark.parametrize("kw", [dict(entropy_grad=True), dict(with_entropy=True, truncation="top_k")])
@@ -161,7 +167,8 @@ def test_a_head_tied_to_the_embedding_gets_the_plain_heads_gradients(autocast, s
         plain = run_head(model, shared, args, False, monkeypatch, with_entropy=True)
         assert lookups == []
         chunked = run_head(model, shared, args, True, monkeypatch, with_entropy=True, chunk_rows=5)
-        assert lookups == [B * G]  # the completions' lookup (with a group's prompt once, the prompts' is its own)
+        # the completions' lookup, then (a group's prompt run once) the distinct prompts', which go through it too
+        assert lookups == ([B * G, B] if shared else [B * G])
     assert plain[0].dtype == torch.float32 and (plain[0] - chunked[0]).abs().max() < 1e-5
     assert "lm_head.weight" not in plain[2]  # tied: one parameter, the head's and the embedding's gradients summed
     for name, g in plain[2].items():
@@ -293,8 +300,9 @@ def test_under_autocast_the_kept_gradient_adds_each_chunks_product_in_the_weight
     real = head_gradient.kept_gradient
     monkeypatch.setattr(head_gradient, "kept_gradient", lambda w: kept.append(real(w) is not None) or real(w))
     plain, chunked = two(False), two(True)
-    # the head's, then the embedding's (tied, the first micro-batch's takes the head's new one): new, then the kept one
-    assert kept == ([False, True, True] if tied else [False, False, True, True])
+    # 2 micro-batches x (the completions' head and embedding, then the prompts' head and embedding: a group's prompt
+    # runs once): each adds into the weight's gradient in place, made of zeros by the first of the step
+    assert kept == [True] * 8
     assert all(g.dtype == torch.float32 for g in chunked.values())
     for name, g in plain.items():
         assert (chunked[name] - g).abs().max() <= 0.02 * g.abs().max(), name
@@ -325,8 +333,9 @@ def test_a_lora_model_chunks_its_base_models_head():
 
 
 def test_train_chunked_lm_head_decides_where_the_head_runs_and_changes_no_number(tmp_path, monkeypatch):
-    """train.chunked_lm_head: auto is off on a CPU (the chunks cost it more time than the memory they save); true
-    runs the training and reference forwards through the chunks, with the same loss, entropy and gradient norm."""
+    """train.chunked_lm_head: false runs the model's own head; auto keeps the chunks' logits on a CPU (a second head
+    product costs it more time than the logits' memory), true recomputes them: both run the training and reference
+    forwards through the chunks, with the same numbers as each other and the model's own head's to float rounding."""
     import json
 
     from grpo_cli.recipe.files import load_recipe
@@ -338,7 +347,7 @@ def test_train_chunked_lm_head_decides_where_the_head_runs_and_changes_no_number
     real = logprobs_module.head_logps
     monkeypatch.setattr(logprobs_module, "head_logps", lambda *a, **k: calls.append(a[1].requires_grad) or real(*a, **k))
     runs = {}
-    for setting in ("auto", "true"):
+    for setting in ("false", "auto", "true"):
         calls.clear()
         r = load_recipe(ROOT / "recipes/ci-tiny.yaml", [
             "train.max_steps=2", "algorithm.beta=0.04", "logging.rollouts=false", "checkpoint.every_steps=0",
@@ -346,10 +355,12 @@ def test_train_chunked_lm_head_decides_where_the_head_runs_and_changes_no_number
         Engine(r, tmp_path / setting).fit()
         runs[setting] = ([json.loads(line) for line in (tmp_path / setting / "metrics.jsonl").read_text().splitlines()],
                          list(calls))
-    assert runs["auto"][1] == []
-    assert True in runs["true"][1] and False in runs["true"][1]  # the training forward (grad), the reference's (not)
-    for plain, chunked in zip(runs["auto"][0], runs["true"][0]):
+    assert runs["false"][1] == []
+    for setting in ("auto", "true"):  # the training forward (grad), the reference's (not)
+        assert True in runs[setting][1] and False in runs[setting][1]
+    for plain, kept, chunked in zip(runs["false"][0], runs["auto"][0], runs["true"][0]):
         for key in ("loss", "entropy", "grad_norm", "kl"):
+            assert kept[key] == chunked[key], key
             assert abs(plain[key] - chunked[key]) <= 1e-5 * max(1.0, abs(plain[key])), key
     assert runs["auto"][0][0]["grad_norm"] > 0
 

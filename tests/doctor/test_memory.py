@@ -84,7 +84,8 @@ def test_the_plans_tensors_are_within_a_tenth_of_a_runs_live_tensors(vocab_model
 
     long = ["data.generator=null", f"data.files={vocab_model / 'long.jsonl'}", "data.prompt_column=question",
             "data.template=null", "data.max_prompt_length=512"]
-    overrides = [f"model.name_or_path={vocab_model / 'model'}", "train.max_steps=2", "checkpoint.every_steps=0",
+    # 4 steps of 4 prompts: the 16 rows whose longest prompt the plan pads every batch to (grpo doctor reads 16)
+    overrides = [f"model.name_or_path={vocab_model / 'model'}", "train.max_steps=4", "checkpoint.every_steps=0",
                  "logging.rollouts=false", "eval=null", "rollout.max_completion_length=32", "train.prompts_per_step=4",
                  "train.micro_batch_size=8", "train.threads=1"]
     for x in TENSOR_SHAPES[shape]:
@@ -149,10 +150,11 @@ def test_the_plan_asks_the_trainers_forward_choices():
                        num_key_value_heads=2, vocab_size=256)
     tiny = load_recipe(ROOT / "recipes/ci-tiny.yaml")
     cpu = forward_choices(tiny, "cpu", qwen)
-    assert (cpu.shared_prompts, cpu.chunked_head, cpu.lean_mlp, cpu.grouped_attention, cpu.autocast) == \
-        (True, False, True, True, False)
+    assert (cpu.shared_prompts, cpu.chunked_head, cpu.lean_mlp, cpu.grouped_attention, cpu.autocast,
+            cpu.recompute_up, cpu.lean_norms) == (True, "keep_logits", True, True, False, False, True)
     gpu = forward_choices(tiny, "cuda", qwen)
-    assert not gpu.shared_prompts and gpu.chunked_head  # chunked_lm_head auto: on CUDA
+    # chunked_lm_head auto: recomputed on CUDA, kept on a CPU; recompute_up_projection auto: on CUDA
+    assert not gpu.shared_prompts and gpu.chunked_head is True and gpu.recompute_up
     assert not forward_choices(tiny, "cuda", qwen, sharded=True).chunked_head  # FSDP / ZeRO-3: never
     assert not forward_choices(tiny, "cuda", GPT2Config(n_embd=64, n_layer=2, n_head=4)).chunked_head  # its head
     autocast = load_recipe(ROOT / "recipes/ci-tiny.yaml", ["train.mixed_precision=bf16"])
@@ -228,18 +230,19 @@ def test_on_a_gpu_the_plan_counts_cublas_the_heads_chunk_and_the_folded_mask(mon
 
     full, lora = load_recipe(ROOT / "recipes/ci-tiny.yaml"), load_recipe(ROOT / "recipes/ci-tiny.yaml",
                                                                          ["model.lora.r=16"])
-    # 4 rows x (64 prompt + 16 completion tokens) on 2 layers: the lean MLP's activations (LoRA's down projection
-    # keeps the model's own 4 intermediates), the mask folded 4 times, then the head: in full fine-tuning its weight
+    # 4 rows x (64 prompt + 16 completion tokens) on 2 layers: the lean norms' and the lean MLP's activations, its up
+    # projection recomputed on CUDA (LoRA's down projection keeps the model's own 4 intermediates), the mask folded 4
+    # times, then the head: in full fine-tuning its weight
     # gradient built in one [V, H] float32 tensor (algo/head_gradient.py; autograd's sum of the chunks' own gradients
     # held three at once) beside a row's logits: that tensor is the gradient kept between micro-batches (added to in
     # place: nothing new), with two processes too (DDP reduces it as it finds it); LoRA's head is frozen: a row's logits
     mask = 4 * 4 * 80 * 80 * 4
-    assert forward(full, "cuda") == 4 * 80 * 2 * (8 * 64 + 2 * 16 + 2 * 128) * 4 + mask + 16 * 32000 * (4 + 4 + 12)
+    assert forward(full, "cuda") == 4 * 80 * 2 * (7 * 64 + 2 * 16 + 1 * 128) * 4 + mask + 16 * 32000 * (4 + 4 + 12)
     assert forward(full, "cuda", processes=2) == forward(full, "cuda")
-    assert forward(lora, "cuda") == 4 * 80 * 2 * (8 * 64 + 2 * 16 + 4 * 128) * 4 + mask + 16 * 32000 * (4 + 4 + 12)
+    assert forward(lora, "cuda") == 4 * 80 * 2 * (7 * 64 + 2 * 16 + 4 * 128) * 4 + mask + 16 * 32000 * (4 + 4 + 12)
     # the mask: 4 rows x 80 positions, folded 4 times on a GPU (rows padded to 16), once on the CPU
     longer = forward(full, "cuda", 96) - forward(full, "cuda", 64)
-    per_token = 2 * (8 * 64 + 2 * 16 + 2 * 128) * 4  # layers x a token's activations
+    per_token = 2 * (7 * 64 + 2 * 16 + 1 * 128) * 4  # layers x a token's activations
     assert longer == 4 * 32 * per_token + 4 * 4 * (112 * 112 - 80 * 80) * 4
 
 

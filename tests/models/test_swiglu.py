@@ -1,5 +1,6 @@
 """The lean gated MLP (grpo_cli/models/swiglu.py): the module's own outputs and gradients, two [tokens, intermediate]
-tensors kept for the backward instead of four, and the module's own forward wherever the lean one does not apply."""
+tensors kept for the backward instead of four (one with the up projection recomputed), and the module's own forward
+wherever the lean one does not apply."""
 
 import copy
 
@@ -8,7 +9,7 @@ import torch
 
 from grpo_cli.algo.logprobs import token_logprobs
 from grpo_cli.models import swiglu
-from grpo_cli.models.swiglu import GatedDown, lean_forward, use_lean_mlp
+from grpo_cli.models.swiglu import GatedDown, GatedUpDown, lean_forward, recompute_up_projection, use_lean_mlp
 
 from helpers import saved_for_backward
 
@@ -137,3 +138,71 @@ def test_a_zero3_partitioned_down_projection_keeps_the_modules_own_forward():
     lp, _ = token_logprobs(base, *batch(), shared_prompts=False)
     lp.sum().backward()
     assert calls == [1]  # down_proj ran as a module (one forward), its hooks with it
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_gated_up_down_gradients_are_the_derivatives(bias):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+    wu = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    bu = torch.randn(5, dtype=torch.float64, requires_grad=True) if bias else None
+    wd = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    bd = torch.randn(4, dtype=torch.float64, requires_grad=True) if bias else None
+    assert torch.autograd.gradcheck(GatedUpDown.apply, (x, g, wu, bu, wd, bd))
+    F = torch.nn.functional
+    plain = F.linear(F.silu(g) * F.linear(x, wu, bu), wd, bd)
+    assert torch.allclose(GatedUpDown.apply(x, g, wu, bu, wd, bd), plain, atol=1e-12)
+
+
+def test_the_up_projection_recomputed_keeps_one_intermediate_a_layer_for_the_same_numbers_bit_for_bit():
+    torch.set_num_threads(1)
+    lean = model()
+    use_lean_mlp(lean)
+    up = copy.deepcopy(lean)
+    assert recompute_up_projection(up, True) == 2
+    assert intermediates_saved(lean) == 2 * 2 and intermediates_saved(up) == 1 * 2
+    out = []
+    for m in (lean, up):
+        lp, _ = token_logprobs(m, *batch(), shared_prompts=False)
+        lp.sum().backward()
+        out.append((lp.detach(), {n: q.grad for n, q in m.named_parameters()}))
+    assert torch.equal(out[0][0], out[1][0])
+    for name, grad in out[0][1].items():
+        assert torch.equal(grad, out[1][1][name]), name
+    assert out[1][1]["model.layers.0.mlp.up_proj.weight"].norm() > 1e-3  # a real gradient through the up projection
+    assert recompute_up_projection(up, False) == 2 and intermediates_saved(up) == 2 * 2
+
+
+def test_a_lora_up_projection_keeps_its_output():
+    from peft import LoraConfig, get_peft_model
+
+    torch.set_num_threads(1)
+    base = model()
+    use_lean_mlp(base)
+    recompute_up_projection(base, True)
+    peft = get_peft_model(base, LoraConfig(r=4, target_modules=["up_proj"], init_lora_weights=False))
+    assert intermediates_saved(peft) == 2 * 2  # GatedDown: the adapted up projection runs as a module
+    lp, _ = token_logprobs(peft, *batch())
+    lp.sum().backward()
+    assert peft.base_model.model.model.layers[0].mlp.up_proj.lora_A["default"].weight.grad.norm() > 0
+
+
+def test_train_recompute_up_projection_is_on_where_auto_says_and_off_for_an_adapted_up_projection():
+    from transformers import Qwen2Config
+
+    from grpo_cli.recipe.files import load_recipe
+    from grpo_cli.trainer.setup import forward_choices
+
+    from helpers import ROOT
+
+    config = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2)
+    auto = load_recipe(ROOT / "recipes/ci-tiny.yaml")
+    assert forward_choices(auto, "cuda", config).recompute_up and not forward_choices(auto, "cpu", config).recompute_up
+    on = load_recipe(ROOT / "recipes/ci-tiny.yaml", ["train.recompute_up_projection=true"])
+    assert forward_choices(on, "cpu", config).recompute_up
+    lora = load_recipe(ROOT / "recipes/ci-tiny.yaml", ["model.lora.r=8", "model.lora.target_modules=[q_proj,up_proj]"])
+    assert forward_choices(lora, "cuda", config).lean_mlp and not forward_choices(lora, "cuda", config).recompute_up
+    mixed = load_recipe(ROOT / "recipes/ci-tiny.yaml", ["train.mixed_precision=bf16"])  # autocast: the module's own
+    assert not forward_choices(mixed, "cuda", config).recompute_up

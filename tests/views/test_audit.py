@@ -164,9 +164,11 @@ def test_the_quickstart_run_learns_and_is_not_called_a_collapse():
 
 @pytest.mark.usefixtures("model_cache")
 def test_a_real_run_gaming_its_format_reward_is_flagged_through_the_cli(tmp_path):
-    # ci-tiny's digit_fraction pays for digits whatever the answer: at lr 1e-2 the tiny model learns to emit digits
+    # ci-tiny's digit_fraction pays for digits whatever the answer: at lr 2e-2 the tiny model learns to emit digits
+    # and its entropy collapses (6.1 -> 0.001 nats; at 1e-2 it stopped anywhere from below 0.3 to 0.76, as the float
+    # rounding of its first steps went, once every group paid the same and the updates stopped)
     run = tmp_path / "gamed"
-    p = cli("train", "recipes/ci-tiny.yaml", "-o", str(run), "train.max_steps=60", "train.learning_rate=1e-2", "eval=null",
+    p = cli("train", "recipes/ci-tiny.yaml", "-o", str(run), "train.max_steps=60", "train.learning_rate=2e-2", "eval=null",
             "checkpoint.every_steps=0")
     assert p.returncode == 0, p.stderr[-3000:]
     p = cli("audit", str(run), "--json")
