@@ -4,7 +4,7 @@
 #
 #   bash bench/gpu_checks.sh OUT [PARTS...]
 #       parts: smoke floors vs-trl train-memory doctor-memory attention compiled goal chunked-head memory-options
-#              layouts packing colocate offload (default: all, in that order)
+#              layouts packing colocate offload recompute (default: all, in that order)
 #
 # smoke         `grpo train` of the ci-tiny recipe in bf16 on the GPU: 4 steps straight, 2 + --resume auto to 4
 #               (metrics compared step by step), LoRA + KL, mixed_precision bf16 over fp32 weights, `grpo eval`
@@ -34,13 +34,17 @@
 #               train.offload_optimizer's, Qwen2.5-0.5B shape, bf16), `grpo train` of ci-tiny in bf16 with the offload
 #               (4 steps straight against 2 + --resume auto, and against the state on the GPU), then bench/vs_trl.py
 #               with the offload at 64 tokens (B=4) and 256 (B=16), TRL at its defaults
+# recompute     issue 40: bench/recompute.py at B=16 x 256 tokens (a micro-batch's forward + backward as grpo and TRL run
+#               it, activations kept and recomputed, the up projection recomputed, the model's own norms; profiles of
+#               both recomputed rows: where grpo's recomputation spends its time), then bench/vs_trl.py at grpo's
+#               defaults at 256 tokens (B=16) and 64 (B=4), and with gradient checkpointing on both sides at 256
 # TRL and the packages the GPU image lacks (pydantic, omegaconf, datasets, math-verify, text2num, pint with flexcache
 # and flexparser) are expected on PYTHONPATH (see bench/RESULTS.md, "GPU").
 set -u
 out=${1:?usage: gpu_checks.sh OUT [PARTS...]}
 shift
 parts=${*:-smoke floors vs-trl train-memory doctor-memory attention compiled goal chunked-head memory-options layouts packing
-colocate offload}
+colocate offload recompute}
 mkdir -p "$out"
 work=$(mktemp -d)
 py=${PYTHON:-python3}
@@ -180,6 +184,15 @@ for p in $parts; do
              --micro-batch 8 --rounds 1 --grpo-set train.offload_optimizer=true)
         part offload-64 240 "${vst[@]}" --new-tokens 64 --B 4 --steps 3
         part offload-256 300 "${vst[@]}" --new-tokens 256 --B 16 --steps 2
+        ;;
+    recompute)
+        part recompute 200 $py bench/recompute.py --device cuda --dtype bfloat16 --B 16 --new-tokens 256 --repeat 2 \
+            --threads 4 --profile "grpo, recomputed" "transformers, recomputed"
+        vst=($py bench/vs_trl.py --model qwen2.5-0.5b --device cuda --dtype bfloat16 --trl-python "$py" --threads 4
+             --micro-batch 8 --rounds 1)
+        part recompute-defaults-256 300 "${vst[@]}" --new-tokens 256 --B 16 --steps 2
+        part recompute-defaults-64 200 "${vst[@]}" --new-tokens 64 --B 4 --steps 3
+        part recompute-matched-256 300 "${vst[@]}" --new-tokens 256 --B 16 --steps 2 --gradient-checkpointing on
         ;;
     *) echo "unknown part $p" ;;
     esac
