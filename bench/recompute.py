@@ -22,7 +22,6 @@ the device's.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -35,10 +34,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH.parent))
 
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from step_phases import step_parser, sync  # noqa: E402  (bench/ on the path first)
 
 
 def load(folder: Path, how: str, recompute: bool, dtype: str, device: torch.device):
@@ -82,16 +78,7 @@ def main() -> None:
 
     SHAPES.setdefault("narrow", dict(SHAPES["qwen2.5-0.5b"], vocab_size=4096, hidden_size=64, intermediate_size=192,
                                      num_attention_heads=4, num_key_value_heads=2))
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", choices=SHAPES, default="qwen2.5-0.5b")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
-    ap.add_argument("--B", type=int, default=4)
-    ap.add_argument("--G", type=int, default=8)
-    ap.add_argument("--prompt-tokens", type=int, default=17)
-    ap.add_argument("--new-tokens", type=int, default=256)
-    ap.add_argument("--micro-batch", type=int, default=8)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap = step_parser(__doc__, SHAPES, prompt_tokens=17, new_tokens=256)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", nargs="*", default=None, help="labels of the rows to run (default: all)")
     ap.add_argument("--profile", nargs="*", default=[], help="labels of rows to profile (one pass each)")

@@ -56,20 +56,25 @@ def measure(fn, device: torch.device, repeat: int) -> tuple[float, float]:
     return statistics.median(times[1:]), max(peaks)
 
 
-def main() -> None:
-    from train_memory import SHAPES, build_model
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", choices=SHAPES, default="qwen2.5-0.5b")
+def step_parser(doc: str, shapes, prompt_tokens: int, new_tokens: int) -> argparse.ArgumentParser:
+    """The arguments of a step's shape: the model's, the device's, B x G rows of prompt + new tokens, micro-batches."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", choices=shapes, default="qwen2.5-0.5b")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     ap.add_argument("--B", type=int, default=4)
     ap.add_argument("--G", type=int, default=8)
-    ap.add_argument("--prompt-tokens", type=int, default=30)
-    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--prompt-tokens", type=int, default=prompt_tokens)
+    ap.add_argument("--new-tokens", type=int, default=new_tokens)
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    from train_memory import SHAPES, build_model
+
+    args = step_parser(__doc__, SHAPES, prompt_tokens=30, new_tokens=64).parse_args()
 
     from transformers import AutoModelForCausalLM
 
