@@ -5,7 +5,8 @@ micro-batch, forward + backward of the completions' log-probs; its median time o
 peak above the weights and gradients. Each row is one way of running it:
 
   grpo                 the model as `grpo train` loads it (models/loading.py: grouped attention, the lean MLP and
-                       norms) and grpo's token_logprobs with the chunked LM head (a GPU's default)
+                       norms) and grpo's token_logprobs with the chunked LM head as train.chunked_lm_head's auto
+                       runs it (a GPU's logits recomputed in the backward, a CPU's kept)
   grpo, up recomputed  the same with train.recompute_up_projection (the MLP's up projection recomputed in the backward)
   grpo, own norms      grpo's without the lean norms (the model's own RMS norm forward)
   transformers         the model as transformers loads it, whole logits, a float32 log-softmax (TRL's way)
@@ -22,10 +23,8 @@ the device's.
 
 from __future__ import annotations
 
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -34,7 +33,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH.parent))
 
-from step_phases import step_parser, sync  # noqa: E402  (bench/ on the path first)
+from step_phases import measure, step_parser, sync  # noqa: E402  (bench/ on the path first)
 
 
 def load(folder: Path, how: str, recompute: bool, dtype: str, device: torch.device):
@@ -85,9 +84,10 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from grpo_cli.algo.logprobs import token_logprobs
+    from grpo_cli.algo.logprobs import KEEP_LOGITS, token_logprobs
 
     device = torch.device(args.device)
+    cuda = device.type == "cuda"
     g = torch.Generator().manual_seed(0)
     N = args.B * args.G
     ids = torch.randint(3, 700, (args.B, args.prompt_tokens), generator=g).repeat_interleave(args.G, 0)
@@ -121,23 +121,12 @@ def main() -> None:
                     lp = transformers_logps(model, ids[sl], mask[sl], completions[sl], cmask[sl])
                 else:
                     lp, _ = token_logprobs(model, ids[sl], mask[sl], completions[sl], cmask[sl], with_entropy=True,
-                                           shared_prompts=False, chunked_head=device.type == "cuda")
+                                           shared_prompts=False, chunked_head=True if cuda else KEEP_LOGITS)
                 (-(lp * cmask[sl]).sum() / cmask.sum()).backward()
 
-        times, peak = [], float("nan")
-        for i in range(args.repeat + 1):  # the first pass warms kernels and the allocator up
-            sync(device)
-            if device.type == "cuda":
-                base = torch.cuda.memory_allocated(device)
-                torch.cuda.reset_peak_memory_stats(device)
-            t0 = time.perf_counter()
-            run()
-            sync(device)
-            times.append(time.perf_counter() - t0)
-            if device.type == "cuda":
-                peak = (torch.cuda.max_memory_allocated(device) - base) / 2**30
-        results[label], peaks[label] = statistics.median(times[1:]), peak
-        print(f"| {way} | {'recomputed' if recompute else 'kept'} | {results[label]:.3f} | {peak:.2f} |", flush=True)
+        results[label], peaks[label] = measure(run, device, args.repeat)  # a warm-up pass, then the median
+        print(f"| {way} | {'recomputed' if recompute else 'kept'} | {results[label]:.3f} | {peaks[label]:.2f} |",
+              flush=True)
         if label in args.profile:
             from torch.profiler import ProfilerActivity, profile
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -159,8 +148,8 @@ def main() -> None:
     base = "grpo, kept"
     for label in ("grpo, up recomputed, kept", "grpo, own norms, kept"):
         if base in results and label in results:
-            print(f"{label} against {base}: time {results[label] / results[base]:.2f}x, peak "
-                  f"{peaks[label] / peaks[base] if peaks[base] == peaks[base] else float('nan'):.2f}x")
+            peak = f", peak {peaks[label] / peaks[base]:.2f}x" if cuda else ""  # (a CPU has no allocator peak here)
+            print(f"{label} against {base}: time {results[label] / results[base]:.2f}x{peak}")
     if "grpo, recomputed" in results and "transformers, recomputed" in results:
         print(f"grpo/transformers, both recomputed: {results['grpo, recomputed'] / results['transformers, recomputed']:.2f}x")
     tmp.cleanup()
