@@ -18,6 +18,7 @@ its own forward). It runs under autograd with a weight that holds its whole valu
 from __future__ import annotations
 
 import types
+
 import torch
 
 from grpo_cli.algo.logprobs import whole_tensor
@@ -75,11 +76,13 @@ def _computes_the_same(module: torch.nn.Module) -> bool:
                 getattr(module, "variance_epsilon", None), float) and whole_tensor(weight):
             g = torch.Generator().manual_seed(0)
             x = torch.randn(2, 3, weight.shape[0], generator=g).to(weight.device, torch.bfloat16) * 3
+            probe = torch.randn(weight.shape[0], generator=g).to(weight.device, weight.dtype)  # not the module's own:
+            # a forward that ignored or offset its weight could match at a weight of ones
             with torch.no_grad():
                 try:
-                    own = cls.forward(module, x)
+                    own = torch.func.functional_call(module, {"weight": probe}, (x,))
                     x32, r = _normalized(x, module.variance_epsilon)
-                    lean = weight * (x32 * r).to(x.dtype)
+                    lean = probe * (x32 * r).to(x.dtype)
                     same = own.dtype == lean.dtype and own.shape == lean.shape and torch.equal(own, lean)
                 except Exception:  # a forward that takes other arguments, or none of this shape
                     same = False

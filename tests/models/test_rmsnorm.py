@@ -113,7 +113,18 @@ def test_a_norm_that_computes_something_else_keeps_its_own_forward():
         def forward(self, x):
             return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
 
-    block = torch.nn.Sequential(OffsetRMSNorm(H), EpsRMSNorm(H))
+    class UnscaledRMSNorm(torch.nn.Module):  # a weight it never reads: at its initial ones it would look the same
+        def __init__(self, hidden):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(hidden))
+            self.variance_epsilon = 1e-6
+
+        def forward(self, x):  # in the weight's dtype, as a scaled norm's output is
+            x32 = x.float()
+            n = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)).to(x.dtype)
+            return n.to(self.weight.dtype)
+
+    block = torch.nn.Sequential(OffsetRMSNorm(H), EpsRMSNorm(H), UnscaledRMSNorm(H))
     assert use_lean_norms(block) == 0 and not any(runs_lean(m) for m in block)
 
 
