@@ -34,8 +34,8 @@
 #               train.offload_optimizer's, Qwen2.5-0.5B shape, bf16), `grpo train` of ci-tiny in bf16 with the offload
 #               (4 steps straight against 2 + --resume auto, and against the state on the GPU), then bench/vs_trl.py
 #               with the offload at 64 tokens (B=4) and 256 (B=16), TRL at its defaults
-# recompute     issue 40: bench/recompute.py at B=16 x 256 tokens (a micro-batch's forward + backward as grpo and TRL run
-#               it, activations kept and recomputed, the up projection recomputed, the model's own norms; profiles of
+# recompute     issue 40: bench/recompute.py at B=16 x 256 tokens (a micro-batch's forward + backward as grpo and TRL
+#               run it, activations kept and recomputed, the up projection recomputed, the model's own norms; profiles of
 #               both recomputed rows: where grpo's recomputation spends its time), then bench/vs_trl.py at grpo's
 #               defaults at 256 tokens (B=16) and 64 (B=4), and with gradient checkpointing on both sides at 256
 # TRL and the packages the GPU image lacks (pydantic, omegaconf, datasets, math-verify, text2num, pint with flexcache

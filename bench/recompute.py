@@ -151,7 +151,8 @@ def main() -> None:
             peak = f", peak {peaks[label] / peaks[base]:.2f}x" if cuda else ""  # (a CPU has no allocator peak here)
             print(f"{label} against {base}: time {results[label] / results[base]:.2f}x{peak}")
     if "grpo, recomputed" in results and "transformers, recomputed" in results:
-        print(f"grpo/transformers, both recomputed: {results['grpo, recomputed'] / results['transformers, recomputed']:.2f}x")
+        both = results["grpo, recomputed"] / results["transformers, recomputed"]
+        print(f"grpo/transformers, both recomputed: {both:.2f}x")
     tmp.cleanup()
 
 

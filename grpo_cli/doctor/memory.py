@@ -13,11 +13,11 @@ What it counts, in the model's dtype unless said otherwise:
   (rollout.vllm.gpu_memory_utilization of the GPU, or on the CPU its own weights and rollout.vllm.cpu_kv_cache_gib);
 - a micro-batch's forward and backward: per token and layer, what a Llama-style block keeps for its backward
   (grpo's lean norms, gated MLP and grouped attention: 7 x hidden + 2 x key/value width + 2 x intermediate values,
-  1 x intermediate with the up projection recomputed; with gradient checkpointing one hidden state a layer and one
-  layer's whole set), over the completion tokens and each
-  group's prompt once; the logits and their gradient (float32 under autocast), a row's float32 log-softmax; under
-  autocast its bfloat16 weight copies (the LM head's chunks instead of whole logits: a row's logits, or the head's
-  weight gradient as autograd sums it over the chunks, three at once); the attention mask sdpa reads (on a GPU one
+  1 x intermediate with the up projection recomputed; under autocast its own bytes; with gradient checkpointing one
+  hidden state a layer and one layer's whole set), over the completion tokens and each group's prompt once; the
+  logits and their gradient (float32 under autocast), a row's float32 log-softmax; under autocast its bfloat16
+  weight copies (the LM head's chunks instead of whole logits: a chunk's logits and their float32 copies, every
+  chunk's logits where they are kept, and the head's one bfloat16 copy); the attention mask sdpa reads (on a GPU one
   for each query head of a key/value head: models/attention.py folds them);
 - the optimizer step's temporaries: AdamW's square root of the second moments, for every tensor at once on CUDA
   (foreach), one tensor at a time on the CPU.
@@ -183,7 +183,7 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
     # (its cache), once a forward for frozen ones (LoRA's base; a group's prompt runs in a forward of its own); the
     # chunked head's once, in its backward
     calls = 2 if lora and ch.shared_prompts else 1
-    head = shape.vocab * shape.hidden if ch.chunked_head else 0  # the chunked head casts its weight once, in the backward
+    head = shape.vocab * shape.hidden if ch.chunked_head else 0  # the chunked head casts its weight once, backward
     casts = ((shape.params - head) * calls + head) * 2 if ch.autocast and width == 4 else 0.0
     optimizer, step = _optimizer(recipe, shape, trainable, width, device, processes)
     parts = [

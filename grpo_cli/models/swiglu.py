@@ -45,8 +45,8 @@ class GatedDown(torch.autograd.Function):
         return gated_down_gradients(grad, gate, up, weight, ctx.has_bias, *ctx.needs_input_grad)
 
 
-def gated_down_gradients(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, has_bias: bool,
-                         need_gate: bool, need_up: bool, need_weight: bool, need_bias: bool) -> tuple:
+def gated_down_gradients(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor,
+                         has_bias: bool, need_gate: bool, need_up: bool, need_weight: bool, need_bias: bool) -> tuple:
     """-> the gradients of gate, up, the down projection's weight and bias (None where not needed)."""
     silu = F.silu(gate)
     grad_h = grad @ weight  # d/dh of h @ W^T
@@ -62,8 +62,8 @@ def gated_down_gradients(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tenso
 
 
 class GatedUpDown(torch.autograd.Function):
-    """(x, gate, up weight, up bias, down weight, down bias) -> linear(silu(gate) * linear(x, up...), down...), keeping
-    x and gate for the backward: the up projection is recomputed there."""
+    """(x, gate, up weight, up bias, down weight, down bias) -> linear(silu(gate) * linear(x, up...), down...),
+    keeping x and gate for the backward: the up projection is recomputed there."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, gate: torch.Tensor, up_weight: torch.Tensor, up_bias: torch.Tensor | None,
@@ -95,7 +95,7 @@ def _plain_linear(layer: Any) -> bool:
 
 
 def lean_forward(self, x: torch.Tensor) -> torch.Tensor:
-    lean = (torch.is_grad_enabled() and not torch.is_autocast_enabled(x.device.type) and _plain_linear(self.down_proj))
+    lean = torch.is_grad_enabled() and not torch.is_autocast_enabled(x.device.type) and _plain_linear(self.down_proj)
     if lean and getattr(self, "recompute_up", False) and _plain_linear(self.up_proj):
         gate = self.gate_proj(x)
         if x.requires_grad or gate.requires_grad or any(p.requires_grad for p in (*self.up_proj.parameters(),

@@ -67,7 +67,8 @@ class TrainConfig(Section):
     recompute_up_projection: bool | Literal["auto"] = Field(
         "auto", description="Gated SiLU MLPs (Llama, Qwen, Mistral): recompute the up projection in the backward "
         "instead of keeping its output, one product of a layer's seven for a quarter of its activations. Same numbers "
-        "either way. auto: on CUDA (where a step at micro-batch shapes waits on the host, not on products), off on CPUs.",
+        "either way. auto: on CUDA (where a step at micro-batch shapes waits on the host, not on products), off on "
+        "CPUs.",
     )
     mixed_precision: Literal["no", "auto", "bf16", "fp16"] = Field(
         "no", description="Autocast for forward passes (accelerate); weights, gradients and AdamW stay in model.dtype. "

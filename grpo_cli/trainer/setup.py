@@ -88,7 +88,8 @@ def forward_choices(recipe, device_type: str, config: Any, sharded: bool = False
                          f"it has for: {', '.join(sorted(PACKED_MODELS))}. Set train.packing: false (or auto)")
     shared = not m.gradient_checkpointing and device_type == "cpu" and packing is not True
     wanted = (True if device_type == "cuda" else KEEP_LOGITS) if t.chunked_lm_head == "auto" else t.chunked_lm_head
-    chunked = wanted if getattr(text, "model_type", None) in HEAD_CHUNKED and not sharded else False  # logprobs._head_of
+    # algo/logprobs._head_of's rule
+    chunked = wanted if getattr(text, "model_type", None) in HEAD_CHUNKED and not sharded else False
     autocast = resolve_mixed_precision(t.mixed_precision, m.dtype) in ("bf16", "fp16")
     targets = m.lora.target_modules
     down_adapted = m.lora.r > 0 and (targets == "all-linear" or "down_proj" in ([targets] if isinstance(targets, str)
