@@ -44,7 +44,7 @@ from grpo_cli.algo.logprobs import KEEP_LOGITS
 from grpo_cli.process.memory import host_available_bytes
 from grpo_cli.recipe.specs import OPTIMIZERS
 from grpo_cli.trainer.offload import offloads
-from grpo_cli.trainer.setup import ForwardChoices, forward_choices
+from grpo_cli.trainer.setup import ForwardChoices, forward_choices, head_and_up, targeted
 from grpo_cli.views.verdicts import Verdict
 
 GIB = 2**30
@@ -139,14 +139,13 @@ def plan(recipe, shape: Shape, processes: int, prompt_tokens: int, device: str, 
     from grpo_cli.recipe.backends import backend_of
 
     m, t, a, ro = recipe.model, recipe.train, recipe.algorithm, recipe.rollout
-    chunked = (True if device == "cuda" else KEEP_LOGITS) if t.chunked_lm_head == "auto" else t.chunked_lm_head
+    chunked, up = head_and_up(t, device)
     shared = device == "cpu" and not m.gradient_checkpointing
-    up = device == "cuda" if t.recompute_up_projection == "auto" else t.recompute_up_projection
     ch = choices or ForwardChoices(shared_prompts=shared, chunked_head=chunked, lean_mlp=True, grouped_attention=True,
-                                   autocast=t.mixed_precision in ("bf16", "fp16"), recompute_up=bool(up))
+                                   autocast=t.mixed_precision in ("bf16", "fp16"), recompute_up=up)
     width = BYTES.get(m.dtype, 4)
     lora = m.lora.r > 0
-    trainable = (sum(m.lora.r * (i + o) for name, i, o in shape.linear if _targeted(name, m.lora.target_modules))
+    trainable = (sum(m.lora.r * (i + o) for name, i, o in shape.linear if targeted(name, m.lora.target_modules))
                  if lora else shape.params)
     rows = recipe.generation_batch_size // processes
     positions = prompt_tokens + ro.max_completion_length
@@ -219,7 +218,7 @@ def _optimizer(recipe, shape: Shape, trainable: float, width: int, device: str, 
     opt = OPTIMIZERS[t.optimizer]
     state = opt.state_bytes or opt.state_widths * width
     largest = (max([i * o for name, i, o in shape.linear] + [shape.vocab * shape.hidden]) if not lora
-               else max((m.lora.r * (i + o) for name, i, o in shape.linear if _targeted(name, m.lora.target_modules)),
+               else max((m.lora.r * (i + o) for name, i, o in shape.linear if targeted(name, m.lora.target_modules)),
                         default=0))
     step = trainable * width if device == "cuda" and opt.foreach_on_cuda else opt.step_largest * largest * width
     if offloads(t, lora, device, processes, False, trainable * width):
@@ -251,13 +250,6 @@ def _activations(recipe, shape: Shape, ch: ForwardChoices, prompt_tokens: int, d
     folded = shape.n_rep if ch.grouped_attention and device != "cpu" else 1
     positions = prompt_tokens + T
     return activations + mbs * folded * positions * (positions + -positions % 16) * (2 if ch.autocast else width)
-
-
-def _targeted(name: str, targets: list[str] | str) -> bool:
-    if targets == "all-linear":
-        return True
-    names = [targets] if isinstance(targets, str) else targets
-    return name.rsplit(".", 1)[-1] in names
 
 
 TRANSIENT = ("sampling", "forward", "optimizer step")  # the phases of a step, one at a time

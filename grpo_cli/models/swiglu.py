@@ -96,14 +96,13 @@ def _plain_linear(layer: Any) -> bool:
 
 def lean_forward(self, x: torch.Tensor) -> torch.Tensor:
     lean = torch.is_grad_enabled() and not torch.is_autocast_enabled(x.device.type) and _plain_linear(self.down_proj)
-    if lean and getattr(self, "recompute_up", False) and _plain_linear(self.up_proj):
-        gate = self.gate_proj(x)
-        if x.requires_grad or gate.requires_grad or any(p.requires_grad for p in (*self.up_proj.parameters(),
-                                                                                     *self.down_proj.parameters())):
-            return GatedUpDown.apply(x, gate, self.up_proj.weight, self.up_proj.bias, self.down_proj.weight,
-                                     self.down_proj.bias)
-        return self.down_proj(self.act_fn(gate) * self.up_proj(x))
-    gate, up = self.gate_proj(x), self.up_proj(x)
+    gate = self.gate_proj(x)
+    if lean and getattr(self, "recompute_up", False) and _plain_linear(self.up_proj) and (
+            x.requires_grad or gate.requires_grad
+            or any(p.requires_grad for p in (*self.up_proj.parameters(), *self.down_proj.parameters()))):
+        return GatedUpDown.apply(x, gate, self.up_proj.weight, self.up_proj.bias, self.down_proj.weight,
+                                 self.down_proj.bias)
+    up = self.up_proj(x)
     if lean and (gate.requires_grad or up.requires_grad or self.down_proj.weight.requires_grad):
         return GatedDown.apply(gate, up, self.down_proj.weight, self.down_proj.bias)
     return self.down_proj(self.act_fn(gate) * up)

@@ -73,6 +73,22 @@ class ForwardChoices:
     lean_norms: bool = True  # RMS norms keep their input, not two float32 copies (models/rmsnorm.py): whole weights
 
 
+def head_and_up(t, device_type: str) -> tuple[bool | str, bool]:
+    """train.chunked_lm_head and train.recompute_up_projection on `device_type`, `auto` decided: the head's logits
+    recomputed in the backward on CUDA and kept on CPUs; the up projection recomputed on CUDA."""
+    head = (True if device_type == "cuda" else KEEP_LOGITS) if t.chunked_lm_head == "auto" else t.chunked_lm_head
+    up = device_type == "cuda" if t.recompute_up_projection == "auto" else t.recompute_up_projection
+    return head, bool(up)
+
+
+def targeted(name: str, targets: list[str] | str) -> bool:
+    """Whether LoRA's model.lora.target_modules adapt the linear layer `name` (a module's name or its last part)."""
+    if targets == "all-linear":
+        return True
+    names = [targets] if isinstance(targets, str) else targets
+    return name.rsplit(".", 1)[-1] in names
+
+
 def forward_choices(recipe, device_type: str, config: Any, sharded: bool = False) -> ForwardChoices:
     """The trainer's choices for a training forward (`sharded`: FSDP or ZeRO-3 weights): what build_policy and the
     forwards it runs decide, from what is known before any weight is loaded."""
@@ -87,19 +103,15 @@ def forward_choices(recipe, device_type: str, config: Any, sharded: bool = False
                          f"{getattr(text, 'model_type', None)!r} (its attention may not stay inside each packed row); "
                          f"it has for: {', '.join(sorted(PACKED_MODELS))}. Set train.packing: false (or auto)")
     shared = not m.gradient_checkpointing and device_type == "cpu" and packing is not True
-    wanted = (True if device_type == "cuda" else KEEP_LOGITS) if t.chunked_lm_head == "auto" else t.chunked_lm_head
+    wanted, up = head_and_up(t, device_type)
     # algo/logprobs._head_of's rule
     chunked = wanted if getattr(text, "model_type", None) in HEAD_CHUNKED and not sharded else False
     autocast = resolve_mixed_precision(t.mixed_precision, m.dtype) in ("bf16", "fp16")
-    targets = m.lora.target_modules
-    down_adapted = m.lora.r > 0 and (targets == "all-linear" or "down_proj" in ([targets] if isinstance(targets, str)
-                                                                                   else targets))
+    down_adapted = m.lora.r > 0 and targeted("down_proj", m.lora.target_modules)
     gated = getattr(text, "hidden_act", None) in ("silu", "swish") and hasattr(text, "intermediate_size")
     lean = gated and not autocast and not sharded and not down_adapted and not m.load_in_4bit  # swiglu.lean_forward
     grouped = grouped_heads(text) and m.attn_implementation in (None, "sdpa", "sdpa_grouped")  # loading.load_model
-    up = device_type == "cuda" if t.recompute_up_projection == "auto" else t.recompute_up_projection
-    up_adapted = m.lora.r > 0 and (targets == "all-linear" or "up_proj" in ([targets] if isinstance(targets, str)
-                                                                               else targets))
+    up_adapted = m.lora.r > 0 and targeted("up_proj", m.lora.target_modules)
     return ForwardChoices(shared, chunked, lean, grouped, autocast, packing, lean and up and not up_adapted,
                           lean_norms=not sharded)
 
