@@ -254,11 +254,12 @@ def load_model(cfg: ModelConfig, *, device: Any = None) -> Any:
     attn_implementation of the recipe's, a grouped-query model that transformers puts on sdpa runs `sdpa_grouped`
     (models/attention.py: the same attention without repeated keys/values); gated SiLU MLPs keep two of their four
     intermediates for the backward (models/swiglu.py), RMS norms their input instead of two float32 copies
-    (models/rmsnorm.py)."""
+    (models/rmsnorm.py), and linear layers add their weight gradients in place (models/linear.py)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from grpo_cli.models import attention
+    from grpo_cli.models.linear import use_accumulating_linears
     from grpo_cli.models.rmsnorm import use_lean_norms
     from grpo_cli.models.swiglu import use_lean_mlp
 
@@ -290,6 +291,7 @@ def load_model(cfg: ModelConfig, *, device: Any = None) -> Any:
         attention.use_grouped_sdpa(model)
     use_lean_mlp(model)
     use_lean_norms(model)
+    use_accumulating_linears(model)
     for m in model.modules() if cfg.load_in_4bit else ():
         # bitsandbytes on avx512-bf16 CPUs repacks a 4-bit weight for inference at the first no-grad eval
         # forward (generation), and later training forwards then fail in that inference-only kernel

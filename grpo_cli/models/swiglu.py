@@ -6,7 +6,7 @@ down projection's weight gradient): four [tokens, intermediate] tensors, the lar
 forward (SmolLM2, 8 rows of a micro-batch: 0.18 of 0.47 GiB). `GatedDown` keeps the gate's and the up projection's
 outputs only and recomputes silu and the product in backward, two elementwise operations on tensors already there.
 The forward computes what the model's own does, in the same order; the gradients are the same operations on the
-same values.
+same values, the weights' added into their kept gradients in place (models/linear.py).
 
 With `recompute_up_projection` (train.recompute_up_projection) `GatedUpDown` keeps the gate's output and the MLP's
 input (which the gate projection keeps anyway) and recomputes the up projection in the backward too: one product of
@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from grpo_cli.algo.logprobs import whole_tensor
+from grpo_cli.models.linear import weight_gradient
 
 
 class GatedDown(torch.autograd.Function):
@@ -36,24 +37,26 @@ class GatedDown(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
         ctx.save_for_backward(gate, up, weight)
-        ctx.has_bias = bias is not None
+        ctx.weight, ctx.has_bias = weight, bias is not None  # the parameter, for its kept gradient (models/linear.py)
         return F.linear(F.silu(gate) * up, weight, bias)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         gate, up, weight = ctx.saved_tensors
-        return gated_down_gradients(grad, gate, up, weight, ctx.has_bias, *ctx.needs_input_grad)
+        return gated_down_gradients(grad, gate, up, weight, ctx.has_bias, *ctx.needs_input_grad, param=ctx.weight)
 
 
 def gated_down_gradients(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor,
-                         has_bias: bool, need_gate: bool, need_up: bool, need_weight: bool, need_bias: bool) -> tuple:
-    """-> the gradients of gate, up, the down projection's weight and bias (None where not needed)."""
+                         has_bias: bool, need_gate: bool, need_up: bool, need_weight: bool, need_bias: bool,
+                         param: torch.Tensor | None = None) -> tuple:
+    """-> the gradients of gate, up, the down projection's weight and bias (None where not needed, and the weight's
+    where added into the kept gradient of `param`, the down projection's parameter: `weight` is its saved value,
+    which activation checkpointing gives back detached)."""
     silu = F.silu(gate)
     grad_h = grad @ weight  # d/dh of h @ W^T
     grad_weight = grad_bias = None
-    if need_weight:
-        h = silu * up
-        grad_weight = grad.reshape(-1, grad.shape[-1]).t() @ h.reshape(-1, h.shape[-1])
+    if need_weight:  # added into the kept gradient where it can be (models/linear.py)
+        grad_weight = weight_gradient(weight if param is None else param, grad, silu * up)
     if has_bias and need_bias:
         grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0)
     grad_gate = torch.ops.aten.silu_backward(grad_h * up, gate) if need_gate else None
@@ -69,7 +72,7 @@ class GatedUpDown(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, gate: torch.Tensor, up_weight: torch.Tensor, up_bias: torch.Tensor | None,
                 weight: torch.Tensor, bias: torch.Tensor | None):
         ctx.save_for_backward(x, gate, up_weight, up_bias, weight)
-        ctx.has_bias = bias is not None
+        ctx.params, ctx.has_bias = (up_weight, weight), bias is not None  # for their kept gradients
         return F.linear(F.silu(gate) * F.linear(x, up_weight, up_bias), weight, bias)
 
     @staticmethod
@@ -79,11 +82,11 @@ class GatedUpDown(torch.autograd.Function):
         up = F.linear(x, up_weight, up_bias)
         grad_gate, grad_up, grad_weight, grad_bias = gated_down_gradients(
             grad, gate, up, weight, ctx.has_bias, need_gate, need_x or need_up_weight or need_up_bias, need_weight,
-            need_bias)
+            need_bias, param=ctx.params[1])
         grad_x = grad_up @ up_weight if need_x else None
         grad_up_weight = grad_up_bias = None
         if need_up_weight:
-            grad_up_weight = grad_up.reshape(-1, grad_up.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
+            grad_up_weight = weight_gradient(ctx.params[0], grad_up, x)
         if up_bias is not None and need_up_bias:
             grad_up_bias = grad_up.reshape(-1, grad_up.shape[-1]).sum(0)
         return grad_x, grad_gate, grad_up_weight, grad_up_bias, grad_weight, grad_bias
