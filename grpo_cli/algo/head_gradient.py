@@ -29,7 +29,12 @@ from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
+
+# weight -> where its gradient is made when a backward makes it (`new_gradient`): a view of one block of memory for
+# every trained weight's gradient (grpo_cli/trainer/blocks.py), zeroed there instead of allocated anew
+GRADIENT_HOMES: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 CHUNK_LOGITS = 1 << 22  # logits in one chunk: 16 MiB a tensor in float32 (Qwen2.5's 151,936 entries: 27 positions)
 
@@ -71,8 +76,14 @@ def kept_gradient(weight: torch.Tensor) -> torch.Tensor | None:
     except RuntimeError:
         accumulates = False
     if accumulates and grad is None:
-        grad = weight.grad = torch.zeros_like(weight, memory_format=torch.contiguous_format)
+        grad = weight.grad = new_gradient(weight)
     return grad if accumulates else None
+
+
+def new_gradient(weight: torch.Tensor) -> torch.Tensor:
+    """A gradient of zeros for `weight`: its home in GRADIENT_HOMES, zeroed, else a tensor of its own."""
+    home = GRADIENT_HOMES.get(weight)
+    return home.zero_() if home is not None else torch.zeros_like(weight, memory_format=torch.contiguous_format)
 
 
 class Shared:

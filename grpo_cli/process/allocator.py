@@ -44,3 +44,10 @@ def keep_freed_memory(setting: bool | str, device_type: str, own_process: bool) 
     if mallopt(M_MMAP_THRESHOLD, MAPPED_ABOVE) != 1 or mallopt(M_TRIM_THRESHOLD, TRIM_ABOVE) != 1:
         return None
     return KEPT
+
+
+def return_freed_memory() -> None:
+    """Give the free pages the C allocator holds back to the system now (glibc's malloc_trim; elsewhere nothing):
+    after a large part of what it held was freed once, e.g. a checkpoint's loaded tensors copied elsewhere."""
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        ctypes.CDLL(None).malloc_trim(0)

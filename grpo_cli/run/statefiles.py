@@ -73,14 +73,23 @@ def save_state(folder: Path, stem: str, state: dict, *, tensor_file: bool) -> No
 
 
 def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Tensors that share memory with one seen before are copied: safetensors stores each once, by name
-    (bitsandbytes' 8-bit optimizers point every parameter's state at the same quantization maps)."""
-    seen: set[int] = set()
+    """Tensors whose memory overlaps one seen before are copied: safetensors stores each once, by name
+    (bitsandbytes' 8-bit optimizers point every parameter's state at the same quantization maps); views of
+    separate parts of one block (AdamW's moments, grpo_cli/trainer/blocks.py) are saved as they are."""
+    seen: dict[int, list[tuple[int, int]]] = {}  # storage -> the byte ranges of the tensors kept
     out = {}
     for k, t in tensors.items():
-        ptr = t.untyped_storage().data_ptr() if t.numel() else -id(t)
-        out[k] = t.clone() if ptr in seen else t
-        seen.add(ptr)
+        if not t.numel():
+            out[k] = t
+            continue
+        start = t.data_ptr()
+        end = start + (t.untyped_storage().nbytes() if not t.is_contiguous() else t.numel() * t.element_size())
+        ranges = seen.setdefault(t.untyped_storage().data_ptr(), [])
+        if any(start < e and s < end for s, e in ranges):
+            out[k] = t.clone()
+        else:
+            out[k] = t
+            ranges.append((start, end))
     return out
 
 

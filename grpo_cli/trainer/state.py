@@ -20,6 +20,7 @@ from grpo_cli.recipe.files import recipe_to_yaml
 from grpo_cli.run.checkpoint_io import load_trainer_tensors, load_training_state, save_checkpoint
 from grpo_cli.run.folder import apply_optimizer_changes
 from grpo_cli.run.statefiles import rng_state, set_rng_state
+from grpo_cli.trainer.blocks import after_load
 from grpo_cli.trainer.distributed import full_optimizer_state, is_deepspeed, is_fsdp, load_full_optimizer_state
 
 FILE_PARTS = ("optimizer", "scheduler")  # parts with files of their own (trainer/optimizer.json, scheduler.json)
@@ -59,6 +60,7 @@ class OptimizerState:
             load_full_optimizer_state(self.model, self.optimizer, state)
         else:
             self.optimizer.load_state_dict(state)
+            after_load(self.optimizer)  # AdamW's moments into their blocks again (trainer/blocks.py)
 
 
 @dataclass
