@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from grpo_cli.algo.head_gradient import kept_gradient
 from grpo_cli.algo.logprobs import whole_tensor
+from grpo_cli.models.rmsnorm import NORMALIZED, scaled
 
 
 def weight_gradient(weight: torch.Tensor, grad_out: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
@@ -49,14 +50,16 @@ class AccumulatingLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        ctx.save_for_backward(x, weight)
+        norm = NORMALIZED.get(x)  # a lean RMS norm's output: recomputed from what the norm keeps for its backward
+        ctx.save_for_backward(weight, *(norm if norm is not None else (x,)))
         ctx.weight, ctx.has_bias = weight, bias is not None  # the parameter: under activation checkpointing the
         # saved tensors come back detached from it, and its gradient is the parameter's own
         return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        x, weight = ctx.saved_tensors
+        weight, *kept = ctx.saved_tensors
+        x = kept[0] if len(kept) == 1 else scaled(*kept)
         need_x, need_weight, need_bias = ctx.needs_input_grad
         grad_x = grad @ weight if need_x else None
         grad_weight = weight_gradient(ctx.weight, grad, x) if need_weight else None

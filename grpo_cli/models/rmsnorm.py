@@ -20,6 +20,7 @@ from __future__ import annotations
 import types
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from grpo_cli.algo.logprobs import whole_tensor
 
@@ -30,6 +31,16 @@ def _normalized(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor
     return x32, torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
 
 
+def scaled(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The norm's output from its input, reciprocal root and weight: weight * (x32 * r).to(x.dtype)."""
+    return weight * (x.to(torch.float32) * r).to(x.dtype)
+
+
+# a lean norm's output -> (its input, reciprocal root, weight), while the output lives: the linear layers it feeds
+# keep these for their backward instead of the output itself (models/linear.py), which LeanRMSNorm keeps already
+NORMALIZED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
 class LeanRMSNorm(torch.autograd.Function):
     """(x, weight, eps) -> weight * (x32 * r).to(x.dtype), keeping x and r for the backward."""
 
@@ -37,7 +48,9 @@ class LeanRMSNorm(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         x32, r = _normalized(x, eps)
         ctx.save_for_backward(x, r, weight)
-        return weight * (x32 * r).to(x.dtype)
+        out = weight * (x32 * r).to(x.dtype)
+        NORMALIZED[out] = (x, r, weight)
+        return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):

@@ -198,3 +198,32 @@ def test_under_activation_checkpointing_the_gradient_is_the_parameters_own(reent
     got = two_micro_batches(acc, shared_prompts=False)
     for name, grad in want.items():
         torch.testing.assert_close(got[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_a_layer_fed_by_a_lean_norm_keeps_the_norms_input_not_its_output_for_the_same_gradients(monkeypatch):
+    from grpo_cli.models.rmsnorm import use_lean_norms
+
+    from helpers import saved_for_backward
+
+    torch.set_num_threads(1)
+    m = model()
+    use_lean_norms(m)
+    use_lean_mlp(m)
+    use_accumulating_linears(m)
+    own = copy.deepcopy(m)  # the same layers keeping the norm's output itself
+    data = batch()
+
+    def kept_and_grads(net, norms):
+        monkeypatch.setattr(linear, "NORMALIZED", norms)
+        with saved_for_backward(net) as saved:
+            lp, _ = token_logprobs(net, *data, shared_prompts=False, chunked_head=False)
+        lp.sum().backward()
+        hidden = {address for address, shape, _, _ in saved if shape[-1:] == (32,) and shape[:-1] != (1,)}
+        return len(hidden), {n: p.grad for n, p in net.named_parameters()}
+
+    from grpo_cli.models.rmsnorm import NORMALIZED
+    lean_kept, lean = kept_and_grads(m, NORMALIZED)
+    own_kept, grads = kept_and_grads(own, {})
+    assert own_kept - lean_kept == 2 * 2  # each layer's two norm outputs (attention's input, the MLP's)
+    for name, grad in grads.items():
+        assert torch.equal(grad, lean[name]), name
