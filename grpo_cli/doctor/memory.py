@@ -12,7 +12,8 @@ What it counts, in the model's dtype unless said otherwise:
   (rollout.dtype), the last position's logits in float32; with a colocated vLLM engine instead its share
   (rollout.vllm.gpu_memory_utilization of the GPU, or on the CPU its own weights and rollout.vllm.cpu_kv_cache_gib);
 - a micro-batch's forward and backward: per token and layer, what a Llama-style block keeps for its backward
-  (grpo's lean norms, gated MLP and grouped attention: 7 x hidden + 2 x key/value width + 2 x intermediate values,
+  (grpo's lean norms, gated MLP, grouped attention and linear layers that keep a lean norm's input instead of its
+  output: 5 x hidden + 2 x key/value width + 2 x intermediate values,
   1 x intermediate with the up projection recomputed; under autocast its own bytes; with gradient checkpointing one
   hidden state a layer and one layer's whole set), over the completion tokens and each group's prompt once; the
   logits and their gradient (float32 under autocast), a row's float32 log-softmax; under autocast its bfloat16
@@ -240,7 +241,8 @@ def _activations(recipe, shape: Shape, ch: ForwardChoices, prompt_tokens: int, d
         # attention's inputs and output, the MLP's four intermediates in bfloat16 (its own forward under autocast)
         per_token_layer = (8 if ch.lean_norms else 16) * H + 16 * H + 4 * kv + 8 * I
     else:
-        per_token_layer = ((7 if ch.lean_norms else 8) * H + 2 * kv + mlp * I) * width
+        # lean norms: the linear layers they feed keep the norm's input, not its output (models/linear.py)
+        per_token_layer = ((5 if ch.lean_norms else 8) * H + 2 * kv + mlp * I) * width
     if recipe.model.gradient_checkpointing:
         activations = tokens * (shape.layers * H * width + per_token_layer)
     else:

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from grpo_cli.algo.logprobs import whole_tensor
 from grpo_cli.models.linear import weight_gradient
+from grpo_cli.models.rmsnorm import NORMALIZED, scaled
 
 
 class GatedDown(torch.autograd.Function):
@@ -71,13 +72,15 @@ class GatedUpDown(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, gate: torch.Tensor, up_weight: torch.Tensor, up_bias: torch.Tensor | None,
                 weight: torch.Tensor, bias: torch.Tensor | None):
-        ctx.save_for_backward(x, gate, up_weight, up_bias, weight)
+        norm = NORMALIZED.get(x)  # a lean RMS norm's output: recomputed from what the norm keeps (models/linear.py)
+        ctx.save_for_backward(gate, up_weight, up_bias, weight, *(norm if norm is not None else (x,)))
         ctx.params, ctx.has_bias = (up_weight, weight), bias is not None  # for their kept gradients
         return F.linear(F.silu(gate) * F.linear(x, up_weight, up_bias), weight, bias)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        x, gate, up_weight, up_bias, weight = ctx.saved_tensors
+        gate, up_weight, up_bias, weight, *kept = ctx.saved_tensors
+        x = kept[0] if len(kept) == 1 else scaled(*kept)
         need_x, need_gate, need_up_weight, need_up_bias, need_weight, need_bias = ctx.needs_input_grad
         up = F.linear(x, up_weight, up_bias)
         grad_gate, grad_up, grad_weight, grad_bias = gated_down_gradients(

@@ -230,19 +230,20 @@ def test_on_a_gpu_the_plan_counts_cublas_the_heads_chunk_and_the_folded_mask(mon
 
     full, lora = load_recipe(ROOT / "recipes/ci-tiny.yaml"), load_recipe(ROOT / "recipes/ci-tiny.yaml",
                                                                          ["model.lora.r=16"])
-    # 4 rows x (64 prompt + 16 completion tokens) on 2 layers: the lean norms' and the lean MLP's activations, its up
+    # 4 rows x (64 prompt + 16 completion tokens) on 2 layers: the lean norms' (the layers they feed keep their input,
+    # not their output) and the lean MLP's activations, its up
     # projection recomputed on CUDA (LoRA's down projection keeps the model's own 4 intermediates), the mask folded 4
     # times, then the head: in full fine-tuning its weight
     # gradient built in one [V, H] float32 tensor (algo/head_gradient.py; autograd's sum of the chunks' own gradients
     # held three at once) beside a row's logits: that tensor is the gradient kept between micro-batches (added to in
     # place: nothing new), with two processes too (DDP reduces it as it finds it); LoRA's head is frozen: a row's logits
     mask = 4 * 4 * 80 * 80 * 4
-    assert forward(full, "cuda") == 4 * 80 * 2 * (7 * 64 + 2 * 16 + 1 * 128) * 4 + mask + 16 * 32000 * (4 + 4 + 12)
+    assert forward(full, "cuda") == 4 * 80 * 2 * (5 * 64 + 2 * 16 + 1 * 128) * 4 + mask + 16 * 32000 * (4 + 4 + 12)
     assert forward(full, "cuda", processes=2) == forward(full, "cuda")
-    assert forward(lora, "cuda") == 4 * 80 * 2 * (7 * 64 + 2 * 16 + 4 * 128) * 4 + mask + 16 * 32000 * (4 + 4 + 12)
+    assert forward(lora, "cuda") == 4 * 80 * 2 * (5 * 64 + 2 * 16 + 4 * 128) * 4 + mask + 16 * 32000 * (4 + 4 + 12)
     # the mask: 4 rows x 80 positions, folded 4 times on a GPU (rows padded to 16), once on the CPU
     longer = forward(full, "cuda", 96) - forward(full, "cuda", 64)
-    per_token = 2 * (7 * 64 + 2 * 16 + 1 * 128) * 4  # layers x a token's activations
+    per_token = 2 * (5 * 64 + 2 * 16 + 1 * 128) * 4  # layers x a token's activations
     assert longer == 4 * 32 * per_token + 4 * 4 * (112 * 112 - 80 * 80) * 4
 
 

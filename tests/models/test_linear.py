@@ -200,8 +200,11 @@ def test_under_activation_checkpointing_the_gradient_is_the_parameters_own(reent
         torch.testing.assert_close(got[name], grad, atol=1e-6, rtol=1e-5, msg=name)
 
 
-def test_a_layer_fed_by_a_lean_norm_keeps_the_norms_input_not_its_output_for_the_same_gradients(monkeypatch):
+@pytest.mark.parametrize("up", [False, True], ids=["kept", "up recomputed"])
+def test_a_layer_fed_by_a_lean_norm_keeps_the_norms_input_not_its_output_for_the_same_gradients(monkeypatch, up):
+    from grpo_cli.models import swiglu
     from grpo_cli.models.rmsnorm import use_lean_norms
+    from grpo_cli.models.swiglu import recompute_up_projection
 
     from helpers import saved_for_backward
 
@@ -210,11 +213,13 @@ def test_a_layer_fed_by_a_lean_norm_keeps_the_norms_input_not_its_output_for_the
     use_lean_norms(m)
     use_lean_mlp(m)
     use_accumulating_linears(m)
+    recompute_up_projection(m, up)  # the MLP's input kept by GatedUpDown itself
     own = copy.deepcopy(m)  # the same layers keeping the norm's output itself
     data = batch()
 
     def kept_and_grads(net, norms):
         monkeypatch.setattr(linear, "NORMALIZED", norms)
+        monkeypatch.setattr(swiglu, "NORMALIZED", norms)
         with saved_for_backward(net) as saved:
             lp, _ = token_logprobs(net, *data, shared_prompts=False, chunked_head=False)
         lp.sum().backward()
