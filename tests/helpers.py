@@ -251,6 +251,14 @@ def saved_for_backward(model):
         yield saved
 
 
+def counted_applies(monkeypatch, function) -> list:
+    """The calls of an autograd function's `apply` from here to the test's end: a list that fills with one entry each."""
+    calls: list[int] = []
+    real = function.apply
+    monkeypatch.setattr(function, "apply", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
 def loss_of(loss_type: str, logps, old_logps, advantages, mask, **kw):
     """compute_loss with the loss's settings by keyword, as a recipe's algorithm section gives them."""
     from grpo_cli.algo.losses import LossConfig, compute_loss

@@ -5,10 +5,13 @@ accumulation then adds into `.grad` (or takes as `.grad` on a step's first micro
 used twice in one backward, autograd first sums the two uses' tensors and accumulates once, so the first use's
 tensor waits for the second: grpo runs a group's prompt in a forward of its own (the completions read its keys and
 values), and the completions' backward, which runs first, leaves a gradient of every layer's weights waiting for the
-prompt's, most of the model's size at once (SmolLM2-135M, 8 rows: 0.30 GiB of a micro-batch's 0.78 GiB of transient
-heap). `AccumulatingLinear` adds each use's product into the weight's kept gradient where it can
-(algo/head_gradient.kept_gradient: a weight without a gradient yet gets one of zeros; DDP's reduction finds it as
-it finds any), so nothing of a weight's size is new in a backward, and the separate add is gone. The products are
+prompt's, most of the model's size at once (SmolLM2-135M, 8 rows: glibc's heap grew 0.79 GiB in a micro-batch's
+forward + backward, 0.50 GiB with the gradients added in place; bench/RESULTS.md). `AccumulatingLinear` adds each
+use's product into the weight's kept gradient where it can (algo/head_gradient.kept_gradient: a weight without a
+gradient yet gets one of zeros, or its home in trainer/blocks.py's block; DDP's reduction finds it as it finds any),
+so nothing of a weight's size is new in a backward, and the separate add is gone. A layer fed by a lean RMS norm
+keeps the norm's input and root (which the norm keeps anyway) and recomputes its input in the backward, instead of
+keeping the norm's output (models/rmsnorm.NORMALIZED). The products are
 autograd's; `grad + a @ b` as one `addmm_` is the same sum (bit for bit on the CPU below its K-blocking, else the
 products' rounding), and with a group's prompt its use is added after the completions' instead of to them first:
 the order of two float additions.

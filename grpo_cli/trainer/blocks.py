@@ -15,8 +15,10 @@ each is one block above the threshold, a mapping of its own that is never part o
   two moments at zero: the same numbers), the moments as views of two blocks; a checkpoint's state, once loaded, is
   copied into them (`moment_blocks` again) and the loaded tensors' memory goes back to the system.
 
-CPU only (a GPU's caching allocator reuses its blocks by size), and not where FSDP or DeepSpeed own the gradients and
-the optimizer.
+The gradient block only where an optimizer step takes more than one micro-batch, so that the gradients outlive
+a micro-batch's activations anyway; with one, they are dead between steps and the heap gives their memory to the next
+forward's activations (the quickstart's peak: 3.13 GiB that way, 3.20 with the block). CPU only (a GPU's caching
+allocator reuses its blocks by size), and not where FSDP or DeepSpeed own the gradients and the optimizer.
 """
 
 from __future__ import annotations

@@ -165,7 +165,9 @@ def build_policy(recipe, accelerator, checkpoint: Path | None) -> Policy:
     else:
         optimizer = build_optimizer(params, t, fused=fused, device=accelerator.device)
         if accelerator.device.type == "cpu" and not wrapped:  # out of glibc's heap (trainer/blocks.py)
-            gradient_block(params)
+            rows = r.generation_batch_size // (accelerator.num_processes * t.mini_batches)  # an optimizer step's
+            if rows > t.micro_batch_size:  # the gradients outlive a micro-batch (else the heap reuses their memory)
+                gradient_block(params)
             moment_blocks(optimizer)
     optimizer_steps = t.max_steps * r.algorithm.num_iterations * t.mini_batches
     scheduler = make_scheduler(optimizer, t.scheduler, t.warmup_steps, optimizer_steps)

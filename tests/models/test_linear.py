@@ -14,6 +14,8 @@ from grpo_cli.models import linear
 from grpo_cli.models.linear import AccumulatingLinear, accumulates, use_accumulating_linears
 from grpo_cli.models.swiglu import use_lean_mlp
 
+from helpers import counted_applies
+
 
 def model(tied: bool = False, seed: int = 0):
     from transformers import AutoModelForCausalLM, Qwen2Config
@@ -132,9 +134,7 @@ def test_the_classs_own_forward_where_it_does_not_apply(monkeypatch):
     torch.set_num_threads(1)
     m = model()
     use_accumulating_linears(m)
-    calls = []
-    real = AccumulatingLinear.apply
-    monkeypatch.setattr(linear.AccumulatingLinear, "apply", lambda *a: calls.append(1) or real(*a))
+    calls = counted_applies(monkeypatch, linear.AccumulatingLinear)
     data = batch()
     with torch.no_grad():  # generation, the reference's and the old policy's forwards
         token_logprobs(m, *data)

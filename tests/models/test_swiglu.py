@@ -11,7 +11,7 @@ from grpo_cli.algo.logprobs import token_logprobs
 from grpo_cli.models import swiglu
 from grpo_cli.models.swiglu import GatedDown, GatedUpDown, lean_forward, recompute_up_projection, use_lean_mlp
 
-from helpers import saved_for_backward
+from helpers import counted_applies, saved_for_backward
 
 I = 64  # the tiny model's intermediate size
 
@@ -80,9 +80,7 @@ def test_the_modules_own_forward_where_the_lean_one_does_not_apply(monkeypatch):
     torch.set_num_threads(1)
     lean = model()
     use_lean_mlp(lean)
-    calls = []
-    real = GatedDown.apply
-    monkeypatch.setattr(swiglu.GatedDown, "apply", lambda *a: calls.append(1) or real(*a))
+    calls = counted_applies(monkeypatch, swiglu.GatedDown)
     p, pm, c, cm = batch()
     with torch.no_grad():  # generation, the reference's and the old policy's forwards
         token_logprobs(lean, p, pm, c, cm)

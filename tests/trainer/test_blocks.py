@@ -2,7 +2,9 @@
 gradients, steps and checkpoints as without, in the blocks' memory, step after step and after a resume."""
 
 import copy
+from pathlib import Path
 
+import pytest
 import torch
 
 from grpo_cli.algo.head_gradient import GRADIENT_HOMES
@@ -11,6 +13,8 @@ from grpo_cli.models.linear import use_accumulating_linears
 from grpo_cli.models.swiglu import use_lean_mlp
 from grpo_cli.run.statefiles import load_state, save_state
 from grpo_cli.trainer.blocks import after_load, gradient_block, moment_blocks
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def model():
@@ -141,3 +145,22 @@ def test_another_optimizer_keeps_its_own_state():
     m = model()
     sgd = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
     assert moment_blocks(sgd) == 0 and len(sgd.state) == 0
+
+
+@pytest.mark.parametrize("micro_batch_size, blocked", [(4, True), (8, False)], ids=["two micro-batches", "one"])
+def test_the_trainer_keeps_a_gradient_block_where_the_gradients_outlive_a_micro_batch(micro_batch_size, blocked):
+    # with one micro-batch a step the gradients are dead between steps, and the heap gives their memory to the next
+    # forward's activations (the quickstart's peak: 3.13 GiB without the block, 3.20 with it); AdamW's moments live
+    # all run long either way
+    from accelerate import Accelerator
+
+    from grpo_cli.recipe.files import load_recipe
+    from grpo_cli.trainer.setup import build_policy
+
+    recipe = load_recipe(ROOT / "recipes/ci-tiny.yaml", [f"train.micro_batch_size={micro_batch_size}"])
+    policy = build_policy(recipe, Accelerator(cpu=True), None)
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    assert params and all((p in GRADIENT_HOMES) == blocked for p in params)
+    state = policy.optimizer.optimizer.state
+    first = state[params[0]]["exp_avg"].untyped_storage()
+    assert all(state[p]["exp_avg"].untyped_storage().data_ptr() == first.data_ptr() for p in params)
