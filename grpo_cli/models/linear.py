@@ -11,10 +11,11 @@ use's product into the weight's kept gradient where it can (algo/head_gradient.k
 gradient yet gets one of zeros, or its home in trainer/blocks.py's block; DDP's reduction finds it as it finds any),
 so nothing of a weight's size is new in a backward, and the separate add is gone. A layer fed by a lean RMS norm
 keeps the norm's input and root (which the norm keeps anyway) and recomputes its input in the backward, instead of
-keeping the norm's output (models/rmsnorm.NORMALIZED). The products are
-autograd's; `grad + a @ b` as one `addmm_` is the same sum (bit for bit on the CPU below its K-blocking, else the
-products' rounding), and with a group's prompt its use is added after the completions' instead of to them first:
-the order of two float additions.
+keeping the norm's output (models/rmsnorm.NORMALIZED). The products are autograd's; `grad + a @ b` as one `addmm_`
+is the same sum (bit for bit on the CPU below its K-blocking, else the products' rounding), and with a group's
+prompt its use is added after the completions' instead of to them first: the order of two float additions. The
+recomputation reads tensors the norm kept, not its output: a forward that changed the output in place after the
+layer read it would go unnoticed (transformers' decoder layers do not).
 
 Installed by `use_accumulating_linears` on every plain `nn.Linear` (the LM head too, where the chunked head does not
 take it over; LoRA's A and B; not subclasses such as quantized layers). It runs under autograd without autocast
