@@ -11,9 +11,9 @@ each is one block above the threshold, a mapping of its own that is never part o
   chunked LM head and the embedding add into it in place), is its zeroed view of the gradient block
   (`head_gradient.GRADIENT_HOMES`). A weight no part of a step reaches still has no gradient (zero_grad's None keeps
   its meaning: AdamW skips that weight); one whose gradient autograd makes (a norm's, a bias) keeps its own tensor.
-- AdamW's state of every trained weight is made before its first step as that step would make it (`step` 0 and the
-  two moments at zero: the same numbers), the moments as views of two blocks; a checkpoint's state, once loaded, is
-  copied into them (`moment_blocks` again) and the loaded tensors' memory goes back to the system.
+- AdamW's state of every trained weight is made at its first step, just before it, as that step would make it
+  (`step` 0 and the two moments at zero: the same numbers), the moments as views of two blocks; a checkpoint's state,
+  once loaded, is copied into them (`moment_blocks` again) and the loaded tensors' memory goes back to the system.
 
 The gradient block only where an optimizer step takes more than one micro-batch, so that the gradients outlive
 a micro-batch's activations anyway; with one, they are dead between steps and the heap gives their memory to the next
@@ -31,7 +31,9 @@ import torch
 from grpo_cli.algo.head_gradient import GRADIENT_HOMES
 from grpo_cli.process.allocator import return_freed_memory
 
-_IN_BLOCKS: weakref.WeakSet = weakref.WeakSet()  # the optimizers whose state moment_blocks placed
+ADAM = (torch.optim.AdamW, torch.optim.Adam)
+_IN_BLOCKS: weakref.WeakSet = weakref.WeakSet()  # the optimizers whose state lives in blocks (`moments_in_blocks`)
+_PLACED: weakref.WeakSet = weakref.WeakSet()  # ... and is there now (`moment_blocks` ran)
 
 
 def blocks_of(params: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -63,9 +65,9 @@ def moment_blocks(optimizer: torch.optim.Optimizer) -> int:
     makes it where the weight has none, copied in where it has (a loaded checkpoint's); -> the blocks' bytes (0 for
     another optimizer)."""
     inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
-    if type(inner) not in (torch.optim.AdamW, torch.optim.Adam):
+    if type(inner) not in ADAM:
         return 0
-    _IN_BLOCKS.add(inner)
+    _PLACED.add(inner)
     pairs = [(p, g) for g in inner.param_groups for p in g["params"]]
     names = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if any(g["amsgrad"] for g in inner.param_groups) else (
         "exp_avg", "exp_avg_sq")
@@ -86,9 +88,25 @@ def moment_blocks(optimizer: torch.optim.Optimizer) -> int:
     return sum(p.numel() * p.element_size() for p, _ in pairs) * len(names)
 
 
+def moments_in_blocks(optimizer: torch.optim.Optimizer) -> bool:
+    """AdamW's state into blocks (`moment_blocks`) at its first step, not before: an optimizer that never steps keeps
+    no state, as AdamW's own (a run whose every step was skipped saves none); -> whether it will (AdamW, Adam)."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if type(inner) not in ADAM:
+        return False
+    _IN_BLOCKS.add(inner)
+    def first_step(opt, args, kwargs) -> None:
+        if opt not in _PLACED:
+            moment_blocks(opt)
+
+    inner.register_step_pre_hook(first_step)
+    return True
+
+
 def after_load(optimizer: torch.optim.Optimizer) -> None:
-    """A checkpoint's optimizer state was loaded (as tensors of their own): into its blocks again, where it was in
+    """A checkpoint's optimizer state was loaded (as tensors of their own): into blocks again where it lives in
     blocks, and the loaded tensors' memory back to the system."""
-    if getattr(optimizer, "optimizer", optimizer) in _IN_BLOCKS:
-        moment_blocks(optimizer)
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if inner in _IN_BLOCKS and inner.state:
+        moment_blocks(inner)
         return_freed_memory()

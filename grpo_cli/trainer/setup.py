@@ -31,7 +31,7 @@ from grpo_cli.recipe.specs import OPTIMIZERS
 from grpo_cli.registry import Registry
 from grpo_cli.run.folder import check_drift, start_point
 from grpo_cli.run.rewind import rewind as set_aside_later
-from grpo_cli.trainer.blocks import gradient_block, moment_blocks
+from grpo_cli.trainer.blocks import gradient_block, moments_in_blocks
 from grpo_cli.trainer.distributed import is_deepspeed, is_fsdp
 from grpo_cli.trainer.offload import HostOptimizer, offloads
 
@@ -168,7 +168,7 @@ def build_policy(recipe, accelerator, checkpoint: Path | None) -> Policy:
             rows = r.generation_batch_size // (accelerator.num_processes * t.mini_batches)  # an optimizer step's
             if rows > t.micro_batch_size:  # the gradients outlive a micro-batch (else the heap reuses their memory)
                 gradient_block(params)
-            moment_blocks(optimizer)
+            moments_in_blocks(optimizer)
     optimizer_steps = t.max_steps * r.algorithm.num_iterations * t.mini_batches
     scheduler = make_scheduler(optimizer, t.scheduler, t.warmup_steps, optimizer_steps)
     if is_deepspeed(accelerator):  # no dataloader to infer these from; grpo accumulates itself

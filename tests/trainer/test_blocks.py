@@ -12,7 +12,7 @@ from grpo_cli.algo.logprobs import KEEP_LOGITS, token_logprobs
 from grpo_cli.models.linear import use_accumulating_linears
 from grpo_cli.models.swiglu import use_lean_mlp
 from grpo_cli.run.statefiles import load_state, save_state
-from grpo_cli.trainer.blocks import after_load, gradient_block, moment_blocks
+from grpo_cli.trainer.blocks import after_load, gradient_block, moment_blocks, moments_in_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,7 +120,7 @@ def test_adamw_takes_the_same_steps_with_its_moments_in_blocks_and_resumes_from_
     assert clones == []  # the moments' views of one block are saved as they are, not copied first
     resumed = copy.deepcopy(blocked)
     resumed_opt = adamw(resumed)
-    moment_blocks(resumed_opt)
+    assert moments_in_blocks(resumed_opt)  # as the trainer sets it up: the loaded state goes into blocks
     resumed_opt.load_state_dict(load_state(tmp_path, "optimizer"))
     after_load(resumed_opt)
     block = resumed_opt.state[list(resumed.parameters())[0]]["exp_avg"].untyped_storage()
@@ -162,5 +162,9 @@ def test_the_trainer_keeps_a_gradient_block_where_the_gradients_outlive_a_micro_
     params = [p for p in policy.model.parameters() if p.requires_grad]
     assert params and all((p in GRADIENT_HOMES) == blocked for p in params)
     state = policy.optimizer.optimizer.state
+    assert len(state) == 0  # until the first step, as AdamW's own: a run that never stepped saves no state
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    policy.optimizer.step()
     first = state[params[0]]["exp_avg"].untyped_storage()
     assert all(state[p]["exp_avg"].untyped_storage().data_ptr() == first.data_ptr() for p in params)
