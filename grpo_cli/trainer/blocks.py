@@ -95,6 +95,7 @@ def moments_in_blocks(optimizer: torch.optim.Optimizer) -> bool:
     if type(inner) not in ADAM:
         return False
     _IN_BLOCKS.add(inner)
+
     def first_step(opt, args, kwargs) -> None:
         if opt not in _PLACED:
             moment_blocks(opt)
