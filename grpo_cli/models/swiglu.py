@@ -48,8 +48,8 @@ class GatedDown(torch.autograd.Function):
 
 
 def gated_down_gradients(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor,
-                         has_bias: bool, need_gate: bool, need_up: bool, need_weight: bool, need_bias: bool,
-                         param: torch.Tensor | None = None) -> tuple:
+                         has_bias: bool, need_gate: bool, need_up: bool, need_weight: bool, need_bias: bool, *,
+                         param: torch.Tensor) -> tuple:
     """-> the gradients of gate, up, the down projection's weight and bias (None where not needed, and the weight's
     where added into the kept gradient of `param`, the down projection's parameter: `weight` is its saved value,
     which activation checkpointing gives back detached)."""
@@ -57,7 +57,7 @@ def gated_down_gradients(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tenso
     grad_h = grad @ weight  # d/dh of h @ W^T
     grad_weight = grad_bias = None
     if need_weight:  # added into the kept gradient where it can be (models/linear.py)
-        grad_weight = weight_gradient(weight if param is None else param, grad, silu * up)
+        grad_weight = weight_gradient(param, grad, silu * up)
     if has_bias and need_bias:
         grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0)
     grad_gate = torch.ops.aten.silu_backward(grad_h * up, gate) if need_gate else None
