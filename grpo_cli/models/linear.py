@@ -20,8 +20,9 @@ layer read it would go unnoticed (transformers' decoder layers do not).
 Installed by `use_accumulating_linears` on every plain `nn.Linear` (the LM head too, where the chunked head does not
 take it over; LoRA's A and B; not subclasses such as quantized layers). It runs under autograd without autocast
 (whose casts a custom function would have to repeat), on a trained weight holding its whole value (not an FSDP or
-ZeRO-3 shard); otherwise the class's own forward. The lean MLP's down and up projections (models/swiglu.py) add
-their weight gradients the same way through `weight_gradient`.
+ZeRO-3 shard); otherwise the class's own forward, or outside autograd on a decode step's few rows in float32 on a
+CPU, models/few_rows.py's product (torch's to float rounding, faster). The lean MLP's down and up projections
+(models/swiglu.py) add their weight gradients the same way through `weight_gradient`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 
 from grpo_cli.algo.head_gradient import kept_gradient
 from grpo_cli.algo.logprobs import whole_tensor
+from grpo_cli.models import few_rows
 from grpo_cli.models.rmsnorm import NORMALIZED, scaled
 
 
@@ -75,6 +77,11 @@ def accumulating_forward(self, x: torch.Tensor) -> torch.Tensor:
     if (torch.is_grad_enabled() and self.weight.requires_grad and whole_tensor(self.weight)
             and (self.bias is None or whole_tensor(self.bias)) and not torch.is_autocast_enabled(x.device.type)):
         return AccumulatingLinear.apply(x, self.weight, self.bias)
+    if not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+            or torch.is_autocast_enabled(x.device.type)):
+        y = few_rows.linear(x, self.weight, self.bias)  # a decode step's few rows: read at the memory's speed
+        if y is not None:
+            return y
     return type(self).forward(self, x)  # the class's own
 
 

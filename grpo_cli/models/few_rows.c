@@ -1,0 +1,65 @@
+/* y[R, N] = x[R, K] @ W[N, K]^T in float32 for a few rows R (a decode step's batch): models/few_rows.py says why.
+   Built by few_rows.py with `-O3 -march=native -fopenmp` after torch is loaded, so libgomp.so.1 is torch's own and its
+   threads are the ones torch uses. */
+#include <immintrin.h>
+#include <omp.h>
+#ifndef __AVX512F__
+#error "few_rows.c needs AVX-512F"
+#endif
+
+/* rb (<= 4) rows of x against nb (<= 4) rows of W over the whole of K: rb x nb accumulators of 16 lanes. The next
+   block of 4 rows of W (`ahead`; null for the last blocks) is prefetched a cache line per step, its lines spread
+   over the `passes` tiles that read this block, so the memory read runs under the products. */
+static inline __attribute__((always_inline)) void tile(const float* x, const float* w, long K, float* y, long ldy,
+                                                       int rb, int nb, const float* ahead, long pass, long passes) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+  long steps = (K + 15) / 16, lines = steps * 4;
+  for (long s = 0; s < steps; s++) {
+    long k = s * 16;
+    if (ahead)
+      for (long line = pass * steps + s; line < lines; line += steps * passes)
+        _mm_prefetch((const char*)(ahead + (line % 4) * K + (line / 4) * 16), _MM_HINT_T0);
+    __mmask16 m = (k + 16 <= K) ? (__mmask16)0xFFFF : (__mmask16)((1u << (K - k)) - 1);
+    __m512 wv[4];
+    for (int j = 0; j < nb; j++) wv[j] = _mm512_maskz_loadu_ps(m, w + j * K + k);
+    for (int r = 0; r < rb; r++) {
+      __m512 xv = _mm512_maskz_loadu_ps(m, x + r * K + k);
+      for (int j = 0; j < nb; j++) acc[r * 4 + j] = _mm512_fmadd_ps(wv[j], xv, acc[r * 4 + j]);
+    }
+  }
+  for (int r = 0; r < rb; r++)
+    for (int j = 0; j < nb; j++) y[r * ldy + j] = _mm512_reduce_add_ps(acc[r * 4 + j]);
+}
+
+/* Rows [n0, n1) of W against every row of x: blocks of 4 rows of W, each read once from memory and then from the
+   L1 cache by the ceil(R / 4) tiles of 4 rows of x. */
+static void block_rows(const float* x, long R, const float* W, long n0, long n1, long N, long K, float* y) {
+  long passes = (R + 3) / 4;
+  for (long n = n0; n < n1; n += 4) {
+    int nb = (n1 - n >= 4) ? 4 : (int)(n1 - n);
+    const float* ahead = (n + 8 <= n1) ? W + (n + 4) * K : 0;
+    for (long r = 0, pass = 0; r < R; r += 4, pass++) {
+      int rb = (R - r >= 4) ? 4 : (int)(R - r);
+      switch (rb * 8 + nb) { /* each tile shape a constant, unrolled by the compiler */
+#define TILE(RB, NB) \
+  case RB * 8 + NB: tile(x + r * K, W + n * K, K, y + r * N + n, N, RB, NB, ahead, pass, passes); break;
+        TILE(4, 4) TILE(4, 3) TILE(4, 2) TILE(4, 1) TILE(3, 4) TILE(3, 3) TILE(3, 2) TILE(3, 1)
+        TILE(2, 4) TILE(2, 3) TILE(2, 2) TILE(2, 1) TILE(1, 4) TILE(1, 3) TILE(1, 2) TILE(1, 1)
+#undef TILE
+      }
+    }
+  }
+}
+
+/* Each output is one thread's sum over K, in the same order whatever the number of threads: the result does not
+   depend on them. */
+void few_rows_product(const float* x, long R, const float* W, long N, long K, float* y, int threads) {
+  long blocks = (N + 3) / 4;
+#pragma omp parallel num_threads(threads)
+  {
+    long t = omp_get_thread_num(), nt = omp_get_num_threads();
+    long per = (blocks + nt - 1) / nt, b0 = t * per, b1 = b0 + per < blocks ? b0 + per : blocks;
+    if (b0 < b1) block_rows(x, R, W, b0 * 4, b1 * 4 < N ? b1 * 4 : N, N, K, y);
+  }
+}

@@ -1,0 +1,114 @@
+"""Products of a few rows against a large weight on the CPU, at the memory's speed rather than the library's.
+
+A decode step multiplies a batch of a few rows (a group's 16 completions: 16 x 576) by every weight of the model, so
+its time is reading the weights once: SmolLM2-135M's 0.54 GB at this 2-core machine's 25 GB/s is 21 ms a step. torch's
+float32 product (MKL's sgemm) reads them at 10-15 GB/s at 4-24 rows, which made its products 1.6 s of a 2.4 s
+generate (bench/RESULTS.md). `few_rows.c` reads each
+block of 4 rows of the weight once, multiplies it from the L1 cache by 4 rows of the batch at a time, and prefetches
+the next block while it does: 15-21 GB/s at 4-16 rows (`python bench/few_rows.py`); at 1-3 rows and past 24 torch's
+product is as fast or faster.
+
+The sums are the same products in another order (each output's 16-lane partial sums over K, then their reduction),
+so the results equal torch's to float rounding, not bit for bit; each output is one thread's sum in a fixed order,
+so they do not depend on the number of threads. Used by models/linear.py's forward of a plain `nn.Linear` outside
+autograd (generation, `grpo eval`, no-grad forwards of few rows): float32 on a CPU with AVX-512, `FEW_ROWS` rows.
+
+The C source is compiled once per machine (`cc -O3 -march=native -fopenmp`, under a second) into
+`cache_dir()/kernels/`, keyed by the source, the compiler and the CPU's flags; where that fails (no compiler, no
+AVX-512, not Linux on x86-64) or GRPO_CPU_KERNELS=off, every product is torch's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from grpo_cli.models.builtin import cache_dir
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("few_rows.c")
+FEW_ROWS = range(4, 25)  # rows where the kernel reads faster than torch's product on the 2-core CI machine
+OFF_ENV = "GRPO_CPU_KERNELS"  # "off" or "0": torch's products everywhere
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
+def build(target_dir: Path, compiler: str) -> Path:
+    """Compile few_rows.c with `compiler` into `target_dir` (once: the name is the hash of what it depends on)
+    -> the shared library; raises OSError or subprocess.CalledProcessError where it cannot."""
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, " ".join(FLAGS), _cpu_flags()]).encode())
+    target = target_dir / f"few_rows-{key.hexdigest()[:16]}.so"
+    if target.is_file():
+        return target
+    target_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".few_rows.", suffix=".so", dir=target_dir)
+    os.close(fd)
+    try:
+        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, check=True)
+        os.replace(tmp, target)  # atomic: a process racing this one loads a whole library either way
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return target
+
+
+@cache
+def library() -> ctypes.CDLL | None:
+    """The compiled kernel, or None where it cannot be had (logged once)."""
+    if os.environ.get(OFF_ENV, "").lower() in ("off", "0", "false"):
+        return None
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if platform.system() != "Linux" or platform.machine() != "x86_64" or " avx512f" not in _cpu_flags():
+        return None
+    if compiler is None:
+        log.info("no C compiler: the CPU's few-row products are torch's")
+        return None
+    try:
+        lib = ctypes.CDLL(str(build(cache_dir() / "kernels", compiler)))
+    except (OSError, subprocess.CalledProcessError) as e:
+        log.warning("the few-row product kernel could not be built (%s): torch's products instead",
+                    getattr(e, "stderr", None) or e)
+        return None
+    lib.few_rows_product.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
+                                     ctypes.c_void_p, ctypes.c_int]
+    lib.few_rows_product.restype = None
+    return lib
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """F.linear(x, weight, bias) by the kernel where it is faster (float32 on a CPU, `FEW_ROWS` rows, outside
+    autograd: the caller's to check); else -> None."""
+    if (x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32 or weight.dim() != 2
+            or not weight.is_contiguous() or x.dim() == 0 or x.shape[-1] != weight.shape[1] or (bias is not None and bias.dtype != torch.float32)):
+        return None
+    rows = x.numel() // max(x.shape[-1], 1)
+    if rows not in FEW_ROWS or weight.shape[0] == 0 or weight.shape[1] == 0:
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    x2, w = x.reshape(rows, x.shape[-1]).contiguous(), weight
+    y = torch.empty(rows, w.shape[0], dtype=torch.float32)
+    lib.few_rows_product(x2.data_ptr(), rows, w.data_ptr(), w.shape[0], w.shape[1], y.data_ptr(),
+                         torch.get_num_threads())
+    if bias is not None:
+        y.add_(bias)
+    return y.view(*x.shape[:-1], w.shape[0])

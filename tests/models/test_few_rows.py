@@ -1,0 +1,166 @@
+"""The few-row product kernel (grpo_cli/models/few_rows.py): torch's product to float rounding at every shape it takes,
+the same result whatever the threads, torch's own product wherever it does not apply (and where it cannot be built),
+and a `generate` through it that samples the policy's distribution."""
+
+import os
+import stat
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+from grpo_cli.models import few_rows
+from grpo_cli.models.linear import use_accumulating_linears
+from grpo_cli.recipe.schema import RolloutConfig
+from grpo_cli.rollout.hf import HFGenerator
+
+from helpers import chi_square_p
+
+torch.set_num_threads(1)
+
+needs_kernel = pytest.mark.skipif(few_rows.library() is None, reason="no C compiler or no AVX-512 on this machine")
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [4, 5, 16, 23, 24])
+@pytest.mark.parametrize("n, k", [(1, 1), (3, 15), (4, 16), (7, 17), (129, 64), (64, 1536)])
+def test_the_product_is_torchs_to_float_rounding(rows, n, k):
+    g = torch.Generator().manual_seed(rows * 1000 + n + k)
+    x, w, b = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    for bias in (None, b):
+        want, got = F.linear(x, w, bias), few_rows.linear(x, w, bias)
+        assert got.shape == want.shape and got.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+
+
+@needs_kernel
+def test_leading_dimensions_and_a_strided_input():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(40, 24, generator=g)
+    x = torch.randn(2, 3, 24, generator=g)  # 6 rows in a [2, 3, 24] batch
+    torch.testing.assert_close(few_rows.linear(x, w, None), F.linear(x, w), rtol=1e-5, atol=1e-5)
+    xt = torch.randn(24, 8, generator=g).t()  # 8 rows, not contiguous
+    assert not xt.is_contiguous()
+    torch.testing.assert_close(few_rows.linear(xt, w, None), F.linear(xt, w), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_the_threads_do_not_change_the_result():
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(16, 576, generator=g), torch.randn(1000, 576, generator=g)
+    try:
+        outs = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            outs.append(few_rows.linear(x, w, None))
+    finally:
+        torch.set_num_threads(1)
+    assert torch.equal(outs[0], outs[1])
+
+
+@needs_kernel
+def test_outside_its_cases_it_leaves_the_product_to_torch():
+    w, x = torch.randn(8, 16), torch.randn(16, 16)
+    assert few_rows.linear(x[:1], w, None) is None  # one row: torch's product reads as fast
+    assert few_rows.linear(torch.randn(25, 16), w, None) is None  # past FEW_ROWS: torch's is faster
+    assert few_rows.linear(x.double(), w.double(), None) is None
+    assert few_rows.linear(x.bfloat16(), w.bfloat16(), None) is None
+    assert few_rows.linear(x, torch.randn(16, 8).t(), None) is None  # a strided weight would be copied every call
+    assert few_rows.linear(x, w, None) is not None
+
+
+def tiny() -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(cfg).float().eval()
+    model.generation_config = GenerationConfig(eos_token_id=1, pad_token_id=0)
+    use_accumulating_linears(model)
+    return model
+
+
+def counted(monkeypatch) -> list:
+    calls, real = [], few_rows.linear
+    monkeypatch.setattr(few_rows, "linear", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+@needs_kernel
+def test_a_model_outside_autograd_takes_it_and_gives_torchs_logits(monkeypatch):
+    model, ids = tiny(), torch.randint(2, 64, (2, 4))  # 8 rows
+    calls = counted(monkeypatch)
+    with torch.no_grad():
+        got = model(ids).logits
+    assert len(calls) == 2 * 7 + 1  # every product: q, k, v, o, gate, up, down a layer and the head
+    monkeypatch.setattr(few_rows, "FEW_ROWS", range(0))
+    with torch.no_grad():
+        want = model(ids).logits
+    assert not torch.equal(got, want)  # the kernel's sums, in another order
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    n = len(calls)
+    model(ids).logits.sum().backward()  # under autograd: the accumulating linear, never the kernel
+    assert len(calls) == n and model.lm_head.weight.grad is not None
+
+
+@needs_kernel
+def test_generate_through_it_samples_the_policys_distribution(monkeypatch):
+    """4,800 first and second tokens of one prompt at temperature 0.8, drawn by `generate` 16 rows at a time (the
+    prompt's 4 positions and each decode step's 16 rows through the kernel): each position passes a chi-square test
+    against the distribution from torch's products, the first softmax(logits / 0.8) at the prompt's last position, the
+    second that after each first token weighted by its probability (tokens with fewer than 5 expected draws pooled)."""
+    model = tiny()
+    calls = counted(monkeypatch)
+    torch.manual_seed(5)
+    gen = HFGenerator(model, Tok(), RolloutConfig(max_completion_length=2, temperature=0.8))
+    drawn = torch.cat([gen.generate([[5, 6, 7, 8]], ["a"], n=16).completion_ids for _ in range(300)])
+    assert len(calls) >= 300 * 2 * 14  # the prefill's and the decode step's layers, each time
+    monkeypatch.setattr(few_rows, "FEW_ROWS", range(0))
+    with torch.no_grad():
+        prompt = torch.tensor([5, 6, 7, 8]).expand(64, 4)
+        logits = model(torch.cat([prompt, torch.arange(64)[:, None]], 1)).logits[:, -2:].double()
+    first, then = torch.softmax(logits[0, 0] / 0.8, -1), torch.softmax(logits[:, 1] / 0.8, -1)
+    then[1] = torch.nn.functional.one_hot(torch.tensor(0), 64)  # after the end of turn (1): padding (0)
+    second = first @ then  # the sum over first tokens f of p(f) p(. | f)
+    for position, p in ((0, first), (1, second)):
+        counts = torch.bincount(drawn[:, position], minlength=64).double()
+        small = p * len(drawn) < 5
+        pooled = lambda v: torch.cat([v[~small], v[small].sum().view(1)])  # noqa: E731
+        assert chi_square_p(pooled(counts), pooled(p)) > 0.01, position
+
+
+class Tok:
+    pad_token_id, eos_token_id = 0, 1
+
+    def batch_decode(self, lists, skip_special_tokens=True):
+        return [" ".join(map(str, x)) for x in lists]
+
+
+def test_a_machine_that_cannot_build_it_keeps_torchs_products(tmp_path, monkeypatch):
+    failing = tmp_path / "cc"
+    failing.write_text("#!/bin/sh\necho 'cc: no such thing' >&2\nexit 1\n")
+    failing.chmod(failing.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("GRPO_CACHE_DIR", str(tmp_path / "cache"))
+    few_rows.library.cache_clear()
+    try:
+        assert few_rows.library() is None
+        assert few_rows.linear(torch.randn(8, 16), torch.randn(4, 16), None) is None
+        monkeypatch.setenv("PATH", os.environ["PATH"].split(os.pathsep, 1)[1])
+        monkeypatch.setenv(few_rows.OFF_ENV, "off")
+        few_rows.library.cache_clear()
+        assert few_rows.library() is None  # switched off, whatever the machine
+    finally:
+        few_rows.library.cache_clear()
+    assert not list((tmp_path / "cache").glob("kernels/*.so"))
+
+
+@needs_kernel
+def test_it_is_built_once_per_machine(tmp_path):
+    import shutil
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    first = few_rows.build(tmp_path, compiler)
+    made = first.stat().st_mtime_ns
+    assert few_rows.build(tmp_path, compiler) == first and first.stat().st_mtime_ns == made
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary left beside it
