@@ -11,7 +11,9 @@ product is as fast or faster.
 The sums are the same products in another order (each output's 16-lane partial sums over K, then their reduction),
 so the results equal torch's to float rounding, not bit for bit; each output is one thread's sum in a fixed order,
 so they do not depend on the number of threads. Used by models/linear.py's forward of a plain `nn.Linear` outside
-autograd (generation, `grpo eval`, no-grad forwards of few rows): float32 on a CPU with AVX-512, `FEW_ROWS` rows.
+autograd while a thread samples (`sampling()`: the hf backend's `generate`, for training and `grpo eval`), in float32
+on a CPU with AVX-512, at `FEW_ROWS` rows; not in the trainer's forwards without autograd (an old policy's, a
+reference's), whose log-probs are the training forward's bit for bit.
 
 The C source is compiled once per machine (`cc -O3 -march=native -fopenmp`, under a second) into
 `cache_dir()/kernels/`, keyed by the source, the compiler and the CPU's flags; where that fails (no compiler, no
@@ -28,6 +30,8 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
@@ -41,6 +45,18 @@ SOURCE = Path(__file__).with_name("few_rows.c")
 FEW_ROWS = range(4, 25)  # rows where the kernel reads faster than torch's product on the 2-core CI machine
 OFF_ENV = "GRPO_CPU_KERNELS"  # "off" or "0": torch's products everywhere
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+_sampling = threading.local()  # .on: this thread is sampling (a rollout thread beside a training one has its own)
+
+
+@contextmanager
+def sampling():
+    """Within: this thread's products of few rows (a sampler's decode steps) go through the kernel where it applies."""
+    before = getattr(_sampling, "on", False)
+    _sampling.on = True
+    try:
+        yield
+    finally:
+        _sampling.on = before
 
 
 def _cpu_flags() -> str:
@@ -94,9 +110,9 @@ def library() -> ctypes.CDLL | None:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-    """F.linear(x, weight, bias) by the kernel where it is faster (float32 on a CPU, `FEW_ROWS` rows, outside
-    autograd: the caller's to check); else -> None."""
-    if (x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32 or weight.dim() != 2
+    """F.linear(x, weight, bias) by the kernel where it is faster (float32 on a CPU, `FEW_ROWS` rows, inside
+    `sampling()`; outside autograd: the caller's to check); else -> None."""
+    if (not getattr(_sampling, "on", False) or x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32 or weight.dim() != 2
             or not weight.is_contiguous() or x.dim() == 0 or x.shape[-1] != weight.shape[1] or (bias is not None and bias.dtype != torch.float32)):
         return None
     rows = x.numel() // max(x.shape[-1], 1)

@@ -11,6 +11,7 @@ from grpo_cli.algo.logprobs import distinct_rows, position_ids_from_mask
 from grpo_cli.algo.sampling import InverseCDFDraw, TruncatedSampling, Truncation
 from grpo_cli.datatypes import Rollout
 from grpo_cli.errors import NonFiniteError
+from grpo_cli.models import few_rows
 from grpo_cli.models.finite import nonfinite_weights
 from grpo_cli.models.loading import native_bf16, without_autocast
 from grpo_cli.models.lora import is_peft_model
@@ -235,7 +236,9 @@ class HFGenerator:
         self.model.eval()
         sampler = self.copy.fill(self.model) if self.copy is not None else self.model
         try:
-            with without_autocast(sampler):  # train.mixed_precision autocasts training forwards, not sampling
+            # train.mixed_precision autocasts training forwards, not sampling; a decode step's few rows read the
+            # weights through models/few_rows.py's product on a CPU
+            with without_autocast(sampler), few_rows.sampling():
                 # sharded weights: every process must run the same forwards, so no process-dependent prefill;
                 # rollout.cache_implementation: generate builds that cache itself; else a cache made at its full
                 # length once (rollout/preallocated.py), not grown by a copy every step

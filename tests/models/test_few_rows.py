@@ -4,6 +4,8 @@ and a `generate` through it that samples the policy's distribution."""
 
 import os
 import stat
+import threading
+import time
 
 import pytest
 import torch
@@ -22,6 +24,14 @@ torch.set_num_threads(1)
 needs_kernel = pytest.mark.skipif(few_rows.library() is None, reason="no C compiler or no AVX-512 on this machine")
 
 
+@pytest.fixture
+def sampling():
+    """The test samples, as the hf backend's generate does (few_rows.sampling)."""
+    with few_rows.sampling():
+        yield
+
+
+@pytest.mark.usefixtures("sampling")
 @needs_kernel
 @pytest.mark.parametrize("rows", [4, 5, 16, 23, 24])
 @pytest.mark.parametrize("n, k", [(1, 1), (3, 15), (4, 16), (7, 17), (129, 64), (64, 1536)])
@@ -34,6 +44,7 @@ def test_the_product_is_torchs_to_float_rounding(rows, n, k):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
 
 
+@pytest.mark.usefixtures("sampling")
 @needs_kernel
 def test_leading_dimensions_and_a_strided_input():
     g = torch.Generator().manual_seed(0)
@@ -45,6 +56,7 @@ def test_leading_dimensions_and_a_strided_input():
     torch.testing.assert_close(few_rows.linear(xt, w, None), F.linear(xt, w), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.usefixtures("sampling")
 @needs_kernel
 def test_the_threads_do_not_change_the_result():
     g = torch.Generator().manual_seed(3)
@@ -59,6 +71,7 @@ def test_the_threads_do_not_change_the_result():
     assert torch.equal(outs[0], outs[1])
 
 
+@pytest.mark.usefixtures("sampling")
 @needs_kernel
 def test_outside_its_cases_it_leaves_the_product_to_torch():
     w, x = torch.randn(8, 16), torch.randn(16, 16)
@@ -68,6 +81,11 @@ def test_outside_its_cases_it_leaves_the_product_to_torch():
     assert few_rows.linear(x.bfloat16(), w.bfloat16(), None) is None
     assert few_rows.linear(x, torch.randn(16, 8).t(), None) is None  # a strided weight would be copied every call
     assert few_rows.linear(x, w, None) is not None
+    done = []
+    threading.Thread(target=lambda: done.append(few_rows.linear(x, w, None))).start()  # another thread: not sampling
+    while not done:
+        time.sleep(0.01)
+    assert done == [None]
 
 
 def tiny() -> Qwen2ForCausalLM:
@@ -86,6 +104,7 @@ def counted(monkeypatch) -> list:
     return calls
 
 
+@pytest.mark.usefixtures("sampling")
 @needs_kernel
 def test_a_model_outside_autograd_takes_it_and_gives_torchs_logits(monkeypatch):
     model, ids = tiny(), torch.randint(2, 64, (2, 4))  # 8 rows
@@ -101,6 +120,18 @@ def test_a_model_outside_autograd_takes_it_and_gives_torchs_logits(monkeypatch):
     n = len(calls)
     model(ids).logits.sum().backward()  # under autograd: the accumulating linear, never the kernel
     assert len(calls) == n and model.lm_head.weight.grad is not None
+
+
+@needs_kernel
+def test_the_trainers_forwards_without_autograd_keep_torchs_products():
+    """An old policy's or a reference's forward (no autograd, not sampling) gives the training forward's logits bit
+    for bit, as algo/logprobs.py promises."""
+    model, ids = tiny(), torch.randint(2, 64, (2, 4))
+    with torch.no_grad():
+        no_grad = model(ids).logits
+    assert torch.equal(no_grad, model(ids).logits)
+    with torch.no_grad(), few_rows.sampling():
+        assert not torch.equal(model(ids).logits, no_grad)  # where the kernel would have given its own sums
 
 
 @needs_kernel
