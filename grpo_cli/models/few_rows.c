@@ -28,8 +28,22 @@ static inline __attribute__((always_inline)) void tile(const float* x, const flo
       for (int j = 0; j < nb; j++) acc[r * 4 + j] = _mm512_fmadd_ps(wv[j], xv, acc[r * 4 + j]);
     }
   }
+  /* the 16 accumulators' sums in one vector, halves then quarters of 128-bit lanes then pairs of lanes added (a
+     fixed order): lane 4 j + r is the sum of acc[r * 4 + j] */
+  __m512 b[8], c[4], d[2];
+  for (int i = 0; i < 8; i++)
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; i++)
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; i++)
+    d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0x44),
+                         _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0xEE));
+  float sums[16];
+  _mm512_storeu_ps(sums, _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD)));
   for (int r = 0; r < rb; r++)
-    for (int j = 0; j < nb; j++) y[r * ldy + j] = _mm512_reduce_add_ps(acc[r * 4 + j]);
+    for (int j = 0; j < nb; j++) y[r * ldy + j] = sums[4 * j + r];
 }
 
 /* Rows [n0, n1) of W against every row of x: blocks of 4 rows of W, each read once from memory and then from the
