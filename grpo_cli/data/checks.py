@@ -22,6 +22,7 @@ from grpo_cli.data.generators import GENERATORS
 from grpo_cli.data.paths import expand_files
 from grpo_cli.data.prompts import check_columns, reward_columns
 from grpo_cli.data.sources import FILE_BUILDERS
+from grpo_cli.data.table import json_rows
 from grpo_cli.errors import DataError, first_line
 
 if TYPE_CHECKING:
@@ -31,41 +32,11 @@ PREVIEW_ROWS = 20
 STREAM_CHECK_ROWS = 1000  # data.streaming: the rows whose answers are checked (all rows of loaded data)
 
 
-def _json_rows(path: Path, n: int | None = None) -> list[dict]:
-    """The rows in the first n lines (None: all) of a JSON Lines file, else of one JSON document: an array of
-    objects, or an object of column lists (a shorter column reads None). DataError naming the first bad line."""
-    with open(path, encoding="utf-8") as f:
-        lines = [line for line in (f if n is None else (f.readline() for _ in range(n))) if line.strip()]
-    rows, error = [], None
-    for i, line in enumerate(lines, start=1):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            error = f"line {i}: {e.msg} at column {e.colno}"
-            break
-        if not isinstance(row, dict):
-            error = f"line {i} is a JSON {type(row).__name__}, not an object of columns"
-            break
-        rows.append(row)
-    if error is None:
-        return rows
-    try:  # not JSON Lines: one JSON document
-        whole = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        raise DataError(f"{path}: not JSON Lines (one object per line) nor one JSON document: {error}") from None
-    if isinstance(whole, list) and whole and all(isinstance(r, dict) for r in whole[:n]):
-        return whole[:n]
-    if isinstance(whole, dict) and whole and all(isinstance(v, list) for v in whole.values()):
-        size = max(len(v) for v in whole.values())
-        return [{k: v[i] if i < len(v) else None for k, v in whole.items()} for i in range(min(size, n or size))]
-    raise DataError(f"{path}: expected JSON Lines, a JSON array of objects or an object of column lists")
-
-
 def _json_columns(path: Path, n: int) -> list[str]:
     """Columns of the first n rows of a JSON Lines file or JSON document (_json_rows): the union, as datasets reads
     them."""
     columns: dict[str, None] = {}
-    for row in _json_rows(path, n):
+    for row in json_rows(path, n):
         columns.update(dict.fromkeys(row))
     return list(columns)
 
@@ -231,7 +202,7 @@ def _column_values(path: Path, column: str, n: int | None = None) -> list:
             return pq.read_table(path, columns=[column]).column(column).to_pylist()
         batch = next(pq.ParquetFile(path).iter_batches(batch_size=n, columns=[column]), None)
         return batch.column(column).to_pylist() if batch is not None else []
-    return [row.get(column) for row in _json_rows(path, n)]
+    return [row.get(column) for row in json_rows(path, n)]
 
 
 def check_answers(files: list[str], column: str, field: str, first: int | None = None) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import string
+import sys
 from typing import TYPE_CHECKING, Any
 
 from grpo_cli.data.curriculum import Curriculum
@@ -23,6 +24,7 @@ from grpo_cli.registry import did_you_mean
 if TYPE_CHECKING:
     from datasets import Dataset, IterableDataset
 
+    from grpo_cli.data.table import Rows
     from grpo_cli.datatypes import PromptBatch
     from grpo_cli.recipe.schema import DataConfig
 
@@ -197,13 +199,20 @@ def reward_columns(columns: dict[str, Any], answer_column: str | None) -> dict[s
     return out
 
 
+def is_stream(dataset: Any) -> bool:
+    """Whether `dataset` is a datasets IterableDataset (data.streaming), without importing datasets: a run whose rows
+    came from grpo_cli/data/table.py never has."""
+    module = sys.modules.get("datasets")
+    return module is not None and isinstance(dataset, module.IterableDataset)
+
+
 class DatasetRows:
     """An in-memory dataset's rows, epoch after epoch: epoch e visits every row once, in the order of a permutation
     drawn from numpy's Generator seeded with (seed, e) (dataset order without data.shuffle). A row's index is its
     row in the dataset. The state is {"epoch", "index"}: the next row is position `index` of epoch `epoch`. With a
     `curriculum` (data/curriculum.py) a row may be passed over when its turn comes; its marks are in the state."""
 
-    def __init__(self, dataset: Dataset, shuffle: bool, seed: int, curriculum: Curriculum | None = None) -> None:
+    def __init__(self, dataset: Rows | Dataset, shuffle: bool, seed: int, curriculum: Curriculum | None = None) -> None:
         self.dataset, self.shuffle, self.seed, self.curriculum = dataset, shuffle, seed, curriculum
         self.epoch, self.index = 0, 0
         self._order: list[int] | None = None  # permutation of the current epoch
@@ -269,16 +278,14 @@ class PromptStream:
     a checkpoint holds in flight: rollout.max_staleness + 1).
     """
 
-    def __init__(self, dataset: Dataset | IterableDataset, cfg: DataConfig, tokenizer: Any, batch_size: int, seed: int,
-                 tools: list[dict] | None = None, in_flight: int = 1) -> None:
-        from datasets import IterableDataset
-
+    def __init__(self, dataset: Rows | Dataset | IterableDataset, cfg: DataConfig, tokenizer: Any, batch_size: int,
+                 seed: int, tools: list[dict] | None = None, in_flight: int = 1) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.cfg, self.tokenizer, self.batch_size = cfg, tokenizer, batch_size
         self.tools = tools  # rollout.tools' schemas: every prompt describes them
         self.seed = cfg.seed if cfg.seed is not None else seed
-        if isinstance(dataset, IterableDataset):
+        if is_stream(dataset):
             from grpo_cli.data.streaming import StreamedRows
 
             self.rows: DatasetRows | StreamedRows = StreamedRows(dataset, cfg, self.seed, keep=batch_size * in_flight)

@@ -1,6 +1,8 @@
 """Where the rows come from: a hub or local dataset (data.dataset), local .json/.jsonl/.parquet/.csv files
 (data.files), or an offline problem generator (data.generator, grpo_cli/data/generators.py); loaded, or opened as a
 stream with data.streaming (grpo_cli/data/streaming.py). Each source's errors name the field and what to change.
+A generator's rows and JSON files that are not streamed are read into grpo_cli/data/table.py's `Rows`, without
+`datasets`; the rest through `datasets`.
 
 Importing this module must not import torch, transformers or datasets (`grpo validate` checks data through it);
 heavy imports live inside the functions that need them.
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING
 from grpo_cli.data.generators import GENERATORS
 from grpo_cli.data.paths import expand_files
 from grpo_cli.data.prompts import check_columns
+from grpo_cli.data.table import Rows, json_rows
 from grpo_cli.errors import DataError, first_line
 
 if TYPE_CHECKING:
@@ -25,7 +28,7 @@ if TYPE_CHECKING:
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
-def load_rows(cfg: DataConfig, seed: int) -> Dataset | IterableDataset:
+def load_rows(cfg: DataConfig, seed: int) -> Rows | Dataset | IterableDataset:
     """The rows to train on, from data.dataset, data.files or data.generator, cut to data.limit; with data.streaming
     an IterableDataset, opened and its columns checked but not read (the stream applies data.limit)."""
     if cfg.generator:
@@ -50,9 +53,7 @@ def load_rows(cfg: DataConfig, seed: int) -> Dataset | IterableDataset:
     return ds
 
 
-def _generated_rows(cfg: DataConfig, seed: int) -> Dataset:
-    from datasets import Dataset
-
+def _generated_rows(cfg: DataConfig, seed: int) -> Rows:
     kwargs = dict(cfg.generator_kwargs)
     size = kwargs.pop("size", 1000)
     seed = kwargs.pop("seed", seed)
@@ -68,12 +69,10 @@ def _generated_rows(cfg: DataConfig, seed: int) -> Dataset:
         raise DataError(f"data.generator {cfg.generator!r}: bad data.generator_kwargs {cfg.generator_kwargs}: {e}") from e
     if not rows:
         raise DataError(f"data.generator {cfg.generator!r} made no rows; set data.generator_kwargs.size > 0")
-    return Dataset.from_list(rows)
+    return Rows.from_list(rows)
 
 
-def _file_rows(files: list[str], streaming: bool) -> Dataset | IterableDataset:
-    from datasets import load_dataset
-
+def _file_rows(files: list[str], streaming: bool) -> Rows | Dataset | IterableDataset:
     paths = [Path(f).expanduser() for f in files]
     builders = set()
     for p in paths:
@@ -87,8 +86,16 @@ def _file_rows(files: list[str], streaming: bool) -> Dataset | IterableDataset:
         builders.add(FILE_BUILDERS[p.suffix.lower()])
     if len(builders) > 1:
         raise DataError(f"data.files mixes formats ({', '.join(sorted(builders))}); convert them to one format")
+    builder = builders.pop()
+    if builder == "json" and not streaming:
+        return Rows.from_list([row for p in paths for row in json_rows(p)])
+    from datasets import load_dataset
+
+    from grpo_cli.models.loading import quiet_datasets
+
+    quiet_datasets()
     try:
-        return load_dataset(builders.pop(), data_files=[str(p) for p in paths], split="train", streaming=streaming)
+        return load_dataset(builder, data_files=[str(p) for p in paths], split="train", streaming=streaming)
     except Exception as e:
         raise DataError(f"data.files: could not read {files}: {type(e).__name__}: {e}") from e
 
@@ -106,6 +113,9 @@ def _parquet_rows(path: Path) -> int | None:
 def _dataset_rows(cfg: DataConfig) -> Dataset | IterableDataset:
     from datasets import DatasetDict, load_dataset, load_from_disk
 
+    from grpo_cli.models.loading import quiet_datasets
+
+    quiet_datasets()
     folder = Path(cfg.dataset).expanduser()
     try:
         if (folder / "state.json").is_file() or (folder / "dataset_dict.json").is_file():  # Dataset.save_to_disk

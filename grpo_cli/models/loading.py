@@ -59,21 +59,21 @@ def has_dropout(model: Any) -> bool:
 
 
 def quiet_libraries() -> None:
-    """transformers' and datasets' own progress bars and info logs would drown ours ("Generating train split" when
-    data files load; all of them with --verbose)."""
+    """transformers' own progress bars and info logs would drown ours (all of them with --verbose); datasets' are
+    turned off where grpo imports it (`quiet_datasets`: a run from a generator or JSON files does not)."""
     if verbose():
         return
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    quiet_datasets()
     # bitsandbytes (imported by peft) warns on CPU that an optional kernels package is missing; it falls back
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
 
 
 def quiet_datasets() -> None:
-    """datasets' progress bars and info logs off (all of them with --verbose); no transformers, no torch imported."""
+    """datasets' progress bars and info logs off ("Generating train split" when data files load; all of them with
+    --verbose); no transformers, no torch imported. Called where grpo imports datasets."""
     if verbose():
         return
     import datasets

@@ -170,15 +170,18 @@ def test_a_loaded_runs_position_and_a_streamed_one_do_not_mix(shards, tok):
 
 
 def test_streaming_writes_nothing_to_the_datasets_cache(shards, tmp_path, monkeypatch):
-    """Loading JSON Lines converts them into Arrow files in the datasets cache; a stream reads them in place."""
+    """Loading Parquet files converts them into Arrow files in the datasets cache; a stream reads them in place, and
+    loaded JSON Lines are read by grpo itself (grpo_cli/data/table.py): nothing written either."""
     import datasets
 
     cache = tmp_path / "hf-datasets"
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
     questions(rows(cfg_of(shards)), 2 * ROWS)
+    questions(rows(cfg_of(shards, "parquet")), 2 * ROWS)
+    load_rows(cfg_of(shards, streaming=False), 0)
     written = [p for p in cache.rglob("*") if p.is_file()] if cache.exists() else []
     assert [p for p in written if p.suffix == ".arrow"] == []
-    load_rows(cfg_of(shards, streaming=False), 0)
+    load_rows(cfg_of(shards, "parquet", streaming=False), 0)
     assert len(list(cache.rglob("*.arrow"))) >= 1  # the loaded way does write them (the test can fail)
 
 
