@@ -112,19 +112,20 @@ def library() -> ctypes.CDLL | None:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
     """F.linear(x, weight, bias) by the kernel where it is faster (float32 on a CPU, `FEW_ROWS` rows, inside
     `sampling()`; outside autograd: the caller's to check); else -> None."""
-    if (not getattr(_sampling, "on", False) or x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32 or weight.dim() != 2
-            or not weight.is_contiguous() or x.dim() == 0 or x.shape[-1] != weight.shape[1] or (bias is not None and bias.dtype != torch.float32)):
+    if not getattr(_sampling, "on", False) or not x.is_cpu or x.dtype != torch.float32 or x.dim() == 0:
         return None
-    rows = x.numel() // max(x.shape[-1], 1)
-    if rows not in FEW_ROWS or weight.shape[0] == 0 or weight.shape[1] == 0:
+    k = x.shape[-1]
+    rows = x.numel() // k if k else 0
+    if (rows not in FEW_ROWS or weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] != k
+            or weight.shape[0] == 0 or not weight.is_contiguous() or (bias is not None and bias.dtype != torch.float32)):
         return None
     lib = library()
     if lib is None:
         return None
-    x2, w = x.reshape(rows, x.shape[-1]).contiguous(), weight
-    y = torch.empty(rows, w.shape[0], dtype=torch.float32)
-    lib.few_rows_product(x2.data_ptr(), rows, w.data_ptr(), w.shape[0], w.shape[1], y.data_ptr(),
+    x = x if x.is_contiguous() else x.contiguous()
+    y = torch.empty((*x.shape[:-1], weight.shape[0]), dtype=torch.float32)
+    lib.few_rows_product(x.data_ptr(), rows, weight.data_ptr(), weight.shape[0], k, y.data_ptr(),
                          torch.get_num_threads())
     if bias is not None:
         y.add_(bias)
-    return y.view(*x.shape[:-1], w.shape[0])
+    return y

@@ -74,11 +74,14 @@ class AccumulatingLinear(torch.autograd.Function):
 
 
 def accumulating_forward(self, x: torch.Tensor) -> torch.Tensor:
-    if (torch.is_grad_enabled() and self.weight.requires_grad and whole_tensor(self.weight)
-            and (self.bias is None or whole_tensor(self.bias)) and not torch.is_autocast_enabled(x.device.type)):
-        return AccumulatingLinear.apply(x, self.weight, self.bias)
-    if not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
-            or torch.is_autocast_enabled(x.device.type)):
+    autocast = torch.is_autocast_enabled(x.device.type)
+    if torch.is_grad_enabled():
+        if (self.weight.requires_grad and whole_tensor(self.weight) and (self.bias is None or whole_tensor(self.bias))
+                and not autocast):
+            return AccumulatingLinear.apply(x, self.weight, self.bias)
+        if x.requires_grad or self.weight.requires_grad or (self.bias is not None and self.bias.requires_grad):
+            return type(self).forward(self, x)
+    if not autocast:
         y = few_rows.linear(x, self.weight, self.bias)  # a decode step's few rows: read at the memory's speed
         if y is not None:
             return y
