@@ -117,7 +117,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
     if (rows not in FEW_ROWS or weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] != k
-            or weight.shape[0] == 0 or not weight.is_contiguous() or (bias is not None and bias.dtype != torch.float32)):
+            or weight.shape[0] == 0 or not weight.is_contiguous()
+            or (bias is not None and bias.dtype != torch.float32)):
         return None
     lib = library()
     if lib is None:

@@ -68,7 +68,8 @@ def test_json_files_in_each_form_load_as_datasets_loads_them(tmp_path, form):
     elif form == "array":
         path.write_text(json.dumps(plain, indent=1))
     else:
-        path.write_text(json.dumps({k: [r[k] for r in plain if k in r] for k in plain[0]}, indent=1))  # "source" shorter
+        columns = {k: [r[k] for r in plain if k in r] for k in plain[0]}  # "source" shorter: its last reads None
+        path.write_text(json.dumps(columns, indent=1))
     cfg = DataConfig(files=[str(path)], prompt_column="question")
     loaded = load_rows(cfg, 0)
     assert isinstance(loaded, Rows)
