@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main() -> None:
-    from decode_shape import arguments, chat_rows, generate_floor
+    from decode_shape import alternating_generates, arguments, chat_rows, generate_floor
     from transformers import AutoTokenizer
     from vs_trl import SMOLLM2
 
@@ -40,21 +40,11 @@ def main() -> None:
     gen = HFGenerator(model, tok, RolloutConfig(max_completion_length=a.new_tokens, temperature=1.0))
     made = preallocated.preallocated
     caches = {"dynamic (transformers')": lambda cache, model, capacity: cache, "preallocated (grpo's)": made}
-    times: dict[str, list[float]] = {name: [] for name in caches}
-    same, tokens = True, []
-    for k in range(a.repeats + 1):
-        drawn = []
-        for name, fn in caches.items():
-            preallocated.preallocated = fn
-            torch.manual_seed(k)
-            t0 = time.perf_counter()
-            ids, mask, _, _ = gen._run(rows, max_new_tokens=a.new_tokens)
-            if k:  # the first round warms up
-                times[name].append(time.perf_counter() - t0)
-            drawn.append(ids)
-            tokens.append(float(mask.sum(1).float().mean()))
-        same &= torch.equal(*drawn)
+    sides = {name: partial(setattr, preallocated, "preallocated", fn) for name, fn in caches.items()}
+    times, rounds = alternating_generates(gen, rows, a.new_tokens, a.repeats, sides)
     preallocated.preallocated = made
+    same = all(torch.equal(dynamic[0], mine[0]) for dynamic, mine in rounds)
+    tokens = [float(mask.sum(1).float().mean()) for drawn in rounds for _, mask in drawn]
     floor, machine, width = generate_floor(folder, prompts, a.new_tokens, a.threads)
     print(f"SmolLM2-135M-Instruct float32 (grpo's attention: {model.config._attn_implementation}), 16 rows, {width:.0f} "
           f"prompt + {a.new_tokens} new tokens (mean {statistics.fmean(tokens):.1f} drawn), {a.threads} threads; "

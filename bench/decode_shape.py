@@ -1,10 +1,12 @@
-"""What bench/sampling_draw.py and bench/decode_cache.py share: bench/vs_trl.py's decoding shape (SmolLM2-135M-Instruct,
-2 chat prompts x 8 rows), their command line, and that generate's floor on this machine (bench/floors.py)."""
+"""What bench/sampling_draw.py, bench/decode_cache.py and bench/few_rows.py share: bench/vs_trl.py's decoding shape
+(SmolLM2-135M-Instruct, 2 chat prompts x 8 rows), their command line, generates alternating between two ways of
+decoding, and that generate's floor on this machine (bench/floors.py)."""
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import time
 
 import torch
 
@@ -26,6 +28,26 @@ def chat_rows(tok) -> tuple[list[list[int]], list[list[int]]]:
                for x, y in ((17, 25), (8, 34))]
     prompts = [list(p["input_ids"] if hasattr(p, "keys") else p) for p in prompts]
     return prompts, [p for p in prompts for _ in range(8)]
+
+
+def alternating_generates(gen, rows: list[list[int]], new_tokens: int, repeats: int, sides: dict):
+    """`gen`'s generate of `rows` once a side in each of repeats + 1 rounds, the sides alternating (`sides`: name -> a
+    function that puts that side in place), seed k in round k for every side, round 0 untimed (it warms up) ->
+    ({name: [seconds]}, one [(ids, mask) of each side] a round)."""
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    rounds = []
+    for k in range(repeats + 1):
+        drawn = []
+        for name, use in sides.items():
+            use()
+            torch.manual_seed(k)
+            t0 = time.perf_counter()
+            ids, mask, _, _ = gen._run(rows, max_new_tokens=new_tokens)
+            if k:
+                times[name].append(time.perf_counter() - t0)
+            drawn.append((ids, mask))
+        rounds.append(drawn)
+    return times, rounds
 
 
 def generate_floor(folder: str, prompts: list[list[int]], new_tokens: int, threads: int):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -53,7 +54,7 @@ def rows_table(model) -> None:
 
 
 def main() -> None:
-    from decode_shape import arguments, chat_rows, generate_floor
+    from decode_shape import alternating_generates, arguments, chat_rows, generate_floor
     from transformers import AutoTokenizer
     from vs_trl import SMOLLM2
 
@@ -74,22 +75,12 @@ def main() -> None:
     prompts, rows = chat_rows(tok)
     gen = HFGenerator(model, tok, RolloutConfig(max_completion_length=a.new_tokens, temperature=1.0))
     kernel_rows = few_rows.FEW_ROWS
-    sides = {"torch's product": range(0), "few_rows kernel": kernel_rows}
-    times: dict[str, list[float]] = {name: [] for name in sides}
-    same = total = 0
-    for k in range(a.repeats + 1):
-        drawn = []
-        for name, span in sides.items():
-            few_rows.FEW_ROWS = span
-            torch.manual_seed(k)
-            t0 = time.perf_counter()
-            ids, _, _, _ = gen._run(rows, max_new_tokens=a.new_tokens)
-            if k:  # the first round warms up
-                times[name].append(time.perf_counter() - t0)
-            drawn.append(ids)
-        few_rows.FEW_ROWS = kernel_rows
-        same += sum(torch.equal(x, y) for x, y in zip(*drawn))
-        total += len(rows)
+    spans = {"torch's product": range(0), "few_rows kernel": kernel_rows}
+    sides = {name: partial(setattr, few_rows, "FEW_ROWS", span) for name, span in spans.items()}
+    times, rounds = alternating_generates(gen, rows, a.new_tokens, a.repeats, sides)
+    few_rows.FEW_ROWS = kernel_rows
+    same = sum(torch.equal(x, y) for (theirs, _), (mine, _) in rounds for x, y in zip(theirs, mine))
+    total = len(rows) * len(rounds)
     floor, machine, width = generate_floor(folder, prompts, a.new_tokens, a.threads)
     print(f"\nSmolLM2-135M-Instruct float32, 16 rows, {width:.0f} prompt + {a.new_tokens} new tokens, {a.threads} "
           f"threads; {machine.how}")

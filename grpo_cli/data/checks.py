@@ -33,8 +33,8 @@ STREAM_CHECK_ROWS = 1000  # data.streaming: the rows whose answers are checked (
 
 
 def _json_columns(path: Path, n: int) -> list[str]:
-    """Columns of the first n rows of a JSON Lines file or JSON document (_json_rows): the union, as datasets reads
-    them."""
+    """Columns of the first n rows of a JSON Lines file or JSON document (data/table.py's json_rows): the union, as
+    a run reads them."""
     columns: dict[str, None] = {}
     for row in json_rows(path, n):
         columns.update(dict.fromkeys(row))

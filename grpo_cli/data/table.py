@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
+import numbers
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -58,10 +59,10 @@ class Rows:
             if key not in self._columns:
                 raise KeyError(f"no column {key!r}; columns: {', '.join(self._columns)}")
             return copy.deepcopy(self._columns[key])
-        if isinstance(key, int):
-            i = range(self._len)[key]  # IndexError past the end; a negative index counts from it
+        if isinstance(key, numbers.Integral):  # an int, numpy's too
+            i = range(self._len)[int(key)]  # IndexError past the end; a negative index counts from it
             return {name: copy.deepcopy(values[i]) for name, values in self._columns.items()}
-        indices = range(self._len)[key] if isinstance(key, slice) else [range(self._len)[i] for i in key]
+        indices = range(self._len)[key] if isinstance(key, slice) else [range(self._len)[int(i)] for i in key]
         return {name: [copy.deepcopy(values[i]) for i in indices] for name, values in self._columns.items()}
 
     def __iter__(self) -> Iterator[dict[str, Any]]:

@@ -1,12 +1,11 @@
 """Products of a few rows against a large weight on the CPU, at the memory's speed rather than the library's.
 
 A decode step multiplies a batch of a few rows (a group's 16 completions: 16 x 576) by every weight of the model, so
-its time is reading the weights once: SmolLM2-135M's 0.54 GB at this 2-core machine's 25 GB/s is 21 ms a step. torch's
-float32 product (MKL's sgemm) reads them at 10-15 GB/s at 4-24 rows, which made its products 1.6 s of a 2.4 s
-generate (bench/RESULTS.md). `few_rows.c` reads each
-block of 4 rows of the weight once, multiplies it from the L1 cache by 4 rows of the batch at a time, and prefetches
-the next block while it does: 15-21 GB/s at 4-16 rows (`python bench/few_rows.py`); at 1-3 rows and past 24 torch's
-product is as fast or faster.
+its time is reading the weights once: SmolLM2-135M's 0.54 GB at this 2-core machine's 25 GB/s is 21 ms a step.
+torch's float32 product (MKL's sgemm) reads them at 10-15 GB/s at 4-24 rows, which made its products 1.6 s of a 2.4 s
+generate (bench/RESULTS.md). `few_rows.c` reads each block of 4 rows of the weight once, multiplies it from the L1
+cache by 4 rows of the batch at a time, and prefetches the next block while it does: 15-22 GB/s at 4-16 rows
+(`python bench/few_rows.py`); at 1-3 rows and past 24 torch's product is as fast or faster.
 
 The sums are the same products in another order (each output's 16-lane partial sums over K, then their reduction),
 so the results equal torch's to float rounding, not bit for bit; each output is one thread's sum in a fixed order,

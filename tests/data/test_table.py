@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 from datasets import Dataset
 
@@ -28,7 +29,7 @@ def test_every_operation_grpo_uses_gives_what_a_dataset_gives():
         [{**r, "question": str(r["question"])} for r in ROWS])
     assert rows.column_names == ds.column_names == ["question", "answer", "level", "tags", "source"]
     assert len(rows) == len(ds) == 4
-    for key in (0, 3, -1, [3, 0, 0], range(1, 3), slice(0, 4, 2), "tags", "source"):
+    for key in (0, 3, -1, [3, 0, 0], range(1, 3), slice(0, 4, 2), "tags", "source", np.int64(2), np.array([1, 2])):
         assert rows[key] == ds[key], key
     assert list(rows) == list(ds)  # a row a key lacks reads None, as in datasets
     assert rows.select([2, 1]).to_dict() == ds.select([2, 1]).to_dict()
