@@ -100,8 +100,10 @@ class EmbeddingLookup(torch.autograd.Function):
     weight: ChunkedHead's backward ran first, the head reading what the embedding began) the head's gradient, else a
     new zero tensor. F.embedding's own backward makes a dense [V, H] gradient on every call, one head size beside the
     kept one (1.09 GB a micro-batch for Qwen2.5-7B's input embedding in bfloat16). The rows are added with
-    `index_put_(accumulate=True)`: a row's repeats summed in the order of a sort on a GPU (the same on every run), and
-    no wait for the GPU (no count of distinct ids, no mask of the padding's)."""
+    `index_put_(accumulate=True)` on a GPU: a row's repeats summed in the order of a sort (the same on every run), and
+    no wait for the GPU (no count of distinct ids, no mask of the padding's). On a CPU that call adds them with atomic
+    adds across threads (another order, and rounding, on every run), so there `index_add_` sums them in the ids'
+    order, as F.embedding's own backward does."""
 
     @staticmethod
     def forward(ctx, ids: torch.Tensor, weight: torch.Tensor, shared: Shared | None,
@@ -122,7 +124,10 @@ class EmbeddingLookup(torch.autograd.Function):
         ids, rows = ids.reshape(-1), grad_out.reshape(-1, grad_out.shape[-1]).to(grad.dtype)
         if ctx.padding_idx is not None:
             rows = rows.masked_fill((ids == ctx.padding_idx)[:, None], 0)
-        grad.index_put_((ids,), rows, accumulate=True)
+        if grad.device.type == "cpu":
+            grad.index_add_(0, ids, rows)
+        else:
+            grad.index_put_((ids,), rows, accumulate=True)
         return None, (None if grad is kept else grad), None, None
 
 

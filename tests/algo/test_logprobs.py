@@ -401,3 +401,31 @@ def test_rows_of_repeats_rows_as_indexing_does():
         mine = torch.autograd.grad((out * weights).sum(), t)[0]
         theirs = torch.autograd.grad((t[inverse] * weights).sum(), t)[0]
         torch.testing.assert_close(mine, theirs)
+
+
+def test_the_embeddings_gradient_on_a_cpu_is_the_same_on_every_run():
+    """EmbeddingLookup's backward adds each looked-up row into the weight's gradient: a token repeated (a group's
+    prompt, a common word) sums several rows into one. torch's `index_put_(accumulate=True)` does it on a CPU with
+    atomic adds across threads above 32,768 elements (the order, and so the rounding, changed from run to run: two
+    quickstart runs' embeddings differed after step 1); `index_add_` sums them in the ids' order, as F.embedding's own
+    backward does, bit for bit."""
+    from grpo_cli.algo.head_gradient import EmbeddingLookup
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 50, (4, 150), generator=g)  # 600 ids over 50 rows: every row repeated
+    upstream = torch.randn(4, 150, 64, generator=g)
+    weight = torch.randn(97, 64, generator=g)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        grads = set()
+        for _ in range(20):
+            w = weight.clone().requires_grad_()
+            EmbeddingLookup.apply(ids, w, None, None).backward(upstream)
+            grads.add(w.grad.numpy().tobytes())
+        plain = weight.clone().requires_grad_()
+        torch.nn.functional.embedding(ids, plain).backward(upstream)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(grads) == 1
+    assert grads.pop() == plain.grad.numpy().tobytes()
