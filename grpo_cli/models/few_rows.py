@@ -90,9 +90,9 @@ def library() -> ctypes.CDLL | None:
     """The compiled kernel, or None where it cannot be had (logged once)."""
     if os.environ.get(OFF_ENV, "").lower() in ("off", "0", "false"):
         return None
-    compiler = shutil.which("cc") or shutil.which("gcc")
     if platform.system() != "Linux" or platform.machine() != "x86_64" or " avx512f" not in _cpu_flags():
         return None
+    compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         log.info("no C compiler: the CPU's few-row products are torch's")
         return None

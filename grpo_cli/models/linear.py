@@ -21,8 +21,8 @@ Installed by `use_accumulating_linears` on every plain `nn.Linear` (the LM head 
 take it over; LoRA's A and B; not subclasses such as quantized layers). It runs under autograd without autocast
 (whose casts a custom function would have to repeat), on a trained weight holding its whole value (not an FSDP or
 ZeRO-3 shard); otherwise the class's own forward, or, outside autograd while sampling, on a decode step's few rows
-in float32 on a CPU, models/few_rows.py's product (torch's to float rounding, faster). The lean MLP's down and up projections
-(models/swiglu.py) add their weight gradients the same way through `weight_gradient`.
+in float32 on a CPU, models/few_rows.py's product (torch's to float rounding, faster). The lean MLP's down and up
+projections (models/swiglu.py) add their weight gradients the same way through `weight_gradient`.
 """
 
 from __future__ import annotations
