@@ -252,7 +252,8 @@ def saved_for_backward(model):
 
 
 def counted_applies(monkeypatch, function) -> list:
-    """The calls of an autograd function's `apply` from here to the test's end: a list that fills with one entry each."""
+    """The calls of an autograd function's `apply` from here to the test's end: a list that fills with one entry
+    each."""
     calls: list[int] = []
     real = function.apply
     monkeypatch.setattr(function, "apply", lambda *a: calls.append(1) or real(*a))
@@ -281,6 +282,29 @@ def tiny_model(seed: int = 0):
         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
     )
     return AutoModelForCausalLM.from_config(cfg)
+
+
+class IdsTokenizer:
+    """What the hf backend asks of a tokenizer, for sampling tests: pad 0, end of turn 1, ids decoded as numbers."""
+
+    pad_token_id, eos_token_id = 0, 1
+
+    def batch_decode(self, lists, skip_special_tokens=True):
+        return [" ".join(map(str, x)) for x in lists]
+
+
+def tiny_sampler(dtype=None):
+    """A random 2-layer Qwen2 to sample from (vocabulary 64, 4 query heads on 2 key/value heads, as Qwen2.5's; tied
+    head), its generation config ending at 1 and padding with 0 (`IdsTokenizer`'s)."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(cfg).to(dtype or torch.float32)
+    model.generation_config = GenerationConfig(eos_token_id=1, pad_token_id=0)
+    return model
 
 
 def tiny_lm(kind: str):

@@ -10,14 +10,14 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 from grpo_cli.models import few_rows
 from grpo_cli.models.linear import use_accumulating_linears
 from grpo_cli.recipe.schema import RolloutConfig
 from grpo_cli.rollout.hf import HFGenerator
 
-from helpers import chi_square_p
+from helpers import IdsTokenizer as Tok, chi_square_p, tiny_sampler
 
 torch.set_num_threads(1)
 
@@ -89,11 +89,7 @@ def test_outside_its_cases_it_leaves_the_product_to_torch():
 
 
 def tiny() -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, tie_word_embeddings=True)
-    model = Qwen2ForCausalLM(cfg).float().eval()
-    model.generation_config = GenerationConfig(eos_token_id=1, pad_token_id=0)
+    model = tiny_sampler().eval()
     use_accumulating_linears(model)
     return model
 
@@ -158,13 +154,6 @@ def test_generate_through_it_samples_the_policys_distribution(monkeypatch):
         small = p * len(drawn) < 5
         pooled = lambda v: torch.cat([v[~small], v[small].sum().view(1)])  # noqa: E731
         assert chi_square_p(pooled(counts), pooled(p)) > 0.01, position
-
-
-class Tok:
-    pad_token_id, eos_token_id = 0, 1
-
-    def batch_decode(self, lists, skip_special_tokens=True):
-        return [" ".join(map(str, x)) for x in lists]
 
 
 def test_a_machine_that_cannot_build_it_keeps_torchs_products(tmp_path, monkeypatch):

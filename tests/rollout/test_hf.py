@@ -7,7 +7,7 @@ its full length. And truncated sampling
 
 import pytest
 import torch
-from transformers import GenerationConfig, LogitsProcessorList, Qwen2Config, Qwen2ForCausalLM
+from transformers import LogitsProcessorList
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 import grpo_cli.rollout.hf as hf
@@ -19,25 +19,9 @@ from grpo_cli.rollout.common import left_pad
 from grpo_cli.rollout.hf import HFGenerator, SamplerLogprobs, SamplingCopy, native_bf16, sampler_dtype
 from grpo_cli.rollout.preallocated import PreallocatedLayer, preallocated
 
-from helpers import chi_square_p, cli, read_jsonl
+from helpers import IdsTokenizer as Tok, chi_square_p, cli, read_jsonl, tiny_sampler as tiny
 
 torch.set_num_threads(1)
-
-
-class Tok:
-    pad_token_id, eos_token_id = 0, 1
-
-    def batch_decode(self, lists, skip_special_tokens=True):
-        return [" ".join(map(str, x)) for x in lists]
-
-
-def tiny(dtype=torch.float32) -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, tie_word_embeddings=True)
-    model = Qwen2ForCausalLM(cfg).to(dtype)
-    model.generation_config = GenerationConfig(eos_token_id=1, pad_token_id=0)
-    return model
 
 
 PROMPTS = [[5, 6, 7, 8], [9, 10]]

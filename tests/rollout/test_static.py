@@ -4,30 +4,15 @@ samples; the compiled path is checked against eager here on the CPU (inductor) a
 
 import pytest
 import torch
-from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 from grpo_cli.recipe.schema import RolloutConfig
 from grpo_cli.rollout.hf import HFGenerator
 from grpo_cli.rollout.static import StaticDecoding, compile_wanted
 
+from helpers import IdsTokenizer as Tok, tiny_sampler as tiny
+
 torch.set_num_threads(1)
 
-
-class Tok:
-    pad_token_id, eos_token_id = 0, 1
-
-    def batch_decode(self, lists, skip_special_tokens=True):
-        return [" ".join(map(str, x)) for x in lists]
-
-
-def tiny() -> Qwen2ForCausalLM:
-    """Grouped-query attention (4 query heads, 2 key/value heads), as Qwen2.5's."""
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, tie_word_embeddings=True)
-    model = Qwen2ForCausalLM(cfg)
-    model.generation_config = GenerationConfig(eos_token_id=1, pad_token_id=0)
-    return model
 
 STEP1 = [[5, 6, 7, 8], [9, 10]]  # two prompts x G=3, left-padded to 4
 STEP2 = [[11, 12, 13, 14, 15, 16], [17, 18, 19]]  # wider: another padding
