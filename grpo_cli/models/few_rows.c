@@ -11,21 +11,30 @@
    block of 4 rows of W (`ahead`; null for the last blocks) is prefetched a cache line per step, its lines spread
    over the `passes` tiles that read this block, so the memory read runs under the products. */
 static inline __attribute__((always_inline)) void tile(const float* x, const float* w, long K, float* y, long ldy,
-                                                       int rb, int nb, const float* ahead, long pass, long passes) {
+                                                       int rb, int nb, const float* ahead, long pass, long passes,
+                                                       int add) {
   __m512 acc[16];
   for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
-  long steps = (K + 15) / 16, lines = steps * 4;
+  long steps = (K + 15) / 16, lines = steps * 4, whole = K / 16;
   for (long s = 0; s < steps; s++) {
     long k = s * 16;
-    if (ahead)
+    if (ahead) /* this tile's share of the next block's lines */
       for (long line = pass * steps + s; line < lines; line += steps * passes)
-        _mm_prefetch((const char*)(ahead + (line % 4) * K + (line / 4) * 16), _MM_HINT_T0);
-    __mmask16 m = (k + 16 <= K) ? (__mmask16)0xFFFF : (__mmask16)((1u << (K - k)) - 1);
+        _mm_prefetch((const char*)(ahead + (line & 3) * K + (line >> 2) * 16), _MM_HINT_T0);
     __m512 wv[4];
-    for (int j = 0; j < nb; j++) wv[j] = _mm512_maskz_loadu_ps(m, w + j * K + k);
-    for (int r = 0; r < rb; r++) {
-      __m512 xv = _mm512_maskz_loadu_ps(m, x + r * K + k);
-      for (int j = 0; j < nb; j++) acc[r * 4 + j] = _mm512_fmadd_ps(wv[j], xv, acc[r * 4 + j]);
+    if (s < whole) { /* whole vectors of K: plain loads (the masked ones below cost a third of the products) */
+      for (int j = 0; j < nb; j++) wv[j] = _mm512_loadu_ps(w + j * K + k);
+      for (int r = 0; r < rb; r++) {
+        __m512 xv = _mm512_loadu_ps(x + r * K + k);
+        for (int j = 0; j < nb; j++) acc[r * 4 + j] = _mm512_fmadd_ps(wv[j], xv, acc[r * 4 + j]);
+      }
+    } else { /* K's last K % 16 */
+      __mmask16 m = (__mmask16)((1u << (K - k)) - 1);
+      for (int j = 0; j < nb; j++) wv[j] = _mm512_maskz_loadu_ps(m, w + j * K + k);
+      for (int r = 0; r < rb; r++) {
+        __m512 xv = _mm512_maskz_loadu_ps(m, x + r * K + k);
+        for (int j = 0; j < nb; j++) acc[r * 4 + j] = _mm512_fmadd_ps(wv[j], xv, acc[r * 4 + j]);
+      }
     }
   }
   /* the 16 accumulators' sums in one vector, halves then quarters of 128-bit lanes then pairs of lanes added (a
@@ -43,12 +52,12 @@ static inline __attribute__((always_inline)) void tile(const float* x, const flo
   float sums[16];
   _mm512_storeu_ps(sums, _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD)));
   for (int r = 0; r < rb; r++)
-    for (int j = 0; j < nb; j++) y[r * ldy + j] = sums[4 * j + r];
+    for (int j = 0; j < nb; j++) y[r * ldy + j] = add ? y[r * ldy + j] + sums[4 * j + r] : sums[4 * j + r];
 }
 
-/* Rows [n0, n1) of W against every row of x: blocks of 4 rows of W, each read once from memory and then from the
-   L1 cache by the ceil(R / 4) tiles of 4 rows of x. */
-static void block_rows(const float* x, long R, const float* W, long n0, long n1, long N, long K, float* y) {
+/* Rows [n0, n1) of W against every row of x, into (add: added to) y[:, n0:n1]: blocks of 4 rows of W, each read once
+   from memory and then from the L1 cache by the ceil(R / 4) tiles of 4 rows of x. decode_layer.c's products too. */
+void few_rows_block(const float* x, long R, const float* W, long n0, long n1, long N, long K, float* y, int add) {
   long passes = (R + 3) / 4;
   for (long n = n0; n < n1; n += 4) {
     int nb = (n1 - n >= 4) ? 4 : (int)(n1 - n);
@@ -57,7 +66,7 @@ static void block_rows(const float* x, long R, const float* W, long n0, long n1,
       int rb = (R - r >= 4) ? 4 : (int)(R - r);
       switch (rb * 8 + nb) { /* each tile shape a constant, unrolled by the compiler */
 #define TILE(RB, NB) \
-  case RB * 8 + NB: tile(x + r * K, W + n * K, K, y + r * N + n, N, RB, NB, ahead, pass, passes); break;
+  case RB * 8 + NB: tile(x + r * K, W + n * K, K, y + r * N + n, N, RB, NB, ahead, pass, passes, add); break;
         TILE(4, 4) TILE(4, 3) TILE(4, 2) TILE(4, 1) TILE(3, 4) TILE(3, 3) TILE(3, 2) TILE(3, 1)
         TILE(2, 4) TILE(2, 3) TILE(2, 2) TILE(2, 1) TILE(1, 4) TILE(1, 3) TILE(1, 2) TILE(1, 1)
 #undef TILE
@@ -74,6 +83,6 @@ void few_rows_product(const float* x, long R, const float* W, long N, long K, fl
   {
     long t = omp_get_thread_num(), nt = omp_get_num_threads();
     long per = (blocks + nt - 1) / nt, b0 = t * per, b1 = b0 + per < blocks ? b0 + per : blocks;
-    if (b0 < b1) block_rows(x, R, W, b0 * 4, b1 * 4 < N ? b1 * 4 : N, N, K, y);
+    if (b0 < b1) few_rows_block(x, R, W, b0 * 4, b1 * 4 < N ? b1 * 4 : N, N, K, y, 0);
   }
 }
