@@ -1,10 +1,12 @@
 """The products of a decode step's few rows: torch's float32 product against grpo's kernel (grpo_cli/models/
-few_rows.py, issue 40 item 2), first each alone over SmolLM2-135M's weights at 1-96 rows, then in a whole `generate`.
+few_rows.py, issue 40 item 2), first each alone over SmolLM2-135M's weights at 1-96 rows, then in a whole `generate`
+beside the decoder layers fused around the kernel (grpo_cli/models/decode_layer.py).
 
 bench/vs_trl.py's shape: SmolLM2-135M-Instruct loaded as `grpo train` loads it, float32, 2 prompts x 8 rows, 32 new
-tokens, `--threads` threads; the two products alternate, each seed drawn by both (how many rows came out the same
-is printed: the sums are the same to float rounding, so a row can differ where a draw falls on a rounding's edge),
-beside the weight-read floor of that generate on this machine (bench/floors.py).
+tokens, `--threads` threads; the three ways alternate (torch's products and the model's layers; the kernel's products
+and the model's layers; the kernel's products in the fused layers, as `grpo train` samples), each seed drawn by all
+(how many rows came out as torch's is printed: the sums are the same to float rounding, so a row can differ where a
+draw falls on a rounding's edge), beside the weight-read floor of that generate on this machine (bench/floors.py).
 
     python bench/few_rows.py [--repeats 5] [--threads 2]
 """
@@ -35,7 +37,7 @@ def best(fn, repeats: int = 5) -> float:
 
 def rows_table(model) -> None:
     """GB/s of every product weight of `model` read once, at each row count, torch's against the kernel's."""
-    from grpo_cli.models import few_rows
+    from grpo_cli.models import decode_layer, few_rows
 
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
     total = sum(w.numel() * 4 for w in weights)
@@ -58,7 +60,7 @@ def main() -> None:
     from transformers import AutoTokenizer
     from vs_trl import SMOLLM2
 
-    from grpo_cli.models import few_rows
+    from grpo_cli.models import decode_layer, few_rows
     from grpo_cli.models.loading import load_model, resolve_model_source
     from grpo_cli.recipe.schema import ModelConfig, RolloutConfig
     from grpo_cli.rollout.hf import HFGenerator
@@ -74,12 +76,16 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(folder)
     prompts, rows = chat_rows(tok)
     gen = HFGenerator(model, tok, RolloutConfig(max_completion_length=a.new_tokens, temperature=1.0))
-    kernel_rows = few_rows.FEW_ROWS
-    spans = {"torch's product": range(0), "few_rows kernel": kernel_rows}
-    sides = {name: partial(setattr, few_rows, "FEW_ROWS", span) for name, span in spans.items()}
+    kernel_rows, fused = few_rows.FEW_ROWS, decode_layer.LAYERS
+
+    def use(span: range, layers: set) -> None:
+        few_rows.FEW_ROWS, decode_layer.LAYERS = span, layers
+
+    sides = {"torch's products": partial(use, range(0), set()), "few_rows kernel": partial(use, kernel_rows, set()),
+             "kernel + fused layers": partial(use, kernel_rows, fused)}
     times, rounds = alternating_generates(gen, rows, a.new_tokens, a.repeats, sides)
-    few_rows.FEW_ROWS = kernel_rows
-    same = sum(torch.equal(x, y) for (theirs, _), (mine, _) in rounds for x, y in zip(theirs, mine))
+    use(kernel_rows, fused)
+    same = [sum(torch.equal(x, y) for drawn in rounds for x, y in zip(drawn[0][0], drawn[k][0])) for k in (1, 2)]
     total = len(rows) * len(rounds)
     floor, machine, width = generate_floor(folder, prompts, a.new_tokens, a.threads)
     print(f"\nSmolLM2-135M-Instruct float32, 16 rows, {width:.0f} prompt + {a.new_tokens} new tokens, {a.threads} "
@@ -88,10 +94,11 @@ def main() -> None:
     for name, ts in times.items():
         g = statistics.median(ts)
         print(f"| {name} | {g:.3f} | {' '.join(f'{t:.2f}' for t in ts)} | {g / floor['seconds']:.2f}x |")
-    t, kk = (statistics.median(ts) for ts in times.values())
-    print(f"floor: {floor['what']}; rows drawn the same by both: {same} of {total}")
-    print(f"few_rows kernel: generate {kk:.3f} s against {t:.3f} s ({kk / t:.2f}x), {kk / floor['seconds']:.2f}x its "
-          f"weight-read floor")
+    t, kk, ff = (statistics.median(ts) for ts in times.values())
+    print(f"floor: {floor['what']}; rows drawn as with torch's products: {same[0]} of {total} (kernel), {same[1]} of "
+          f"{total} (fused layers)")
+    print(f"few_rows kernel in fused layers: generate {ff:.3f} s against {t:.3f} s ({ff / t:.2f}x; the kernel alone "
+          f"{kk:.3f} s, {kk / t:.2f}x), {ff / floor['seconds']:.2f}x its weight-read floor")
 
 
 if __name__ == "__main__":

@@ -14,9 +14,10 @@ autograd while a thread samples (`sampling()`: the hf backend's `generate`, for 
 on a CPU with AVX-512, at `FEW_ROWS` rows; not in the trainer's forwards without autograd (an old policy's, a
 reference's), whose log-probs are the training forward's bit for bit.
 
-The C source is compiled once per machine (`cc -O3 -march=native -fopenmp`, under a second) into
-`cache_dir()/kernels/`, keyed by the source, the compiler and the CPU's flags; where that fails (no compiler, no
-AVX-512, not Linux on x86-64) or GRPO_CPU_KERNELS=off, every product is torch's.
+The C sources (this product's and models/decode_layer.c's, which uses it) are compiled once per machine into one
+library (`cc -O3 -march=native -fopenmp`, about a second) in `cache_dir()/kernels/`, keyed by the sources, the
+compiler and the CPU's flags; where that fails (no compiler, no AVX-512, not Linux on x86-64) or GRPO_CPU_KERNELS=off,
+every product is torch's and every layer the model's own.
 """
 
 from __future__ import annotations
@@ -40,11 +41,16 @@ from grpo_cli.models.builtin import cache_dir
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("few_rows.c")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("few_rows.c", "decode_layer.c"))
 FEW_ROWS = range(4, 25)  # rows where the kernel reads faster than torch's product on the 2-core CI machine
 OFF_ENV = "GRPO_CPU_KERNELS"  # "off" or "0": torch's products everywhere
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 _sampling = threading.local()  # .on: this thread is sampling (a rollout thread beside a training one has its own)
+
+
+def is_sampling() -> bool:
+    """Whether this thread is inside `sampling()`."""
+    return getattr(_sampling, "on", False)
 
 
 @contextmanager
@@ -67,10 +73,11 @@ def _cpu_flags() -> str:
 
 
 def build(target_dir: Path, compiler: str) -> Path:
-    """Compile few_rows.c with `compiler` into `target_dir` (once: the name is the hash of what it depends on)
-    -> the shared library; raises OSError or subprocess.CalledProcessError where it cannot."""
+    """Compile the `SOURCES` with `compiler` into one library in `target_dir` (once: the name is the hash of what it
+    depends on) -> the shared library; raises OSError or subprocess.CalledProcessError where it cannot."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, " ".join(FLAGS), _cpu_flags()]).encode())
+    texts = [source.read_text() for source in SOURCES]
+    key = hashlib.sha256("\0".join([*texts, version, " ".join(FLAGS), _cpu_flags()]).encode())
     target = target_dir / f"few_rows-{key.hexdigest()[:16]}.so"
     if target.is_file():
         return target
@@ -78,7 +85,7 @@ def build(target_dir: Path, compiler: str) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=".few_rows.", suffix=".so", dir=target_dir)
     os.close(fd)
     try:
-        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, check=True)
+        subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True, check=True)
         os.replace(tmp, target)  # atomic: a process racing this one loads a whole library either way
     finally:
         Path(tmp).unlink(missing_ok=True)
@@ -105,13 +112,15 @@ def library() -> ctypes.CDLL | None:
     lib.few_rows_product.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
                                      ctypes.c_void_p, ctypes.c_int]
     lib.few_rows_product.restype = None
+    lib.decode_layer.argtypes = [ctypes.c_void_p]
+    lib.decode_layer.restype = None
     return lib
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
     """F.linear(x, weight, bias) by the kernel where it is faster (float32 on a CPU, `FEW_ROWS` rows, inside
     `sampling()`; outside autograd: the caller's to check); else -> None."""
-    if not getattr(_sampling, "on", False) or not x.is_cpu or x.dtype != torch.float32 or x.dim() == 0:
+    if not is_sampling() or not x.is_cpu or x.dtype != torch.float32 or x.dim() == 0:
         return None
     k = x.shape[-1]
     rows = x.numel() // k if k else 0

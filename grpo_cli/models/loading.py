@@ -254,11 +254,13 @@ def load_model(cfg: ModelConfig, *, device: Any = None) -> Any:
     attn_implementation of the recipe's, a grouped-query model that transformers puts on sdpa runs `sdpa_grouped`
     (models/attention.py: the same attention without repeated keys/values); gated SiLU MLPs keep two of their four
     intermediates for the backward (models/swiglu.py), RMS norms their input instead of two float32 copies
-    (models/rmsnorm.py), and linear layers add their weight gradients in place (models/linear.py)."""
+    (models/rmsnorm.py), linear layers add their weight gradients in place (models/linear.py), and Llama-style decoder
+    layers sample a decode step on the CPU in one call (models/decode_layer.py)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from grpo_cli.models import attention
+    from grpo_cli.models.decode_layer import use_fused_decode
     from grpo_cli.models.linear import use_accumulating_linears
     from grpo_cli.models.rmsnorm import use_lean_norms
     from grpo_cli.models.swiglu import use_lean_mlp
@@ -292,6 +294,7 @@ def load_model(cfg: ModelConfig, *, device: Any = None) -> Any:
     use_lean_mlp(model)
     use_lean_norms(model)
     use_accumulating_linears(model)
+    use_fused_decode(model)
     for m in model.modules() if cfg.load_in_4bit else ():
         # bitsandbytes on avx512-bf16 CPUs repacks a 4-bit weight for inference at the first no-grad eval
         # forward (generation), and later training forwards then fail in that inference-only kernel

@@ -114,7 +114,7 @@ def lean_forward(self, x: torch.Tensor) -> torch.Tensor:
     return self.down_proj(self.act_fn(gate) * up)
 
 
-def _silu(act: Any) -> bool:
+def is_silu(act: Any) -> bool:
     return isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"
 
 
@@ -122,7 +122,8 @@ def use_lean_mlp(model: torch.nn.Module) -> int:
     """Give every gated SiLU MLP of `model` the lean forward; -> how many."""
     n = 0
     for module in model.modules():
-        if all(hasattr(module, a) for a in ("gate_proj", "up_proj", "down_proj")) and _silu(getattr(module, "act_fn", None)):
+        if all(hasattr(module, a) for a in ("gate_proj", "up_proj", "down_proj")) \
+                and is_silu(getattr(module, "act_fn", None)):
             module.forward = types.MethodType(lean_forward, module)
             n += 1
     return n

@@ -53,6 +53,11 @@ class PreallocatedLayer(DynamicLayer):
         self._views()
         return self.keys, self.values
 
+    def written(self, positions: int) -> None:
+        """`positions` more were written into the buffers in place (models/decode_layer.py's decode step)."""
+        self.length += positions
+        self._views()
+
     def get_seq_length(self) -> int:
         return self.length
 
