@@ -394,6 +394,28 @@ def chi_square_p(counts, probs) -> float:
     return float(torch.special.gammaincc(torch.tensor((int(kept.sum()) - 1) / 2, dtype=torch.float64), stat / 2))
 
 
+def two_tokens_p_values(model, drawn, prompt: list[int], temperature: float) -> list[float]:
+    """Chi-square p-values of the first and second tokens `drawn` ([n, 2]) after `prompt`, by a model of 64 tokens
+    that ends a turn at 1 and pads with 0, against its own distribution at `temperature`: the first softmax(logits / T)
+    at the prompt's last position, the second that after each first token weighted by its probability (tokens with
+    fewer than 5 expected draws pooled)."""
+    import torch
+
+    with torch.no_grad():
+        rows = torch.tensor(prompt).expand(64, len(prompt))
+        logits = model(torch.cat([rows, torch.arange(64)[:, None]], 1)).logits[:, -2:].double()
+    first, then = torch.softmax(logits[0, 0] / temperature, -1), torch.softmax(logits[:, 1] / temperature, -1)
+    then[1] = torch.nn.functional.one_hot(torch.tensor(0), 64)  # after the end of turn (1): padding (0)
+    second = first @ then  # the sum over first tokens f of p(f) p(. | f)
+    out = []
+    for position, p in ((0, first), (1, second)):
+        counts = torch.bincount(drawn[:, position], minlength=64).double()
+        small = p * len(drawn) < 5
+        pooled = lambda v: torch.cat([v[~small], v[small].sum().view(1)])  # noqa: E731
+        out.append(chi_square_p(pooled(counts), pooled(p)))
+    return out
+
+
 def resident_gib() -> float:
     """What is resident now (VmRSS): the baseline of a phase, whose counter restarts from here. Not the process
     peak, which an earlier test in the same worker may have set far higher."""

@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("few_rows.c", "decode_layer.c"))
 FEW_ROWS = range(4, 25)  # rows where the kernel reads faster than torch's product on the 2-core CI machine
-OFF_ENV = "GRPO_CPU_KERNELS"  # "off" or "0": torch's products everywhere
+OFF_ENV = "GRPO_CPU_KERNELS"  # "off" or "0": torch's products and the layers' own forwards everywhere
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 _sampling = threading.local()  # .on: this thread is sampling (a rollout thread beside a training one has its own)
 
