@@ -236,8 +236,9 @@ class HFGenerator:
         self.model.eval()
         sampler = self.copy.fill(self.model) if self.copy is not None else self.model
         try:
-            # train.mixed_precision autocasts training forwards, not sampling; a decode step's few rows read the
-            # weights through models/few_rows.py's product on a CPU
+            # train.mixed_precision autocasts training forwards, not sampling; on a CPU a decode step's few rows read
+            # the weights through models/few_rows.py's product, in a Llama or Qwen2 layer fused around it
+            # (models/decode_layer.py, which needs the preallocated cache below)
             with without_autocast(sampler), few_rows.sampling():
                 # sharded weights: every process must run the same forwards, so no process-dependent prefill;
                 # rollout.cache_implementation: generate builds that cache itself; else a cache made at its full
