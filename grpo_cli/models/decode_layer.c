@@ -5,6 +5,7 @@
 #include <omp.h>
 
 void few_rows_block(const float* x, long R, const float* W, long n0, long n1, long N, long K, float* y, int add);
+void few_rows_share(long N, long t, long nt, long* n0, long* n1);
 
 /* Field for field models/decode_layer.py's `Layer`. */
 typedef struct {
@@ -18,18 +19,11 @@ typedef struct {
   float* work; /* rows x (hidden + 2 (heads + kv_heads) head_dim + 2 intermediate) + threads x (position + 1) floats */
 } Layer;
 
-/* this thread's share of N outputs, whole blocks of 4 (the tiles few_rows_block reads) */
-static void share(long N, long t, long nt, long* n0, long* n1) {
-  long blocks = (N + 3) / 4, per = (blocks + nt - 1) / nt, b0 = t * per, b1 = b0 + per < blocks ? b0 + per : blocks;
-  *n1 = b1 * 4 < N ? b1 * 4 : N;
-  *n0 = b0 * 4 < *n1 ? b0 * 4 : *n1;
-}
-
 /* y[:, n0:n1] (+)= x @ W[n0:n1]^T + b[n0:n1], y's rows N apart */
 static void product(const float* x, long R, const float* W, const float* b, long N, long K, float* y, int add,
                     long t, long nt) {
   long n0, n1;
-  share(N, t, nt, &n0, &n1);
+  few_rows_share(N, t, nt, &n0, &n1);
   if (n0 >= n1) return;
   few_rows_block(x, R, W, n0, n1, N, K, y, add);
   if (b)
@@ -165,7 +159,7 @@ void decode_layer(const Layer* L) {
 #pragma omp single
     rms_norm(h, L->norm2, R, H, L->eps2, x);
     long n0, n1;
-    share(I, t, nt, &n0, &n1);
+    few_rows_share(I, t, nt, &n0, &n1);
     if (n0 < n1) {
       few_rows_block(x, R, L->wg, n0, n1, I, H, g, 0);
       few_rows_block(x, R, L->wu, n0, n1, I, H, u, 0);

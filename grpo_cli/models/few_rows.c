@@ -77,12 +77,19 @@ void few_rows_block(const float* x, long R, const float* W, long n0, long n1, lo
 
 /* Each output is one thread's sum over K, in the same order whatever the number of threads: the result does not
    depend on them. */
+/* Thread t of nt's share [n0, n1) of N outputs: whole blocks of 4 (the tiles few_rows_block reads), empty for a
+   thread past the last block. decode_layer.c's products split the same way. */
+void few_rows_share(long N, long t, long nt, long* n0, long* n1) {
+  long blocks = (N + 3) / 4, per = (blocks + nt - 1) / nt, b0 = t * per, b1 = b0 + per < blocks ? b0 + per : blocks;
+  *n1 = b1 * 4 < N ? b1 * 4 : N;
+  *n0 = b0 * 4 < *n1 ? b0 * 4 : *n1;
+}
+
 void few_rows_product(const float* x, long R, const float* W, long N, long K, float* y, int threads) {
-  long blocks = (N + 3) / 4;
 #pragma omp parallel num_threads(threads)
   {
-    long t = omp_get_thread_num(), nt = omp_get_num_threads();
-    long per = (blocks + nt - 1) / nt, b0 = t * per, b1 = b0 + per < blocks ? b0 + per : blocks;
-    if (b0 < b1) few_rows_block(x, R, W, b0 * 4, b1 * 4 < N ? b1 * 4 : N, N, K, y, 0);
+    long n0, n1;
+    few_rows_share(N, omp_get_thread_num(), omp_get_num_threads(), &n0, &n1);
+    if (n0 < n1) few_rows_block(x, R, W, n0, n1, N, K, y, 0);
   }
 }
