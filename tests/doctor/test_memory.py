@@ -19,7 +19,8 @@ def planned_and_measured(tmp_path, recipe: str, *overrides: str) -> tuple[float,
     p = cli("train", recipe, "-o", str(run), *overrides, timeout=900, fresh=True)  # its own imports' memory
     assert p.returncode == 0, p.stderr[-3000:]
     measured = max(m["memory/peak_gib"] for m in read_jsonl(run / "metrics.jsonl"))
-    p = cli("doctor", recipe, *overrides, "--json")
+    p = cli("doctor", recipe, *overrides, "--json", fresh=True)  # its own imports' memory too: a zygote's forked
+    # child has not touched the libraries' pages it shares, which its resident memory then leaves out
     verdicts = {v["check"]: v for v in json.loads(p.stdout)["verdicts"]}
     plan_line = next(e for e in verdicts["memory plan"]["evidence"] if e.startswith("peak: "))
     return float(plan_line.split()[1]), measured
