@@ -37,7 +37,7 @@ def best(fn, repeats: int = 5) -> float:
 
 def rows_table(model) -> None:
     """GB/s of every product weight of `model` read once, at each row count, torch's against the kernel's."""
-    from grpo_cli.models import decode_layer, few_rows
+    from grpo_cli.models import few_rows
 
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
     total = sum(w.numel() * 4 for w in weights)

@@ -56,7 +56,7 @@ def is_sampling() -> bool:
 @contextmanager
 def sampling():
     """Within: this thread's products of few rows (a sampler's decode steps) go through the kernel where it applies."""
-    before = getattr(_sampling, "on", False)
+    before = is_sampling()
     _sampling.on = True
     try:
         yield
