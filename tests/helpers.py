@@ -433,3 +433,25 @@ def kept_after_free(mib: int) -> float:
     t = torch.ones(mib * 2**20, dtype=torch.uint8)  # written: every page resident
     del t
     return (resident_gib() - before) * 1024
+
+
+# The kernels' vector widths (grpo_cli/models/simd.h) as -march names, and the CPU flags each needs to run
+KERNEL_WIDTHS = {"AVX2": ("x86-64-v3", {"avx2", "fma"}),
+                 "AVX-512": ("x86-64-v4", {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"})}
+
+
+def kernel_of_width(width: str, folder: Path):
+    """grpo_cli/models/few_rows.py's library built for `width` (a key of KERNEL_WIDTHS) in `folder`, whatever width
+    this machine's own build takes; skips the test where this CPU cannot run it or there is no C compiler."""
+    import platform
+    import shutil
+
+    import pytest
+
+    from grpo_cli.models import few_rows
+
+    march, needs = KERNEL_WIDTHS[width]
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if platform.machine() != "x86_64" or not needs <= set(few_rows.cpu_flags().split()) or compiler is None:
+        pytest.skip(f"this machine cannot run the kernels' {width} build")
+    return few_rows.load(few_rows.build(folder, compiler, march))

@@ -1,8 +1,11 @@
 /* One decode step (one new token a row) of a Llama-style decoder layer in float32, in one parallel region:
    models/decode_layer.py says when and why. Built with few_rows.c into one library (models/few_rows.py). */
-#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
+
+#include "simd.h"
+
+#define MAX_HEAD_DIM 256 /* decode_layer.py's: a head's output is kept in MAX_HEAD_DIM / LANES vectors */
 
 void few_rows_block(const float* x, long R, const float* W, long n0, long n1, long N, long K, float* y, int add);
 void few_rows_share(long N, long t, long nt, long* n0, long* n1);
@@ -35,13 +38,13 @@ static void product(const float* x, long R, const float* W, const float* b, long
 static void rms_norm(const float* x, const float* w, long R, long H, double eps, float* out) {
   for (long r = 0; r < R; r++) {
     const float* xr = x + r * H;
-    __m512 acc = _mm512_setzero_ps();
+    vf acc = vzero();
     long i = 0;
-    for (; i + 16 <= H; i += 16) {
-      __m512 v = _mm512_loadu_ps(xr + i);
-      acc = _mm512_fmadd_ps(v, v, acc);
+    for (; i + LANES <= H; i += LANES) {
+      vf v = vload(xr + i);
+      acc = vfma(v, v, acc);
     }
-    float ss = _mm512_reduce_add_ps(acc);
+    float ss = vsum(acc);
     for (; i < H; i++) ss += xr[i] * xr[i];
     float inv = 1.0f / sqrtf(ss / (float)H + (float)eps);
     for (i = 0; i < H; i++) out[r * H + i] = w[i] * (xr[i] * inv);
@@ -57,29 +60,10 @@ static void rotate(const float* v, const float* cos, const float* sin, long D, f
   }
 }
 
-static inline float dot(const float* a, const float* b, long D) {
-  __m512 acc = _mm512_setzero_ps();
-  for (long i = 0; i < D; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-  return _mm512_reduce_add_ps(acc);
-}
-
-/* exp(x) in 16 lanes to about an ulp: x = n ln 2 + r, |r| <= ln 2 / 2, exp(r) by its Taylor series to r^7 (the
-   next term is below float's epsilon), times 2^n; x below -88.4 gives 2^-127.5 (callers that need 0 mask it) */
-static inline __m512 exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-88.3762626647949f)), _mm512_set1_ps(88.3762626647949f));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
+static inline float dot(const float* a, const float* b, long D) { /* D a multiple of 16 */
+  vf acc = vzero();
+  for (long i = 0; i < D; i += LANES) acc = vfma(vload(a + i), vload(b + i), acc);
+  return vsum(acc);
 }
 
 /* softmax(q . K[t] * scale over the seen t <= T) @ V: the scores into `s` (T + 1 floats), their exponentials less
@@ -91,37 +75,36 @@ static void attend(const float* q, const float* K, const float* V, long T, long 
     s[t] = (seen && !seen[t]) ? -INFINITY : dot(q, K + t * D, D) * scale;
     m = s[t] > m ? s[t] : m;
   }
-  __m512 sum = _mm512_setzero_ps(), top = _mm512_set1_ps(m), none = _mm512_set1_ps(-INFINITY);
-  for (long t = 0; t <= T; t += 16) {
-    __mmask16 in = (t + 16 <= T + 1) ? (__mmask16)0xFFFF : (__mmask16)((1u << (T + 1 - t)) - 1);
-    __m512 v = _mm512_maskz_loadu_ps(in, s + t);
-    __mmask16 live = _mm512_mask_cmp_ps_mask(in, v, none, _CMP_NEQ_OQ);
-    __m512 p = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(v, top)));
-    _mm512_mask_storeu_ps(s + t, in, p);
-    sum = _mm512_add_ps(sum, p);
+  vf sum = vzero(), top = vset1(m), none = vset1(-INFINITY);
+  for (long t = 0; t <= T; t += LANES) {
+    long n = T + 1 - t; /* the lanes in range: all but in the last vector */
+    vf v = vloadn(s + t, n);
+    vf p = vfirst(vunless(v, none, vexp(vsub(v, top))), n);
+    vstoren(s + t, p, n);
+    sum = vadd(sum, p);
   }
-  float l = _mm512_reduce_add_ps(sum), inv = l > 0.0f ? 1.0f / l : 0.0f;
-  __m512 acc[16];
-  long vecs = D / 16;
-  for (long j = 0; j < vecs; j++) acc[j] = _mm512_setzero_ps();
+  float l = vsum(sum), inv = l > 0.0f ? 1.0f / l : 0.0f;
+  vf acc[MAX_HEAD_DIM / LANES];
+  long vecs = D / LANES;
+  for (long j = 0; j < vecs; j++) acc[j] = vzero();
   for (long t = 0; t <= T; t++) {
     if (s[t] == 0.0f) continue;
-    __m512 p = _mm512_set1_ps(s[t]);
-    for (long j = 0; j < vecs; j++) acc[j] = _mm512_fmadd_ps(p, _mm512_loadu_ps(V + t * D + j * 16), acc[j]);
+    vf p = vset1(s[t]);
+    for (long j = 0; j < vecs; j++) acc[j] = vfma(p, vload(V + t * D + j * LANES), acc[j]);
   }
-  for (long j = 0; j < vecs; j++) _mm512_storeu_ps(out + j * 16, _mm512_mul_ps(acc[j], _mm512_set1_ps(inv)));
+  for (long j = 0; j < vecs; j++) vstore(out + j * LANES, vmul(acc[j], vset1(inv)));
 }
 
 /* g[r, n0:n1] = silu(g + bg) * (u + bu), silu(a) = a / (1 + exp(-a)), each row of I */
 static void gated(float* g, const float* u, const float* bg, const float* bu, long R, long I, long n0, long n1) {
   for (long r = 0; r < R; r++)
-    for (long n = n0; n < n1; n += 16) {
-      __mmask16 in = (n + 16 <= n1) ? (__mmask16)0xFFFF : (__mmask16)((1u << (n1 - n)) - 1);
-      __m512 a = _mm512_maskz_loadu_ps(in, g + r * I + n), b = _mm512_maskz_loadu_ps(in, u + r * I + n);
-      if (bg) a = _mm512_add_ps(a, _mm512_maskz_loadu_ps(in, bg + n));
-      if (bu) b = _mm512_add_ps(b, _mm512_maskz_loadu_ps(in, bu + n));
-      __m512 silu = _mm512_div_ps(a, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), a))));
-      _mm512_mask_storeu_ps(g + r * I + n, in, _mm512_mul_ps(silu, b));
+    for (long n = n0; n < n1; n += LANES) {
+      long in = n1 - n; /* the lanes in range */
+      vf a = vloadn(g + r * I + n, in), b = vloadn(u + r * I + n, in);
+      if (bg) a = vadd(a, vloadn(bg + n, in));
+      if (bu) b = vadd(b, vloadn(bu + n, in));
+      vf silu = vdiv(a, vadd(vset1(1.0f), vexp(vsub(vzero(), a))));
+      vstoren(g + r * I + n, vmul(silu, b), in);
     }
 }
 

@@ -36,7 +36,7 @@ from grpo_cli.models.swiglu import is_silu
 
 # decoder layers whose forward is norm, attention with Llama's rotary embedding, residual, norm, gated MLP, residual
 LAYERS = {"LlamaDecoderLayer", "Qwen2DecoderLayer"}  # (SmolLM2 is a Llama; Qwen2.5 a Qwen2)
-MAX_HEAD_DIM = 256  # decode_layer.c keeps a head's output in 16 registers of 16 floats
+MAX_HEAD_DIM = 256  # decode_layer.c keeps a head's output in 256 / (simd.h's LANES) vectors
 # layer -> (its parts, their addresses, the hidden size, its Layer or None): `_plan`'s, beside the module (a deep copy
 # of the model, as the sampling copy makes, has none; the parts hold no reference to the layer)
 PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -1,23 +1,27 @@
 """Products of a few rows against a large weight on the CPU, at the memory's speed rather than the library's.
 
 A decode step multiplies a batch of a few rows (a group's 16 completions: 16 x 576) by every weight of the model, so
-its time is reading the weights once: SmolLM2-135M's 0.54 GB at this 2-core machine's 25 GB/s is 21 ms a step.
-torch's float32 product (MKL's sgemm) reads them at 10-15 GB/s at 4-24 rows, which made its products 1.6 s of a 2.4 s
-generate (bench/RESULTS.md). `few_rows.c` reads each block of 4 rows of the weight once, multiplies it from the L1
-cache by 4 rows of the batch at a time, and prefetches the next block while it does: 15-22 GB/s at 4-16 rows
+its time is reading the weights once (SmolLM2-135M's 0.54 GB at a 2-core machine's 25-34 GB/s: 16-22 ms a step) or,
+at 16 rows, their multiply-adds (2 x 16 x 135 M: 33-40 ms on two AVX2 cores). torch's float32 product (MKL's sgemm)
+reads them at 4-15 GB/s at 4-24 rows, which made its products most of a generate (bench/RESULTS.md). `few_rows.c`
+reads each block of a few rows of the weight once, multiplies it from the L1 cache by 4 rows of the batch at a time,
+and prefetches the next block while it does: with AVX-512 (blocks of 4 rows) 15-22 GB/s at 4-16 rows, with AVX2
+(blocks of 3: the 12 accumulators and 3 weight vectors of its 16 registers) 8-18 GB/s, 1.4-2.7x torch's
 (`python bench/few_rows.py`); at 1-3 rows and past 24 torch's product is as fast or faster.
 
-The sums are the same products in another order (each output's 16-lane partial sums over K, then their reduction),
-so the results equal torch's to float rounding, not bit for bit; each output is one thread's sum in a fixed order,
-so they do not depend on the number of threads. Used by models/linear.py's forward of a plain `nn.Linear` outside
-autograd while a thread samples (`sampling()`: the hf backend's `generate`, for training and `grpo eval`), in float32
-on a CPU with AVX-512, at `FEW_ROWS` rows; not in the trainer's forwards without autograd (an old policy's, a
-reference's), whose log-probs are the training forward's bit for bit.
+The sums are the same products in another order (each output's partial sums in the vector's lanes over K, then
+their reduction), so the results equal torch's to float rounding, not bit for bit, and differ between the AVX2 and
+AVX-512 builds; each output is one thread's sum in a fixed order, so they do not depend on the number of threads.
+Used by models/linear.py's forward of a plain `nn.Linear` outside autograd while a thread samples (`sampling()`: the
+hf backend's `generate`, for training and `grpo eval`), in float32 on a CPU with AVX2 and FMA or AVX-512, at
+`FEW_ROWS` rows; not in the trainer's forwards without autograd (an old policy's, a reference's), whose log-probs
+are the training forward's bit for bit.
 
-The C sources (this product's and models/decode_layer.c's, which uses it) are compiled once per machine into one
-library (`cc -O3 -march=native -fopenmp`, about a second) in `cache_dir()/kernels/`, keyed by the sources, the
-compiler and the CPU's flags; where that fails (no compiler, no AVX-512, not Linux on x86-64) or GRPO_CPU_KERNELS=off,
-every product is torch's and every layer the model's own.
+The C sources (this product's and models/decode_layer.c's, which uses it, both written in simd.h's vector
+operations) are compiled once per machine into one library (`cc -O3 -march=native -fopenmp`, about a second) in
+`cache_dir()/kernels/`, keyed by the sources, the compiler and the CPU's flags; where that fails (no compiler,
+neither AVX2 with FMA nor AVX-512, not Linux on x86-64) or GRPO_CPU_KERNELS=off, every product is torch's and every
+layer the model's own.
 """
 
 from __future__ import annotations
@@ -42,9 +46,10 @@ from grpo_cli.models.builtin import cache_dir
 log = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("few_rows.c", "decode_layer.c"))
+HEADERS = (Path(__file__).with_name("simd.h"),)  # the vector operations both are written in (AVX-512 or AVX2)
 FEW_ROWS = range(4, 25)  # rows where the kernel reads faster than torch's product on the 2-core CI machine
 OFF_ENV = "GRPO_CPU_KERNELS"  # "off" or "0": torch's products and the layers' own forwards everywhere
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")  # and -march: the machine's own (native), or one a test names
 _sampling = threading.local()  # .on: this thread is sampling (a rollout thread beside a training one has its own)
 
 
@@ -64,7 +69,8 @@ def sampling():
         _sampling.on = before
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
+    """The CPU's flags line of /proc/cpuinfo ("" where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
             return next((line for line in f if line.startswith("flags")), "")
@@ -72,12 +78,14 @@ def _cpu_flags() -> str:
         return ""
 
 
-def build(target_dir: Path, compiler: str) -> Path:
-    """Compile the `SOURCES` with `compiler` into one library in `target_dir` (once: the name is the hash of what it
-    depends on) -> the shared library; raises OSError or subprocess.CalledProcessError where it cannot."""
+def build(target_dir: Path, compiler: str, march: str = "native") -> Path:
+    """Compile the `SOURCES` with `compiler` for `march` (`-march=`: x86-64-v3 is AVX2, x86-64-v4 AVX-512) into one
+    library in `target_dir` (once: the name is the hash of what it depends on) -> the shared library; raises OSError
+    or subprocess.CalledProcessError where it cannot."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    texts = [source.read_text() for source in SOURCES]
-    key = hashlib.sha256("\0".join([*texts, version, " ".join(FLAGS), _cpu_flags()]).encode())
+    flags = (*FLAGS, f"-march={march}")
+    texts = [source.read_text() for source in (*SOURCES, *HEADERS)]
+    key = hashlib.sha256("\0".join([*texts, version, " ".join(flags), cpu_flags()]).encode())
     target = target_dir / f"few_rows-{key.hexdigest()[:16]}.so"
     if target.is_file():
         return target
@@ -85,11 +93,19 @@ def build(target_dir: Path, compiler: str) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=".few_rows.", suffix=".so", dir=target_dir)
     os.close(fd)
     try:
-        subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True, check=True)
+        subprocess.run([compiler, *flags, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True, check=True)
         os.replace(tmp, target)  # atomic: a process racing this one loads a whole library either way
     finally:
         Path(tmp).unlink(missing_ok=True)
     return target
+
+
+def vectors(flags: str) -> str | None:
+    """The vector instructions simd.h builds the kernels with on a CPU of these /proc/cpuinfo flags, or None."""
+    have = set(flags.split())
+    if "avx512f" in have:
+        return "AVX-512"
+    return "AVX2" if {"avx2", "fma"} <= have else None
 
 
 @cache
@@ -97,18 +113,23 @@ def library() -> ctypes.CDLL | None:
     """The compiled kernel, or None where it cannot be had (logged once)."""
     if os.environ.get(OFF_ENV, "").lower() in ("off", "0", "false"):
         return None
-    if platform.system() != "Linux" or platform.machine() != "x86_64" or " avx512f" not in _cpu_flags():
+    if platform.system() != "Linux" or platform.machine() != "x86_64" or not vectors(cpu_flags()):
         return None
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         log.info("no C compiler: the CPU's few-row products are torch's")
         return None
     try:
-        lib = ctypes.CDLL(str(build(cache_dir() / "kernels", compiler)))
+        return load(build(cache_dir() / "kernels", compiler))
     except (OSError, subprocess.CalledProcessError) as e:
         log.warning("the few-row product kernel could not be built (%s): torch's products instead",
                     getattr(e, "stderr", None) or e)
         return None
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """The library `build` made, its functions' arguments declared."""
+    lib = ctypes.CDLL(str(path))
     lib.few_rows_product.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
                                      ctypes.c_void_p, ctypes.c_int]
     lib.few_rows_product.restype = None

@@ -14,11 +14,11 @@ from grpo_cli.recipe.schema import RolloutConfig
 from grpo_cli.rollout.hf import HFGenerator
 from grpo_cli.rollout.preallocated import preallocated
 
-from helpers import IdsTokenizer as Tok, two_tokens_p_values
+from helpers import KERNEL_WIDTHS, IdsTokenizer as Tok, two_tokens_p_values
 
 torch.set_num_threads(1)
 
-needs_kernel = pytest.mark.skipif(few_rows.library() is None, reason="no C compiler or no AVX-512 on this machine")
+needs_kernel = pytest.mark.skipif(few_rows.library() is None, reason="no C compiler, AVX2 or AVX-512 on this machine")
 
 
 def decoder(kind: str, vocab: int = 64) -> torch.nn.Module:
@@ -87,6 +87,21 @@ def test_a_decode_step_is_the_layers_own_to_float_rounding(monkeypatch, kind, ro
     for a, b in zip(got, want):
         assert a.shape == b.shape
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("width", list(KERNEL_WIDTHS))
+def test_each_vector_width_is_the_layers_own_step(monkeypatch, kernels, width):
+    """The AVX2 build (8 lanes: masked tails of the softmax and SiLU by comparison, exponentials scaled in two steps)
+    and the AVX-512 one, each where the CPU runs it, whatever this machine's own build is."""
+    monkeypatch.setattr(few_rows, "library", lambda: kernels(width))
+    model = decoder("qwen2")
+    calls = counted(monkeypatch)
+    for rows, padded in ((5, True), (16, True)):
+        got = decode(model, rows, padded, 3, fused=True)
+        want = decode(model, rows, padded, 3, fused=False)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert len(calls) == 2 * 3 * 2
 
 
 @needs_kernel

@@ -3,6 +3,8 @@ the same result whatever the threads, torch's own product wherever it does not a
 and a `generate` through it that samples the policy's distribution."""
 
 import os
+import platform
+import shutil
 import stat
 import threading
 import time
@@ -17,11 +19,49 @@ from grpo_cli.models.linear import use_accumulating_linears
 from grpo_cli.recipe.schema import RolloutConfig
 from grpo_cli.rollout.hf import HFGenerator
 
-from helpers import IdsTokenizer as Tok, tiny_sampler, two_tokens_p_values
+from helpers import KERNEL_WIDTHS, IdsTokenizer as Tok, tiny_sampler, two_tokens_p_values
 
 torch.set_num_threads(1)
 
-needs_kernel = pytest.mark.skipif(few_rows.library() is None, reason="no C compiler or no AVX-512 on this machine")
+needs_kernel = pytest.mark.skipif(few_rows.library() is None, reason="no C compiler, AVX2 or AVX-512 on this machine")
+
+
+def test_it_is_built_wherever_the_cpu_has_avx2_or_avx512():
+    """AVX2 with FMA (AMD since 2017, Intel since 2013) is enough: the CI machine and most rented ones take it."""
+    with open("/proc/cpuinfo") as f:
+        flags = set(next(line for line in f if line.startswith("flags")).split())
+    if platform.system() != "Linux" or platform.machine() != "x86_64" or not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("not Linux on x86-64 with a C compiler")
+    if not ({"avx2", "fma"} <= flags or "avx512f" in flags):
+        pytest.skip("a CPU without AVX2 and FMA")
+    assert few_rows.library() is not None
+    assert few_rows.vectors(" ".join(flags)) == ("AVX-512" if "avx512f" in flags else "AVX2")
+
+
+def test_the_width_is_the_widest_the_cpu_flags_name():
+    assert few_rows.vectors("flags\t: fpu sse2 avx avx2 fma bmi2") == "AVX2"
+    assert few_rows.vectors("flags\t: fpu avx avx2 fma avx512f avx512bw avx512vl") == "AVX-512"
+    assert few_rows.vectors("flags\t: fpu sse4_2 avx avx2") is None  # AVX2 without FMA: no kernel
+    assert few_rows.vectors("flags\t: fpu sse4_2 avx") is None
+    assert few_rows.vectors("") is None
+
+
+@pytest.mark.parametrize("width", list(KERNEL_WIDTHS))
+def test_each_vector_width_is_torchs_product_whatever_the_threads(kernels, width):
+    """The AVX2 build (4 x 3 tiles of 8 lanes) and the AVX-512 one (4 x 4 of 16), each where the CPU runs it: every
+    tile shape and tail of K, to float rounding, the same bits on 1 and 2 threads."""
+    lib = kernels(width)
+    g = torch.Generator().manual_seed(7)
+    for rows, n, k in [(4, 1, 1), (5, 7, 17), (13, 97, 103), (16, 129, 64), (16, 1000, 576), (24, 64, 1536)]:
+        x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
+        outs = []
+        for threads in (1, 2):
+            y = torch.full((rows, n), float("nan"))
+            lib.few_rows_product(x.data_ptr(), rows, w.data_ptr(), n, k, y.data_ptr(), threads)
+            outs.append(y)
+        want = F.linear(x, w)
+        torch.testing.assert_close(outs[0], want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+        assert torch.equal(outs[0], outs[1]), (rows, n, k)
 
 
 @pytest.fixture
