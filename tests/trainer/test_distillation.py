@@ -30,14 +30,21 @@ def test_the_per_token_term_by_hand():
     assert torch.allclose(reverse_kl_advantages(teacher, student, sampled, 0.5), expected)
 
 
+# The runs' precision, named: the recipe's `auto` is bf16 autocast only on a CPU that computes bf16 natively, and the
+# teacher and its distillation differ with it (these tests were first measured in bf16 on such a CPU, and the held-out
+# KL's halving failed on an AMD EPYC without it: 6.84 -> 3.78 in 40 steps at 3e-3, still falling). float32 is the
+# same arithmetic on every machine.
+PRECISION = "train.mixed_precision=no"
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """The tiny model, and a teacher of the same tokenizer that knows something it does not: the tiny model after 30
-    GRPO steps on the fraction of digits it writes (0.53 -> 0.94 when measured)."""
+    GRPO steps on the fraction of digits it writes (0.54 -> 0.99 when measured)."""
     base = make_model(tmp_path_factory.mktemp("student"))
     run = tmp_path_factory.mktemp("teacher") / "run"
     p = cli("train", "recipes/ci-tiny.yaml", "-o", str(run), f"rewards=[{{name: '{ROOT}/recipes/rewards/toy.py:digit_fraction'}}]",
-            "train.max_steps=30", "train.learning_rate=1e-2", "checkpoint.every_steps=0")
+            "train.max_steps=30", "train.learning_rate=1e-2", "checkpoint.every_steps=0", PRECISION)
     assert p.returncode == 0, p.stderr[-3000:]
     assert read_jsonl(run / "metrics.jsonl")[-1]["reward"] > 0.8
     return base, run / "checkpoints/step-30"
@@ -75,7 +82,7 @@ def test_advise_adds_lambda_times_the_log_ratio_to_each_sampled_token(models):
 
 def _distill(out: Path, teacher: Path | str, *args: str):
     p = cli("train", "recipes/ci-tiny.yaml", "-o", str(out), "rewards=[]",
-            f"distillation={{teacher: {{name_or_path: '{teacher}'}}}}", "checkpoint.every_steps=0", *args)
+            f"distillation={{teacher: {{name_or_path: '{teacher}'}}}}", "checkpoint.every_steps=0", PRECISION, *args)
     assert p.returncode == 0, p.stderr[-3000:]
     return read_jsonl(out / "metrics.jsonl")
 
@@ -180,10 +187,10 @@ def _held_out_kl(student_dir: Path, teacher_dir: Path) -> float:
 @pytest.mark.slow
 def test_a_student_distilled_from_another_teacher_moves_its_held_out_kl_down(models, tmp_path):
     """40 steps of distillation alone from the teacher that learnt to write digits: the held-out KL to it falls from
-    3.85 to 0.49 nats a token when measured (2.46 at a learning rate of 1e-3), and so does the run's own estimate on its
-    samples (4.3 -> 0.5)."""
+    6.84 to 0.03 nats a token when measured (3.78 at a learning rate of 3e-3), and so does the run's own estimate on its
+    samples (6.4 -> 0.54)."""
     base, trained = models
-    metrics = _distill(tmp_path / "run", trained, "train.max_steps=40", "train.learning_rate=3e-3")
+    metrics = _distill(tmp_path / "run", trained, "train.max_steps=40", "train.learning_rate=1e-2")
     before, after = _held_out_kl(base, trained), _held_out_kl(tmp_path / "run/checkpoints/step-40", trained)
     assert after < 0.5 * before, (before, after)
     first, last = (sum(m["distillation/reverse_kl"] for m in part) / 10 for part in (metrics[:10], metrics[-10:]))
