@@ -1,5 +1,5 @@
 /* The vector operations few_rows.c and decode_layer.c are written in, for the widest float vectors the compiling
-   machine has (`-march=native`): AVX-512 (16 lanes) or AVX2 with FMA (8 lanes, 16 registers). Each operation is one
+   machine has (`-march=native`): AVX-512 (16 lanes, 32 registers) or AVX2 with FMA (8 lanes, 16 registers). Each operation is one
    or a few instructions, and each reduction adds its lanes in one fixed order, so a result depends on the machine's
    vector width, never on the number of threads or the call. */
 #ifndef GRPO_SIMD_H
@@ -8,11 +8,11 @@
 
 #if defined(__AVX512F__)
 #define LANES 16
-#define TILE_COLS 4 /* rows of W a tile multiplies at once: 4 x 4 accumulators of the 32 registers */
 typedef __m512 vf;
 static inline vf vzero(void) { return _mm512_setzero_ps(); }
 static inline vf vset1(float a) { return _mm512_set1_ps(a); }
 static inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
+static inline vf vbcast(const float* p) { return _mm512_set1_ps(*p); } /* *p in every lane */
 static inline __mmask16 first(long n) { return (__mmask16)((1u << n) - 1); } /* n < 16 */
 /* p[0:n] and zeros, 0 <= n <= LANES: no byte past p + n is read */
 static inline vf vloadn(const float* p, long n) { return n >= 16 ? vload(p) : _mm512_maskz_loadu_ps(first(n), p); }
@@ -39,13 +39,11 @@ static inline vf vunless(vf a, vf b, vf value) {
 static inline vf vfirst(vf a, long n) { return n >= 16 ? a : _mm512_maskz_mov_ps(first(n), a); } /* then zeros */
 #elif defined(__AVX2__) && defined(__FMA__)
 #define LANES 8
-#ifndef TILE_COLS
-#define TILE_COLS 3 /* 4 x 3 accumulators and 3 rows of W: 15 of the 16 registers (x is read by the FMA itself) */
-#endif
 typedef __m256 vf;
 static inline vf vzero(void) { return _mm256_setzero_ps(); }
 static inline vf vset1(float a) { return _mm256_set1_ps(a); }
 static inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
+static inline vf vbcast(const float* p) { return _mm256_broadcast_ss(p); }
 static inline __m256i first(long n) { /* n < 8 */
   return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
