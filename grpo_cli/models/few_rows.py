@@ -2,20 +2,21 @@
 
 A decode step multiplies a batch of a few rows (a group's 16 completions: 16 x 576) by every weight of the model, so
 its time is reading the weights once (SmolLM2-135M's 0.54 GB at a 2-core machine's 25-34 GB/s: 16-22 ms a step) or,
-at 16 rows, their multiply-adds (2 x 16 x 135 M: 33-40 ms on two AVX2 cores). torch's float32 product (MKL's sgemm)
-reads them at 4-15 GB/s at 4-24 rows, which made its products most of a generate (bench/RESULTS.md). `few_rows.c`
-reads each block of a few rows of the weight once, multiplies it from the L1 cache by 4 rows of the batch at a time,
-and prefetches the next block while it does: with AVX-512 (blocks of 4 rows) 15-22 GB/s at 4-16 rows, with AVX2
-(blocks of 3: the 12 accumulators and 3 weight vectors of its 16 registers) 8-18 GB/s, 1.4-2.7x torch's
-(`python bench/few_rows.py`); at 1-3 rows and past 24 torch's product is as fast or faster.
+at 16 rows, their multiply-adds (2 x 16 x 135 M: 27-40 ms on two AVX2 cores). torch's float32 product (MKL's
+sgemm) reads them at 4-15 GB/s at 4-24 rows, which made its products most of a generate (bench/RESULTS.md). With
+AVX-512, `few_rows.c` reads each block of 4 rows of the weight once, multiplies it from the L1 cache by 4 rows of the
+batch at a time, and prefetches the next block while it does: 15-22 GB/s at 4-16 rows; with AVX2 (16 registers),
+it packs the batch transposed and multiplies each weight element, broadcast, by up to 24 rows at once: 6-18 GB/s at
+24-4 rows, 1.3-2.5x torch's rate (`python bench/few_rows.py`); at 1-3 rows and past 24 torch's product is as fast
+or faster.
 
-The sums are the same products in another order (each output's partial sums in the vector's lanes over K, then
-their reduction), so the results equal torch's to float rounding, not bit for bit, and differ between the AVX2 and
-AVX-512 builds; each output is one thread's sum in a fixed order, so they do not depend on the number of threads.
-Used by models/linear.py's forward of a plain `nn.Linear` outside autograd while a thread samples (`sampling()`: the
-hf backend's `generate`, for training and `grpo eval`), in float32 on a CPU with AVX2 and FMA or AVX-512, at
-`FEW_ROWS` rows; not in the trainer's forwards without autograd (an old policy's, a reference's), whose log-probs
-are the training forward's bit for bit.
+The sums are the same products in another order (AVX-512: each output's partial sums in 16 lanes over K, then their
+reduction; AVX2: each output one lane's sum over K in order), so the results equal torch's to float rounding (bit
+for bit at times), and differ between the two builds; each output is one thread's sum in a fixed order, so they do
+not depend on the number of threads. Used by models/linear.py's forward of a plain `nn.Linear` outside autograd
+while a thread samples (`sampling()`: the hf backend's `generate`, for training and `grpo eval`), in float32 on a
+CPU with AVX2 and FMA or AVX-512, at `FEW_ROWS` rows; not in the trainer's forwards without autograd (an old
+policy's, a reference's), whose log-probs are the training forward's bit for bit.
 
 The C sources (this product's and models/decode_layer.c's, which uses it, both written in simd.h's vector
 operations) are compiled once per machine into one library (`cc -O3 -march=native -fopenmp`, about a second) in
