@@ -1,7 +1,7 @@
 /* The vector operations few_rows.c and decode_layer.c are written in, for the widest float vectors the compiling
-   machine has (`-march=native`): AVX-512 (16 lanes, 32 registers) or AVX2 with FMA (8 lanes, 16 registers). Each operation is one
-   or a few instructions, and each reduction adds its lanes in one fixed order, so a result depends on the machine's
-   vector width, never on the number of threads or the call. */
+   machine has (`-march=native`): AVX-512 (16 lanes, 32 registers) or AVX2 with FMA (8 lanes, 16 registers). Each
+   operation is one or a few instructions, and each reduction adds its lanes in one fixed order, so a result depends
+   on the machine's vector width, never on the number of threads or the call. */
 #ifndef GRPO_SIMD_H
 #define GRPO_SIMD_H
 #include <immintrin.h>
