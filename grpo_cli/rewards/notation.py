@@ -1,6 +1,8 @@
 r"""Numbers as people write them, rewritten the one way the answer rule reads them (`clean_answer`).
 
 In this order (dashes first: U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, U+FE63, U+FF0D -> "-", so "−3" is -3):
+  emphasis  markdown's bold and italics around a span of one line go: "144 ÷ 12 = **12**" -> "144 ÷ 12 = 12", "__12__",
+            "*12*" (not a product: "2 * 3 * 4", "2*3*4")
   unicode   by what the Unicode database says each character is (`unicodedata`): every decimal digit as ASCII ("４２",
             "٤٢"), vulgar fractions ("½" -> "1/2", "1½" -> "1 1/2"), the fraction and division slashes, the fullwidth
             percent sign; superscripts as powers ("3²" -> 3^{2}) and math symbols as LaTeX (π, √, ∛, ×, ÷, ·, ∞, °,
@@ -53,6 +55,8 @@ _ATOM = rf"(?:\d+(?:[.,]\d+)*|{_VARIABLE}|[{_MATH_CHARS}]|\^\{{[^{{}}]*\}}|[-+*/
 _RUN = re.compile(rf"{_ATOM}(?: ?{_ATOM})*")
 _ROOT = re.compile(rf"([{''.join(_ROOTS)}])\s*(\((?:[^()]*)\)|\d+(?:\.\d+)?|[A-Za-z]|\\pi)")
 
+_EMPHASIS = re.compile(r"(\*\*|__)(?=[^\s*_])([^\n]*?[^\s*_])\1"
+                       r"|(?<![\w*\\])([*_])(?=[^\s*_])([^\n*_]*?[^\s*_\\])\3(?![\w*])")
 _DASHES = str.maketrans(dict.fromkeys("\u2212\u2013\u2012\u2010\u2011\ufe63\uff0d", "-"))
 _DOLLAR = re.compile(r"\\text\s*\{\s*\\\$\s*\}|\\textdollar\b\s*|\\\$")
 # Digits in groups of three, one separator kind per number; the first group has 1-3 digits.
@@ -115,6 +119,7 @@ _TOKEN = re.compile(r"[^\W\d_]+|\d+|\s+|\S")  # words, digit runs, spaces, singl
 
 def clean_answer(text: str) -> str:
     """`text` as the answer rule reads it: the module docstring's steps, in its order."""
+    text = _EMPHASIS.sub(lambda m: m.group(2) if m.group(2) is not None else m.group(4), text)
     text = unicode_numbers(text.translate(_DASHES))
     text = _DOZEN.sub(lambda m: {"a": "12", "half a": "6"}[" ".join(m.group(1).lower().split())], text)
     text = _SCALED.sub(lambda m: _scaled(m.group(1), _SCALES[m.group(2).lower()]), text)

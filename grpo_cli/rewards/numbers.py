@@ -245,9 +245,10 @@ def unevaluated(text: str) -> bool:
     return any(not (m.group(1) == "10" and m.group(2)) for m in _OPERATION.finditer(result))
 
 
-def clock_time(text: str) -> tuple[int, int] | None:
-    """A time of day "H:MM" ("07:30", "7:30") as (hours, minutes); None for anything else ("3:4" is a ratio)."""
-    m = re.fullmatch(r"(\d{1,2}):([0-5]\d)", text.strip().rstrip(".").strip())
+def clock_time(text: str, dotted: bool = False) -> tuple[int, int] | None:
+    """A time of day "H:MM" ("07:30", "7:30") as (hours, minutes); None for anything else ("3:4" is a ratio). With
+    `dotted`, "H.MM" too, as British English writes a time ("10.15"): where the other answer is a clock time."""
+    m = re.fullmatch(r"(\d{1,2})[:.]([0-5]\d)" if dotted else r"(\d{1,2}):([0-5]\d)", text.strip().rstrip(".").strip())
     return (int(m.group(1)), int(m.group(2))) if m and int(m.group(1)) < 24 else None
 
 
@@ -266,9 +267,11 @@ def answers_match(reference: str, predicted: str) -> bool:
         return numbers_match(*exact) or rounds_to(exact[0], predicted) or rounds_to(exact[1], reference)
     if exact[0] is not None and exact[1] is None and unevaluated(predicted):
         return False  # "\\boxed{11 + 18}" for 29: the question's own sum, not its answer
-    times = [clock_time(t) for t in (reference, predicted)]  # "07:00" is 7:00, and the hour 7 is 7:00
+    texts = reference, predicted
+    times = [clock_time(t) for t in texts]  # "07:00" is 7:00, the hour 7 is 7:00, and beside a time "10.15" is 10:15
     if any(times):
-        a, b = (times[k] or (exact[k] is not None and exact[k].denominator == 1 and (int(exact[k]), 0)) for k in (0, 1))
+        a, b = (times[k] or clock_time(texts[k], dotted=True)
+                or (exact[k] is not None and exact[k].denominator == 1 and (int(exact[k]), 0)) for k in (0, 1))
         if a and b:
             return a == b
     # "25%" is the answer 25 and the answer 0.25; "2 hours and 30 minutes" is 2.5 and 150

@@ -718,6 +718,25 @@ CLOCK_TIMES = rows(
     ("It starts at 7.", "7:00", 1.0),
     ("It starts at 7:05.", "7:50", 0.0),
     ("It starts at 7:30.", "7", 0.0),
+    ("The time will be 10.15.", "10:15", 1.0),  # British English writes a time with a dot
+    ("We land at 08.05 local time.", "8:05", 1.0),
+    ("The time will be 10.15.", "10:16", 0.0),
+    ("It weighs 10.15 kg.", "10.15", 1.0),  # a decimal beside a decimal stays a number
+    ("It will be 10.75.", "10:45", 0.0),  # no time has 75 minutes
+)
+
+# markdown's bold and italics around an answer (notation.py's emphasis step)
+EMPHASIS = rows(
+    ("3. Boxes: 144 ÷ 12 = **12**", "12", 1.0),
+    ("144 ÷ 12 = **12**", "144", 0.0),
+    ("144 ÷ 12 = *12*", "12", 1.0),
+    ("144 ÷ 12 = __12__", "12", 1.0),
+    ("So 144 / 12 = **12** boxes.", "12", 1.0),
+    ("**Answer:** 12", "12", 1.0),
+    ("**Total: $12**", "12", 1.0),
+    ("The *new* price is 15 after a *20%* cut, from 18.75.", "15", 1.0),
+    ("2 * 3 * 4 = 24", "24", 1.0),  # a product keeps its stars
+    ("2*3*4 = 24", "24", 1.0),
 )
 
 CLASSES = {"escaped_dollar": DOLLAR, "unicode_minus": MINUS, "inline_latex": LATEX, "digit_grouping": GROUPING,
@@ -732,7 +751,7 @@ CLASSES = {"escaped_dollar": DOLLAR, "unicode_minus": MINUS, "inline_latex": LAT
            "chances_and_equations": CHANCES_AND_EQUATIONS, "totals_rates_ranges": TOTALS_RATES_RANGES,
            "named_scopes_each": NAMED_SCOPES_EACH, "clock_times": CLOCK_TIMES,
            "lowest_terms": LOWEST_TERMS, "operation_tails": OPERATION_TAILS,
-           "unevaluated": UNEVALUATED}
+           "unevaluated": UNEVALUATED, "markdown_emphasis": EMPHASIS}
 
 # rule 5 (grpo_cli/rewards/results.py): where no answer is marked, each result the final sentence states answers
 RESULTS = rows(
