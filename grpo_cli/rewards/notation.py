@@ -8,6 +8,7 @@ In this order (dashes first: U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, 
             percent sign; superscripts as powers ("3²" -> 3^{2}) and math symbols as LaTeX (π, √, ∛, ×, ÷, ·, ∞, °,
             ±, ≈, ≤, ≥, ≠). In text without math spans, a run of math that holds one of these becomes a math span:
             "25π square units" -> "$25\pi$ square units", "√2" -> "$\sqrt{2}$", "3 × 6 = 18" -> "$3 \times 6 = 18$"
+            (a one-letter unit after the result stays outside: "3.5 × 6 = 21 L" -> "$3.5 \times 6 = 21$ L")
   scales    after digits: "1.5 million" -> 1500000, "1.2k" -> 1200, "$2.5M" -> $2500000, "2 dozen" -> 24 ("a dozen")
   clock     a time of day in words: "seven o'clock" -> 7:00, "half past three" -> 3:30, "quarter to four" -> 3:45,
             "twenty past six" -> 6:20, "10 minutes to 9" -> 8:50 ("5 to 7", "ten to four" stay: a range, a score)
@@ -210,6 +211,7 @@ def _math(text: str, powers: bool = False) -> str:
     def span(m: re.Match) -> str:
         run = m.group()
         core = re.sub(r"^(?:[ +*/=]|\^\{[^{}]*\}|\^)+", "", run).rstrip(" -+*/=^(")  # not from inside a power
+        core = re.sub(r"(=[^=]*\d) [A-Za-z]$", r"\1", core)  # a unit after the result: "3.5 × 6 = 21 L" ends at 21
         if not (any(ch in _MATH_CHARS for ch in core) or (powers and re.search(r"\d\^\{", core))):
             return run
         at = run.index(core)

@@ -272,8 +272,8 @@ def answers_match(reference: str, predicted: str) -> bool:
     if any(times):
         a, b = (times[k] or clock_time(texts[k], dotted=True)
                 or (exact[k] is not None and exact[k].denominator == 1 and (int(exact[k]), 0)) for k in (0, 1))
-        if a and b:
-            return a == b
+        if a and b:  # a 24-hour time is the same time on a 12-hour clock: 22:05 is 10:05 (p.m.)
+            return a == b or a[1] == b[1] and 13 <= max(a[0], b[0]) <= 23 and abs(a[0] - b[0]) == 12
     # "25%" is the answer 25 and the answer 0.25; "2 hours and 30 minutes" is 2.5 and 150
     readings = [percent_value(t) or quantity_values(t) for t in (reference, predicted)]
     if any(r is not None for r in readings):

@@ -318,6 +318,10 @@ UNICODE_MATH = rows(  # math written in Unicode symbols: read as the LaTeX it st
     ("The answer is \u221a2.", "2", 0.0),  # the root of 2, not 2
     ("So x = 2\u221a3.", r"2\sqrt{3}", 1.0),
     ("The side is \u221b27 = 3 cm.", "3", 1.0),
+    ("For 350 km it needs 3.5 × 6 = 21 L of fuel.", "21", 1.0),  # a one-letter unit after the result is no variable
+    ("It takes 2 × 3 = 6 h.", "6", 1.0),
+    ("For 350 km it needs 3.5 × 6 = 20 L of fuel.", "21", 0.0),
+    ("So 3x × 2 = 6x.", "6x", 1.0),  # a letter written onto the number stays a variable
     ("The answer is 6 \u00d7 10\u00b3.", "6000", 1.0),  # superscripts are a power
     ("The answer is 10\u00b2.", "100", 1.0),
     ("The answer is 10\u00b2", "10", 0.0),
@@ -723,6 +727,10 @@ CLOCK_TIMES = rows(
     ("The time will be 10.15.", "10:16", 0.0),
     ("It weighs 10.15 kg.", "10.15", 1.0),  # a decimal beside a decimal stays a number
     ("It will be 10.75.", "10:45", 0.0),  # no time has 75 minutes
+    ("The movie will end at 22:05.", "10:05", 1.0),  # a 24-hour time is the same time on a 12-hour clock
+    ("It ends at 10:05 p.m.", "22:05", 1.0),
+    ("The movie will end at 22:05.", "10:15", 0.0),
+    ("The movie will end at 21:05.", "10:05", 0.0),
 )
 
 # markdown's bold and italics around an answer (notation.py's emphasis step)
