@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import itertools
 import logging
 import os
 import platform
@@ -52,6 +53,7 @@ FEW_ROWS = range(4, 25)  # rows where the kernel reads faster than torch's produ
 OFF_ENV = "GRPO_CPU_KERNELS"  # "off" or "0": torch's products and the layers' own forwards everywhere
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")  # and -march: the machine's own (native), or one a test names
 _sampling = threading.local()  # .on: this thread is sampling (a rollout thread beside a training one has its own)
+_contexts = itertools.count(1)  # each `sampling()` context's own number (.context)
 
 
 def is_sampling() -> bool:
@@ -59,15 +61,22 @@ def is_sampling() -> bool:
     return getattr(_sampling, "on", False)
 
 
+def sampling_context() -> int:
+    """The number of this thread's innermost `sampling()` context (0 outside one): no two contexts share one. The
+    weights do not move within one (a sampler's generate), so what is checked of a module once in a context holds
+    for the rest of it (models/decode_layer.py's plans)."""
+    return getattr(_sampling, "context", 0) if is_sampling() else 0
+
+
 @contextmanager
 def sampling():
     """Within: this thread's products of few rows (a sampler's decode steps) go through the kernel where it applies."""
-    before = is_sampling()
-    _sampling.on = True
+    before, context = is_sampling(), getattr(_sampling, "context", 0)
+    _sampling.on, _sampling.context = True, next(_contexts)
     try:
         yield
     finally:
-        _sampling.on = before
+        _sampling.on, _sampling.context = before, context
 
 
 def cpu_flags() -> str:

@@ -162,6 +162,28 @@ def test_a_replaced_parameter_makes_a_new_plan():
 
 
 @needs_kernel
+def test_a_plan_is_checked_once_a_sampling_context(monkeypatch):
+    """Within one `few_rows.sampling()` (a generate) the weights do not move: each layer's parts are looked up once
+    there, not at every step; the next context looks again (so a parameter replaced between two is seen)."""
+    model = decoder("qwen2")
+    looked = []
+    real = decode_layer._parts
+    monkeypatch.setattr(decode_layer, "_parts", lambda layer: looked.append(layer) or real(layer))
+    calls = counted(monkeypatch)
+    decode(model, 8, True, 5, fused=True)
+    assert len(calls) == 2 * 5  # both layers fused at each of the 5 steps
+    assert looked == list(model.model.layers)  # ... and each looked up once
+    decode(model, 8, True, 5, fused=True)
+    assert len(looked) == 4
+    assert few_rows.sampling_context() == 0
+    with few_rows.sampling():
+        outer = few_rows.sampling_context()
+        with few_rows.sampling():
+            assert few_rows.sampling_context() not in (0, outer)
+        assert few_rows.sampling_context() == outer
+
+
+@needs_kernel
 def test_generate_through_it_samples_the_policys_distribution(monkeypatch):
     """4,800 first and second tokens of one prompt at temperature 0.8, drawn by `generate` 16 rows at a time, each
     token after a fused step of both layers: a chi-square test at each position against the model's own
