@@ -6,7 +6,8 @@ question asked for, only the question says; a grader who reads it takes the comp
 quantity is stated right. So, when the completion marks no answer (no `\boxed{}`, tag, `####` line or answer phrase),
 the completion is also right when the reference equals one of the results its final statement states:
   - the final statement is the last sentence (or line) with a number, after the closing notes, checks and comparisons
-    answers.py leaves out;
+    answers.py leaves out; with the sentence before it when it is a remark that names another quantity ("The shirt
+    costs $20 on sale. That's a saving of $5!");
   - its results are its numbers less the operands ("15 × 10 = 150": 150 only; "1972/12937 = 3/11": 3/11), the
     coefficients ("16x"), the negated ("not 40") and those right after a preposition ("from $10", "of 240"; not a
     time the sentence states, "after 8 weeks", nor where a link or an appositive names it: "a saving of $20") or
@@ -33,6 +34,10 @@ from grpo_cli.rewards.marks import marked_answer
 from grpo_cli.rewards.notation import clean_answer
 
 MAX_RESULTS = 4
+# a closing remark that names another quantity of the sentence before it states that sentence's results too: "The shirt
+# costs $20 on sale. That's a saving of $5!", "This is a total of 45."
+_NAMING_REMARK = re.compile(r"\s*(?:that|this|which)(?:'s|\s+is|\s+was|\s+means)\s+(?:a|an|the)\s+(?:[a-z]+\s+){1,2}of\s"
+                            r"+\$?\s*\d", flags=re.IGNORECASE)
 # a sentence that offers candidates or doubts its own answer states no result
 _HEDGE = re.compile(r"\b(?:or|maybe|might|could|perhaps|possibly|probably|either|unsure|not\s+sure|guess|think"
                     r"|thought|between|then|but|instead)\b|\?", flags=re.IGNORECASE)
@@ -69,6 +74,8 @@ def stated_results(text: str, tag: str = "answer") -> list[str]:
     if not digits:
         return []
     start, end = sentence_start(text, digits[-1].start()), sentence_end(text, digits[-1].end())
+    if start and _NAMING_REMARK.match(text, start) and NUMBER.search(text, sentence_start(text, start - 1), start):
+        start = sentence_start(text, start - 1)  # "... costs $20 on sale. That's a saving of $5!": one statement
     if _HEDGE.search(text, start, end) or CORRECTION.search(text, start, end):
         return []
     first = NUMBER.search(text, start, end)

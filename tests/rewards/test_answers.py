@@ -810,6 +810,12 @@ RESULTS = rows(
     ("Ben pays $36.\n\nNote: Ana pays $48.", "48", 0.0),  # a closing note is no statement
     ("A is 1, B is 2, C is 3, D is 4 and E is 5.", "1", 0.0),  # more than four results
     ("A is 1, B is 2, C is 3 and D is 4.", "1", 1.0),
+    ("25 * 0.8 = 20\n\nThe shirt costs $20 on sale. That's a saving of $5!", "20", 1.0),  # a remark naming another
+    ("25 * 0.8 = 20\n\nThe shirt costs $20 on sale. That's a saving of $5!", "5", 1.0),  # quantity of the one before
+    ("The shirt costs $20 on sale. That's a saving of $5!", "25", 0.0),
+    ("It costs $25. That's a discount of $5.", "20", 0.0),
+    ("He has 12 red and 30 blue. This is a total of 42.", "42", 1.0),
+    ("She ran 5 km. That is 2 km more than Ben.", "2", 0.0),  # a comparison stays a closing comment
     ("Ben pays $36 and Ana pays $48.", "36", 0.0, "last_number"),  # rule 5 is mode auto's
 )
 CLASSES["stated_results"] = RESULTS
