@@ -36,8 +36,8 @@ from grpo_cli.rewards.notation import clean_answer
 MAX_RESULTS = 4
 # a closing remark that names another quantity of the sentence before it states that sentence's results too: "The shirt
 # costs $20 on sale. That's a saving of $5!", "This is a total of 45."
-_NAMING_REMARK = re.compile(r"\s*(?:that|this|which)(?:'s|\s+is|\s+was|\s+means)\s+(?:a|an|the)\s+(?:[a-z]+\s+){1,2}of\s"
-                            r"+\$?\s*\d", flags=re.IGNORECASE)
+_NAMING_REMARK = re.compile(r"\s*(?:that|this|which)(?:'s|\s+is|\s+was|\s+means)\s+(?:a|an|the)\s+"
+                            r"(?:[a-z]+\s+){1,2}of\s+\$?\s*\d", flags=re.IGNORECASE)
 # a sentence that offers candidates or doubts its own answer states no result
 _HEDGE = re.compile(r"\b(?:or|maybe|might|could|perhaps|possibly|probably|either|unsure|not\s+sure|guess|think"
                     r"|thought|between|then|but|instead)\b|\?", flags=re.IGNORECASE)
