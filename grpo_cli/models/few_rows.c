@@ -87,8 +87,8 @@ void few_rows_block(const float* x, long R, const float* W, long n0, long n1, lo
    one lane's sum over k in order; nothing is added across lanes. 1.0-1.2x the rate of 4 x 3 tiles of the other
    layout at 4-8 and 24 rows, 1.3-2.2x at 13-16 (a C microbench, bench/RESULTS.md). A tile's nb weight rows are nb
    streams the hardware prefetcher finds anew for each tile (and loses at every 4 KiB page): the tile prefetches the
-   next one's rows into L2 while it multiplies, 1.3x the rate at 16 rows (lines further ahead in its own rows were
-   slower). */
+   next one's rows into L2 while it multiplies, 1.3x the rate at 16 rows on one core (on two, a generate is bound by
+   their shared reads as much; lines further ahead in its own rows were slower). */
 #define PACKED_ROWS 24 /* rows of x a pass packs: 3 vectors */
 #define SHARE 12       /* a thread's share of the outputs: whole blocks of this many rows of W (12, 6 or 4 a tile) */
 
