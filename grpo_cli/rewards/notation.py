@@ -212,12 +212,25 @@ def _math(text: str, powers: bool = False) -> str:
         run = m.group()
         core = re.sub(r"^(?:[ +*/=]|\^\{[^{}]*\}|\^)+", "", run).rstrip(" -+*/=^(")  # not from inside a power
         core = re.sub(r"(=[^=]*\d) [A-Za-z]$", r"\1", core)  # a unit after the result: "3.5 × 6 = 21 L" ends at 21
+        core = _after_unopened(core)  # "P(sum = 7) = 1/6 ≈ 0.167": the run begins after the words' parenthesis
         if not (any(ch in _MATH_CHARS for ch in core) or (powers and re.search(r"\d\^\{", core))):
             return run
         at = run.index(core)
         return f"{run[:at]}${' '.join(_latex(core).split())}${run[at + len(core):]}"
 
     return _RUN.sub(span, text)
+
+
+def _after_unopened(core: str) -> str:
+    """A run less what comes before its last closing parenthesis that no parenthesis of the run opens, and the
+    operators after it: "7) = 1/6 ≈ 0.167", the run after "P(sum = ", is "1/6 ≈ 0.167"."""
+    depth, cut = 0, 0
+    for i, ch in enumerate(core):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth, cut = (depth - 1, cut) if depth else (0, i + 1)
+    return re.sub(r"^[ +*/=]+", "", core[cut:]) if cut else core
 
 
 def _latex(text: str) -> str:
