@@ -7,7 +7,7 @@ quantity is stated right. So, when the completion marks no answer (no `\boxed{}`
 the completion is also right when the reference equals one of the results its final statement states:
   - the final statement is the last sentence (or line) with a number, after the closing notes, checks and comparisons
     answers.py leaves out; with the sentence before it when it is a remark that names another quantity ("The shirt
-    costs $20 on sale. That's a saving of $5!");
+    costs $20 on sale. That's a saving of $5!", "Width: 7 cm. (Area would be 77 cm².)");
   - its results are its numbers less the operands ("15 × 10 = 150": 150 only; "1972/12937 = 3/11": 3/11), the
     coefficients ("16x"), the negated ("not 40") and those right after a preposition ("from $10", "of 240"; not a
     time the sentence states, "after 8 weeks", nor where a link or an appositive names it: "a saving of $20") or
@@ -35,9 +35,10 @@ from grpo_cli.rewards.notation import clean_answer
 
 MAX_RESULTS = 4
 # a closing remark that names another quantity of the sentence before it states that sentence's results too: "The shirt
-# costs $20 on sale. That's a saving of $5!", "This is a total of 45."
-_NAMING_REMARK = re.compile(r"\s*(?:that|this|which)(?:'s|\s+is|\s+was|\s+means)\s+(?:a|an|the)\s+"
-                            r"(?:[a-z]+\s+){1,2}of\s+\$?\s*\d", flags=re.IGNORECASE)
+# costs $20 on sale. That's a saving of $5!", "This is a total of 45.", "Width: 7 cm. (Area would be 77 cm².)"
+_NAMING_REMARK = re.compile(r"\s*(?:(?:that|this|which)(?:'s|\s+is|\s+was|\s+means)\s+(?:a|an|the)\s+"
+                            r"(?:[a-z]+\s+){1,2}of|\((?:(?:the|its|their)\s+)?[a-z]+(?:\s+[a-z]+)?"
+                            r"(?:\s+(?:would\s+be|is|was|are|were)|\s*[:=]))\s+\$?\s*\d", flags=re.IGNORECASE)
 # a sentence that offers candidates or doubts its own answer states no result
 _HEDGE = re.compile(r"\b(?:or|maybe|might|could|perhaps|possibly|probably|either|unsure|not\s+sure|guess|think"
                     r"|thought|between|then|but|instead)\b|\?", flags=re.IGNORECASE)

@@ -816,6 +816,12 @@ RESULTS = rows(
     ("It costs $25. That's a discount of $5.", "20", 0.0),
     ("He has 12 red and 30 blue. This is a total of 42.", "42", 1.0),
     ("She ran 5 km. That is 2 km more than Ben.", "2", 0.0),  # a comparison stays a closing comment
+    ("Width: 7 cm. (Area would be 77 cm².)", "7", 1.0),  # a parenthesised remark naming another quantity
+    ("Width: 7 cm. (Area would be 77 cm².)", "77", 1.0),
+    ("Width: 7 cm. (Area would be 77 cm².)", "11", 0.0),
+    ("The width is 7 cm. (The area is 77 cm².)", "7", 1.0),
+    ("It costs $25 in all. (Tax: $2.)", "25", 1.0),
+    ("The answer is 7. (Area would be 77.)", "77", 0.0),  # a stated answer is the only answer
     ("Ben pays $36 and Ana pays $48.", "36", 0.0, "last_number"),  # rule 5 is mode auto's
 )
 CLASSES["stated_results"] = RESULTS
@@ -849,6 +855,10 @@ def test_accuracy_table(completion, reference, expected, mode):
         (r"\boxed{\$23}", "23"),
         (r"There are 1\,000\,000 grains.", "1000000"),
         ("There are 4 ways to choose $k$.", "4"),  # a math span without the last number is not the answer
+        ("P(sum = 7) = 1/6 ≈ 0.167", "1/6"),  # a run of math begins after the words' parenthesis
+        ("P(X = 2) = 3/8 ≈ 0.375", "3/8"),
+        ("Area(ABC) = 6 × 4 / 2 = 12", "12"),
+        ("P(7) = 1/6 ≈ 0.167", "1/6"),
     ],
 )
 def test_extracted_text(text, expected):
