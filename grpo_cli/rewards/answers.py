@@ -104,6 +104,7 @@ _TEXT_CMD = re.compile(r"\\(?:text|mathrm|textbf|mbox)\s*\{[^{}]*\}")
 _JUST_STATED = re.compile(r"(?<!\bthe\s)(?<!\bthe\s\$)\b\d[\d.,]*\s*%?(?:\s+[\w-]+){0,2}\s*$", flags=re.IGNORECASE)
 _COMPUTATION = re.compile(r"\d\s*\}?\s*(?:\\times|\\cdot|\\div|[×·÷*+]|\s-\s)\s*\{?\s*\d")  # "18 \times 2.33"
 _PERCENT = re.compile(r"\s?(?:\\?%|percent\b)", flags=re.IGNORECASE)
+_HALF_OF_DAY = re.compile(r"\s?([ap])\.?\s?m\b\.?", flags=re.IGNORECASE)
 
 
 # --------------------------------------------------------------------------- answer extraction
@@ -148,6 +149,8 @@ def as_answer(text: str, m: re.Match) -> str:
             expression = _final_expression(content)
             if expression and not PLAIN_WORD.search(_TEXT_CMD.sub("", expression)) and parse_math(expression):
                 return expression
+    if re.fullmatch(r"\d{1,2}(?::[0-5]\d)?", m.group()) and (half := _HALF_OF_DAY.match(text, m.end())):
+        return f"{m.group()} {half.group(1).upper()}M"  # "4:05 p.m.", "4 pm": the half of the day is the answer's
     return _number_text(m.group()) + ("%" if _PERCENT.match(text, m.end()) else "")
 
 

@@ -245,11 +245,26 @@ def unevaluated(text: str) -> bool:
     return any(not (m.group(1) == "10" and m.group(2)) for m in _OPERATION.finditer(result))
 
 
-def clock_time(text: str, dotted: bool = False) -> tuple[int, int] | None:
-    """A time of day "H:MM" ("07:30", "7:30") as (hours, minutes); None for anything else ("3:4" is a ratio). With
-    `dotted`, "H.MM" too, as British English writes a time ("10.15"): where the other answer is a clock time."""
-    m = re.fullmatch(r"(\d{1,2})[:.]([0-5]\d)" if dotted else r"(\d{1,2}):([0-5]\d)", text.strip().rstrip(".").strip())
-    return (int(m.group(1)), int(m.group(2))) if m and int(m.group(1)) < 24 else None
+def clock_time(text: str, dotted: bool = False) -> tuple[int, int, bool] | None:
+    """A time of day "H:MM" ("07:30", "7:30", "4:05 PM", "4:05 p.m.", "4 pm") as (hours on a 24-hour clock, minutes,
+    whether the half of the day is said: a.m. / p.m., or an hour 0 or past 12); None for anything else ("3:4" is a
+    ratio). With `dotted`, "H.MM" too, as British English writes a time ("10.15"): where the other answer is a clock
+    time."""
+    half_of_day = r"\s*(?:\\text\s*\{\s*)?([AaPp])\.?\s?[Mm]\.?\}?"
+    m = re.fullmatch(rf"(\d{{1,2}})(?:{'[:.]' if dotted else ':'}([0-5]\d)(?:{half_of_day})?|{half_of_day})",
+                     text.strip().rstrip(".").strip())
+    if not m:
+        return None
+    hours, minutes, half = int(m.group(1)), int(m.group(2) or 0), m.group(3) or m.group(4)
+    if half:
+        return (hours % 12 + 12 * (half in "Pp"), minutes, True) if 1 <= hours <= 12 else None
+    return (hours, minutes, hours == 0 or hours > 12) if hours < 24 else None
+
+
+def same_time(a: tuple[int, int, bool], b: tuple[int, int, bool]) -> bool:
+    """Whether two clock times are one time of day: where either leaves the half of the day unsaid, on a 12-hour
+    clock (22:05 is 10:05, and "4:05" is 4:05 PM); 4:05 AM is not 4:05 PM."""
+    return a[1] == b[1] and (a[0] == b[0] if a[2] and b[2] else a[0] % 12 == b[0] % 12)
 
 
 def answers_match(reference: str, predicted: str) -> bool:
@@ -271,9 +286,9 @@ def answers_match(reference: str, predicted: str) -> bool:
     times = [clock_time(t) for t in texts]  # "07:00" is 7:00, the hour 7 is 7:00, and beside a time "10.15" is 10:15
     if any(times):
         a, b = (times[k] or clock_time(texts[k], dotted=True)
-                or (exact[k] is not None and exact[k].denominator == 1 and (int(exact[k]), 0)) for k in (0, 1))
-        if a and b:  # a 24-hour time is the same time on a 12-hour clock: 22:05 is 10:05 (p.m.)
-            return a == b or a[1] == b[1] and 13 <= max(a[0], b[0]) <= 23 and abs(a[0] - b[0]) == 12
+                or (exact[k] is not None and exact[k].denominator == 1 and (int(exact[k]), 0, False)) for k in (0, 1))
+        if a and b:
+            return same_time(a, b)
     # "25%" is the answer 25 and the answer 0.25; "2 hours and 30 minutes" is 2.5 and 150
     readings = [percent_value(t) or quantity_values(t) for t in (reference, predicted)]
     if any(r is not None for r in readings):
