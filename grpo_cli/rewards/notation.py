@@ -27,7 +27,8 @@ In this order (dashes first: U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, 
             -> N/M ("the chance is 7 out of 20" -> 7/20, "a 1 in 4 chance" -> 1/4; "7 out of 20 balls are green"
             stays a count), and as the whole answer ("3 in 10" -> 3/10)
   commas    a decimal comma, one or two digits after it and no number next: "3,5 km" -> 3.5 ("1,234" keeps its comma)
-  signs     a sign word before digits: "minus 3", "negative 3" -> -3; "3 degrees below zero" -> -3 degrees
+  signs     a sign word before digits: "minus 3", "negative 3" -> -3; "3 degrees below zero" -> -3 degrees; a minus
+            before a dollar sign after no number: "= -$15" -> "= $-15" ("$100 - $15" stays a difference)
   dollars   `\$`, `\text{\$}`, `\textdollar` are dropped (`\boxed{\$23}` is 23)
   grouping  digits grouped in threes by `\,` `\!` `\ ` `{,}`, thin / no-break spaces or plain spaces are joined
             ("1 000 000", `1\,000\,000` -> 1000000, "the population is 13 500" -> 13500), except one plain space
@@ -106,6 +107,7 @@ _SCALED = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\s*(dozen|thousand|million|billi
 _SUFFIXED = re.compile(r"(?<![\w.])(?:(\$\s?)(\d+(?:\.\d+)?)(k|K|m|M|bn)|()(\d+(?:\.\d+)?)(k|K|bn))\b")
 _SUFFIX_SCALE = {"k": 10**3, "m": 10**6, "bn": 10**9}
 _SIGN_WORD = re.compile(r"\b(?:minus|negative)\s+(\$?)(?=\d)", flags=re.IGNORECASE)  # "minus $4^\circ$"
+_SIGNED_DOLLAR = re.compile(r"(?<![\d)}\]%]\s)(?<![\d)}\]%])-\s?\$(?=\d)")  # a minus before a dollar, after no number
 # "8 degrees below zero" -> "-8 degrees below zero" (the degree sign is `$8^\circ$` by now)
 _BELOW_ZERO = re.compile(r"(?<![\d.-])(?=\d+(?:\.\d+)?(?:\^\\circ\$\s*[CF]?|\s*degrees?(?:\s+(?:celsius|fahrenheit))?)?"
                          r"\s+below\s+zero\b)", flags=re.IGNORECASE)
@@ -138,6 +140,7 @@ def clean_answer(text: str) -> str:
         text = _OUT_OF.sub(r"\1/\2", bare)  # "3 in 10" as the whole answer: 3/10
     text = _DECIMAL_COMMA.sub(r"\1.\2", text)  # "3,5 km" -> 3.5 (a thousands comma has three digits after it)
     text = _SIGN_WORD.sub(r"\1-", text)
+    text = _SIGNED_DOLLAR.sub("$-", text)  # "= -$15,000" -> "= $-15,000" (not "$100 - $15", a difference)
     text = _BELOW_ZERO.sub("-", text)
     text = _DOLLAR.sub("", text)
     whole = _GROUPED.fullmatch(text.strip()) is not None

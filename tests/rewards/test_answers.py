@@ -64,6 +64,14 @@ MINUS = rows(
     ("The low was 3.5 °C below zero.", "-3.5", 1.0),
     ("It is 10 below zero tonight.", "-10", 1.0),
     ("The water is 4 degrees above zero.", "4", 1.0),
+    # a minus before a dollar sign is the amount's sign, after no number
+    ("Profit = 85,000 − 100,000 = −$15,000 (a loss).", "-15000", 1.0),
+    ("The profit is -$15,000.", "-15000", 1.0),
+    ("The profit is -$15,000.", "15000", 0.0),
+    ("Her balance is now -$230.50.", "-230.5", 1.0),
+    ("Net change: - $40", "-40", 1.0),
+    ("$100 - $15 = $85", "85", 1.0),  # a difference keeps its sign to itself
+    ("$100 -$15 = $85", "85", 1.0),
     ("The answer is -3.", "\u22123", 1.0),  # the reference has the Unicode minus
     ("\\boxed{\u2212\\frac{3}{4}}", "-0.75", 1.0),
     ("$x = \u2212\\frac{1}{2}$", "-1/2", 1.0),
@@ -731,6 +739,17 @@ CLOCK_TIMES = rows(
     ("It ends at 10:05 p.m.", "22:05", 1.0),
     ("The movie will end at 22:05.", "10:15", 0.0),
     ("The movie will end at 21:05.", "10:05", 0.0),
+    ("1:50 PM + 2 h 15 min = 4:05 PM", "4:05 PM", 1.0),  # the half of the day said: a.m. / p.m.
+    ("The train leaves at 9:40 p.m.", "9:40 PM", 1.0),
+    ("It ends at 4:05 in the afternoon.", "4:05 PM", 1.0),  # a time without its half of the day is either
+    ("The alarm rings at 6:30 am.", "6:30", 1.0),
+    ("It ends at 4:05 AM.", "4:05 PM", 0.0),  # the wrong half
+    ("It ends at 4:05 AM.", "16:05", 0.0),
+    ("It ends at 4:05 p.m.", "16:05", 1.0),
+    ("It ends at 4 pm.", "16:00", 1.0),
+    ("It ends at 4 pm.", "4:00 AM", 0.0),
+    ("It ends at 3:65 PM, i.e. 4:05 PM.", "4:05 PM", 1.0),
+    (r"\boxed{4:05 \text{ PM}}", "4:05 PM", 1.0),
 )
 
 # markdown's bold and italics around an answer (notation.py's emphasis step)
@@ -904,6 +923,9 @@ def test_plain_numbers_are_read_exactly():
 def test_answers_match_cleans_both_sides():
     assert answers_match("\u22123", "-3") and not answers_match("-3", "3")
     assert answers_match(r"\$1\,000", "1000") and answers_match("1 000 000", r"1{,}000{,}000")
+    assert answers_match("4:05 PM", "4:05 p.m.") and answers_match("4:05 PM", "16:05")
+    assert answers_match("4:05 PM", "4:05")  # a time without its half of the day is either
+    assert not answers_match("4:05 PM", "4:05 AM") and not answers_match("12:30 AM", "12:30 PM")
 
 
 # --------------------------------------------------------------------------- maj@k
