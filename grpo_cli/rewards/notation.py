@@ -3,6 +3,7 @@ r"""Numbers as people write them, rewritten the one way the answer rule reads th
 In this order (dashes first: U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, U+FE63, U+FF0D -> "-", so "−3" is -3):
   emphasis  markdown's bold and italics around a span of one line go: "144 ÷ 12 = **12**" -> "144 ÷ 12 = 12", "__12__",
             "*12*" (not a product: "2 * 3 * 4", "2*3*4")
+  roots     in words or as a function first: "4 times the square root of 3" -> 4√3, "sqrt(2)" -> √(2)
   unicode   by what the Unicode database says each character is (`unicodedata`): every decimal digit as ASCII ("４２",
             "٤٢"), vulgar fractions ("½" -> "1/2", "1½" -> "1 1/2"), the fraction and division slashes, the fullwidth
             percent sign; superscripts as powers ("3²" -> 3^{2}) and math symbols as LaTeX (π, √, ∛, ×, ÷, ·, ∞, °,
@@ -117,13 +118,17 @@ _HOUR = r"(1[0-2]|[1-9]|" + "|".join(_HOURS) + ")"
 _CLOCK = re.compile(  # not before a percent or a plural noun: "twenty past six" is a time, "... six apples" is not
     rf"\b(?:{_HOUR}\s+o['’ ]?clock|((?:a\s+)?quarter|half|five|ten|twenty(?:[- ]five)?|[1-9]|[12]\d)(\s+minutes?)?"
     rf"\s+(past|to)\s+{_HOUR})\b(?!\s*(?:%|percent|[a-z]+s\b))", flags=re.IGNORECASE)
+_ROOT_SIGNS = {"square": "√", "sqrt": "√", "cube": "∛", "cbrt": "∛", "fourth": "∜"}
+_ROOT_WORDS = re.compile(r"\b(?:the\s+)?(square|cube|fourth)\s+root\s+of\s+(?=\d|\()", flags=re.IGNORECASE)
+_ROOT_CALLS = re.compile(r"(?<![\\A-Za-z_])(sqrt|cbrt)\s*(?=\()", flags=re.IGNORECASE)  # not LaTeX's \sqrt{}
+_ROOT_COEFFICIENT = re.compile(r"(\d)\s*(?:\btimes\b|[*×·⋅])\s*(?=[√∛∜])")  # "4 times √3", "4*√3": 4√3
 _TOKEN = re.compile(r"[^\W\d_]+|\d+|\s+|\S")  # words, digit runs, spaces, single marks: what text2num reads
 
 
 def clean_answer(text: str) -> str:
     """`text` as the answer rule reads it: the module docstring's steps, in its order."""
     text = _EMPHASIS.sub(lambda m: m.group(2) if m.group(2) is not None else m.group(4), text)
-    text = unicode_numbers(text.translate(_DASHES))
+    text = unicode_numbers(_roots_in_words(text.translate(_DASHES)))
     text = _DOZEN.sub(lambda m: {"a": "12", "half a": "6"}[" ".join(m.group(1).lower().split())], text)
     text = _SCALED.sub(lambda m: _scaled(m.group(1), _SCALES[m.group(2).lower()]), text)
     text = _SUFFIXED.sub(_suffixed, text)
@@ -148,6 +153,14 @@ def clean_answer(text: str) -> str:
 
 
 # --------------------------------------------------------------------------- unicode
+
+
+def _roots_in_words(text: str) -> str:
+    """Roots written in words or as a function, as the root sign: "4 times the square root of 3" -> 4√3, "4*sqrt(3)"
+    -> 4√(3), "the cube root of 27" -> ∛27 (the unicode step then writes them as LaTeX)."""
+    text = _ROOT_WORDS.sub(lambda m: _ROOT_SIGNS[m.group(1).lower()], text)
+    text = _ROOT_CALLS.sub(lambda m: _ROOT_SIGNS[m.group(1).lower()], text)
+    return _ROOT_COEFFICIENT.sub(r"\1", text)
 
 
 def unicode_numbers(text: str) -> str:
