@@ -7,8 +7,10 @@ quantity is stated right. So, when the completion marks no answer (no `\boxed{}`
 the completion is also right when the reference equals one of the results its final statement states:
   - the final statement is the last sentence (or line) with a number, after the closing notes, checks and comparisons
     answers.py leaves out; with the sentence before it when it is a remark that names another quantity ("The shirt
-    costs $20 on sale. That's a saving of $5!", "Width: 7 cm. (Area would be 77 cm².)");
-  - its results are its numbers less the operands ("15 × 10 = 150": 150 only; "1972/12937 = 3/11": 3/11), the
+    costs $20 on sale. That's a saving of $5!", "Width: 7 cm. (Area would be 77 cm².)"), and with the variable the
+    sentence before it solves last when it computes nothing itself ("a = 10. Oliver is 20.": 10 and 20);
+  - its results are its numbers less the operands ("15 × 10 = 150": 150 only; "1972/12937 = 3/11": 3/11; "50% of
+    800 = 400": 400), the
     coefficients ("16x"), the negated ("not 40") and those right after a preposition ("from $10", "of 240"; not a
     time the sentence states, "after 8 weeks", nor where a link or an appositive names it: "a saving of $20") or
     listed with one that is ("the sum of 12 and 15"), unless the sentence has nothing else ("It fills in 16 minutes
@@ -51,6 +53,11 @@ _TIME_BEFORE = re.compile(r"\b(?:after|in|within|for|over)\s+(?:another\s+|just\
 _TIME_UNIT = re.compile(r"\s*(?:more\s+)?(?:second|minute|hour|day|week|month|year)s?\b", flags=re.IGNORECASE)
 _OPERATOR_AFTER = re.compile(r"\s*(?:[-+*/×÷·^]|\\(?:times|cdot|div|frac)\b|x\s*\$?\d)|[^\W\d_](?![^\W\d_])"
                              r"|\$?\s*(?:=|equals\b|is\s+equal\s+to\b)")  # an equation's left side: "1972/12937 = 3/11"
+# a share of a number is an operand too: "50% of 800 = 400", "3/4 of 12 is 9"
+_PERCENT_AFTER = re.compile(r"\s?(?:\\?%|percent\b)", flags=re.IGNORECASE)
+_SHARE_OF = re.compile(r"\s?(?:\\?%|percent\b)?\s*of\s+\$?\s*\d", flags=re.IGNORECASE)
+# a variable solved at the end of the sentence before a plain final statement: "a = 10. Oliver is 20."
+_SOLVED = re.compile(r"(?<![\w^])[A-Za-z]\s*=\s*\$?(-?\d[\d,]*(?:\.\d+)?(?:/\d+)?)\$?\s*[.;!]?\s*$")
 _OPERATOR_BEFORE = re.compile(r"(?:[-+*/×÷·^]|\\(?:times|cdot|div|frac)|\bx)\s*\$?$")
 # two numbers with nothing between them but "and" or a comma (and the same name again: "x = 3 and x = -2") are a list
 # of candidates ("The solutions are 3 and -2", "32, 33 and 34"), none of them a result of its own
@@ -79,14 +86,17 @@ def stated_results(text: str, tag: str = "answer") -> list[str]:
         start = sentence_start(text, start - 1)  # "... costs $20 on sale. That's a saving of $5!": one statement
     if _HEDGE.search(text, start, end) or CORRECTION.search(text, start, end):
         return []
+    plain = start and "=" not in text[start:end]  # a final statement that computes nothing
+    solved = _SOLVED.search(text, sentence_start(text, start - 1), start) if plain else None
     first = NUMBER.search(text, start, end)
     end = premise.start() if first and (premise := _PREMISE.search(text, first.end(), end)) else end
     found = [m for m in numbers_in(text, start, end, words=False)
-             if not (_OPERATOR_AFTER.match(text, m.end()) or _OPERATOR_BEFORE.search(text, start, m.start()))]
+             if not (_OPERATOR_AFTER.match(text, m.end()) or _OPERATOR_BEFORE.search(text, start, m.start())
+                     or _share(text, m))]
     context = _context(text, start, found)
     found = [m for i, m in enumerate(found) if i not in context] or found  # a sentence of context only ("It fills in 16 minutes at 15 L/min."): each of them
     listed = {i for i, (a, b) in enumerate(zip(found, found[1:])) if _listed(text, start, a, b)}
-    results: list[str] = []
+    results: list[str] = [as_answer(text, NUMBER.search(text, solved.start(1)))] if solved else []
     for i, m in enumerate(found):
         if not ({i, i - 1} & listed) and (value := as_answer(text, m)) not in results:
             results.append(value)
@@ -117,3 +127,9 @@ def _listed(text: str, start: int, a: re.Match, b: re.Match) -> bool:
         return True
     name = _NAME.search(text, start, a.start())
     return name is not None and name.group(1).lower() == between.group(1).lower()
+
+
+def _share(text: str, m: re.Match) -> bool:
+    """Whether `m` is a percent or a fraction of a number that follows it ("50% of 800", "3/4 of 12")."""
+    share = _PERCENT_AFTER.match(text, m.end()) or "/" in m.group() or "frac" in m.group()
+    return bool(share) and bool(_SHARE_OF.match(text, m.end()))

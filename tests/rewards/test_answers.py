@@ -841,6 +841,15 @@ RESULTS = rows(
     ("The width is 7 cm. (The area is 77 cm².)", "7", 1.0),
     ("It costs $25 in all. (Tax: $2.)", "25", 1.0),
     ("The answer is 7. (Area would be 77.)", "77", 0.0),  # a stated answer is the only answer
+    ("50% of 800 = 400", "50", 0.0),  # a share of a number is an operand
+    ("50% of 800 = 400", "400", 1.0),
+    ("So 3/4 of 12 is 9.", "3/4", 0.0),
+    ("40% of the class are boys.", "40", 1.0),
+    ("3a + 10 = 40, a = 10. Oliver is 20.", "10", 1.0),  # the variable solved just before a plain final statement
+    ("3a + 10 = 40, a = 10. Oliver is 20.", "20", 1.0),
+    ("3a + 10 = 40, a = 10. Oliver is 20.", "40", 0.0),
+    ("So 4x = 48. Tom has 36.", "48", 0.0),  # a multiple of it is no variable solved
+    ("x = 5. So y = 2x - 3 = 7.", "5", 0.0),  # a final statement that computes states its own result
     ("Ben pays $36 and Ana pays $48.", "36", 0.0, "last_number"),  # rule 5 is mode auto's
 )
 CLASSES["stated_results"] = RESULTS
@@ -878,6 +887,11 @@ def test_accuracy_table(completion, reference, expected, mode):
         ("P(X = 2) = 3/8 ≈ 0.375", "3/8"),
         ("Area(ABC) = 6 × 4 / 2 = 12", "12"),
         ("P(7) = 1/6 ≈ 0.167", "1/6"),
+        ("It simplifies to 4 times the square root of 3.", r"4\sqrt{3}"),  # roots in words or as a function
+        ("The answer is 4sqrt(3).", r"4\sqrt{3}"),
+        ("x = sqrt(48) = 4*sqrt(3)", r"4\sqrt{3}"),
+        ("The cube root of 64 is 4.", "4"),
+        ("r = sqrt(2) / 2", r"\sqrt{2} / 2"),
     ],
 )
 def test_extracted_text(text, expected):
