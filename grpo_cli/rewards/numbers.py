@@ -287,8 +287,14 @@ def answers_match(reference: str, predicted: str) -> bool:
     if any(times):
         a, b = (times[k] or clock_time(texts[k], dotted=True)
                 or (exact[k] is not None and exact[k].denominator == 1 and (int(exact[k]), 0, False)) for k in (0, 1))
+        if a and b and same_time(a, b):
+            return True
+        t = times[1]  # an answer may write a duration on a clock's face (m:ss, h:mm): "5:30" answers 5.5
+        if t and exact[0] is not None and not re.search(r"[AaPp]\.?\s?[Mm]\b", predicted) \
+                and numbers_match(Fraction(t[0]) + Fraction(t[1], 60), exact[0]):
+            return True
         if a and b:
-            return same_time(a, b)
+            return False
     # "25%" is the answer 25 and the answer 0.25; "2 hours and 30 minutes" is 2.5 and 150
     readings = [percent_value(t) or quantity_values(t) for t in (reference, predicted)]
     if any(r is not None for r in readings):
