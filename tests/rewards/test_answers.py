@@ -750,6 +750,11 @@ CLOCK_TIMES = rows(
     ("It ends at 4 pm.", "4:00 AM", 0.0),
     ("It ends at 3:65 PM, i.e. 4:05 PM.", "4:05 PM", 1.0),
     (r"\boxed{4:05 \text{ PM}}", "4:05 PM", 1.0),
+    ("Her pace is 5:30 per kilometre.", "5.5", 1.0),  # a duration on a clock's face: minutes and seconds
+    ("The trip takes 2:15.", "2.25", 1.0),  # hours and minutes
+    ("Her pace is 5:20 per kilometre.", "5.5", 0.0),
+    ("It ends at 5:30 pm.", "5.5", 0.0),  # a time of day is no duration
+    ("It will be 10.75.", "10:45", 0.0),  # (a reference on a clock's face is answered on one)
 )
 
 # markdown's bold and italics around an answer (notation.py's emphasis step)
@@ -764,6 +769,27 @@ EMPHASIS = rows(
     ("The *new* price is 15 after a *20%* cut, from 18.75.", "15", 1.0),
     ("2 * 3 * 4 = 24", "24", 1.0),  # a product keeps its stars
     ("2*3*4 = 24", "24", 1.0),
+)
+
+# a reference of words, where the completion marks no answer (words.py)
+WORD_ANSWERS = rows(
+    ("17 mod 7 = 3, and Monday + 3 days = Thursday.", "Thursday", 1.0),  # the last day of the week named
+    ("It will be a Thursday.", "Thursday", 1.0),
+    ("**Thursday**", "Thursday", 1.0),
+    ("17 = 2 × 7 + 3, so it's Wednesday.", "Thursday", 0.0),
+    ("So it is Wednesday, not Thursday.", "Thursday", 0.0),  # a negated name is no answer
+    ("The answer is Thursday.", "Thursday", 1.0),  # an answer phrase's clause
+    ("Answer: thursday", "Thursday", 1.0),
+    ("The answer is Friday. Thursday was yesterday.", "Thursday", 0.0),
+    ("Two months after January comes March.", "January", 0.0),  # the last month named
+    ("The capital of France is Paris.", "Paris", 1.0),  # otherwise the final sentence names it
+    ("It is the Pacific Ocean.", "the Pacific Ocean", 1.0),
+    ("Paris is lovely. The capital is Lyon.", "Paris", 0.0),
+    ("It is red or blue.", "red", 0.0),  # a hedge names no answer
+    ("Yes, because 12 is divisible by 3.", "yes", 1.0),
+    ("No, it isn't.", "yes", 0.0),
+    (r"\boxed{Friday}", "Thursday", 0.0),  # a marked answer is the only answer
+    ("Thursday", "Thursday", 0.0, "last_number"),  # mode auto's
 )
 
 CLASSES = {"escaped_dollar": DOLLAR, "unicode_minus": MINUS, "inline_latex": LATEX, "digit_grouping": GROUPING,
@@ -853,6 +879,7 @@ RESULTS = rows(
     ("Ben pays $36 and Ana pays $48.", "36", 0.0, "last_number"),  # rule 5 is mode auto's
 )
 CLASSES["stated_results"] = RESULTS
+CLASSES["word_answers"] = WORD_ANSWERS
 
 
 @pytest.mark.parametrize("completion, reference", [

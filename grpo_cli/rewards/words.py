@@ -1,0 +1,70 @@
+"""Word answers: `accuracy` with a reference of words ("Thursday", "yes", "blue", "New York") where the completion
+marks no answer (a marked one, `\\boxed{}`, a tag or `####`, is compared whole, as every answer is).
+
+The rule reads words as answers.py reads numbers:
+  1. after the last answer phrase ("The answer is Thursday.", "Final answer: yes"), the clause it opens names the
+     reference;
+  2. else, where the reference is one of a closed class (the days of the week, the months, the compass points), the
+     last member of that class the completion names is the reference ("Monday + 3 days = Thursday.": Thursday;
+     "So it is Wednesday, not Thursday.": Wednesday);
+  3. else the final sentence, after the closing notes and checks answers.py leaves out, names the reference and does
+     not hedge ("It will be a Thursday.", "**Paris**"; not "It is red or blue.").
+A name is matched whole and case-insensitively, and not where it is negated ("not Thursday"). A reference of one
+letter is a choice's label, which answers.py reads; a reference with a digit or a math sign is a number or an
+expression, which answers_match compares.
+"""
+
+from __future__ import annotations
+
+import re
+
+from grpo_cli.rewards.answers import ANSWER_PHRASE, without_closing_comment
+from grpo_cli.rewards.clauses import NEGATED, NOTE, sentence_end, sentence_start
+from grpo_cli.rewards.marks import marked_answer
+from grpo_cli.rewards.notation import clean_answer
+
+CLASSES = (
+    ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"),
+    ("january", "february", "march", "april", "june", "july", "august", "september", "october", "november",
+     "december"),  # not "may", a verb as often: a reference "May" takes rule 3
+    ("north", "south", "east", "west", "northeast", "northwest", "southeast", "southwest", "north-east", "north-west",
+     "south-east", "south-west"),
+)
+_WORDS = re.compile(r"[A-Za-z][A-Za-z'-]+(?:\s+[A-Za-z][A-Za-z'-]*){0,3}")  # one to four words of letters
+_ARTICLE = re.compile(r"^(?:the|a|an)\s+(?=\S)", flags=re.IGNORECASE)
+_HEDGE = re.compile(r"\b(?:or|maybe|might|could|perhaps|possibly|either|unsure|not\s+sure|guess)\b|\?",
+                    flags=re.IGNORECASE)
+
+
+def word_reference(reference: str) -> str | None:
+    """The reference as lower-case words, without a leading article, when it is one to four words of letters (the
+    first of two letters or more) and nothing else; None otherwise."""
+    text = _ARTICLE.sub("", reference.strip().rstrip(".").strip().strip("*").strip())
+    return " ".join(text.lower().split()) if _WORDS.fullmatch(text) else None
+
+
+def states_words(completion: str, words: str, tag: str = "answer") -> bool:
+    """Whether `completion` answers with `words` (`word_reference`'s form) by the module docstring's rule."""
+    text = clean_answer(completion)
+    if marked_answer(text, tag) is not None:
+        return False
+    phrases = list(ANSWER_PHRASE.finditer(text))
+    if phrases:
+        start = phrases[-1].end()
+        return bool(_named(text, [words], start, sentence_end(text, start)))
+    kind = next((members for members in CLASSES if words in members), None)
+    if kind is not None:
+        found = _named(text, kind, 0, len(text))
+        return bool(found) and found[-1].group().lower() == words
+    note = NOTE.search(text)
+    body = without_closing_comment(text[: note.start()] if note else text).rstrip()
+    start = sentence_start(body, len(body.rstrip(".!?*")))
+    return not _HEDGE.search(body, start) and bool(_named(body, [words], start, len(body)))
+
+
+def _named(text: str, names: tuple[str, ...] | list[str], start: int, end: int) -> list[re.Match]:
+    """The places in text[start:end] that name one of `names` whole, case-insensitively, not negated."""
+    pattern = re.compile(r"(?<![\w-])(?:" + "|".join(r"\s+".join(map(re.escape, n.split())) for n in names)
+                         + r")(?![\w-])", flags=re.IGNORECASE)
+    return [m for m in pattern.finditer(text, start, end) if not NEGATED.search(text, max(0, m.start() - 24),
+                                                                                 m.start())]
