@@ -48,5 +48,5 @@ def command(
                     max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size, **held_out)
     prepared = prepare_eval(targets, load_recipe(recipe) if recipe else None, settings, output=output,
                             backend=backend, threads=threads, say=lambda line: typer.echo(line, err=True))
-    evaluate_prepared(prepared)
+    evaluate_prepared(prepared, own_process=True)
     typer.echo(f"wrote {prepared.output}/eval.json and {prepared.output}/samples.jsonl")

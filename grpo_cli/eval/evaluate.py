@@ -201,13 +201,19 @@ def eval_settings(recipe: Recipe, cfg: EvalConfig, problems: Problems) -> dict[s
 
 
 def run_eval(specs: list[str], recipe: Recipe | None, cfg_overrides: dict[str, Any], output: Path, backend: str = "hf",
-             threads: int | str | None = None, resolve: Callable[[Recipe], Any] = lambda r: None) -> dict[str, Any]:
+             threads: int | str | None = None, resolve: Callable[[Recipe], Any] = lambda r: None,
+             own_process: bool = False) -> dict[str, Any]:
     """Evaluate every target on the same problems; print a table, write eval.json and samples.jsonl. `threads`: CPU
-    threads (None: the recipe's); `resolve`: the preflight, run on the recipe settled on (given or a checkpoint's)."""
+    threads (None: the recipe's); `resolve`: the preflight, run on the recipe settled on (given or a checkpoint's);
+    `own_process`: the process is `grpo eval`'s own, whose C allocator the recipe's train.keep_freed_memory may set
+    (process/allocator.py: a CPU generate then reuses the pages its last step freed)."""
     import json
     import sys
 
+    import torch
+
     from grpo_cli.models.loading import load_tokenizer, quiet_libraries
+    from grpo_cli.process.allocator import keep_freed_memory
     from grpo_cli.process.cpus import apply_threads
 
     quiet_libraries()
@@ -220,6 +226,9 @@ def run_eval(specs: list[str], recipe: Recipe | None, cfg_overrides: dict[str, A
     setting = threads if threads is not None else recipe.train.threads
     if setting is not None:
         print(apply_threads(setting), file=sys.stderr)
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    if kept := keep_freed_memory(recipe.train.keep_freed_memory, device_type, own_process):  # before a model loads
+        print(kept, file=sys.stderr)
     cfg = (recipe.eval or EvalConfig()).model_copy(update={k: v for k, v in cfg_overrides.items() if v is not None})
     results, settings = [], None
     output.mkdir(parents=True, exist_ok=True)

@@ -156,10 +156,11 @@ def prepare_eval(targets: list[str], recipe: Recipe | None, settings: dict[str, 
     return PreparedEval(list(targets), recipe, settings, output, backend, threads)
 
 
-def evaluate_prepared(prepared: PreparedEval) -> dict[str, Any]:
+def evaluate_prepared(prepared: PreparedEval, own_process: bool = False) -> dict[str, Any]:
     """Evaluate every target on the same problems (grpo_cli/eval/evaluate.py's run_eval): the recipe it settles on
-    resolved first; -> eval.json's report."""
+    resolved first; -> eval.json's report. `own_process`: the process is grpo eval's own (process/allocator.py)."""
     from grpo_cli.eval.evaluate import run_eval
 
     p = prepared
-    return run_eval(p.targets, p.recipe, p.settings, p.output, backend=p.backend, threads=p.threads, resolve=resolve)
+    return run_eval(p.targets, p.recipe, p.settings, p.output, backend=p.backend, threads=p.threads, resolve=resolve,
+                    own_process=own_process)

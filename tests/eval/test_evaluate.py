@@ -91,6 +91,8 @@ def test_eval_command_on_a_trained_run(tmp_path, monkeypatch):
     p = cli("eval", "base", run, "--recipe", TINY, "--limit", "6", "-n", "3", "--max-new-tokens", "8", "-o", out, env=env)
     assert p.returncode == 0, p.stderr
     assert "1 CPU thread (train.threads: 1)" in p.stderr  # the recipe's train.threads (issue 22: it was ignored)
+    # grpo eval's own process on a CPU keeps freed memory for reuse, as grpo train's does (train.keep_freed_memory)
+    assert "\nfreed memory kept for reuse (train.keep_freed_memory)\n" in p.stderr
     # not a terminal: plain progress lines (issue 22: a log file stayed empty for 18 minutes), one per target here
     # each line names the model it measures (the two targets' lines read alike before)
     assert p.stderr.count("eval base: 6/6 problems, ") == 1, p.stderr
