@@ -12,8 +12,8 @@ RESULTS.md). Larger blocks keep their own mappings, so what stays resident is bo
 price is the freed memory resident between phases (+0.1 GiB of SmolLM2's 3.6 GiB peak there). The same trade torch's
 CPU launcher makes with jemalloc (torch.backends.xeon.run_cpu: memory never returned). glibc only. A process-wide
 setting: `auto` takes it for `grpo train`'s and `grpo eval`'s own processes only (a Python program that calls
-grpo_cli.train or grpo_cli.evaluate keeps its allocator unless the recipe says true), and leaves an allocator the user chose alone (MALLOC_* or GLIBC_TUNABLES
-settings, LD_PRELOAD).
+grpo_cli.train or grpo_cli.evaluate keeps its allocator unless the recipe says true), and leaves an allocator the
+user chose alone (MALLOC_* or GLIBC_TUNABLES settings, LD_PRELOAD).
 """
 
 from __future__ import annotations

@@ -41,8 +41,9 @@ class TrainConfig(Section):
         "with adamw on one CUDA process, where the host has 5x the trained weights' bytes available."))
     keep_freed_memory: bool | Literal["auto"] = Field("auto", description=(
         "Keep host memory a step frees for the next step (glibc's malloc: blocks up to 32 MiB from its heap, none "
-        "given back below 2 GiB free), not faulted in again (docs/quickstart.md). auto: for grpo train's and grpo eval's "
-        "own processes on a CPU, unless MALLOC_*, GLIBC_TUNABLES or LD_PRELOAD is set; true: any device, grpo_cli.train too."))
+        "given back below 2 GiB free), not faulted in again (docs/quickstart.md). auto: for grpo train's and "
+        "grpo eval's own processes on a CPU, unless MALLOC_*, GLIBC_TUNABLES or LD_PRELOAD is set; true: any "
+        "device, grpo_cli.train too."))
     learning_rate: float = Field(1e-6, gt=0, description="AdamW peak learning rate.")
     scheduler: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up: constant, linear or cosine to 0.")
     warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up.")
