@@ -15,7 +15,8 @@ set22 on a0d03d9, set23 on 24f6b90, set24 on 33c02c6, set25 on 5e7f6a8, set26 on
 set28 on 333b8ac, set29 on 5046c06, set30 on 5046c06, set31 on 55e0c58, set32 on 55e0c58, set33 on d3c35f9,
 set34 on d3c35f9, set35 on eff48c9, set36 on eff48c9,
 set37 on db6bbb8, set38 on db6bbb8, set39 on b00e68a, set40 on b00e68a,
-set41 on 5291fbd, set42 on 5291fbd.
+set41 on 5291fbd, set42 on 5291fbd,
+and set43 on 3123854 (completions SmolLM2-135M-Instruct sampled, graded by hand).
 FRESH_FOR names the commits each set can measure.
 
     .venv/bin/python bench/answer_agreement.py [--show]     # --show: each disagreement
@@ -42,7 +43,8 @@ FRESH_FOR = {"set1": "18cadd7 and 7f9b8d4", "set2": "18cadd7 and 15cfb3e", "set3
              "set35": "eff48c9", "set36": "eff48c9",
              "set37": "db6bbb8", "set38": "db6bbb8",
              "set39": "b00e68a", "set40": "b00e68a",
-             "set41": "5291fbd", "set42": "5291fbd"}
+             "set41": "5291fbd", "set42": "5291fbd",
+             "set43": "3123854"}
 
 
 def math_verify_agrees(completion: str, reference: str) -> bool:
