@@ -41,6 +41,9 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      link ("left with"), "at" or an appositive names it ("gives an average of 84", "1,020, an increase of 170").
   5. (`accuracy` only, where nothing is marked or stated by an answer phrase) the other results the final sentence
      states answer too: "Ben pays $36 and Ana pays $48." is right for 36 and 48 (results.py; not with `strict`).
+A completion cut off mid-statement, whose text ends on a link, an article or an operator ("... found by Ava is", "9 × 2
+=": a rollout stopped at its max_completion_length), is read by rules 1 and 2 only: what it was about to state is not
+its last number.
 A number is an integer, a decimal, scientific notation ("3.2e4", `3.2 \times 10^{4}`), a fraction ("3/4",
 `\frac{3}{4}`, `\dfrac34`), a mixed number ("3 3/4"), a time or a ratio ("11:30", "3:4"), not an ordinal ("4th") or a
 power's exponent; in rules 2 and 3, after a result link, and in a completion without digits, also the number words
@@ -63,8 +66,8 @@ from decimal import Decimal
 from typing import Any, Callable
 
 from grpo_cli.rewards.clauses import (
-    AFTER_PREPOSITION, CLOSING_COMMENT, COMPUTES, CONDITION, CONSEQUENCE, LINK, LINK_BEFORE, NAMED, NEGATED, NOTE,
-    OPERAND_END, OPERATION, RATE_UNIT, REMARK, RESTATES, SOURCE, STATED_RATE, TIME_SCOPE, TOTAL_AFTER,
+    AFTER_PREPOSITION, CLOSING_COMMENT, COMPUTES, CONDITION, CONSEQUENCE, CUT_OFF, LINK, LINK_BEFORE, NAMED, NEGATED,
+    NOTE, OPERAND_END, OPERATION, RATE_UNIT, REMARK, RESTATES, SOURCE, STATED_RATE, TIME_SCOPE, TOTAL_AFTER,
     closing_parenthesis, purpose_start, sentence_end, sentence_start,
 )
 from grpo_cli.rewards.marks import after_hashes, last_boxed, last_tag, marked_answer
@@ -190,8 +193,8 @@ def _linked_number(text: str, start: int, end: int, numbers: list) -> re.Match |
     return None
 
 
-def _stated_answer(text: str) -> str | None:
-    """Rules 2 and 3 of the module docstring: the number an answer phrase or a conclusion states, or None."""
+def _phrase_answer(text: str) -> str | None:
+    """Rule 2 of the module docstring: the number or expression the last answer phrase states, or None."""
     phrases = list(ANSWER_PHRASE.finditer(text))
     if phrases and (expression := _stated_expression(text, phrases[-1].end())) is not None:
         return expression
@@ -203,6 +206,13 @@ def _stated_answer(text: str) -> str | None:
                 if corrected is not None and corrected.start() > answer.start():
                     answer = corrected
             return as_answer(text, answer)
+    return None
+
+
+def _stated_answer(text: str) -> str | None:
+    """Rules 2 and 3 of the module docstring: the number an answer phrase or a conclusion states, or None."""
+    if (stated := _phrase_answer(text)) is not None:
+        return stated
     digits = list(NUMBER.finditer(text))
     if not digits:
         return None
@@ -320,6 +330,8 @@ def _auto(text: str, tag: str) -> str | None:
     if (found := marked_answer(text, tag)) is not None:
         return found
     stated = without_closing_comment(text)  # rules 2-4 read the text without its closing checks and comparisons
+    if CUT_OFF.search(stated):
+        return _phrase_answer(stated)  # cut off mid-statement: only an answer phrase states an answer
     return _stated_answer(stated) or _last_number_or_math(stated)
 
 

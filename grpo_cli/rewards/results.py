@@ -6,15 +6,15 @@ question asked for, only the question says; a grader who reads it takes the comp
 quantity is stated right. So, when the completion marks no answer (no `\boxed{}`, tag, `####` line or answer phrase),
 the completion is also right when the reference equals one of the results its final statement states:
   - the final statement is the last sentence (or line) with a number, after the closing notes, checks and comparisons
-    answers.py leaves out; with the sentence before it when it is a remark that names another quantity ("The shirt
-    costs $20 on sale. That's a saving of $5!", "Width: 7 cm. (Area would be 77 cm².)"), and with the variable the
-    sentence before it solves last when it computes nothing itself ("a = 10. Oliver is 20.": 10 and 20);
+    answers.py leaves out (none where the text is cut off mid-statement: answers.py's CUT_OFF); with the sentence
+    before it when it is a remark that names another quantity ("The shirt costs $20 on sale. That's a saving of $5!",
+    "Width: 7 cm. (Area would be 77 cm².)"), and with the variable the sentence before it solves last when it
+    computes nothing itself ("a = 10. Oliver is 20.": 10 and 20);
   - its results are its numbers less the operands ("15 × 10 = 150": 150 only; "1972/12937 = 3/11": 3/11; "50% of
-    800 = 400": 400), the
-    coefficients ("16x"), the negated ("not 40") and those right after a preposition ("from $10", "of 240"; not a
-    time the sentence states, "after 8 weeks", nor where a link or an appositive names it: "a saving of $20") or
-    listed with one that is ("the sum of 12 and 15"), unless the sentence has nothing else ("It fills in 16 minutes
-    at 15 L/min.": both);
+    800 = 400": 400), the coefficients ("16x"), the negated ("not 40") and those right after a preposition ("from
+    $10", "of 240"; not a time the sentence states, "after 8 weeks", nor where a link or an appositive names it: "a
+    saving of $20") or listed with one that is ("the sum of 12 and 15"), unless the sentence has nothing else ("It
+    fills in 16 minutes at 15 L/min.": both);
   - numbers with only "and" or a comma between them, the last ending its clause, are a list of candidates, not
     results ("The solutions are x = 3 and x = -2", "32, 33 and 34"; not "$27 in June, and $117 over the year");
   - a condition, a cause or an earlier act after a stated number is a premise ("10 legs if you have 10 shrimps and 13
@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 
 from grpo_cli.rewards.answers import ANSWER_PHRASE, CORRECTION, NUMBER, as_answer, numbers_in, without_closing_comment
-from grpo_cli.rewards.clauses import AFTER_PREPOSITION, NAMED, NOTE, sentence_end, sentence_start
+from grpo_cli.rewards.clauses import AFTER_PREPOSITION, CUT_OFF, NAMED, NOTE, sentence_end, sentence_start
 from grpo_cli.rewards.marks import marked_answer
 from grpo_cli.rewards.notation import clean_answer
 
@@ -54,8 +54,8 @@ _TIME_UNIT = re.compile(r"\s*(?:more\s+)?(?:second|minute|hour|day|week|month|ye
 _OPERATOR_AFTER = re.compile(r"\s*(?:[-+*/×÷·^]|\\(?:times|cdot|div|frac)\b|x\s*\$?\d)|[^\W\d_](?![^\W\d_])"
                              r"|\$?\s*(?:=|equals\b|is\s+equal\s+to\b)")  # an equation's left side: "1972/12937 = 3/11"
 # a share of a number is an operand too: "50% of 800 = 400", "3/4 of 12 is 9"
-_PERCENT_AFTER = re.compile(r"\s?(?:\\?%|percent\b)", flags=re.IGNORECASE)
-_SHARE_OF = re.compile(r"\s?(?:\\?%|percent\b)?\s*of\s+\$?\s*\d", flags=re.IGNORECASE)
+_PERCENT_OF = re.compile(r"\s?(?:\\?%|percent\b)\s*of\s+\$?\s*\d", flags=re.IGNORECASE)
+_OF_NUMBER = re.compile(r"\s+of\s+\$?\s*\d", flags=re.IGNORECASE)
 # a variable solved at the end of the sentence before a plain final statement: "a = 10. Oliver is 20."
 _SOLVED = re.compile(r"(?<![\w^])[A-Za-z]\s*=\s*\$?(-?\d[\d,]*(?:\.\d+)?(?:/\d+)?)\$?\s*[.;!]?\s*$")
 _OPERATOR_BEFORE = re.compile(r"(?:[-+*/×÷·^]|\\(?:times|cdot|div|frac)|\bx)\s*\$?$")
@@ -79,7 +79,7 @@ def stated_results(text: str, tag: str = "answer") -> list[str]:
         text = text[: note.start()]
     text = without_closing_comment(text).rstrip()
     digits = list(NUMBER.finditer(text))
-    if not digits:
+    if not digits or CUT_OFF.search(text):  # cut off mid-statement: no final statement
         return []
     start, end = sentence_start(text, digits[-1].start()), sentence_end(text, digits[-1].end())
     if start and _NAMING_REMARK.match(text, start) and NUMBER.search(text, sentence_start(text, start - 1), start):
@@ -131,5 +131,5 @@ def _listed(text: str, start: int, a: re.Match, b: re.Match) -> bool:
 
 def _share(text: str, m: re.Match) -> bool:
     """Whether `m` is a percent or a fraction of a number that follows it ("50% of 800", "3/4 of 12")."""
-    share = _PERCENT_AFTER.match(text, m.end()) or "/" in m.group() or "frac" in m.group()
-    return bool(share) and bool(_SHARE_OF.match(text, m.end()))
+    fraction = "/" in m.group() or "frac" in m.group()
+    return bool(_PERCENT_OF.match(text, m.end()) or fraction and _OF_NUMBER.match(text, m.end()))

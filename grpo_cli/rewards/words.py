@@ -9,9 +9,9 @@ The rule reads words as answers.py reads numbers:
      "So it is Wednesday, not Thursday.": Wednesday);
   3. else the final sentence, after the closing notes and checks answers.py leaves out, names the reference and does
      not hedge ("It will be a Thursday.", "**Paris**"; not "It is red or blue.").
-A name is matched whole and case-insensitively, and not where it is negated ("not Thursday"). A reference of one
-letter is a choice's label, which answers.py reads; a reference with a digit or a math sign is a number or an
-expression, which answers_match compares.
+A completion cut off mid-statement (answers.py's CUT_OFF) answers by rule 1 only. A name is matched whole and
+case-insensitively, and not where it is negated ("not Thursday"). A reference of one letter is a choice's label, which
+answers.py reads; a reference with a digit or a math sign is a number or an expression, which answers_match compares.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 
 from grpo_cli.rewards.answers import ANSWER_PHRASE, without_closing_comment
-from grpo_cli.rewards.clauses import NEGATED, NOTE, sentence_end, sentence_start
+from grpo_cli.rewards.clauses import CUT_OFF, NEGATED, NOTE, sentence_end, sentence_start
 from grpo_cli.rewards.marks import marked_answer
 from grpo_cli.rewards.notation import clean_answer
 
@@ -52,6 +52,8 @@ def states_words(completion: str, words: str, tag: str = "answer") -> bool:
     if phrases:
         start = phrases[-1].end()
         return bool(_named(text, [words], start, sentence_end(text, start)))
+    if CUT_OFF.search(without_closing_comment(text)):
+        return False  # cut off mid-statement: only an answer phrase answers
     kind = next((members for members in CLASSES if words in members), None)
     if kind is not None:
         found = _named(text, kind, 0, len(text))

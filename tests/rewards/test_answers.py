@@ -792,6 +792,20 @@ WORD_ANSWERS = rows(
     ("Thursday", "Thursday", 0.0, "last_number"),  # mode auto's
 )
 
+# a completion cut off mid-statement (a rollout stopped at max_completion_length) states no answer by its last number
+CUT_OFF = rows(
+    ("The number of eggs found by Noah is 6 (the number of eggs he discovered). The number of eggs found by Ava is",
+     "6", 0.0),  # SmolLM2's, sampled on gsm_symbolic: read as 6 before
+    ("So she sells 9 eggs, and 9 × 2 =", "2", 0.0),
+    ("So she sells 9 eggs, and 9 × 2 =", "9", 0.0),
+    ("Noah has 6 eggs and Ava has 12, so the total of", "12", 0.0),
+    ("The answer is 42. Let me check: 6 × 7 is", "42", 1.0),  # an answer phrase states it all the same
+    (r"\boxed{18} because 9 × 2 =", "18", 1.0),  # as a marked answer does
+    ("Monday + 3 days = Thursday, and then the", "Thursday", 0.0),
+    ("She sells 9 × 2 = 18 dollars a day.", "18", 1.0),  # a finished sentence
+    ("Total: 26. Here is how:", "26", 1.0),  # a colon ends no statement
+)
+
 CLASSES = {"escaped_dollar": DOLLAR, "unicode_minus": MINUS, "inline_latex": LATEX, "digit_grouping": GROUPING,
            "only_the_final_answer_counts": ORDER, "stated_answer_then_mentions": STATED,
            "scientific_notation": SCIENTIFIC, "number_words": WORDS, "mixed_numbers": MIXED,
@@ -880,6 +894,7 @@ RESULTS = rows(
 )
 CLASSES["stated_results"] = RESULTS
 CLASSES["word_answers"] = WORD_ANSWERS
+CLASSES["cut_off"] = CUT_OFF
 
 
 @pytest.mark.parametrize("completion, reference", [
