@@ -4,9 +4,10 @@ marks no answer (a marked one, `\\boxed{}`, a tag or `####`, is compared whole, 
 The rule reads words as answers.py reads numbers:
   1. after the last answer phrase ("The answer is Thursday.", "Final answer: yes"), the clause it opens names the
      reference;
-  2. else, where the reference is one of a closed class (the days of the week, the months, the compass points), the
-     last member of that class the completion names is the reference ("Monday + 3 days = Thursday.": Thursday;
-     "So it is Wednesday, not Thursday.": Wednesday);
+  2. else, where the reference is a verdict (yes / no, true / false), the last verdict word that stands as an answer
+     ("No.", "Yes, because ...", "So, no."; not "I have no idea.") is the reference; where it is one of a closed class
+     (the days of the week, the months, the compass points), the last member of that class the completion names
+     ("Monday + 3 days = Thursday.": Thursday; "So it is Wednesday, not Thursday.": Wednesday);
   3. else the final sentence, after the closing notes and checks answers.py leaves out, names the reference and does
      not hedge ("It will be a Thursday.", "**Paris**"; not "It is red or blue.").
 A completion cut off mid-statement (answers.py's CUT_OFF) answers by rule 1 only. A name is matched whole and
@@ -30,6 +31,7 @@ CLASSES = (
     ("north", "south", "east", "west", "northeast", "northwest", "southeast", "southwest", "north-east", "north-west",
      "south-east", "south-west"),
 )
+VERDICTS = (("yes", "no"), ("true", "false"))
 _WORDS = re.compile(r"[A-Za-z][A-Za-z'-]+(?:\s+[A-Za-z][A-Za-z'-]*){0,3}")  # one to four words of letters
 _ARTICLE = re.compile(r"^(?:the|a|an)\s+(?=\S)", flags=re.IGNORECASE)
 _HEDGE = re.compile(r"\b(?:or|maybe|might|could|perhaps|possibly|either|unsure|not\s+sure|guess)\b|\?",
@@ -54,6 +56,9 @@ def states_words(completion: str, words: str, tag: str = "answer") -> bool:
         return bool(_named(text, [words], start, sentence_end(text, start)))
     if CUT_OFF.search(without_closing_comment(text)):
         return False  # cut off mid-statement: only an answer phrase answers
+    if (verdict := next((pair for pair in VERDICTS if words in pair), None)) is not None:
+        found = list(_verdicts(verdict).finditer(text))
+        return bool(found) and found[-1].group(1).lower() == words
     kind = next((members for members in CLASSES if words in members), None)
     if kind is not None:
         found = _named(text, kind, 0, len(text))
@@ -70,3 +75,10 @@ def _named(text: str, names: tuple[str, ...] | list[str], start: int, end: int) 
                          + r")(?![\w-])", flags=re.IGNORECASE)
     return [m for m in pattern.finditer(text, start, end) if not NEGATED.search(text, max(0, m.start() - 24),
                                                                                  m.start())]
+
+
+def _verdicts(pair: tuple[str, str]) -> re.Pattern:
+    """A verdict word that stands as an answer: opening a sentence, a line or a clause, or after a conclusion word or
+    a link, and ending its clause ("Yes, because ...", "So, no.", "It is true."; not "no idea", "not true")."""
+    return re.compile(r"(?:^|[.!?:;(\n]|\b(?:so|thus|hence|therefore|is|are|was|were|'s)\b,?)\s*(" + "|".join(pair)
+                      + r")\b(?=\s*(?:[,.!?;)]|$))", flags=re.IGNORECASE)

@@ -786,8 +786,14 @@ WORD_ANSWERS = rows(
     ("It is the Pacific Ocean.", "the Pacific Ocean", 1.0),
     ("Paris is lovely. The capital is Lyon.", "Paris", 0.0),
     ("It is red or blue.", "red", 0.0),  # a hedge names no answer
-    ("Yes, because 12 is divisible by 3.", "yes", 1.0),
+    ("Yes, because 12 is divisible by 3.", "yes", 1.0),  # a verdict word that stands as an answer
     ("No, it isn't.", "yes", 0.0),
+    ("No.", "No", 1.0),
+    ("2034 is not divisible by 4, so no.", "no", 1.0),
+    ("I have no idea what the answer could be.", "no", 0.0),  # "no" as a determiner is no verdict
+    ("I have no idea.", "no", 0.0),
+    ("It is not true.", "true", 0.0),
+    ("The statement is false, since 7 is prime.", "false", 1.0),
     (r"\boxed{Friday}", "Thursday", 0.0),  # a marked answer is the only answer
     ("Thursday", "Thursday", 0.0, "last_number"),  # mode auto's
 )
