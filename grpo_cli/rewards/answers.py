@@ -106,6 +106,7 @@ _EXPRESSION = re.compile(r"[\w\s\\{}()\[\]^+\-*/=.,']+")  # what a stated expres
 _TEXT_CMD = re.compile(r"\\(?:text|mathrm|textbf|mbox)\s*\{[^{}]*\}")
 _JUST_STATED = re.compile(r"(?<!\bthe\s)(?<!\bthe\s\$)\b\d[\d.,]*\s*%?(?:\s+[\w-]+){0,2}\s*$", flags=re.IGNORECASE)
 _COMPUTATION = re.compile(r"\d\s*\}?\s*(?:\\times|\\cdot|\\div|[×·÷*+]|\s-\s)\s*\{?\s*\d")  # "18 \times 2.33"
+_PLAIN_NUMBER = re.compile(r"\s*-?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?\s*")
 _PERCENT = re.compile(r"\s?(?:\\?%|percent\b)", flags=re.IGNORECASE)
 _HALF_OF_DAY = re.compile(r"\s?([ap])\.?\s?m\b\.?", flags=re.IGNORECASE)
 
@@ -124,8 +125,9 @@ def _last_number(text: str) -> str | None:
 
 def _final_expression(span: str) -> str:
     """The right-hand side of a span's last top-level `=`: `p = \\frac{3}{4}` -> `\\frac{3}{4}`; of an
-    approximation, the exact side when it holds a number and computes nothing (`\\frac{1}{6} \\approx 0.167` ->
-    `\\frac{1}{6}`, `x \\approx 0.17` -> 0.17, `18 \\times 2.33 \\approx 42` -> 42)."""
+    approximation, the exact side when it holds a number, computes nothing and is no plain number
+    (`\\frac{1}{6} \\approx 0.167` -> `\\frac{1}{6}`, `x \\approx 0.17` -> 0.17, `18 \\times 2.33 \\approx 42` -> 42,
+    `2,748 \\approx 2,700` -> 2,700: a plain number's approximation is its rounding)."""
     depth, cut, approx = 0, 0, None
     for i, ch in enumerate(span):
         depth += (ch in "{([") - (ch in "})]")
@@ -133,7 +135,8 @@ def _final_expression(span: str) -> str:
             cut, approx = i + 1, None
         elif depth == 0 and span.startswith("\\approx", i):
             approx = i
-    exact = approx is not None and re.search(r"\d", span[cut:approx]) and not _COMPUTATION.search(span, cut, approx)
+    exact = approx is not None and re.search(r"\d", span[cut:approx]) and not _COMPUTATION.search(span, cut, approx) \
+        and not _PLAIN_NUMBER.fullmatch(span[cut:approx])  # a plain number's approximation is its rounding: "2,748 ≈ 2,700"
     expression = span[cut:approx] if exact else span[approx + len("\\approx"):] if approx is not None else span[cut:]
     return expression.strip().rstrip(".,;").strip()
 

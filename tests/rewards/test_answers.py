@@ -792,6 +792,8 @@ WORD_ANSWERS = rows(
     ("2034 is not divisible by 4, so no.", "no", 1.0),
     ("I have no idea what the answer could be.", "no", 0.0),  # "no" as a determiner is no verdict
     ("I have no idea.", "no", 0.0),
+    ("No — 91 is divisible by 7.", "No", 1.0),  # a dash after the verdict ends its clause
+    ("No-one knows.", "No", 0.0),
     ("It is not true.", "true", 0.0),
     ("The statement is false, since 7 is prime.", "false", 1.0),
     (r"\boxed{Friday}", "Thursday", 0.0),  # a marked answer is the only answer
@@ -935,6 +937,8 @@ def test_accuracy_table(completion, reference, expected, mode):
         ("P(X = 2) = 3/8 ≈ 0.375", "3/8"),
         ("Area(ABC) = 6 × 4 / 2 = 12", "12"),
         ("P(7) = 1/6 ≈ 0.167", "1/6"),
+        ("2,748 ≈ 2,700", "2,700"),  # a plain number's approximation is its rounding
+        ("Rounded: 3.14159 ≈ 3.14", "3.14"),
         ("It simplifies to 4 times the square root of 3.", r"4\sqrt{3}"),  # roots in words or as a function
         ("The answer is 4sqrt(3).", r"4\sqrt{3}"),
         ("x = sqrt(48) = 4*sqrt(3)", r"4\sqrt{3}"),
