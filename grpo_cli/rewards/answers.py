@@ -136,7 +136,7 @@ def _final_expression(span: str) -> str:
         elif depth == 0 and span.startswith("\\approx", i):
             approx = i
     exact = approx is not None and re.search(r"\d", span[cut:approx]) and not _COMPUTATION.search(span, cut, approx) \
-        and not _PLAIN_NUMBER.fullmatch(span[cut:approx])  # a plain number's approximation is its rounding: "2,748 ≈ 2,700"
+        and not _PLAIN_NUMBER.fullmatch(span[cut:approx])  # a plain number's approximation is its rounding
     expression = span[cut:approx] if exact else span[approx + len("\\approx"):] if approx is not None else span[cut:]
     return expression.strip().rstrip(".,;").strip()
 
