@@ -227,7 +227,7 @@ def _math(text: str, powers: bool = False) -> str:
     def span(m: re.Match) -> str:
         run = m.group()
         core = re.sub(r"^(?:[ +*/=]|\^\{[^{}]*\}|\^)+", "", run).rstrip(" -+*/=^(")  # not from inside a power
-        core = re.sub(r"(=[^=]*\d) [A-Za-z]$", r"\1", core)  # a unit after the result: "3.5 × 6 = 21 L" ends at 21
+        core = re.sub(r"(=[^=]*\d) [A-Za-z](?:/[A-Za-z])*$", r"\1", core)  # a unit after the result: "= 21 L", "m/s"
         core = _after_unopened(core)  # "P(sum = 7) = 1/6 ≈ 0.167": the run begins after the words' parenthesis
         if not (any(ch in _MATH_CHARS for ch in core) or (powers and re.search(r"\d\^\{", core))):
             return run

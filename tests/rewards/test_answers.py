@@ -938,6 +938,8 @@ def test_accuracy_table(completion, reference, expected, mode):
         ("Area(ABC) = 6 × 4 / 2 = 12", "12"),
         ("P(7) = 1/6 ≈ 0.167", "1/6"),
         ("2,748 ≈ 2,700", "2,700"),  # a plain number's approximation is its rounding
+        ("72 ÷ 3.6 = 20 m/s", "20"),  # a unit of one-letter parts after a computed result is no variable
+        ("12 × 0.5 = 6 g/L", "6"),
         ("Rounded: 3.14159 ≈ 3.14", "3.14"),
         ("It simplifies to 4 times the square root of 3.", r"4\sqrt{3}"),  # roots in words or as a function
         ("The answer is 4sqrt(3).", r"4\sqrt{3}"),
