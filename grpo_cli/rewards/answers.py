@@ -71,7 +71,8 @@ from grpo_cli.rewards.clauses import (
     closing_parenthesis, purpose_start, sentence_end, sentence_start,
 )
 from grpo_cli.rewards.marks import after_hashes, last_boxed, last_tag, marked_answer
-from grpo_cli.rewards.notation import Spelled, clean_answer, spelled
+from grpo_cli.rewards.notation import clean_answer
+from grpo_cli.rewards.spelled import Spelled, spelled
 from grpo_cli.rewards.numbers import PLAIN_WORD, QUANTITY, parse_math, quantity_values
 
 _FRAC = r"\\[dt]?frac\s*(?:\{\s*-?\d+(?:\.\d+)?\s*\}|\d)\s*(?:\{\s*-?\d+(?:\.\d+)?\s*\}|\d)"

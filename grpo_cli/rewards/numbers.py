@@ -4,7 +4,7 @@ A plain number (`read_number`) is the whole text being one of: an integer or dec
 thousands commas ("-1,234.5"), scientific notation ("3.2e4", "6E-3", "3.2 \times 10^{4}", "1.5 x 10^-3"), a
 fraction of two such numbers ("3/4", `\frac{3}{4}`, `\dfrac34`), a mixed number ("3 3/4", `3\frac{3}{4}`: 15/4),
 or English number words ("five", "minus twelve", "twenty-one", "one hundred and five", "two point five": text2num,
-through notation.words_value). Its value
+through spelled.words_value). Its value
 is a Fraction: no float rounding, so 2^53 + 1 stays itself and 1e-9 is not 3e-9.
 
 Two plain numbers are the same answer (`numbers_match`) when they are equal, or when they agree to six decimal
@@ -31,7 +31,8 @@ import re
 import threading
 from fractions import Fraction
 
-from grpo_cli.rewards.notation import clean_answer, words_value
+from grpo_cli.rewards.notation import clean_answer
+from grpo_cli.rewards.spelled import words_value
 
 _LATEX_COMMAND = re.compile(r"\\[A-Za-z]")
 PLAIN_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")

@@ -972,7 +972,7 @@ def test_extracted_text_of_the_new_classes(text, expected):
 def test_plain_numbers_are_read_exactly():
     from fractions import Fraction
 
-    from grpo_cli.rewards.notation import words_value
+    from grpo_cli.rewards.spelled import words_value
     from grpo_cli.rewards.numbers import numbers_match, read_number
 
     assert [read_number(t) for t in ("1,234.5", "-3.2e4", "6E-3", r"3.2 \times 10^{4}", "1.5 x 10^-3", "3/4",
