@@ -28,6 +28,7 @@ In this order (dashes first: U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, 
             -> N/M ("the chance is 7 out of 20" -> 7/20, "a 1 in 4 chance" -> 1/4; "7 out of 20 balls are green"
             stays a count), and as the whole answer ("3 in 10" -> 3/10)
   commas    a decimal comma, one or two digits after it and no number next: "3,5 km" -> 3.5 ("1,234" keeps its comma)
+            and thousands grouped by dots before one, or in two groups or more: "1.000,00" -> 1000.00, "1.250.000"
   signs     a sign word before digits: "minus 3", "negative 3" -> -3; "3 degrees below zero" -> -3 degrees; a minus
             before a dollar sign after no number: "= -$15" -> "= $-15" ("$100 - $15" stays a difference)
   dollars   `\$`, `\text{\$}`, `\textdollar` are dropped (`\boxed{\$23}` is 23)
@@ -90,6 +91,8 @@ _FRACTION_WORDS = re.compile(
     r"|sevenths?|eighths?|ninths?|tenths?|elevenths?|twelfths?|sixteenths?|twentieths?|hundredths?|thousandths?)\b",
     flags=re.IGNORECASE)
 _DECIMAL_COMMA = re.compile(r"(?<![\d,.])(\d+),(\d{1,2})(?![\d,])(?!\s*\d)")
+# thousands grouped by dots, the European way: before a decimal comma ("1.000,00"), or in two groups or more
+_DOTTED = re.compile(r"(?<![\d,.])(\d{1,3}(?:\.\d{3})+)(?:,(\d{1,2})(?![\d,])(?!\s*\d)|(?<=\.\d{3}\.\d{3})(?![.,]?\d))")
 # a lone "two" or "zero" before a plural noun is a count ("Two buses are needed"); a lone "one" stays a word
 _COUNTED = re.compile(r"\b(two|zero)\s+(?=(?!of\b)[a-z]+s\b)", flags=re.IGNORECASE)
 # ... and a lone "one" that starts a compound quantity ("one dollar and 65 cents", "one hour 20 minutes")
@@ -143,6 +146,7 @@ def clean_answer(text: str) -> str:
     text = _CHANCE_SENTENCE.sub(lambda m: _OUT_OF.sub(r"\1/\2", m.group()), text)  # "The chance is 7 out of 20": 7/20
     if _OUT_OF.fullmatch(bare := text.strip().rstrip(".").strip()):
         text = _OUT_OF.sub(r"\1/\2", bare)  # "3 in 10" as the whole answer: 3/10
+    text = _DOTTED.sub(lambda m: m.group(1).replace(".", "") + (f".{m.group(2)}" if m.group(2) else ""), text)
     text = _DECIMAL_COMMA.sub(r"\1.\2", text)  # "3,5 km" -> 3.5 (a thousands comma has three digits after it)
     text = _SIGN_WORD.sub(r"\1-", text)
     text = _SIGNED_DOLLAR.sub("$-", text)  # "= -$15,000" -> "= $-15,000" (not "$100 - $15", a difference)

@@ -125,6 +125,11 @@ GROUPING = rows(
     ("It weighs 2 500 g.", "2500", 1.0),
     ("It weighs 2 500 g.", "500", 0.0),
     ("She buys 2 100-page notebooks, so 200 pages.", "200", 1.0),  # ... unless the second names what is counted
+    ("20% off, so the new price is 1.000,00 €.", "1000", 1.0),  # thousands grouped by dots, a decimal comma
+    ("Der Preis beträgt 2.499,50 €.", "2499.5", 1.0),
+    ("The city has 1.250.000 inhabitants.", "1250000", 1.0),  # two dot groups: thousands
+    ("The city has 1.250.000 inhabitants.", "1.25", 0.0),
+    ("Pi is about 3.141.", "3.141", 1.0),  # one dot group, no comma: a decimal point
 )
 
 ORDER = rows(
