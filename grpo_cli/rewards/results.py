@@ -8,8 +8,8 @@ the completion is also right when the reference equals one of the results its fi
   - the final statement is the last sentence (or line) with a number, after the closing notes, checks and comparisons
     answers.py leaves out (none where the text is cut off mid-statement: answers.py's CUT_OFF); with the sentence
     before it when it is a remark that names another quantity ("The shirt costs $20 on sale. That's a saving of $5!",
-    "Width: 7 cm. (Area would be 77 cm².)"), and with the variable the sentence before it solves last when it
-    computes nothing itself ("a = 10. Oliver is 20.": 10 and 20);
+    "Width: 7 cm. (Area would be 77 cm².)", "Girls: 140. Boys would then be 100."), and with the variable the
+    sentence before it solves last when it computes nothing itself ("a = 10. Oliver is 20.": 10 and 20);
   - its results are its numbers less the operands ("15 × 10 = 150": 150 only; "1972/12937 = 3/11": 3/11; "50% of
     800 = 400": 400), the coefficients ("16x"), the negated ("not 40") and those right after a preposition ("from
     $10", "of 240"; not a time the sentence states, "after 8 weeks", nor where a link or an appositive names it: "a
@@ -37,13 +37,16 @@ from grpo_cli.rewards.notation import clean_answer
 
 MAX_RESULTS = 4
 # a closing remark that names another quantity of the sentence before it states that sentence's results too: "The shirt
-# costs $20 on sale. That's a saving of $5!", "This is a total of 45.", "Width: 7 cm. (Area would be 77 cm².)"
+# costs $20 on sale. That's a saving of $5!", "This is a total of 45.", "Width: 7 cm. (Area would be 77 cm².)",
+# "Girls = 140. Boys would then be 100."
 _NAMING_REMARK = re.compile(r"\s*(?:(?:that|this|which)(?:'s|\s+is|\s+was|\s+means)\s+(?:a|an|the)\s+"
                             r"(?:[a-z]+\s+){1,2}of|\((?:(?:the|its|their)\s+)?[a-z]+(?:\s+[a-z]+)?"
-                            r"(?:\s+(?:would\s+be|is|was|are|were)|\s*[:=]))\s+\$?\s*\d", flags=re.IGNORECASE)
+                            r"(?:\s+(?:would\s+be|is|was|are|were)|\s*[:=])"
+                            r"|(?:(?:the|its|their)\s+)?[a-z]+(?:\s+[a-z]+)?\s+would(?:\s+then)?\s+be)\s+\$?\s*\d",
+                            flags=re.IGNORECASE)
 # a sentence that offers candidates or doubts its own answer states no result
 _HEDGE = re.compile(r"\b(?:or|maybe|might|could|perhaps|possibly|probably|either|unsure|not\s+sure|guess|think"
-                    r"|thought|between|then|but|instead)\b|\?", flags=re.IGNORECASE)
+                    r"|thought|between|(?<!would )then|but|instead)\b|\?", flags=re.IGNORECASE)
 # a condition, a cause or an earlier act after a stated number: what follows it is a premise, not a result
 _PREMISE = re.compile(r"\b(?:if|since|because|as|assuming|given|provided|unless|when|whenever"
                       r"|(?:after|before|once|while)\s+\w+ing)\b", flags=re.IGNORECASE)
@@ -82,8 +85,9 @@ def stated_results(text: str, tag: str = "answer") -> list[str]:
     if not digits or CUT_OFF.search(text):  # cut off mid-statement: no final statement
         return []
     start, end = sentence_start(text, digits[-1].start()), sentence_end(text, digits[-1].end())
-    if start and _NAMING_REMARK.match(text, start) and NUMBER.search(text, sentence_start(text, start - 1), start):
-        start = sentence_start(text, start - 1)  # "... costs $20 on sale. That's a saving of $5!": one statement
+    before = sentence_start(text, len(text[:start].rstrip()) - 1) if start else 0  # the sentence or line before
+    if start and _NAMING_REMARK.match(text, start) and NUMBER.search(text, before, start):
+        start = before  # "... costs $20 on sale. That's a saving of $5!": one statement
     if _HEDGE.search(text, start, end) or CORRECTION.search(text, start, end):
         return []
     plain = start and "=" not in text[start:end]  # a final statement that computes nothing

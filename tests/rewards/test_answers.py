@@ -896,6 +896,11 @@ RESULTS = rows(
     ("The width is 7 cm. (The area is 77 cm².)", "7", 1.0),
     ("It costs $25 in all. (Tax: $2.)", "25", 1.0),
     ("The answer is 7. (Area would be 77.)", "77", 0.0),  # a stated answer is the only answer
+    ("Girls = 7/12 × 240 = 140 girls.\n\nBoys would then be 100.", "140", 1.0),  # "<name> would be N": a remark too
+    ("Girls = 7/12 × 240 = 140 girls.\n\nBoys would then be 100.", "100", 1.0),
+    ("Area = l·w = 12·5 = 60 cm². The perimeter would be 34 cm.", "60", 1.0),
+    ("Area = l·w = 12·5 = 60 cm². The perimeter would be 34 cm.", "12", 0.0),
+    ("There are 140 girls.\nBoys: 100.", "100", 1.0),
     ("50% of 800 = 400", "50", 0.0),  # a share of a number is an operand
     ("50% of 800 = 400", "400", 1.0),
     ("So 3/4 of 12 is 9.", "3/4", 0.0),
