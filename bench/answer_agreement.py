@@ -18,7 +18,8 @@ set37 on db6bbb8, set38 on db6bbb8, set39 on b00e68a, set40 on b00e68a,
 set41 on 5291fbd, set42 on 5291fbd,
 set43 on 3123854 and set44 on 20b2109 (completions SmolLM2-135M-Instruct sampled, graded by hand), set45 on
 768b103, set46 on 16b49a0, set47 on dec8b53, set48 on
-f75d530, set49 and set50 on 19e8298.
+f75d530, set49 and set50 on 19e8298, set51 and set52 on
+f6054d4.
 FRESH_FOR names the commits each set can measure.
 
     .venv/bin/python bench/answer_agreement.py [--show]     # --show: each disagreement
@@ -48,7 +49,8 @@ FRESH_FOR = {"set1": "18cadd7 and 7f9b8d4", "set2": "18cadd7 and 15cfb3e", "set3
              "set41": "5291fbd", "set42": "5291fbd",
              "set43": "3123854", "set44": "20b2109", "set45": "768b103",
              "set46": "16b49a0", "set47": "dec8b53",
-             "set48": "f75d530", "set49": "19e8298", "set50": "19e8298"}
+             "set48": "f75d530", "set49": "19e8298", "set50": "19e8298",
+             "set51": "f6054d4", "set52": "f6054d4"}
 
 
 def math_verify_agrees(completion: str, reference: str) -> bool:
