@@ -110,6 +110,7 @@ _COMPUTATION = re.compile(r"\d\s*\}?\s*(?:\\times|\\cdot|\\div|[×·÷*+]|\s-\s)
 _PLAIN_NUMBER = re.compile(r"\s*-?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?\s*")
 _PERCENT = re.compile(r"\s?(?:\\?%|percent\b)", flags=re.IGNORECASE)
 _HALF_OF_DAY = re.compile(r"\s?([ap])\.?\s?m\b\.?", flags=re.IGNORECASE)
+_BREAKDOWN = re.compile(r"\s*\$?\d")  # after a colon, a breakdown's parts: "21 marbles: 5 red, 7 blue and 9 green"
 
 
 # --------------------------------------------------------------------------- answer extraction
@@ -280,7 +281,8 @@ def _tail_start(text: str, start: int, last: re.Match | Spelled) -> int | None:
     """Where the tail that holds `last` begins in its sentence (text[start:]), if `last` is in one: after ", which
     is", "if", ... (`REMARK`), unless the tail computes what the sentence did not state ("we add 6 and 8, which
     is 6 + 8 = 14", "we add 6 and 8, which is 14", "the total is 29 + 24, which is 53"), after a colon that follows
-    a stated number and breaks it down ("21 marbles: 5 red, 7 blue and 9 green"; not "to 11:15: 145 min total"), or
+    a stated number and breaks it down, numbers first ("21 marbles: 5 red, 7 blue and 9 green"; not "to 11:15: 145
+    min total", "20 marbles, 6 blue: probability 6/20, or 0.3"), or
     in a parenthesis that ends the sentence ("$18 a day (9 eggs x $2)")."""
     first = NUMBER.search(text, start, last.start())  # a tail follows a stated number
     remark = REMARK.search(text, first.end(), sentence_end(text, last.end())) if first else None
@@ -299,7 +301,8 @@ def _tail_start(text: str, start: int, last: re.Match | Spelled) -> int | None:
         return took[-1].start()  # right after the stated number and its unit: "She saves $45 in 3 weeks."
     colon = text.find(": ", start, last.start())  # "There are 21 marbles: 5 red, 7 blue and 9 green."
     if colon >= 0 and LINK.search(text, start, colon) and NUMBER.search(text, start, colon) and \
-            len(NUMBER.findall(text, colon, last.end())) > 1 and not COMPUTES.search(text, colon, last.end()) and \
+            _BREAKDOWN.match(text, colon + 1) and len(NUMBER.findall(text, colon, last.end())) > 1 and \
+            not COMPUTES.search(text, colon, last.end()) and \
             not LINK.search(text, colon, last.start()):
         return colon
     opened = closing_parenthesis(text, start, sentence_end(text, last.end()))

@@ -362,6 +362,7 @@ TAILS = rows(  # a condition, cause or scope after the stated number is not the 
     ("There are 21 marbles: 5 red, 7 blue and 9 green.", "21", 1.0),  # a breakdown after the stated number
     ("08:50 to 10:50 is 120 min, then 25 more min to 11:15: 145 min total.", "145", 1.0),  # one number: no breakdown
     ("The total is 9 hours, ending at 17:30: 540 minutes in all.", "540", 1.0),
+    ("There are 20 marbles, 6 blue: probability 6/20, or 0.3.", "3/10", 1.0),  # a breakdown begins with its numbers
     ("Step 2: 12 * 3 = 36", "36", 1.0),  # a label before a colon is not a stated number
     ("Each day she sells 9 eggs for $2 apiece, for a total of $18.", "18", 1.0),
     ("She needs 2 more cups, for a total of 5 cups.", "5", 1.0),
