@@ -9,7 +9,9 @@ the completion is also right when the reference equals one of the results its fi
     answers.py leaves out (none where the text is cut off mid-statement: answers.py's CUT_OFF); with the sentence
     before it when it is a remark that names another quantity ("The shirt costs $20 on sale. That's a saving of $5!",
     "Width: 7 cm. (Area would be 77 cm².)", "Girls: 140. Boys would then be 100."), and with the variable the
-    sentence before it solves last when it computes nothing itself ("a = 10. Oliver is 20.": 10 and 20);
+    sentence before it solves last when it computes nothing itself ("a = 10. Oliver is 20.": 10 and 20); a closing
+    block of labelled lines that compute nothing states each line ("- Peter: 100 stamps / - Quinn: 50 stamps"),
+    unless one labels a total ("Subtotal: $360 / Tax: $54 / Total: $414": 414);
   - its results are its numbers less the operands ("15 × 10 = 150": 150 only; "1972/12937 = 3/11": 3/11; "50% of
     800 = 400": 400), the coefficients ("16x"), the negated ("not 40") and those right after a preposition ("from
     $10", "of 240"; not a time the sentence states, "after 8 weeks", nor where a link or an appositive names it: "a
@@ -65,6 +67,11 @@ _OPERATOR_BEFORE = re.compile(r"(?:[-+*/×÷·^]|\\(?:times|cdot|div|frac)|\bx)\
 # two numbers with nothing between them but "and" or a comma (and the same name again: "x = 3 and x = -2") are a list
 # of candidates ("The solutions are 3 and -2", "32, 33 and 34"), none of them a result of its own
 _LISTED = re.compile(r"\$?\s*(?:,|,?\s*and|&)\s*\$?\s*(?:(\w+)\s*(?:=|is|are)\s*)?\$?", flags=re.IGNORECASE)
+# a line that labels one quantity and computes nothing ("- Peter: 100 stamps", "Quinn: 50"); a block of them closing a
+# completion states each (`_labelled_block`) unless one labels a total
+_LABELLED = re.compile(r"[ \t]*(?:[-*•][ \t]+)?([A-Za-z][A-Za-z' ]{0,30}?)[ \t]*:[ \t]*\$?(-?\d[\d,]*(?:\.\d+)?)"
+                       r"[^\d\n=+*/×÷<>]{0,25}")
+_TOTAL_LABEL = re.compile(r"\b(?:total|sum|answer|result|altogether|overall|final)\b", flags=re.IGNORECASE)
 _NAME = re.compile(r"(\w+)\s*(?:=|is|are)\s*\$?$", flags=re.IGNORECASE)
 # ... and the list's last item ends its clause, with no more than a unit after it ("... and 34.", "... and 12, so");
 # "$27 in June, and $117 over the six months" is two results, each with its own scope
@@ -101,10 +108,24 @@ def stated_results(text: str, tag: str = "answer") -> list[str]:
     found = [m for i, m in enumerate(found) if i not in context] or found  # a sentence of context only ("It fills in 16 minutes at 15 L/min."): each of them
     listed = {i for i, (a, b) in enumerate(zip(found, found[1:])) if _listed(text, start, a, b)}
     results: list[str] = [as_answer(text, NUMBER.search(text, solved.start(1)))] if solved else []
+    results += [value for value in _labelled_block(text) if value not in results]
     for i, m in enumerate(found):
         if not ({i, i - 1} & listed) and (value := as_answer(text, m)) not in results:
             results.append(value)
     return results if len(results) <= MAX_RESULTS else []
+
+
+def _labelled_block(text: str) -> list[str]:
+    """The values of the block of labelled lines that ends `text` ("- Peter: 100 stamps\n- Quinn: 50 stamps"), each
+    line one quantity the question may have asked; none where a line of it labels a total (that line is the answer:
+    "Subtotal: $360 / Tax: $54 / Total: $414") or the block is one line."""
+    found, end = [], len(text)
+    while end > 0 and (line := _LABELLED.fullmatch(text, text.rfind("\n", 0, end) + 1, end)) is not None:
+        if _TOTAL_LABEL.search(line.group(1)):
+            return []
+        found.append(NUMBER.search(text, line.start(2)))
+        end = line.start() - 1
+    return [as_answer(text, m) for m in reversed(found)] if len(found) > 1 else []
 
 
 def _context(text: str, start: int, found: list[re.Match]) -> set[int]:

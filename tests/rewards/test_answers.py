@@ -902,6 +902,12 @@ RESULTS = rows(
     ("Area = l·w = 12·5 = 60 cm². The perimeter would be 34 cm.", "60", 1.0),
     ("Area = l·w = 12·5 = 60 cm². The perimeter would be 34 cm.", "12", 0.0),
     ("There are 140 girls.\nBoys: 100.", "100", 1.0),
+    ("- Peter: 100 stamps\n- Quinn: 50 stamps", "100", 1.0),  # a closing block of labelled lines states each
+    ("- Peter: 100 stamps\n- Quinn: 50 stamps", "150", 0.0),
+    ("x = 12, so 3x = 36.\n\nJerry: 12 marbles\nTom: 36 marbles", "12", 1.0),
+    ("Subtotal: $360\nTax: $54\nTotal: $414", "360", 0.0),  # ... unless a line labels the total
+    ("Subtotal: $360\nTax: $54\nTotal: $414", "414", 1.0),
+    ("1. Total boxes: 144 / 12 = 12\n2. Sold: 9\n3. Remaining: 12 - 9 = 3", "9", 0.0),  # steps compute
     ("50% of 800 = 400", "50", 0.0),  # a share of a number is an operand
     ("50% of 800 = 400", "400", 1.0),
     ("So 3/4 of 12 is 9.", "3/4", 0.0),
