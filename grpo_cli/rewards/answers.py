@@ -34,11 +34,13 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      the count a stated share stands for ("40% of them walk, which is 12") or the rate of a quantity in a time ("18 km
      in 45 minutes, which is 24 km/h"), or an "if" tail goes on to a consequence ("if they share equally each gets 20 /
      4 = 5"); the time the stated number took, right after it ("$45 in 3 weeks"); a breakdown after a colon that follows
-     a stated number; a parenthesis that ends the sentence. A last number right after a preposition gives way to a
-     result the sentence links ("3 x $6 = $18 for 3 shirts": 18), and to the sentence's last number when it only says
-     where the stated one came from or went to, what it is out of or its rate, or when the stated one is a rate ("$10
-     back from her $20 bill", "3 of the 12 eggs", "2.5 hours at 60 mph", "60 km/h over the 150 km trip"), not where a
-     link ("left with"), "at" or an appositive names it ("gives an average of 84", "1,020, an increase of 170").
+     a stated number; a parenthesis that ends the sentence; but a tail's number that is the total of the sentence's
+     stated numbers is the answer ("50 pages, and in 0.4 minutes 10 pages, for 60 pages": 60). A last number right
+     after a preposition gives way to a result the sentence links ("3 x $6 = $18 for 3 shirts": 18), and to the
+     sentence's last number when it only says where the stated one came from or went to, what it is out of or its
+     rate, or when the stated one is a rate ("$10 back from her $20 bill", "3 of the 12 eggs", "2.5 hours at 60 mph",
+     "60 km/h over the 150 km trip"), not where a link ("left with"), "at" or an appositive names it ("gives an
+     average of 84", "1,020, an increase of 170").
   5. (`accuracy` only, where nothing is marked or stated by an answer phrase) the other results the final sentence
      states answer too: "Ben pays $36 and Ana pays $48." is right for 36 and 48 (results.py; not with `strict`).
 A completion cut off mid-statement, whose text ends on a link, an article or an operator ("... found by Ava is", "9 × 2
@@ -72,8 +74,8 @@ from grpo_cli.rewards.clauses import (
 )
 from grpo_cli.rewards.marks import after_hashes, last_boxed, last_tag, marked_answer
 from grpo_cli.rewards.notation import clean_answer
+from grpo_cli.rewards.numbers import PLAIN_WORD, QUANTITY, parse_math, quantity_values, sums_to
 from grpo_cli.rewards.spelled import Spelled, spelled
-from grpo_cli.rewards.numbers import PLAIN_WORD, QUANTITY, parse_math, quantity_values
 
 _FRAC = r"\\[dt]?frac\s*(?:\{\s*-?\d+(?:\.\d+)?\s*\}|\d)\s*(?:\{\s*-?\d+(?:\.\d+)?\s*\}|\d)"
 _EXPONENT = r"(?:[eE][-+]?\d+|\s*(?:\\times|\\cdot|×|x|\*)\s*10\s*\^\s*\{?\s*[-+]?\d+\s*\}?)(?![\w])"
@@ -269,6 +271,8 @@ def _last_number_or_math(text: str) -> str | None:
     def context(m) -> bool:  # after a preposition ("12 of the 30"), unless named ("gives an average of 84")
         return bool(AFTER_PREPOSITION.search(text, start, m.start())) and not NAMED.search(text, start, m.start())
     before = [m for m in before if not context(m)] or before
+    if len(before) > 1 and sums_to([_number_text(m.group()) for m in before], _number_text(last.group())):
+        return as_answer(text, last)  # "50 pages, and 10 pages, for 60 pages": the total of what the sentence stated
     if not before and context(last):  # "3 x $6 = $18 for 3 shirts": 18
         results = [m for m in found if start <= m.start() and not context(m)]
         source = results and (SOURCE.search(text, start, last.start())  # "$10 back from her $20 bill": 10

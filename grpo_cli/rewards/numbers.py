@@ -116,6 +116,12 @@ def unreduced(reference: str, predicted: str) -> bool:
     return bool(ref and pred and ref[1] > 1 and math.gcd(*ref) == 1 and math.gcd(*pred) > 1)
 
 
+def sums_to(parts: list[str], whole: str) -> bool:
+    """Whether the plain numbers `parts` add up to the plain number `whole` exactly."""
+    values = [read_number(t) for t in (*parts, whole)]
+    return None not in values and sum(values[:-1]) == values[-1]
+
+
 def numbers_match(a: Fraction, b: Fraction) -> bool:
     """Equal, or equal to six decimal places and six significant digits (see the module docstring)."""
     if a == b:

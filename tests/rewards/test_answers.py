@@ -363,6 +363,10 @@ TAILS = rows(  # a condition, cause or scope after the stated number is not the 
     ("08:50 to 10:50 is 120 min, then 25 more min to 11:15: 145 min total.", "145", 1.0),  # one number: no breakdown
     ("The total is 9 hours, ending at 17:30: 540 minutes in all.", "540", 1.0),
     ("There are 20 marbles, 6 blue: probability 6/20, or 0.3.", "3/10", 1.0),  # a breakdown begins with its numbers
+    ("In 2 minutes it prints 50 pages, and in 0.4 minutes 10 pages, for 60 pages.", "60", 1.0),  # a tail's total
+    ("She read 20 pages on Monday and 30 on Tuesday, for 50 pages in all.", "50", 1.0),
+    ("She read 20 pages on Monday and 30 on Tuesday, for 60 pages in all.", "30", 1.0),  # no total: the tail goes
+    ("He bought 3 shirts for $60.", "3", 1.0),
     ("Step 2: 12 * 3 = 36", "36", 1.0),  # a label before a colon is not a stated number
     ("Each day she sells 9 eggs for $2 apiece, for a total of $18.", "18", 1.0),
     ("She needs 2 more cups, for a total of 5 cups.", "5", 1.0),
