@@ -31,7 +31,8 @@ In this order (dashes first: U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, 
             and thousands grouped by dots before one, or in two groups or more: "1.000,00" -> 1000.00, "1.250.000"
   signs     a sign word before digits: "minus 3", "negative 3" -> -3; "3 degrees below zero" -> -3 degrees; a minus
             before a dollar sign after no number: "= -$15" -> "= $-15" ("$100 - $15" stays a difference)
-  dollars   `\$`, `\text{\$}`, `\textdollar` are dropped (`\boxed{\$23}` is 23)
+  dollars   `\$`, `\text{\$}`, `\textdollar` are dropped (`\boxed{\$23}` is 23), and so is the "/-" of a whole
+            amount written the Indian way ("Rs 1,200/-" is 1,200)
   grouping  digits grouped in threes by `\,` `\!` `\ ` `{,}`, thin / no-break spaces or plain spaces are joined
             ("1 000 000", `1\,000\,000` -> 1000000, "the population is 13 500" -> 13500), except one plain space
             before a number that names what is counted ("2 100 dollar bills", "2 100-page books" stay two numbers);
@@ -63,6 +64,7 @@ _ROOT = re.compile(rf"([{''.join(_ROOTS)}])\s*(\((?:[^()]*)\)|\d+(?:\.\d+)?|[A-Z
 _EMPHASIS = re.compile(r"(\*\*|__)(?=[^\s*_])([^\n]*?[^\s*_])\1"
                        r"|(?<![\w*\\])([*_])(?=[^\s*_])([^\n*_]*?[^\s*_\\])\3(?![\w*])")
 _DASHES = str.maketrans(dict.fromkeys("\u2212\u2013\u2012\u2010\u2011\ufe63\uff0d", "-"))
+_WHOLE_RUPEES = re.compile(r"(?<=\d)\s?/-(?![\d-])")  # "Rs. 1,200/-": a whole amount, written the Indian way
 _DOLLAR = re.compile(r"\\text\s*\{\s*\\\$\s*\}|\\textdollar\b\s*|\\\$")
 # Digits in groups of three, one separator kind per number; the first group has 1-3 digits.
 _GROUPED = re.compile(
@@ -151,7 +153,7 @@ def clean_answer(text: str) -> str:
     text = _SIGN_WORD.sub(r"\1-", text)
     text = _SIGNED_DOLLAR.sub("$-", text)  # "= -$15,000" -> "= $-15,000" (not "$100 - $15", a difference)
     text = _BELOW_ZERO.sub("-", text)
-    text = _DOLLAR.sub("", text)
+    text = _DOLLAR.sub("", _WHOLE_RUPEES.sub("", text))
     whole = _GROUPED.fullmatch(text.strip()) is not None
     return _GROUPED.sub(lambda m: _join_groups(m, whole), text)
 

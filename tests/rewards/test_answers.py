@@ -39,6 +39,9 @@ DOLLAR = rows(
     (r"\boxed{\$23}", "24", 0.0),
     (r"\boxed{\$23}", "23", 1.0, "boxed"),
     ("It costs $5 and then $7.", "7", 1.0),  # plain-text dollars are not a math span
+    ("So, the simple interest is Rs 1,200/-", "1200", 1.0),  # a whole amount written the Indian way
+    ("The price is Rs. 500/- only.", "500", 1.0),
+    ("x = 12 - 5 = 7", "7", 1.0),
 )
 
 MINUS = rows(
