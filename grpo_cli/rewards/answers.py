@@ -27,10 +27,10 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      sentence's tail after ", which is", ", i.e.", " - ", "since", "because", "if", "when", "assuming", "given", "after
      ...ing", "for the/each", "for 6 cakes", "on 20 litres" (a count of things, not money), ", or about", a comparison
      (", 6 fewer than Amy"), a range (", from 850 to 1,020"), a share (", 24 in each box", ", or 25¢ each", ", 75% of
-     the 28"), a worth (", worth $7"), what is left or described (", with $20 left over"), a time from an event (", 55
-     minutes after it left") or a purpose ("to complete his collection of 50"; "to get 48" where a need is stated),
-     unless a ", which is" tail computes what the sentence did not state ("we add 6 and 8, which is 6 + 8 = 14", "add
-     them together, which is 52", "the total is 29 + 24, which is 53"), gives
+     the 28"), a worth (", worth $7"), what is left or described (", with $20 left over"), a value assumed (", using
+     pi = 3.14"), a time from an event (", 55 minutes after it left") or a purpose ("to complete his collection of
+     50"; "to get 48" where a need is stated), unless a ", which is" tail computes what the sentence did not state ("we
+     add 6 and 8, which is 6 + 8 = 14", "add them together, which is 52", "the total is 29 + 24, which is 53"), gives
      the count a stated share stands for ("40% of them walk, which is 12") or the rate of a quantity in a time ("18 km
      in 45 minutes, which is 24 km/h"), or an "if" tail goes on to a consequence ("if they share equally each gets 20 /
      4 = 5"); the time the stated number took, right after it ("$45 in 3 weeks"); a breakdown after a colon that follows

@@ -46,6 +46,9 @@ NAMED = re.compile(r"(?:,|'s|\b(?:is|are|was|were|gives?|giving|makes?|making|yi
                    r"|earns?|reach(?:es|ed)?|at))\s*(?:a|an)\s+(?:[a-z]+\s+){1,2}of\s+\$?$", flags=re.IGNORECASE)
 # a scope or purpose ends where a new statement begins: "3 choices for the first digit and 4 for the second, giving 12"
 _NO_STATEMENT = r"(?![^.!?\n]*(?:=|[:;]|\b(?:giv(?:es|ing)|makes?|is|are|was|were|equals?|totals?|costs?)\b))"
+# a value the sentence assumes: ", using π = 3.14", "with g = 9.8" (after clean_answer: "with $\\pi= 3.14$")
+_ASSUMED = r",?\s(?:with|using|taking|assuming|for)\s+\$?(?:\\pi|pi|[A-Za-z])\s*(?:=|\\approx)"
+ASSUMED = re.compile(_ASSUMED, flags=re.IGNORECASE)
 # what follows a statement's number without being its result: a comment (", which is", "(", ", i.e.", " - "), a
 # condition, cause or scope (", since", "because", "if", "when", "assuming", "after ...ing", "for the/each ..."), a
 # purpose, a comparison or a range
@@ -68,6 +71,7 @@ _TAIL = (r",\s*(?:which|that)\s+(?:is|was|are|were)\b|,\s*i\.e\.|\s[—–]\s|,?
          # a time from an event: "8:35, 55 minutes after it left", "on day 12, 3 days before the deadline"
          r"|,\s*\d[\d,.]*\s*(?:second|minute|hour|day|week|month|year)s?\s+(?:after|before|later|earlier|since)\b"
          r"|,\s*worth\s"  # "28 quarters, worth $7"
+         rf"|{_ASSUMED}"  # ", using π = 3.14"
          # ", 75% of the 28"
          r"|,\s*(?:about\s+|only\s+|just\s+)?\d[\d.,/]*\s*%?\s+of\s+(?:the|all|his|her|their|its)\b")
 # a time the stated number took, that ends its sentence: "48 cupcakes in 6 hours", "24 km in a 5-day week"

@@ -20,7 +20,7 @@ the completion is also right when the reference equals one of the results its fi
   - numbers with only "and" or a comma between them, the last ending its clause, are a list of candidates, not
     results ("The solutions are x = 3 and x = -2", "32, 33 and 34"; not "$27 in June, and $117 over the year");
   - a condition, a cause or an earlier act after a stated number is a premise ("10 legs if you have 10 shrimps and 13
-    crabs": 10; "35 after buying 15": 35);
+    crabs": 10; "35 after buying 15": 35), and so is a value it assumes ("314, using π = 3.14": 314);
   - a sentence that hedges, corrects or goes on to another value states none ("24, or maybe 26", "it could be 45", "I
     think", "I mean 4", "I thought 1/2 but it is 0.75", "23, then 24"), and neither does one with more than four
     distinct results.
@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 
 from grpo_cli.rewards.answers import ANSWER_PHRASE, CORRECTION, NUMBER, as_answer, numbers_in, without_closing_comment
-from grpo_cli.rewards.clauses import AFTER_PREPOSITION, CUT_OFF, NAMED, NOTE, sentence_end, sentence_start
+from grpo_cli.rewards.clauses import AFTER_PREPOSITION, ASSUMED, CUT_OFF, NAMED, NOTE, sentence_end, sentence_start
 from grpo_cli.rewards.marks import marked_answer
 from grpo_cli.rewards.notation import clean_answer
 
@@ -101,6 +101,7 @@ def stated_results(text: str, tag: str = "answer") -> list[str]:
     solved = _SOLVED.search(text, sentence_start(text, start - 1), start) if plain else None
     first = NUMBER.search(text, start, end)
     end = premise.start() if first and (premise := _PREMISE.search(text, first.end(), end)) else end
+    end = assumed.start() if first and (assumed := ASSUMED.search(text, first.end(), end)) else end  # "using π = 3.14"
     found = [m for m in numbers_in(text, start, end, words=False)
              if not (_OPERATOR_AFTER.match(text, m.end()) or _OPERATOR_BEFORE.search(text, start, m.start())
                      or _share(text, m))]

@@ -491,6 +491,11 @@ SCOPES = rows(
     ("5 boxes hold 120 cans, 24 in each box.", "120", 1.0),
     ("They paid $60, $15 each.", "60", 1.0),
     ("After 8 weeks she can buy the bike, with $20 left over.", "8", 1.0),
+    ("A = 100π ≈ 314.16, or 314 with π = 3.14.", "314", 1.0),  # a value assumed
+    ("The area is 314 square units, using pi = 3.14.", "314", 1.0),
+    ("The fall takes 3 s, taking g = 9.8 m/s².", "3", 1.0),
+    ("The area is 314 square units, using pi = 3.14.", "3.14", 0.0),
+    ("The vertex is at x = 3, where y = -4.", "-4", 1.0),  # "where" states a value
     ("She can fill 7 bags, with 3 apples to spare.", "7", 1.0),
     ("So, Lily needs 6 packs of 8 to get 48 hot dog buns.", "6", 1.0),
     ("He must buy 4 boxes to have 48 pencils.", "4", 1.0),
