@@ -3,6 +3,7 @@ r"""Numbers as people write them, rewritten the one way the answer rule reads th
 In this order (dashes first: U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, U+FE63, U+FF0D -> "-", so "−3" is -3):
   emphasis  markdown's bold and italics around a span of one line go: "144 ÷ 12 = **12**" -> "144 ÷ 12 = 12", "__12__",
             "*12*" (not a product: "2 * 3 * 4", "2*3*4")
+  congruences state their residue: "1234 \equiv 1 \pmod 9", "2^20 ≡ 4 (mod 7)" -> "... = 1", "... = 4"
   roots     in words or as a function first: "4 times the square root of 3" -> 4√3, "sqrt(2)" -> √(2)
   unicode   by what the Unicode database says each character is (`unicodedata`): every decimal digit as ASCII ("４２",
             "٤٢"), vulgar fractions ("½" -> "1/2", "1½" -> "1 1/2"), the fraction and division slashes, the fullwidth
@@ -29,7 +30,8 @@ In this order (dashes first: U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, 
             stays a count), and as the whole answer ("3 in 10" -> 3/10)
   commas    a decimal comma, one or two digits after it and no number next: "3,5 km" -> 3.5 ("1,234" keeps its comma)
             and thousands grouped by dots before one, or in two groups or more: "1.000,00" -> 1000.00, "1.250.000"
-  signs     a sign word before digits: "minus 3", "negative 3" -> -3; "3 degrees below zero" -> -3 degrees; a minus
+  signs     a sign word before digits: "minus 3", "negative 3" -> -3; "3 degrees below zero" -> -3 degrees, "75 m
+            below sea level" -> -75 m; a minus
             before a dollar sign after no number: "= -$15" -> "= $-15" ("$100 - $15" stays a difference)
   dollars   `\$`, `\text{\$}`, `\textdollar` are dropped (`\boxed{\$23}` is 23), and so is the "/-" of a whole
             amount written the Indian way ("Rs 1,200/-" is 1,200)
@@ -115,9 +117,13 @@ _SUFFIXED = re.compile(r"(?<![\w.])(?:(\$\s?)(\d+(?:\.\d+)?)(k|K|m|M|bn)|()(\d+(
 _SUFFIX_SCALE = {"k": 10**3, "m": 10**6, "bn": 10**9}
 _SIGN_WORD = re.compile(r"\b(?:minus|negative)\s+(\$?)(?=\d)", flags=re.IGNORECASE)  # "minus $4^\circ$"
 _SIGNED_DOLLAR = re.compile(r"(?<![\d)}\]%]\s)(?<![\d)}\]%])-\s?\$(?=\d)")  # a minus before a dollar, after no number
-# "8 degrees below zero" -> "-8 degrees below zero" (the degree sign is `$8^\circ$` by now)
-_BELOW_ZERO = re.compile(r"(?<![\d.-])(?=\d+(?:\.\d+)?(?:\^\\circ\$\s*[CF]?|\s*degrees?(?:\s+(?:celsius|fahrenheit))?)?"
-                         r"\s+below\s+zero\b)", flags=re.IGNORECASE)
+# "8 degrees below zero" -> "-8 degrees below zero" (the degree sign is `$8^\circ$` by now), "75 m below sea level"
+_BELOW_ZERO = re.compile(r"(?<![\d.-])(?=\d+(?:\.\d+)?(?:\^\\circ\$\s*[CF]?|\s*degrees?(?:\s+(?:celsius|fahrenheit))?"
+                         r"|\s*(?:m|metres?|meters?|ft|feet)\b)?\s+below\s+(?:zero|sea\s+level)\b)",
+                         flags=re.IGNORECASE)
+# a congruence states its residue: "1234 \equiv 1 \pmod 9" -> "1234 = 1", "2^20 ≡ 4 (mod 7)" -> "2^20 = 4"
+_MODULUS = re.compile(r"\s*(?:\\pmod\s*\{?\s*\d+\s*\}?|\(\s*(?:\\bmod|\\mod|mod)\s*\d+\s*\))")
+_CONGRUENT = re.compile(r"\\equiv\b|≡")
 _HOURS = {w: i for i, w in enumerate("one two three four five six seven eight nine ten eleven twelve".split(), 1)}
 _MINUTES = {"five": 5, "ten": 10, "twenty": 20, "twenty five": 25, "quarter": 15, "a quarter": 15, "half": 30}
 _HOUR = r"(1[0-2]|[1-9]|" + "|".join(_HOURS) + ")"
@@ -133,6 +139,7 @@ _ROOT_COEFFICIENT = re.compile(r"(\d)\s*(?:\btimes\b|[*×·⋅])\s*(?=[√∛∜
 def clean_answer(text: str) -> str:
     """`text` as the answer rule reads it: the module docstring's steps, in its order."""
     text = _EMPHASIS.sub(lambda m: m.group(2) if m.group(2) is not None else m.group(4), text)
+    text = _CONGRUENT.sub("=", _MODULUS.sub("", text)) if _CONGRUENT.search(text) else text
     text = unicode_numbers(_roots_in_words(text.translate(_DASHES)))
     text = _DOZEN.sub(lambda m: {"a": "12", "half a": "6"}[" ".join(m.group(1).lower().split())], text)
     text = _SCALED.sub(lambda m: _scaled(m.group(1), _SCALES[m.group(2).lower()]), text)

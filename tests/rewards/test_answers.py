@@ -496,6 +496,12 @@ SCOPES = rows(
     ("The fall takes 3 s, taking g = 9.8 m/s².", "3", 1.0),
     ("The area is 314 square units, using pi = 3.14.", "3.14", 0.0),
     ("The vertex is at x = 3, where y = -4.", "-4", 1.0),  # "where" states a value
+    (r"$1234 \equiv 1 \pmod 9$", "1", 1.0),  # a congruence states its residue
+    ("2^20 ≡ 4 (mod 7)", "4", 1.0),
+    (r"$x \equiv 3 \pmod{5}$", "5", 0.0),
+    ("It is now 75 m below sea level.", "-75", 1.0),  # below sea level: a sign
+    ("The diver is 30 feet below sea level.", "-30", 1.0),
+    ("It is 27 degrees below freezing.", "27", 1.0),  # below freezing is no sign
     ("She can fill 7 bags, with 3 apples to spare.", "7", 1.0),
     ("So, Lily needs 6 packs of 8 to get 48 hot dog buns.", "6", 1.0),
     ("He must buy 4 boxes to have 48 pencils.", "4", 1.0),
