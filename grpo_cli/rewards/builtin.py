@@ -33,7 +33,7 @@ from grpo_cli.rewards.judges import JudgeSettings, judge_for, judge_settings
 from grpo_cli.registry import Registry
 from grpo_cli.rewards.answers import EXTRACT_MODES, extract_answer, reference_text  # noqa: F401
 from grpo_cli.rewards.numbers import answers_match
-from grpo_cli.rewards.results import stated_results
+from grpo_cli.rewards.results import stated_results, states_decrease
 from grpo_cli.rewards.steps import token_at
 from grpo_cli.rewards.words import states_words, word_reference
 
@@ -53,7 +53,8 @@ def accuracy(
     equivalence decided by math-verify as in Open-R1's `accuracy_reward`. The answer is taken with
     `extract_answer(completion, mode, tag)`; in mode `auto`, unless `strict`, a completion that marks no answer is
     also right when the reference is one of the results its final sentence states ("Ben pays $36 and Ana pays $48",
-    results.py); a reference of words ("Thursday", "Paris") is read as words.py says. No extractable answer scores
+    results.py) or a negative reference its final sentence states as a decrease ("a loss of $15,000" for -15000);
+    a reference of words ("Thursday", "Paris") is read as words.py says. No extractable answer scores
     0.0; a missing reference (None) gives None (no reward for that row).
     """
     if answer is None:
@@ -69,9 +70,12 @@ def accuracy(
             rewards.append(None)
             continue
         predicted = extract_answer(completion, mode, tag)
-        right = (predicted is not None and answers_match(gold, predicted)) or (mode == "auto" and not strict and any(
+        lenient = mode == "auto" and not strict
+        words = word_reference(gold) if mode == "auto" else None
+        right = (predicted is not None and answers_match(gold, predicted)) or (lenient and any(
             answers_match(gold, result) for result in stated_results(completion, tag) if result != predicted)) or (
-            mode == "auto" and (words := word_reference(gold)) is not None and states_words(completion, words, tag))
+            words is not None and states_words(completion, words, tag)) or (
+            lenient and states_decrease(completion, gold))
         rewards.append(1.0 if right else 0.0)
     return rewards
 

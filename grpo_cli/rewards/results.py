@@ -36,6 +36,7 @@ from grpo_cli.rewards.answers import ANSWER_PHRASE, CORRECTION, NUMBER, as_answe
 from grpo_cli.rewards.clauses import AFTER_PREPOSITION, ASSUMED, CUT_OFF, NAMED, NOTE, sentence_end, sentence_start
 from grpo_cli.rewards.marks import marked_answer
 from grpo_cli.rewards.notation import clean_answer
+from grpo_cli.rewards.numbers import read_number
 
 MAX_RESULTS = 4
 # a closing remark that names another quantity of the sentence before it states that sentence's results too: "The shirt
@@ -159,3 +160,27 @@ def _share(text: str, m: re.Match) -> bool:
     """Whether `m` is a percent or a fraction of a number that follows it ("50% of 800", "3/4 of 12")."""
     fraction = "/" in m.group() or "frac" in m.group()
     return bool(_PERCENT_OF.match(text, m.end()) or fraction and _OF_NUMBER.match(text, m.end()))
+
+
+# a decrease stated by its size: "decreased by 15%", "a loss of $15,000", "overdrawn by $25", "down 7 points"
+_DECREASE = re.compile(r"\b(?:decrease[sd]?|declined?|dropped|fell|fallen|lost|loss|down|lower(?:ed)?|reduced"
+                       r"|reduction|overdrawn|deficit|shrank|shrunk)(?:\s+(?:of|by))?\s+"
+                       r"(?:about\s+|nearly\s+|almost\s+|a\s+)?"
+                       r"\$?\s*(\d[\d,]*(?:\.\d+)?)(?!\s*(?:to|from)\b)", flags=re.IGNORECASE)
+
+
+def states_decrease(text: str, reference: str) -> bool:
+    """Whether the final statement of `text` states the negative `reference` as a decrease of its size ("The stock
+    decreased by 15%." for -15, "a loss of $15,000" for -15000): a change asked for as a signed number, answered in
+    words. Not where the completion marks its answer or the statement hedges."""
+    value = read_number(clean_answer(reference).strip().rstrip("%"))
+    text = clean_answer(text)
+    if value is None or value >= 0 or marked_answer(text, "answer") is not None:
+        return False
+    text = without_closing_comment(text).rstrip()
+    digits = list(NUMBER.finditer(text))
+    if not digits or CUT_OFF.search(text):
+        return False
+    start, end = sentence_start(text, digits[-1].start()), sentence_end(text, digits[-1].end())
+    return not _HEDGE.search(text, start, end) and any(
+        read_number(m.group(1).replace(",", "")) == -value for m in _DECREASE.finditer(text, start, end))

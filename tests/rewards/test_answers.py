@@ -502,6 +502,14 @@ SCOPES = rows(
     ("It is now 75 m below sea level.", "-75", 1.0),  # below sea level: a sign
     ("The diver is 30 feet below sea level.", "-30", 1.0),
     ("It is 27 degrees below freezing.", "27", 1.0),  # below freezing is no sign
+    ("The stock decreased by 15%.", "-15", 1.0),  # a negative change stated as a decrease of its size
+    ("The company made a loss of $15,000 this year.", "-15000", 1.0),
+    ("He is overdrawn by $25.", "-25", 1.0),
+    ("The stock decreased by 15%.", "15", 1.0),
+    ("The stock decreased by 12%.", "-15", 0.0),
+    ("The price fell to 68.", "-68", 0.0),  # a value fallen to is no decrease
+    ("It dropped by 7 points, or maybe 8.", "-7", 0.0),  # a hedge
+    (r"The change is \boxed{7}, a drop of 7.", "-7", 0.0),  # a marked answer is the only one
     ("She can fill 7 bags, with 3 apples to spare.", "7", 1.0),
     ("So, Lily needs 6 packs of 8 to get 48 hot dog buns.", "6", 1.0),
     ("He must buy 4 boxes to have 48 pencils.", "4", 1.0),
