@@ -577,6 +577,9 @@ CLOSING_COMMENTS = rows(
     ("She has $8 left.\n\n**Explanation:** She spent 3 × 4 = $12 of her $20.", "8", 1.0),  # a closing explanation
     ("It takes 6 days.\n\nReasoning: 2 workers do 1/3 of the job a day, and 2/3 ÷ 1/3 = 2, so 4 + 2 = 6.", "6", 1.0),
     ("He has 54 chairs. That's 9 more than last year.", "54", 1.0),
+    ("It takes 50 / 2.5 = 20 min. Let me know if you'd like the time in seconds (1200 s).", "20", 1.0),  # an offer
+    ("It takes 20 minutes. Would you like it in seconds too (1200 s)?", "1200", 0.0),
+    ("The total is 45. Want me to split it among 3 people (15 each)?", "45", 1.0),
     ("She runs 35 km a week. That's 10 km more than her brother.", "35", 1.0),
     ("The tower is 120 m tall. This is twice as tall as the church.", "120", 1.0),
     ("So x = 9. Check: 2(9) - 7 = 11. ✓", "9", 1.0),
