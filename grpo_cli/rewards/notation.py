@@ -252,13 +252,15 @@ def _math(text: str, powers: bool = False) -> str:
 
 def _after_unopened(core: str) -> str:
     """A run less what comes before its last closing parenthesis that no parenthesis of the run opens, and the
-    operators after it: "7) = 1/6 ≈ 0.167", the run after "P(sum = ", is "1/6 ≈ 0.167"."""
-    depth, cut = 0, 0
+    operators after it: "7) = 1/6 ≈ 0.167", the run after "P(sum = ", is "1/6 ≈ 0.167"; and less what follows a
+    parenthesis it opens and does not close: "162 (×3" of "162 (×3 each time)" is "162"."""
+    depth, cut, opened = 0, 0, []
     for i, ch in enumerate(core):
         if ch == "(":
-            depth += 1
+            depth, opened = depth + 1, [*opened, i]
         elif ch == ")":
-            depth, cut = (depth - 1, cut) if depth else (0, i + 1)
+            depth, cut, opened = (depth - 1, cut, opened[:-1]) if depth else (0, i + 1, [])
+    core = core[: opened[0]].rstrip(" -+*/=^") if opened else core
     return re.sub(r"^[ +*/=]+", "", core[cut:]) if cut else core
 
 

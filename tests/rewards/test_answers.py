@@ -985,6 +985,8 @@ def test_accuracy_table(completion, reference, expected, mode):
         ("P(X = 2) = 3/8 ≈ 0.375", "3/8"),
         ("Area(ABC) = 6 × 4 / 2 = 12", "12"),
         ("P(7) = 1/6 ≈ 0.167", "1/6"),
+        ("162 (×3 each time)", "162"),  # ... and ends before a parenthesis it opens and does not close
+        ("It is 20 (× 2 for both is 40)", "20"),
         ("2,748 ≈ 2,700", "2,700"),  # a plain number's approximation is its rounding
         ("72 ÷ 3.6 = 20 m/s", "20"),  # a unit of one-letter parts after a computed result is no variable
         ("12 × 0.5 = 6 g/L", "6"),
