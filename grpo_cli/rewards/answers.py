@@ -70,7 +70,7 @@ from typing import Any, Callable
 from grpo_cli.rewards.clauses import (
     AFTER_PREPOSITION, CLOSING_COMMENT, COMPUTES, CONDITION, CONSEQUENCE, CUT_OFF, LINK, LINK_BEFORE, NAMED, NEGATED,
     NOTE, OPERAND_END, OPERATION, RATE_UNIT, REMARK, RESTATES, SOURCE, STATED_RATE, TIME_SCOPE, TOTAL_AFTER,
-    closing_parenthesis, purpose_start, sentence_end, sentence_start,
+    closing_parenthesis, purpose_start, sentence_end, sentence_start, without_aside,
 )
 from grpo_cli.rewards.marks import after_hashes, last_boxed, last_tag, marked_answer
 from grpo_cli.rewards.notation import clean_answer
@@ -340,7 +340,7 @@ def _auto(text: str, tag: str) -> str | None:
     """The module docstring's rule: boxed, then tag, then gsm8k, then the stated answer, then the last number."""
     if (found := marked_answer(text, tag)) is not None:
         return found
-    stated = without_closing_comment(text)  # rules 2-4 read the text without its closing checks and comparisons
+    stated = without_aside(without_closing_comment(text))  # rules 2-4 read it without its closing checks and asides
     if CUT_OFF.search(stated):
         return _phrase_answer(stated)  # cut off mid-statement: only an answer phrase states an answer
     return _stated_answer(stated) or _last_number_or_math(stated)

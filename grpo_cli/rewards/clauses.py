@@ -115,6 +115,7 @@ NOTE = re.compile(r"\n\s*\n\s*\(?\**(?:note|check|verification|verify|double[- ]
 # a text that ends mid-statement, on a link, an article or an operator: cut off before its answer ("... Ava is")
 CUT_OFF = re.compile(r"(?:\b(?:is|are|was|were|be|equals?|gives?|makes?|of|the|a|an|and|to)|[=+*/×÷(-])\s*$",
                      flags=re.IGNORECASE)
+_ASIDE = re.compile(r"\s*\([^()]*\)\s*$")  # a closing parenthesis of its own
 NEGATED = re.compile(r"(?:\bnot|\bnever|n't)\s+(?:\w+\s+)?$", flags=re.IGNORECASE)
 # a sentence ends at ".", "!" or "?" before a space, or at a line's end; not at an abbreviation ("i.e.", "e.g.")
 SENTENCE_END = re.compile(r"(?<!\bi\.e)(?<!\be\.g)(?<!\bapprox)(?<!\bvs)(?<!\bcf)[.!?](?=\s|$)|\n",
@@ -132,6 +133,14 @@ def sentence_end(text: str, pos: int) -> int:
 def sentence_start(text: str, pos: int) -> int:
     starts = [m.end() for m in SENTENCE_END.finditer(text, 0, pos)]
     return starts[-1] if starts else 0
+
+def without_aside(text: str) -> str:
+    """`text` less a closing sentence wholly in parentheses after a statement with a number: an aside ("The full
+    capacity is 75 litres. (The tank still needs 30 L to be full.)")."""
+    body = text.rstrip()
+    aside = _ASIDE.search(body)
+    before = body[: aside.start()].rstrip() if aside else ""
+    return before if before.endswith((".", "!", "?")) and re.search(r"\d", before) else text
 
 def closing_parenthesis(text: str, start: int, end: int) -> int | None:
     """Where a parenthesis that closes text[start:end] opens ("42 (since 6 x 7 = 42)."), if one does."""

@@ -33,7 +33,9 @@ from __future__ import annotations
 import re
 
 from grpo_cli.rewards.answers import ANSWER_PHRASE, CORRECTION, NUMBER, as_answer, numbers_in, without_closing_comment
-from grpo_cli.rewards.clauses import AFTER_PREPOSITION, ASSUMED, CUT_OFF, NAMED, NOTE, sentence_end, sentence_start
+from grpo_cli.rewards.clauses import (
+    AFTER_PREPOSITION, ASSUMED, CUT_OFF, NAMED, NOTE, sentence_end, sentence_start, without_aside,
+)
 from grpo_cli.rewards.marks import marked_answer
 from grpo_cli.rewards.notation import clean_answer
 from grpo_cli.rewards.numbers import read_number
@@ -89,6 +91,8 @@ def stated_results(text: str, tag: str = "answer") -> list[str]:
     if note and NUMBER.search(text, 0, note.start()):
         text = text[: note.start()]
     text = without_closing_comment(text).rstrip()
+    if (aside := without_aside(text)) != text and not _NAMING_REMARK.match(text, len(aside)):
+        text = aside  # "... is 75 litres. (The tank still needs 30 L to be full.)": an aside, unless it names a result
     digits = list(NUMBER.finditer(text))
     if not digits or CUT_OFF.search(text):  # cut off mid-statement: no final statement
         return []

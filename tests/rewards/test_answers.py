@@ -580,6 +580,9 @@ CLOSING_COMMENTS = rows(
     ("It takes 50 / 2.5 = 20 min. Let me know if you'd like the time in seconds (1200 s).", "20", 1.0),  # an offer
     ("It takes 20 minutes. Would you like it in seconds too (1200 s)?", "1200", 0.0),
     ("The total is 45. Want me to split it among 3 people (15 each)?", "45", 1.0),
+    ("5/5 is 75 L. The full capacity is 75 litres. (The tank still needs 30 L to be full.)", "75", 1.0),  # an aside
+    ("5/5 is 75 L. The full capacity is 75 litres. (The tank still needs 30 L to be full.)", "30", 0.0),
+    ("It costs $40 (tax included).", "40", 1.0),
     ("She runs 35 km a week. That's 10 km more than her brother.", "35", 1.0),
     ("The tower is 120 m tall. This is twice as tall as the church.", "120", 1.0),
     ("So x = 9. Check: 2(9) - 7 = 11. ✓", "9", 1.0),
