@@ -35,7 +35,7 @@ from grpo_cli.rewards.answers import EXTRACT_MODES, extract_answer, reference_te
 from grpo_cli.rewards.numbers import answers_match
 from grpo_cli.rewards.results import stated_results, states_decrease
 from grpo_cli.rewards.steps import token_at
-from grpo_cli.rewards.words import states_words, word_reference
+from grpo_cli.rewards.words import states_choice, states_words, word_reference
 
 REWARDS: Registry[Callable[..., list[float | None]]] = Registry("reward")
 
@@ -75,7 +75,8 @@ def accuracy(
         right = (predicted is not None and answers_match(gold, predicted)) or (lenient and any(
             answers_match(gold, result) for result in stated_results(completion, tag) if result != predicted)) or (
             words is not None and states_words(completion, words, tag)) or (
-            lenient and states_decrease(completion, gold))
+            lenient and states_decrease(completion, gold)) or (
+            mode == "auto" and re.fullmatch(r"[A-Za-z]", gold.strip()) is not None and states_choice(completion, gold))
         rewards.append(1.0 if right else 0.0)
     return rewards
 

@@ -12,7 +12,8 @@ The rule reads words as answers.py reads numbers:
      not hedge ("It will be a Thursday.", "**Paris**"; not "It is red or blue.").
 A completion cut off mid-statement (answers.py's CUT_OFF) answers by rule 1 only. A name is matched whole and
 case-insensitively, and not where it is negated ("not Thursday"). A reference of one letter is a choice's label, which
-answers.py reads; a reference with a digit or a math sign is a number or an expression, which answers_match compares.
+answers.py reads, and which a final line that opens with it answers too ("B) 12": `states_choice`); a reference
+with a digit or a math sign is a number or an expression, which answers_match compares.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ CLASSES = (
      "south-east", "south-west"),
 )
 VERDICTS = (("yes", "no"), ("true", "false"))
+_CHOICE = re.compile(r"\s*(?:\*\*)?\(?([A-Za-z])\)(?:\*\*)?\s+\S")  # a line that opens with a choice's label: "B) 12"
 _WORDS = re.compile(r"[A-Za-z][A-Za-z'-]+(?:\s+[A-Za-z][A-Za-z'-]*){0,3}")  # one to four words of letters
 _ARTICLE = re.compile(r"^(?:the|a|an)\s+(?=\S)", flags=re.IGNORECASE)
 _HEDGE = re.compile(r"\b(?:or|maybe|might|could|perhaps|possibly|either|unsure|not\s+sure|guess)\b|\?",
@@ -67,6 +69,20 @@ def states_words(completion: str, words: str, tag: str = "answer") -> bool:
     body = without_closing_comment(text[: note.start()] if note else text).rstrip()
     start = sentence_start(body, len(body.rstrip(".!?*")))
     return not _HEDGE.search(body, start) and bool(_named(body, [words], start, len(body)))
+
+
+def states_choice(completion: str, label: str) -> bool:
+    """Whether the last answer phrase of `completion`, or else its final line, opens with the choice's `label` and
+    goes on to its value ("The answer is (B) 12.", "B) 12"; not a line of a list of the choices): a reference of one
+    letter answered by its label."""
+    text = without_closing_comment(clean_answer(completion)).rstrip()
+    if phrases := list(ANSWER_PHRASE.finditer(text)):  # "The answer is (B) 12."
+        stated = _CHOICE.match(text, phrases[-1].end())
+        return stated is not None and stated.group(1).lower() == label.strip().lower()
+    lines = text.split("\n")
+    found = [_CHOICE.match(line) for line in lines[-2:]]
+    return found[-1] is not None and found[-1].group(1).lower() == label.strip().lower() and (
+        len(found) == 1 or found[0] is None)
 
 
 def _named(text: str, names: tuple[str, ...] | list[str], start: int, end: int) -> list[re.Match]:

@@ -413,6 +413,11 @@ STATED_EXPRESSIONS = rows(  # a stated answer that is no number: a choice or an 
     ("So the answer is 2x + 3.", "2", 0.0),
     ("The answer is x = 5.", "5", 1.0),
     ("The answer is (B) 12.", "12", 1.0),  # a choice's label, then its value
+    ("The answer is (B) 12.", "B", 1.0),  # ... which answers a reference of one letter too
+    ("B) 12", "B", 1.0),
+    ("15% of 80 = 12\n\n**(B)** 12", "B", 1.0),
+    ("B) 12", "C", 0.0),
+    ("A) 10\nB) 12", "B", 0.0),  # a list of the choices
     ("The answer is 12 dollars.", "12", 1.0),
     ("The answer is .5", "0.5", 1.0),
     ("The answer is 3 and 1/2.", "3.5", 1.0),
