@@ -21,7 +21,8 @@ set43 on 3123854 and set44 on 20b2109 (completions SmolLM2-135M-Instruct sampled
 f75d530, set49 and set50 on 19e8298, set51 and set52 on
 f6054d4, set53 on 72a7a21 (SmolLM2-135M-Instruct's samples, graded by hand), set54
 and set55 on 03fa961, set56 and set57 on 2cb09ca,
-set58 and set59 on 3fc9027, set60 and set61 on 8312d7f.
+set58 and set59 on 3fc9027, set60 and set61 on 8312d7f,
+set62 on 974ffdc (SmolLM2-135M-Instruct's samples, graded by hand).
 FRESH_FOR names the commits each set can measure.
 
     .venv/bin/python bench/answer_agreement.py [--show]     # --show: each disagreement
@@ -56,7 +57,8 @@ FRESH_FOR = {"set1": "18cadd7 and 7f9b8d4", "set2": "18cadd7 and 15cfb3e", "set3
              "set53": "72a7a21", "set54": "03fa961", "set55": "03fa961",
              "set56": "2cb09ca", "set57": "2cb09ca",
              "set58": "3fc9027", "set59": "3fc9027",
-             "set60": "8312d7f", "set61": "8312d7f"}
+             "set60": "8312d7f", "set61": "8312d7f",
+             "set62": "974ffdc"}
 
 
 def math_verify_agrees(completion: str, reference: str) -> bool:
