@@ -97,4 +97,5 @@ def _verdicts(pair: tuple[str, str]) -> re.Pattern:
     """A verdict word that stands as an answer: opening a sentence, a line or a clause, or after a conclusion word or
     a link, and ending its clause ("Yes, because ...", "So, no.", "It is true."; not "no idea", "not true")."""
     return re.compile(r"(?:^|[.!?:;(\n]|\b(?:so|thus|hence|therefore|is|are|was|were|'s)\b,?)\s*(" + "|".join(pair)
-                      + r")\b(?=\s*[,.!?;:)]|\s+[\u2014-]|\s*$)", flags=re.IGNORECASE)  # "No - 91 is ...", not "No-one"
+                      + r")\b(?=\s*[,.!?;:)]|\s*\$?\(|\s+[\u2014-]|\s*$)",  # "No - 91", "Yes (57 = 3 × 19)"
+                      flags=re.IGNORECASE)

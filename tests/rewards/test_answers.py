@@ -839,6 +839,9 @@ WORD_ANSWERS = rows(
     ("I have no idea.", "no", 0.0),
     ("No — 91 is divisible by 7.", "No", 1.0),  # a dash after the verdict ends its clause
     ("No-one knows.", "No", 0.0),
+    ("Yes (57 = 3 × 19).", "Yes", 1.0),  # a parenthesis after the verdict ends its clause too
+    ("No (91 = 7 × 13).", "No", 1.0),
+    ("I have no (real) idea.", "No", 0.0),
     ("It is not true.", "true", 0.0),
     ("The statement is false, since 7 is prime.", "false", 1.0),
     (r"\boxed{Friday}", "Thursday", 0.0),  # a marked answer is the only answer
