@@ -33,7 +33,7 @@ from grpo_cli.rewards.judges import JudgeSettings, judge_for, judge_settings
 from grpo_cli.registry import Registry
 from grpo_cli.rewards.answers import EXTRACT_MODES, extract_answer, reference_text  # noqa: F401
 from grpo_cli.rewards.numbers import answers_match
-from grpo_cli.rewards.results import stated_results, states_decrease
+from grpo_cli.rewards.results import hedges, stated_results, states_decrease
 from grpo_cli.rewards.steps import token_at
 from grpo_cli.rewards.words import states_choice, states_words, word_reference
 
@@ -53,8 +53,9 @@ def accuracy(
     equivalence decided by math-verify as in Open-R1's `accuracy_reward`. The answer is taken with
     `extract_answer(completion, mode, tag)`; in mode `auto`, unless `strict`, a completion that marks no answer is
     also right when the reference is one of the results its final sentence states ("Ben pays $36 and Ana pays $48",
-    results.py) or a negative reference its final sentence states as a decrease ("a loss of $15,000" for -15000);
-    a reference of words ("Thursday", "Paris") is read as words.py says. No extractable answer scores
+    results.py) or a negative reference its final sentence states as a decrease ("a loss of $15,000" for -15000),
+    and wrong when that sentence offers a second answer or asks its own ("54, or maybe 56", "so it's 63?"); a
+    reference of words ("Thursday", "Paris") is read as words.py says. No extractable answer scores
     0.0; a missing reference (None) gives None (no reward for that row).
     """
     if answer is None:
@@ -72,7 +73,8 @@ def accuracy(
         predicted = extract_answer(completion, mode, tag)
         lenient = mode == "auto" and not strict
         words = word_reference(gold) if mode == "auto" else None
-        right = (predicted is not None and answers_match(gold, predicted)) or (lenient and any(
+        hedged = lenient and hedges(completion, tag)  # "54, or maybe 56": neither is the answer
+        right = (predicted is not None and answers_match(gold, predicted) and not hedged) or (lenient and any(
             answers_match(gold, result) for result in stated_results(completion, tag) if result != predicted)) or (
             words is not None and states_words(completion, words, tag)) or (
             lenient and states_decrease(completion, gold)) or (

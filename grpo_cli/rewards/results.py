@@ -188,3 +188,20 @@ def states_decrease(text: str, reference: str) -> bool:
     start, end = sentence_start(text, digits[-1].start()), sentence_end(text, digits[-1].end())
     return not _HEDGE.search(text, start, end) and any(
         read_number(m.group(1).replace(",", "")) == -value for m in _DECREASE.finditer(text, start, end))
+
+
+# a final statement that offers a second answer or asks its own: "7 × 8 = 54, or maybe 56.", "so it's 63?"
+_UNSURE = re.compile(r"\bor\s+(?:maybe|perhaps|possibly)\b[^.!?\n]*\d|\d[%$]?\s*\?", flags=re.IGNORECASE)
+
+
+def hedges(text: str, tag: str = "answer") -> bool:
+    """Whether the completion's final statement (its last sentence with a number, and the sentences after it) offers
+    a second answer or asks its own ("7 × 8 = 54, or maybe 56.", "so it's 63? I'm not sure."): a grader takes neither
+    candidate as the answer (a doubt alone does not hedge: "I'm not sure, but it might be 40."). A marked answer never
+    hedges."""
+    text = clean_answer(text)
+    if marked_answer(text, tag) is not None:
+        return False
+    text = without_closing_comment(text).rstrip()
+    digits = list(NUMBER.finditer(text))
+    return bool(digits) and _UNSURE.search(text, sentence_start(text, digits[-1].start())) is not None

@@ -146,7 +146,8 @@ ORDER = rows(
     ("<answer>23</answer> hmm <answer>24</answer>", "23", 0.0),
     ("#### 23\n#### 24", "23", 0.0),
     ("\u22123, or maybe 3", "-3", 0.0),
-    ("\u22123, or maybe 3", "3", 1.0),
+    ("\u22123, or maybe 3", "3", 0.0),  # a second answer offered: neither is the answer (results.hedges)
+    ("\u22123, or maybe 3", "3", 1.0, "last_number"),
     ("23 is wrong, the answer is \u221223", "23", 0.0),
     (r"\$23, no: \$24", "23", 0.0),
     ("1 000 000, then 2", "1000000", 0.0),
@@ -514,6 +515,11 @@ SCOPES = rows(
     ("The stock decreased by 12%.", "-15", 0.0),
     ("The price fell to 68.", "-68", 0.0),  # a value fallen to is no decrease
     ("It dropped by 7 points, or maybe 8.", "-7", 0.0),  # a hedge
+    ("7 × 8 = 54, or maybe 56.", "56", 0.0),  # a final statement that offers a second answer
+    ("100 − 37 = 73. Check: 73 + 37 = 110, hmm, so it's 63? I'm not sure.", "63", 0.0),  # ... or asks its own
+    ("7 × 8 = 56. Does that make sense?", "56", 1.0),  # a closing question is no hedge
+    ("I'm not sure, but I think the answer might be around 40.", "40", 1.0),  # nor is a doubt alone
+    (r"7 × 8 = \boxed{56}, or maybe 54.", "56", 1.0),  # a marked answer never hedges
     (r"The change is \boxed{7}, a drop of 7.", "-7", 0.0),  # a marked answer is the only one
     ("She can fill 7 bags, with 3 apples to spare.", "7", 1.0),
     ("So, Lily needs 6 packs of 8 to get 48 hot dog buns.", "6", 1.0),
