@@ -41,9 +41,10 @@ PURPOSE = re.compile(r"\s(?:in\s+order\s+)?to\s+(?:get|make|have|buy|obtain|reac
 # a number the clause calls a total ("16 days in total", "8 packs in all", "5 buses altogether")
 TOTAL_AFTER = re.compile(r"(?:\s+[a-z]+){0,2}\s+(?:in\s+total|in\s+all|altogether|all\s+told)\b", flags=re.IGNORECASE)
 # a number a result link, an appositive or "at" names, after "of" without being context: "dividing by 4 gives an
-# average of 84": 84; "it had 1,020, an increase of 170": 170; "it travels at an average of 80 km/h": 80
+# average of 84": 84; "it had 1,020, an increase of 170": 170; "it travels at an average of 80 km/h": 80; "7 cm,
+# for a perimeter of 35 cm": 35
 NAMED = re.compile(r"(?:,|'s|\b(?:is|are|was|were|gives?|giving|makes?|making|yields?|has|have|had|comes\s+to|costs?"
-                   r"|earns?|reach(?:es|ed)?|at))\s*(?:a|an)\s+(?:[a-z]+\s+){1,2}of\s+\$?$", flags=re.IGNORECASE)
+                   r"|earns?|reach(?:es|ed)?|at|for))\s*(?:a|an)\s+(?:[a-z]+\s+){1,2}of\s+\$?$", flags=re.IGNORECASE)
 # a scope or purpose ends where a new statement begins: "3 choices for the first digit and 4 for the second, giving 12"
 _NO_STATEMENT = r"(?![^.!?\n]*(?:=|[:;]|\b(?:giv(?:es|ing)|makes?|is|are|was|were|equals?|totals?|costs?)\b))"
 # a value the sentence assumes: ", using π = 3.14", "with g = 9.8" (after clean_answer: "with $\\pi= 3.14$")

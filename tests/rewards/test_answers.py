@@ -615,6 +615,8 @@ NAMED_SCOPES_EACH = rows(
     ("The sides are 12 and 5, so the rectangle has an area of 60.", "60", 1.0),
     ("Adding the 3 bonus points yields a final score of 91.", "91", 1.0),
     ("It had 1,020, an increase of 170.", "170", 1.0),
+    ("All five sides are 7 cm, for a perimeter of 35 cm.", "35", 1.0),  # "for a <name> of" names a result too
+    ("All five sides are 7 cm, for a perimeter of 35 cm.", "7", 0.0),
     ("The class has 28 students; 7 of them walk.", "7", 1.0),  # a number of a group, not named: unchanged
     ("You need 15 cups of flour for 6 cakes.", "15", 1.0),
     ("You need 15 cups of flour for six cakes.", "15", 1.0),
