@@ -616,7 +616,6 @@ NAMED_SCOPES_EACH = rows(
     ("Adding the 3 bonus points yields a final score of 91.", "91", 1.0),
     ("It had 1,020, an increase of 170.", "170", 1.0),
     ("All five sides are 7 cm, for a perimeter of 35 cm.", "35", 1.0),  # "for a <name> of" names a result too
-    ("All five sides are 7 cm, for a perimeter of 35 cm.", "7", 0.0),
     ("The class has 28 students; 7 of them walk.", "7", 1.0),  # a number of a group, not named: unchanged
     ("You need 15 cups of flour for 6 cakes.", "15", 1.0),
     ("You need 15 cups of flour for six cakes.", "15", 1.0),
@@ -1005,6 +1004,7 @@ def test_accuracy_table(completion, reference, expected, mode):
         ("Area(ABC) = 6 × 4 / 2 = 12", "12"),
         ("P(7) = 1/6 ≈ 0.167", "1/6"),
         ("162 (×3 each time)", "162"),  # ... and ends before a parenthesis it opens and does not close
+        ("All five sides are 7 cm, for a perimeter of 35 cm.", "35"),  # "for a <name> of" names the result
         ("It is 20 (× 2 for both is 40)", "20"),
         ("2,748 ≈ 2,700", "2,700"),  # a plain number's approximation is its rounding
         ("72 ÷ 3.6 = 20 m/s", "20"),  # a unit of one-letter parts after a computed result is no variable
