@@ -33,7 +33,7 @@ from grpo_cli.rewards.judges import JudgeSettings, judge_for, judge_settings
 from grpo_cli.registry import Registry
 from grpo_cli.rewards.answers import EXTRACT_MODES, extract_answer, reference_text  # noqa: F401
 from grpo_cli.rewards.numbers import answers_match
-from grpo_cli.rewards.results import hedges, stated_results, states_decrease
+from grpo_cli.rewards.results import hedges, stated_place, stated_results, states_decrease
 from grpo_cli.rewards.steps import token_at
 from grpo_cli.rewards.words import states_choice, states_words, word_reference
 
@@ -71,16 +71,25 @@ def accuracy(
             rewards.append(None)
             continue
         predicted = extract_answer(completion, mode, tag)
-        lenient = mode == "auto" and not strict
-        words = word_reference(gold) if mode == "auto" else None
-        hedged = lenient and hedges(completion, tag)  # "54, or maybe 56": neither is the answer
-        right = (predicted is not None and answers_match(gold, predicted) and not hedged) or (lenient and any(
-            answers_match(gold, result) for result in stated_results(completion, tag) if result != predicted)) or (
-            words is not None and states_words(completion, words, tag)) or (
-            lenient and states_decrease(completion, gold)) or (
-            mode == "auto" and re.fullmatch(r"[A-Za-z]", gold.strip()) is not None and states_choice(completion, gold))
-        rewards.append(1.0 if right else 0.0)
+        rewards.append(1.0 if _right(completion, gold, predicted, mode == "auto", strict, tag) else 0.0)
     return rewards
+
+
+def _right(completion: str, gold: str, predicted: str | None, auto: bool, strict: bool, tag: str) -> bool:
+    """`accuracy`'s verdict on one completion (its docstring's rule); `predicted` is extract_answer's answer."""
+    hedged = auto and not strict and hedges(completion, tag)  # "54, or maybe 56": neither is the answer
+    if predicted is not None and answers_match(gold, predicted) and not hedged:
+        return True
+    if not auto:
+        return False
+    if not strict and (any(answers_match(gold, result) for result in stated_results(completion, tag)
+                           if result != predicted) or states_decrease(completion, gold)):
+        return True
+    if (words := word_reference(gold)) is not None and states_words(completion, words, tag):
+        return True
+    if re.fullmatch(r"[A-Za-z]", gold.strip()) and states_choice(completion, gold):
+        return True  # "B) 12"
+    return predicted is None and (place := stated_place(completion, tag)) is not None and answers_match(gold, place)
 
 
 @REWARDS.register("format")

@@ -163,6 +163,16 @@ def percent_value(text: str) -> list[Fraction] | None:
     return None if value is None else [value, value / 100]
 
 
+_MILLIONS = re.compile(r"\s*\$?(\d+(?:\.\d+)?)\s?M\s*")  # "2.75M" beside a reference in millions
+
+
+def millions_value(text: str) -> list[Fraction] | None:
+    """A number with a capital M read as its two answers ("2.75M": [2.75, 2750000]: millions, or a unit's M such as
+    a molar concentration); None for anything else."""
+    m = _MILLIONS.fullmatch(text)
+    return None if m is None else [Fraction(m.group(1)), Fraction(m.group(1)) * 10**6]
+
+
 def percent_rounds_to(exact: Fraction | None, text: str) -> bool:
     """Whether the percentage `text` is `exact` to its last digit as either of its answers ("33.3%" for 1/3, "14.3%"
     for 100/7; `rounds_to`'s three significant digits)."""
@@ -302,8 +312,8 @@ def answers_match(reference: str, predicted: str) -> bool:
             return True
         if a and b:
             return False
-    # "25%" is the answer 25 and the answer 0.25; "2 hours and 30 minutes" is 2.5 and 150
-    readings = [percent_value(t) or quantity_values(t) for t in (reference, predicted)]
+    # "25%" is the answer 25 and the answer 0.25; "2 hours and 30 minutes" is 2.5 and 150; "2.75M" 2.75 and 2750000
+    readings = [percent_value(t) or quantity_values(t) or millions_value(t) for t in (reference, predicted)]
     if any(r is not None for r in readings):
         a, b = (readings[k] if readings[k] is not None else [exact[k]] for k in (0, 1))
         return any(x is not None and y is not None and numbers_match(x, y) for x in a for y in b) or \

@@ -205,3 +205,24 @@ def hedges(text: str, tag: str = "answer") -> bool:
     text = without_closing_comment(text).rstrip()
     digits = list(NUMBER.finditer(text))
     return bool(digits) and _UNSURE.search(text, sentence_start(text, digits[-1].start())) is not None
+
+
+# a place stated by an ordinal: "3rd", "third" (not a unit of time: "a second", "per second")
+_ORDINAL_WORDS = {w: i for i, w in enumerate(
+    "first second third fourth fifth sixth seventh eighth ninth tenth eleventh twelfth".split(), 1)}
+_ORDINAL = re.compile(r"\b(\d+)(?:st|nd|rd|th)\b|(?<!\ba\s)(?<!\bper\s)\b(" + "|".join(_ORDINAL_WORDS)
+                      + r")\b(?!\s+of\b)", flags=re.IGNORECASE)
+
+
+def stated_place(text: str, tag: str = "answer") -> str | None:
+    """The place a completion states by an ordinal in its final sentence when nothing else answers ("Ana finished
+    3rd.", "She came third.": "3"); None where it marks an answer or that sentence names no ordinal."""
+    text = clean_answer(text)
+    if marked_answer(text, tag) is not None:
+        return None
+    body = without_closing_comment(text).rstrip()
+    found = list(_ORDINAL.finditer(body, sentence_start(body, len(body.rstrip(".!?*")))))
+    if not found:
+        return None
+    digits, word = found[-1].groups()
+    return digits or str(_ORDINAL_WORDS[word.lower()])

@@ -615,6 +615,14 @@ NAMED_SCOPES_EACH = rows(
     ("The sides are 12 and 5, so the rectangle has an area of 60.", "60", 1.0),
     ("Adding the 3 bonus points yields a final score of 91.", "91", 1.0),
     ("It had 1,020, an increase of 170.", "170", 1.0),
+    ("Ana finished 3rd.", "3", 1.0),  # a place stated by an ordinal when nothing else answers
+    ("She came third.", "3", 1.0),
+    ("She came third.", "2", 0.0),
+    ("It took a second.", "2", 0.0),  # a unit of time
+    (r"She came third: \boxed{4}", "3", 0.0),  # a marked answer is the only one
+    ("2.5M + 0.25M = 2.75M", "2750000", 1.0),  # a capital M: millions, or a unit's M
+    ("2.5M + 0.25M = 2.75M", "2.75", 1.0),
+    ("The population is 2.75m.", "2750000", 0.0),  # a small m is metres
     ("All five sides are 7 cm, for a perimeter of 35 cm.", "35", 1.0),  # "for a <name> of" names a result too
     ("The class has 28 students; 7 of them walk.", "7", 1.0),  # a number of a group, not named: unchanged
     ("You need 15 cups of flour for 6 cakes.", "15", 1.0),
