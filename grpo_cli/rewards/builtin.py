@@ -83,7 +83,7 @@ def _right(completion: str, gold: str, predicted: str | None, auto: bool, strict
     if not auto:
         return False
     if not strict and (any(answers_match(gold, result) for result in stated_results(completion, tag)
-                           if result != predicted) or states_decrease(completion, gold)):
+                           if result != predicted) or states_decrease(completion, gold, tag)):
         return True
     if (words := word_reference(gold)) is not None and states_words(completion, words, tag):
         return True

@@ -43,6 +43,7 @@ In this order (dashes first: U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, 
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from fractions import Fraction
@@ -136,8 +137,11 @@ _ROOT_CALLS = re.compile(r"(?<![\\A-Za-z_])(sqrt|cbrt)\s*(?=\()", flags=re.IGNOR
 _ROOT_COEFFICIENT = re.compile(r"(\d)\s*(?:\btimes\b|[*×·⋅])\s*(?=[√∛∜])")  # "4 times √3", "4*√3": 4√3
 
 
+@functools.lru_cache(maxsize=4096)
 def clean_answer(text: str) -> str:
-    """`text` as the answer rule reads it: the module docstring's steps, in its order."""
+    """`text` as the answer rule reads it: the module docstring's steps, in its order. Cached: `accuracy` reads one
+    completion several ways (its answer, its final statement's results, a hedge, a decrease, a place), each from the
+    same cleaned text."""
     text = _EMPHASIS.sub(lambda m: m.group(2) if m.group(2) is not None else m.group(4), text)
     text = _CONGRUENT.sub("=", _MODULUS.sub("", text)) if _CONGRUENT.search(text) else text
     text = unicode_numbers(_roots_in_words(text.translate(_DASHES)))

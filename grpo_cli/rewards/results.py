@@ -84,19 +84,14 @@ _ITEM_END = re.compile(r"\$?\s*(?:[^\W\d_]+|%|°)?\s*\$?(?:[,;.!?)\n]|$|(?:and|s
 def stated_results(text: str, tag: str = "answer") -> list[str]:
     """The results the final statement of `text` states (the module docstring's rule), cleaned as `extract_answer`'s
     answer is; [] where the completion marks its answer, hedges, or states more than `MAX_RESULTS` results."""
-    text = clean_answer(text)
-    if marked_answer(text, tag) is not None or ANSWER_PHRASE.search(text):
+    text = _closing_text(text, tag)
+    if text is None or ANSWER_PHRASE.search(text):
         return []
-    note = NOTE.search(text)
-    if note and NUMBER.search(text, 0, note.start()):
-        text = text[: note.start()]
-    text = without_closing_comment(text).rstrip()
     if (aside := without_aside(text)) != text and not _NAMING_REMARK.match(text, len(aside)):
         text = aside  # "... is 75 litres. (The tank still needs 30 L to be full.)": an aside, unless it names a result
-    digits = list(NUMBER.finditer(text))
-    if not digits or CUT_OFF.search(text):  # cut off mid-statement: no final statement
+    if (last := _last_statement(text)) is None or CUT_OFF.search(text):  # cut off mid-statement: no final statement
         return []
-    start, end = sentence_start(text, digits[-1].start()), sentence_end(text, digits[-1].end())
+    start, end = last
     before = sentence_start(text, len(text[:start].rstrip()) - 1) if start else 0  # the sentence or line before
     if start and _NAMING_REMARK.match(text, start) and NUMBER.search(text, before, start):
         start = before  # "... costs $20 on sale. That's a saving of $5!": one statement
@@ -111,7 +106,8 @@ def stated_results(text: str, tag: str = "answer") -> list[str]:
              if not (_OPERATOR_AFTER.match(text, m.end()) or _OPERATOR_BEFORE.search(text, start, m.start())
                      or _share(text, m))]
     context = _context(text, start, found)
-    found = [m for i, m in enumerate(found) if i not in context] or found  # a sentence of context only ("It fills in 16 minutes at 15 L/min."): each of them
+    # a sentence of context only ("It fills in 16 minutes at 15 L/min."): each of them
+    found = [m for i, m in enumerate(found) if i not in context] or found
     listed = {i for i, (a, b) in enumerate(zip(found, found[1:])) if _listed(text, start, a, b)}
     results: list[str] = [as_answer(text, NUMBER.search(text, solved.start(1)))] if solved else []
     results += [value for value in _labelled_block(text) if value not in results]
@@ -119,6 +115,28 @@ def stated_results(text: str, tag: str = "answer") -> list[str]:
         if not ({i, i - 1} & listed) and (value := as_answer(text, m)) not in results:
             results.append(value)
     return results if len(results) <= MAX_RESULTS else []
+
+
+def _closing_text(text: str, tag: str = "answer") -> str | None:
+    """`text` cleaned (`clean_answer`) and ended where its final statement ends: before a closing paragraph of notes
+    that follows a number ("Check: ...") and the closing comments answers.py leaves out (`without_closing_comment`);
+    None where the completion marks its answer (the mark answers, not a sentence). Every reading of a final statement
+    here starts from it."""
+    text = clean_answer(text)
+    if marked_answer(text, tag) is not None:
+        return None
+    note = NOTE.search(text)
+    if note and NUMBER.search(text, 0, note.start()):
+        text = text[: note.start()]
+    return without_closing_comment(text).rstrip()
+
+
+def _last_statement(text: str) -> tuple[int, int] | None:
+    """Where the last sentence (or line) of `text` with a number begins and ends; None where it has no number."""
+    last = None
+    for last in NUMBER.finditer(text):
+        pass
+    return None if last is None else (sentence_start(text, last.start()), sentence_end(text, last.end()))
 
 
 def _labelled_block(text: str) -> list[str]:
@@ -173,19 +191,16 @@ _DECREASE = re.compile(r"\b(?:decrease[sd]?|declined?|dropped|fell|fallen|lost|l
                        r"\$?\s*(\d[\d,]*(?:\.\d+)?)(?!\s*(?:to|from)\b)", flags=re.IGNORECASE)
 
 
-def states_decrease(text: str, reference: str) -> bool:
+def states_decrease(text: str, reference: str, tag: str = "answer") -> bool:
     """Whether the final statement of `text` states the negative `reference` as a decrease of its size ("The stock
     decreased by 15%." for -15, "a loss of $15,000" for -15000): a change asked for as a signed number, answered in
     words. Not where the completion marks its answer or the statement hedges."""
     value = read_number(clean_answer(reference).strip().rstrip("%"))
-    text = clean_answer(text)
-    if value is None or value >= 0 or marked_answer(text, "answer") is not None:
+    if value is None or value >= 0 or (text := _closing_text(text, tag)) is None:
         return False
-    text = without_closing_comment(text).rstrip()
-    digits = list(NUMBER.finditer(text))
-    if not digits or CUT_OFF.search(text):
+    if (last := _last_statement(text)) is None or CUT_OFF.search(text):
         return False
-    start, end = sentence_start(text, digits[-1].start()), sentence_end(text, digits[-1].end())
+    start, end = last
     return not _HEDGE.search(text, start, end) and any(
         read_number(m.group(1).replace(",", "")) == -value for m in _DECREASE.finditer(text, start, end))
 
@@ -199,12 +214,9 @@ def hedges(text: str, tag: str = "answer") -> bool:
     a second answer or asks its own ("7 × 8 = 54, or maybe 56.", "so it's 63? I'm not sure."): a grader takes neither
     candidate as the answer (a doubt alone does not hedge: "I'm not sure, but it might be 40."). A marked answer never
     hedges."""
-    text = clean_answer(text)
-    if marked_answer(text, tag) is not None:
-        return False
-    text = without_closing_comment(text).rstrip()
-    digits = list(NUMBER.finditer(text))
-    return bool(digits) and _UNSURE.search(text, sentence_start(text, digits[-1].start())) is not None
+    text = _closing_text(text, tag)
+    last = _last_statement(text) if text is not None else None
+    return last is not None and _UNSURE.search(text, last[0]) is not None
 
 
 # a place stated by an ordinal: "3rd", "third" (not a unit of time: "a second", "per second")
@@ -217,10 +229,8 @@ _ORDINAL = re.compile(r"\b(\d+)(?:st|nd|rd|th)\b|(?<!\ba\s)(?<!\bper\s)\b(" + "|
 def stated_place(text: str, tag: str = "answer") -> str | None:
     """The place a completion states by an ordinal in its final sentence when nothing else answers ("Ana finished
     3rd.", "She came third.": "3"); None where it marks an answer or that sentence names no ordinal."""
-    text = clean_answer(text)
-    if marked_answer(text, tag) is not None:
+    if (body := _closing_text(text, tag)) is None:
         return None
-    body = without_closing_comment(text).rstrip()
     found = list(_ORDINAL.finditer(body, sentence_start(body, len(body.rstrip(".!?*")))))
     if not found:
         return None

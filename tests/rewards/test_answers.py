@@ -518,6 +518,8 @@ SCOPES = rows(
     ("7 × 8 = 54, or maybe 56.", "56", 0.0),  # a final statement that offers a second answer
     ("100 − 37 = 73. Check: 73 + 37 = 110, hmm, so it's 63? I'm not sure.", "63", 0.0),  # ... or asks its own
     ("7 × 8 = 56. Does that make sense?", "56", 1.0),  # a closing question is no hedge
+    # a closing paragraph of notes is not the final statement: its doubt is no hedge
+    ("So 7 boxes hold 7 × 8 = 56 eggs.\n\nNote: a quick guess might say 54, or maybe 58?", "56", 1.0),
     ("I'm not sure, but I think the answer might be around 40.", "40", 1.0),  # nor is a doubt alone
     (r"7 × 8 = \boxed{56}, or maybe 54.", "56", 1.0),  # a marked answer never hedges
     (r"The change is \boxed{7}, a drop of 7.", "-7", 0.0),  # a marked answer is the only one
