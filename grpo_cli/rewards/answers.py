@@ -19,7 +19,8 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      total ("so 6 more days: 16 days in total": 16); numbers right after a preposition ("in 6 jars", "after 2 hours",
      "more than 40") are passed over while the clause has others, and a trailing remark (", which is ...", "(since
      ...)") is left out; a last sentence that ends in an equation for an expression gives the expression ("The line is
-     y = 3x - 4.");
+     y = 3x - 4."); a conclusion before the sentence's last semicolon concludes its clause only, where the clause
+     after it holds a number ("so 1 part = 70 g; you need 2 parts: 140 g" goes to rule 4);
   4. otherwise the last sentence (or line) with a number states it: its last number, unless that only comments,
      conditions or scopes what the sentence stated. Left out: a closing paragraph that notes, checks or explains ("Note:
      ...", "Check: 30 - 12 = 18", "Explanation: ...") and a closing sentence that checks, compares or supposes ("That's
@@ -34,7 +35,7 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      the count a stated share stands for ("40% of them walk, which is 12") or the rate of a quantity in a time ("18 km
      in 45 minutes, which is 24 km/h"), or an "if" tail goes on to a consequence ("if they share equally each gets 20 /
      4 = 5"); the time the stated number took, right after it ("$45 in 3 weeks"); a breakdown after a colon that follows
-     a stated number; a parenthesis that ends the sentence; but a tail's number that is the total of the sentence's
+     a stated number (its parts before a closing parenthesis); a parenthesis that ends the sentence; but a tail's number that is the total of the sentence's
      stated numbers is the answer ("50 pages, and in 0.4 minutes 10 pages, for 60 pages": 60). A last number right
      after a preposition gives way to a result the sentence links ("3 x $6 = $18 for 3 shirts": 18), and to the
      sentence's last number when it only says where the stated one came from or went to, what it is out of or its
@@ -64,8 +65,7 @@ Importing this module must not import math-verify (`grpo validate` stays fast).
 from __future__ import annotations
 
 import re
-from decimal import Decimal
-from typing import Any, Callable
+from typing import Callable
 
 from grpo_cli.rewards.clauses import (
     AFTER_PREPOSITION, CLOSING_COMMENT, COMPUTES, CONDITION, CONSEQUENCE, CUT_OFF, LINK, LINK_BEFORE, NAMED, NEGATED,
@@ -229,7 +229,9 @@ def _stated_answer(text: str) -> str | None:
         return expression  # a sentence that ends in an equation for an expression: "The line is y = 3x - 4."
     start = sentence_start(text, digits[-1].start())
     end = sentence_end(text, digits[-1].end())
+    clause = text.rfind(";", start, end) + 1 or start  # the sentence's last clause
     cues = list(_CONCLUSION.finditer(text, start, end))
+    cues = [cue for cue in cues if cue.start() >= clause] if NUMBER.search(text, clause, end) else cues
     found = _clause_number(text, cues[-1].end(), end) if cues else None
     return as_answer(text, found) if found is not None else None
 
@@ -303,14 +305,15 @@ def _tail_start(text: str, start: int, last: re.Match | Spelled) -> int | None:
     stated = _JUST_STATED.search(text, start, took[-1].start()) if took else None
     if stated and text[start : stated.start()].strip():  # not "the 300 km in 2.5 hours" (a given), nor a subject
         return took[-1].start()  # right after the stated number and its unit: "She saves $45 in 3 weeks."
+    opened = closing_parenthesis(text, start, sentence_end(text, last.end()))
+    opened = opened if opened is not None and opened < last.start() else None
+    stop = opened or last.end()  # a breakdown's parts come before a closing parenthesis: "2 parts: 140 g (490 g in all)"
     colon = text.find(": ", start, last.start())  # "There are 21 marbles: 5 red, 7 blue and 9 green."
     if colon >= 0 and LINK.search(text, start, colon) and NUMBER.search(text, start, colon) and \
-            _BREAKDOWN.match(text, colon + 1) and len(NUMBER.findall(text, colon, last.end())) > 1 and \
-            not COMPUTES.search(text, colon, last.end()) and \
-            not LINK.search(text, colon, last.start()):
+            _BREAKDOWN.match(text, colon + 1) and len(NUMBER.findall(text, colon, stop)) > 1 and \
+            not COMPUTES.search(text, colon, stop) and not LINK.search(text, colon, min(stop, last.start())):
         return colon
-    opened = closing_parenthesis(text, start, sentence_end(text, last.end()))
-    return opened if opened is not None and opened < last.start() else None
+    return opened
 
 
 def _converts(text: str, start: int, remark: re.Match, last: re.Match | Spelled) -> bool:
@@ -368,13 +371,3 @@ def extract_answer(text: str, mode: str = "auto", tag: str = "answer") -> str | 
         raise ValueError(f"unknown answer extraction mode {mode!r}; valid: {', '.join(EXTRACT_MODES)}")
     return EXTRACTORS[mode](clean_answer(text), tag)
 
-
-def reference_text(answer: Any) -> str | None:
-    """A dataset's reference answer as text: GSM8K "... #### 72" -> "72"; numbers written out in full."""
-    if answer is None:
-        return None
-    if isinstance(answer, float):
-        return format(Decimal(repr(answer)), "f")  # 1e-07 -> "0.0000001", which math-verify reads
-    if isinstance(answer, str):
-        return after_hashes(answer) if "####" in answer else answer.strip()
-    return str(answer)

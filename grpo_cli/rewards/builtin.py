@@ -31,7 +31,8 @@ from typing import Any
 from grpo_cli.data import gym
 from grpo_cli.rewards.judges import JudgeSettings, judge_for, judge_settings
 from grpo_cli.registry import Registry
-from grpo_cli.rewards.answers import EXTRACT_MODES, extract_answer, reference_text  # noqa: F401
+from grpo_cli.rewards.answers import EXTRACT_MODES, extract_answer  # noqa: F401
+from grpo_cli.rewards.marks import reference_text
 from grpo_cli.rewards.numbers import answers_match
 from grpo_cli.rewards.results import hedges, stated_place, stated_results, states_decrease
 from grpo_cli.rewards.steps import token_at

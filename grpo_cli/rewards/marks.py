@@ -1,8 +1,11 @@
-r"""Marked final answers (answers.py's rule 1): the last `\boxed{}`, the last `<answer>` tag, the `####` line."""
+r"""Marked final answers (answers.py's rule 1): the last `\boxed{}`, the last `<answer>` tag, the `####` line; and a
+dataset's reference answer as text (`reference_text`: GSM8K's "... #### 72" is "72")."""
 
 from __future__ import annotations
 
 import re
+from decimal import Decimal
+from typing import Any
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
@@ -45,3 +48,14 @@ def marked_answer(text: str, tag: str) -> str | None:
         if (found := find(text)) is not None:
             return found
     return None
+
+
+def reference_text(answer: Any) -> str | None:
+    """A dataset's reference answer as text: GSM8K "... #### 72" -> "72"; numbers written out in full."""
+    if answer is None:
+        return None
+    if isinstance(answer, float):
+        return format(Decimal(repr(answer)), "f")  # 1e-07 -> "0.0000001", which math-verify reads
+    if isinstance(answer, str):
+        return after_hashes(answer) if "####" in answer else answer.strip()
+    return str(answer)

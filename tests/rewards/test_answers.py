@@ -1025,6 +1025,15 @@ def test_accuracy_table(completion, reference, expected, mode):
         ("x = sqrt(48) = 4*sqrt(3)", r"4\sqrt{3}"),
         ("The cube root of 64 is 4.", "4"),
         ("r = sqrt(2) / 2", r"\sqrt{2} / 2"),
+        # a conclusion before a semicolon concludes its own clause: the clause after it, with a number, states anew
+        ("5 parts = 350 g, so 1 part = 70 g; you need 2 parts of sugar: 140 g.", "140"),
+        ("So she saves $30 a week; in 8 weeks she saves $240.", "240"),
+        ("Thus each part is 70 g; sugar is 2 parts, or 140 g.", "140"),
+        ("So the width is 6 cm; the length is 12 cm.", "12"),
+        ("So x = 5; check: 3(5) - 2 = 13", "13"),  # a check in the same sentence: as before (rule 3 read 13 too)
+        # a breakdown after a colon is counted before a parenthesis that closes the sentence
+        ("One part is 70 g, and sugar is 2 parts: 140 g (490 g of mixture in all).", "140"),
+        ("There are 21 marbles: 5 red, 7 blue and 9 green (3 of them big).", "21"),
     ],
 )
 def test_extracted_text(text, expected):
