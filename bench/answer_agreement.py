@@ -23,7 +23,8 @@ f6054d4, set53 on 72a7a21 (SmolLM2-135M-Instruct's samples, graded by hand), set
 and set55 on 03fa961, set56 and set57 on 2cb09ca,
 set58 and set59 on 3fc9027, set60 and set61 on 8312d7f,
 set62 on 974ffdc (SmolLM2-135M-Instruct's samples, graded by hand), set63 and set64 on
-8b22c46, set65 and set66 on 93559cf, set67 and set68 on 36709a3.
+8b22c46, set65 and set66 on 93559cf, set67 and set68 on 36709a3, set69 and
+set70 on 35c1284 (SmolLM2-135M-Instruct's samples, graded by hand).
 FRESH_FOR names the commits each set can measure.
 
     .venv/bin/python bench/answer_agreement.py [--show]     # --show: each disagreement
@@ -61,7 +62,8 @@ FRESH_FOR = {"set1": "18cadd7 and 7f9b8d4", "set2": "18cadd7 and 15cfb3e", "set3
              "set60": "8312d7f", "set61": "8312d7f",
              "set62": "974ffdc", "set63": "8b22c46", "set64": "8b22c46",
              "set65": "93559cf", "set66": "93559cf",
-             "set67": "36709a3", "set68": "36709a3"}
+             "set67": "36709a3", "set68": "36709a3",
+             "set69": "35c1284", "set70": "35c1284"}
 
 
 def math_verify_agrees(completion: str, reference: str) -> bool:
