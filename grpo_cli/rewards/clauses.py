@@ -9,12 +9,15 @@ import re
 
 LINK = re.compile(
     r"=|\\approx|≈|\b(?:is|are|was|were|equals?|gives?|makes?|yields?|comes\s+to|totals?|leaves?|has|have|had"
-    r"|holds?|contains?|costs?|costing|gets?|earns?|pays?|paid|paying|spends?|spent)\b", flags=re.IGNORECASE,
+    r"|holds?|contains?|costs?|costing|gets?|earns?|pays?|paid|paying|spends?|spent|results?\s+in|resulting\s+in)\b",
+    flags=re.IGNORECASE,
 )
 _ADJECTIVE = r"(?:(?:original|first|last|next|other|remaining|initial|whole|entire|same|previous|following)\s+)?"
-# a number right after a preposition is context ("in 6 jars", "after 2 hours", "more than 40"), not a result
+# a number right after a preposition is context ("in 6 jars", "after 2 hours", "more than 40"), not a result (but
+# "results in 7" links one)
 AFTER_PREPOSITION = re.compile(
-    r"\b(?:in|on|at|after|before|for|over|per|(?<!total\s)of|by|within|during|from|into|between|among|than"
+    r"\b(?:(?<!results\s)(?<!result\s)(?<!resulting\s)in|on|at|after|before|for|over|per|(?<!total\s)of|by|within"
+    r"|during|from|into|between|among|than"
     r"|(?<!left\s)(?<!up\s)(?<!started\s)(?<!starts\s)(?<!began\s)with)\s+"  # "left with 5", "started with 20" state
     rf"(?:(?:the|a|an|every|each|all|his|her|their|its|my|your|our)\s+)?{_ADJECTIVE}\$?$"
     r"|\bto\s+(?:each\s+of\s+)?(?:the|his|her|their|its|my|your|our)\s+\$?$", flags=re.IGNORECASE,

@@ -23,7 +23,7 @@ the completion is also right when the reference equals one of the results its fi
     crabs": 10; "35 after buying 15": 35), and so is a value it assumes ("314, using π = 3.14": 314);
   - a sentence that hedges, corrects or goes on to another value states none ("24, or maybe 26", "it could be 45", "I
     think", "I mean 4", "I thought 1/2 but it is 0.75", "23, then 24"), and neither does one with more than four
-    distinct results.
+    distinct results, or one that names its answer ("The final answer to 7 + 9 = 16 is 20.": rules 1-4 read it).
 `accuracy(..., strict=True)` reads the one answer `extract_answer` gives and nothing else; the default reads as the
 grader does, which lets a policy that names two quantities be right on either (no more than that: a hedge scores 0).
 """
@@ -49,6 +49,9 @@ _NAMING_REMARK = re.compile(r"\s*(?:(?:that|this|which)(?:'s|\s+is|\s+was|\s+mea
                             r"(?:\s+(?:would\s+be|is|was|are|were)|\s*[:=])"
                             r"|(?:(?:the|its|their)\s+)?[a-z]+(?:\s+[a-z]+)?\s+would(?:\s+then)?\s+be)\s+\$?\s*\d",
                             flags=re.IGNORECASE)
+# a final statement that names its answer states that one only ("The final answer to 7 + 9 = 16 is 20.", "..., which
+# is the final answer."): rules 1-4 read it
+_NAMES_ANSWER = re.compile(r"\b(?:the|my|our|final|correct)\s+answer\b", flags=re.IGNORECASE)
 # a sentence that offers candidates or doubts its own answer states no result
 _HEDGE = re.compile(r"\b(?:or|maybe|might|could|perhaps|possibly|probably|either|unsure|not\s+sure|guess|think"
                     r"|thought|between|(?<!would )then|but|instead)\b|\?", flags=re.IGNORECASE)
@@ -92,6 +95,8 @@ def stated_results(text: str, tag: str = "answer") -> list[str]:
     if (last := _last_statement(text)) is None or CUT_OFF.search(text):  # cut off mid-statement: no final statement
         return []
     start, end = last
+    if _NAMES_ANSWER.search(text, start, end):  # "The final answer to 7 + 9 = 16 is 20": one answer, named
+        return []
     before = sentence_start(text, len(text[:start].rstrip()) - 1) if start else 0  # the sentence or line before
     if start and _NAMING_REMARK.match(text, start) and NUMBER.search(text, before, start):
         start = before  # "... costs $20 on sale. That's a saving of $5!": one statement

@@ -915,6 +915,14 @@ RESULTS = rows(
     ("The integers are 32, 33 and 34.", "33", 0.0),
     (r"The solutions are $x = 2$ and $x = -3$.", "2", 0.0),  # ... in math spans too
     ("The sum of 12 and 15 is 28.", "15", 0.0),  # a number listed with one after a preposition is context too
+    ("The addition of 2 and 5 results in 7.", "5", 0.0),  # ... and a result linked by "results in" is none
+    ("The addition of 2 and 5 results in 7.", "7", 1.0),
+    ("Mixing them results in 12 L, in 3 bottles.", "3", 0.0),
+    # a final statement that names its answer states that one only
+    ("The final answer to the arithmetic problem of 7 + 9 = 16 is 20, which is odd.", "16", 0.0),
+    ("The final answer to the arithmetic problem of 7 + 9 = 16 is 20, which is odd.", "20", 1.0),
+    ("Adding 5 and 2 gives 7, which is the final answer.", "5", 0.0),
+    ("Adding 5 and 2 gives 7, which is the final answer.", "7", 1.0),
     ("12 + 4 = 16x.", "16", 0.0),  # a coefficient is no result (the quickstart's step 16 wrote it)
     ("The line is y = 3x - 4.", "3", 0.0),
     ("The cable is 5km long, and the pole 12m.", "5", 1.0),  # a unit written onto the number is one
