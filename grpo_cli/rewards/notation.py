@@ -1,6 +1,11 @@
 r"""Numbers as people write them, rewritten the one way the answer rule reads them (`clean_answer`).
 
 In this order (dashes first: U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, U+FE63, U+FF0D -> "-", so "−3" is -3):
+  framing   what frames a chat reply and states nothing goes: a markdown rule ("---", "***", "___", "==="), a
+            blockquote's ">" at a line's start, emoji (U+1F000-U+1FAFF, U+2600-U+26FF; not the check marks ✓ ✔), and
+            the sign-offs that close it without a digit ("Hope this helps!", "Thank you for the question!", "Let me
+            know if you have any other questions.", "Good luck!"); and typography: curly apostrophes as "'", a no-break
+            space that does not group digits and a run of spaces as one space
   emphasis  markdown's bold and italics around a span of one line go: "144 ÷ 12 = **12**" -> "144 ÷ 12 = 12", "__12__",
             "*12*" (not a product: "2 * 3 * 4", "2*3*4")
   congruences state their residue: "1234 \equiv 1 \pmod 9", "2^20 ≡ 4 (mod 7)" -> "... = 1", "... = 4"
@@ -64,6 +69,17 @@ _ATOM = rf"(?:\d+(?:[.,]\d+)*|{_VARIABLE}|[{_MATH_CHARS}]|\^\{{[^{{}}]*\}}|[-+*/
 _RUN = re.compile(rf"{_ATOM}(?: ?{_ATOM})*")
 _ROOT = re.compile(rf"([{''.join(_ROOTS)}])\s*(\((?:[^()]*)\)|\d+(?:\.\d+)?|[A-Za-z]|\\pi)")
 
+_RULE_LINE = re.compile(r"^[ \t]*(?:(?:-[ \t]*){3,}|(?:\*[ \t]*){3,}|(?:_[ \t]*){3,}|={3,}[ \t]*)$", flags=re.MULTILINE)
+_QUOTE_MARK = re.compile(r"^[ \t]*(?:>[ \t]?)+", flags=re.MULTILINE)
+_EMOJI = re.compile("[\U0001F000-\U0001FAFF\u2600-\u26FF\uFE0F\u200D]+")
+_SIGN_OFF = re.compile(  # a closing sentence without a digit that only signs off
+    r"(?:^|(?<=[.!?✓✔])[ \t]+|\n)[ \t]*(?:i\s+)?(?:hope\s+(?:this|that|it|my)\b"
+    r"|happy\s+(?:to\s+help|learning|solving)\b|(?:good|best\s+of)\s+luck\b|cheers\b|have\s+a\s+(?:great|nice|good|wonderful|lovely)\b|thanks?\b|thank\s+you\b"
+    r"|you'?re\s+welcome\b|let\s+me\s+know\b|feel\s+free\b|don'?t\s+hesitate\b|is\s+there\s+anything\s+else\b"
+    r"|if\s+you\s+(?:have|need)\s+(?:any\s+)?(?:other\s+|more\s+|further\s+)?(?:questions?|help)\b)"
+    r"[^\d\n.!?:]{0,80}[.!?]*[ \t\n]*$", flags=re.IGNORECASE)  # one short sentence, the last
+_APOSTROPHES = str.maketrans(dict.fromkeys("\u2019\u2018\u02bc", "'"))
+_SPACES = re.compile(r"(?<!\d)[\u00a0\u202f]|[\u00a0\u202f](?!\d)|(?<=\S)[ \t]{2,}(?=\S)")  # not "1\u00a0000"
 _EMPHASIS = re.compile(r"(\*\*|__)(?=[^\s*_])([^\n]*?[^\s*_])\1"
                        r"|(?<![\w*\\])([*_])(?=[^\s*_])([^\n*_]*?[^\s*_\\])\3(?![\w*])")
 _DASHES = str.maketrans(dict.fromkeys("\u2212\u2013\u2012\u2010\u2011\ufe63\uff0d", "-"))
@@ -142,6 +158,7 @@ def clean_answer(text: str) -> str:
     """`text` as the answer rule reads it: the module docstring's steps, in its order. Cached: `accuracy` reads one
     completion several ways (its answer, its final statement's results, a hedge, a decrease, a place), each from the
     same cleaned text."""
+    text = _framed(text)
     text = _EMPHASIS.sub(lambda m: m.group(2) if m.group(2) is not None else m.group(4), text)
     text = _CONGRUENT.sub("=", _MODULUS.sub("", text)) if _CONGRUENT.search(text) else text
     text = unicode_numbers(_roots_in_words(text.translate(_DASHES)))
@@ -167,6 +184,15 @@ def clean_answer(text: str) -> str:
     text = _DOLLAR.sub("", _WHOLE_RUPEES.sub("", text))
     whole = _GROUPED.fullmatch(text.strip()) is not None
     return _GROUPED.sub(lambda m: _join_groups(m, whole), text)
+
+
+def _framed(text: str) -> str:
+    """`text` without what frames a chat reply (the module docstring's first step): rules, quote marks, emoji and the
+    closing sign-offs, one after another from the end while something stays before them."""
+    text = _SPACES.sub(" ", _EMOJI.sub("", _QUOTE_MARK.sub("", _RULE_LINE.sub("", text)))).translate(_APOSTROPHES)
+    while (closing := _SIGN_OFF.search(text)) is not None and text[: closing.start()].strip():
+        text = text[: closing.start()].rstrip()
+    return text
 
 
 # --------------------------------------------------------------------------- unicode

@@ -988,6 +988,31 @@ CLASSES["stated_results"] = RESULTS
 CLASSES["word_answers"] = WORD_ANSWERS
 CLASSES["cut_off"] = CUT_OFF
 
+# what frames a chat reply states nothing: sign-offs, markdown rules and quotes, emoji, curly apostrophes, spacing
+FRAMING = rows(
+    ("He has 54 chairs. That's 9 more than last year.\n\nHope this helps!", "54", 1.0),
+    ("He has 54 chairs. That's 9 more than last year.\n\nHope this helps!", "9", 0.0),
+    ("He has 54 chairs. That’s 9 more than last year.", "54", 1.0),  # a curly apostrophe
+    ("Jerry: 12 marbles\nTom: 36 marbles\n\nThank you for the question!", "12", 1.0),
+    ("3 in 10\n\nLet me know if you have any other questions.", "3/10", 1.0),
+    ("The capital of Australia is Canberra.\n\nLet me know if you have any other questions.", "Canberra", 1.0),
+    ("Mixing blue and yellow gives green. Good luck! Is there anything else I can help with?", "green", 1.0),
+    ("So she sold 48 + 24 = 72 clips.\n\n---", "72", 1.0),  # a markdown rule is no operator
+    ("So she sold 48 + 24 = 72 clips.\n\n***\n\nI hope this is correct.", "72", 1.0),
+    ("> No — 91 is divisible by 7.", "No", 1.0),  # a blockquote
+    ("> Jerry: 12 marbles\n> Tom: 36 marbles", "12", 1.0),
+    ("62% of 1,250 kg remain, that is 775 kg. Let me verify: 475 + 775 = 1,250. ✓ 😊", "775", 1.0),
+    ("The total is 1.5\u00a0×\u00a010⁴ dollars.", "15000", 1.0),  # a no-break space that groups no digits
+    ("The  farmer  is  left  with  107  cows,  which  is  28  fewer  than  before.", "107", 1.0),
+    ("The population is 13\u00a0500.", "13500", 1.0),  # ... one that does
+    ("Thanks to 3 friends, the total is 12.", "12", 1.0),  # a sentence with a digit is no sign-off
+    ("Thanks for asking! The capital is Canberra.", "Canberra", 1.0),  # ... nor one before the answer
+    ("Both trains meet after 2 hours, 120 km from station A", "120", 1.0),  # a label is no article: not cut off
+    ("Each side is 9 cm long, since all three sides are equal", "9", 1.0),  # "are equal" is no link
+    ("The number of eggs found by Ava is a", "6", 0.0),  # cut off on an article
+)
+CLASSES["chat_framing"] = FRAMING
+
 
 @pytest.mark.parametrize("completion, reference", [
     (r"So $p = \frac{3}{4}$, which gives 5 marbles", "3/4"),
