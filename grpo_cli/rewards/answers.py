@@ -22,9 +22,9 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      y = 3x - 4."); a conclusion before the sentence's last semicolon concludes its clause only, where the clause
      after it holds a number ("so 1 part = 70 g; you need 2 parts: 140 g" goes to rule 4);
   4. otherwise the last sentence (or line) with a number states it: its last number, unless that only comments,
-     conditions or scopes what the sentence stated. Left out: a closing paragraph that notes, checks or explains ("Note:
-     ...", "Check: 30 - 12 = 18", "Explanation: ...") and a closing sentence that checks, compares or supposes ("That's
-     9 more than last year.", "If they had ..., it would have cost $60."), while a number comes before them; the
+     conditions or scopes what the sentence stated. Left out: a closing paragraph that notes, checks, explains ("Note:
+     ...", "Check: 30 - 12 = 18") or holds no number, equation or answer phrase ("P.S. ..."), and a closing sentence
+     that checks, compares or supposes ("That's 9 more than last year."), while a number comes before them; the
      sentence's tail after ", which is", ", i.e.", " - ", "since", "because", "if", "when", "assuming", "given", "after
      ...ing", "for the/each", "for 6 cakes", "on 20 litres" (a count of things, not money), ", or about", a comparison
      (", 6 fewer than Amy"), a range (", from 850 to 1,020"), a share (", 24 in each box", ", or 25¢ each", ", 75% of
@@ -35,13 +35,13 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      the count a stated share stands for ("40% of them walk, which is 12") or the rate of a quantity in a time ("18 km
      in 45 minutes, which is 24 km/h"), or an "if" tail goes on to a consequence ("if they share equally each gets 20 /
      4 = 5"); the time the stated number took, right after it ("$45 in 3 weeks"); a breakdown after a colon that follows
-     a stated number (its parts before a closing parenthesis); a parenthesis that ends the sentence; but a tail's number that is the total of the sentence's
-     stated numbers is the answer ("50 pages, and in 0.4 minutes 10 pages, for 60 pages": 60). A last number right
-     after a preposition gives way to a result the sentence links ("3 x $6 = $18 for 3 shirts": 18), and to the
-     sentence's last number when it only says where the stated one came from or went to, what it is out of or its
-     rate, or when the stated one is a rate ("$10 back from her $20 bill", "3 of the 12 eggs", "2.5 hours at 60 mph",
-     "60 km/h over the 150 km trip"), not where a link ("left with"), "at" or an appositive names it ("gives an
-     average of 84", "1,020, an increase of 170").
+     a stated number (its parts before a closing parenthesis); a parenthesis that ends the sentence; but a tail's number
+     that is the total of the sentence's stated numbers is the answer ("50 pages, and in 0.4 minutes 10 pages, for 60
+     pages": 60). A last number right after a preposition gives way to a result the sentence links ("3 x $6 = $18 for 3
+     shirts": 18), and to the sentence's last number when it only says where the stated one came from or went to, what
+     it is out of or its rate, or when the stated one is a rate ("$10 back from her $20 bill", "3 of the 12 eggs", "2.5
+     hours at 60 mph", "60 km/h over the 150 km trip"), not where a link ("left with"), "at" or an appositive names it
+     ("gives an average of 84", "1,020, an increase of 170").
   5. (`accuracy` only, where nothing is marked or stated by an answer phrase) the other results the final sentence
      states answer too: "Ben pays $36 and Ana pays $48." is right for 36 and 48 (results.py; not with `strict`).
 A completion cut off mid-statement, whose text ends on a link, an article or an operator ("... found by Ava is", "9 × 2
@@ -112,6 +112,7 @@ _COMPUTATION = re.compile(r"\d\s*\}?\s*(?:\\times|\\cdot|\\div|[×·÷*+]|\s-\s)
 _PLAIN_NUMBER = re.compile(r"\s*-?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?\s*")
 _PERCENT = re.compile(r"\s?(?:\\?%|percent\b)", flags=re.IGNORECASE)
 _HALF_OF_DAY = re.compile(r"\s?([ap])\.?\s?m\b\.?", flags=re.IGNORECASE)
+_CLOSING_PARAGRAPH = re.compile(r"\n[ \t]*\n(?:(?!\n[ \t]*\n)[^\d=$\\])*[.!?)*]\s*$")  # the last, ending a sentence
 _BREAKDOWN = re.compile(r"\s*\$?\d")  # after a colon, a breakdown's parts: "21 marbles: 5 red, 7 blue and 9 green"
 
 
@@ -307,7 +308,7 @@ def _tail_start(text: str, start: int, last: re.Match | Spelled) -> int | None:
         return took[-1].start()  # right after the stated number and its unit: "She saves $45 in 3 weeks."
     opened = closing_parenthesis(text, start, sentence_end(text, last.end()))
     opened = opened if opened is not None and opened < last.start() else None
-    stop = opened or last.end()  # a breakdown's parts come before a closing parenthesis: "2 parts: 140 g (490 g in all)"
+    stop = opened or last.end()  # a breakdown's parts come before a closing parenthesis: "2 parts: 140 g (490 g)"
     colon = text.find(": ", start, last.start())  # "There are 21 marbles: 5 red, 7 blue and 9 green."
     if colon >= 0 and LINK.search(text, start, colon) and NUMBER.search(text, start, colon) and \
             _BREAKDOWN.match(text, colon + 1) and len(NUMBER.findall(text, colon, stop)) > 1 and \
@@ -327,11 +328,17 @@ def _converts(text: str, start: int, remark: re.Match, last: re.Match | Spelled)
     return share and not _PERCENT.match(text, last.end()) and "/" not in last.group()
 
 
-def without_closing_comment(text: str) -> str:
+def without_closing_comment(text: str, paragraphs: bool = False) -> str:
     """`text` less the closing sentences that only check or compare what came before (`CLOSING_COMMENT`: "Check: 2(9)
-    - 7 = 11.", "That's 9 more than last year."), while a number stays before them."""
+    - 7 = 11.", "That's 9 more than last year."), while a number stays before them; with `paragraphs` (what a number
+    answers), also a closing paragraph that holds no number, equation, math or answer phrase ("P.S. This kind of
+    problem is common in exams.")."""
     while True:
         body = text.rstrip()
+        if paragraphs and (last := _CLOSING_PARAGRAPH.search(body)) and not ANSWER_PHRASE.search(body, last.start()) \
+                and not spelled(body, last.start()) and NUMBER.search(body, 0, last.start()):
+            text = body[: last.start()]
+            continue
         start = sentence_start(body, len(body.rstrip(".!?✓✔* \t")))
         if not (start and CLOSING_COMMENT.match(body[start:].lstrip())
                 and (NUMBER.search(body, 0, start) or spelled(body, 0, start))):
@@ -343,7 +350,7 @@ def _auto(text: str, tag: str) -> str | None:
     """The module docstring's rule: boxed, then tag, then gsm8k, then the stated answer, then the last number."""
     if (found := marked_answer(text, tag)) is not None:
         return found
-    stated = without_aside(without_closing_comment(text))  # rules 2-4 read it without its closing checks and asides
+    stated = without_aside(without_closing_comment(text, paragraphs=True))  # rules 2-4: no closing checks or asides
     if CUT_OFF.search(stated):
         return _phrase_answer(stated)  # cut off mid-statement: only an answer phrase states an answer
     return _stated_answer(stated) or _last_number_or_math(stated)

@@ -114,8 +114,8 @@ RESTATES = re.compile(r",\s*(?:which|that)\s|,\s*i\.e\.", flags=re.IGNORECASE)  
 LINK_BEFORE = re.compile(r"(?:=|\b(?:is|are|was|were|equals?|makes?|gives?|comes\s+to|totals?))\s*$",
                          flags=re.IGNORECASE)
 # a closing paragraph that checks or comments on what came before
-NOTE = re.compile(r"\n\s*\n\s*\(?\**(?:note|check|verification|verify|double[- ]check|sanity check|remark|p\.s\."
-                  r"|explanation|reasoning|justification)\b(?!.*\n\s*\n)", flags=re.IGNORECASE | re.DOTALL)
+NOTE = re.compile(r"\n\s*\n\s*\(?\**(?:(?:note|check|verification|verify|double[- ]check|sanity check|remark"
+                  r"|explanation|reasoning|justification)\b|p\.\s?s\.)(?!.*\n\s*\n)", flags=re.IGNORECASE | re.DOTALL)
 # a text that ends mid-statement, on a link, an article or an operator: cut off before its answer ("... Ava is")
 CUT_OFF = re.compile(r"(?:\b(?:is|are|was|were|be|equals|gives?|makes?|of|the|(?-i:a)|an|and|to)|[=+*/×÷(-])\s*$",
                      flags=re.IGNORECASE)  # not a label ("station A") nor "are equal"

@@ -2,10 +2,11 @@ r"""Numbers as people write them, rewritten the one way the answer rule reads th
 
 In this order (dashes first: U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, U+FE63, U+FF0D -> "-", so "−3" is -3):
   framing   what frames a chat reply and states nothing goes: a markdown rule ("---", "***", "___", "==="), a
-            blockquote's ">" at a line's start, emoji (U+1F000-U+1FAFF, U+2600-U+26FF; not the check marks ✓ ✔), and
-            the sign-offs that close it without a digit ("Hope this helps!", "Thank you for the question!", "Let me
-            know if you have any other questions.", "Good luck!"); and typography: curly apostrophes as "'", a no-break
-            space that does not group digits and a run of spaces as one space
+            blockquote's ">", a bullet's "-", "*", "•" or "+" at a line's start, the marks of a numbered list of two
+            items or more ("1. ", "2) "), a code fence's line ("```python"), emoji (U+1F000-U+1FAFF, U+2600-U+26FF;
+            not the check marks ✓ ✔), and the sign-offs that close it without a digit ("Hope this helps!", "Thank you
+            for the question!", "Let me know if you have any other questions.", "Good luck!"); and typography: curly
+            apostrophes as "'", a no-break space that does not group digits and a run of spaces as one space
   emphasis  markdown's bold and italics around a span of one line go: "144 ÷ 12 = **12**" -> "144 ÷ 12 = 12", "__12__",
             "*12*" (not a product: "2 * 3 * 4", "2*3*4")
   congruences state their residue: "1234 \equiv 1 \pmod 9", "2^20 ≡ 4 (mod 7)" -> "... = 1", "... = 4"
@@ -32,7 +33,7 @@ In this order (dashes first: U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, 
             and "N : M" in a sentence that speaks of a ratio: "the ratio is 2 : 5" -> 2:5
   odds      "N out of M" or "N in M" where the sentence speaks of a chance, probability, odds, fraction or proportion
             -> N/M ("the chance is 7 out of 20" -> 7/20, "a 1 in 4 chance" -> 1/4; "7 out of 20 balls are green"
-            stays a count), and as the whole answer ("3 in 10" -> 3/10)
+            stays a count), and as a line of its own ("3 in 10" -> 3/10)
   commas    a decimal comma, one or two digits after it and no number next: "3,5 km" -> 3.5 ("1,234" keeps its comma)
             and thousands grouped by dots before one, or in two groups or more: "1.000,00" -> 1000.00, "1.250.000"
   signs     a sign word before digits: "minus 3", "negative 3" -> -3; "3 degrees below zero" -> -3 degrees, "75 m
@@ -70,11 +71,14 @@ _RUN = re.compile(rf"{_ATOM}(?: ?{_ATOM})*")
 _ROOT = re.compile(rf"([{''.join(_ROOTS)}])\s*(\((?:[^()]*)\)|\d+(?:\.\d+)?|[A-Za-z]|\\pi)")
 
 _RULE_LINE = re.compile(r"^[ \t]*(?:(?:-[ \t]*){3,}|(?:\*[ \t]*){3,}|(?:_[ \t]*){3,}|={3,}[ \t]*)$", flags=re.MULTILINE)
-_QUOTE_MARK = re.compile(r"^[ \t]*(?:>[ \t]?)+", flags=re.MULTILINE)
+_QUOTE_MARK = re.compile(r"^[ \t]*(?:>[ \t]?)+|^[ \t]*[-*•+][ \t]+(?=\S)|^[ \t]*```.*$",  # ">", bullets, fences
+                         flags=re.MULTILINE)
+_LIST_NUMBER = re.compile(r"^[ \t]*\d{1,2}[.)][ \t]+(?=\S)", flags=re.MULTILINE)  # "1. ", "2) ": a list's marks
 _EMOJI = re.compile("[\U0001F000-\U0001FAFF\u2600-\u26FF\uFE0F\u200D]+")
 _SIGN_OFF = re.compile(  # a closing sentence without a digit that only signs off
     r"(?:^|(?<=[.!?✓✔])[ \t]+|\n)[ \t]*(?:i\s+)?(?:hope\s+(?:this|that|it|my)\b"
-    r"|happy\s+(?:to\s+help|learning|solving)\b|(?:good|best\s+of)\s+luck\b|cheers\b|have\s+a\s+(?:great|nice|good|wonderful|lovely)\b|thanks?\b|thank\s+you\b"
+    r"|happy\s+(?:to\s+help|learning|solving)\b|(?:good|best\s+of)\s+luck\b|cheers\b"
+    r"|have\s+a\s+(?:great|nice|good|wonderful|lovely)\b|thanks?\b|thank\s+you\b"
     r"|you'?re\s+welcome\b|let\s+me\s+know\b|feel\s+free\b|don'?t\s+hesitate\b|is\s+there\s+anything\s+else\b"
     r"|if\s+you\s+(?:have|need)\s+(?:any\s+)?(?:other\s+|more\s+|further\s+)?(?:questions?|help)\b)"
     r"[^\d\n.!?:]{0,80}[.!?]*[ \t\n]*$", flags=re.IGNORECASE)  # one short sentence, the last
@@ -102,6 +106,7 @@ def _sentence_about(words: str) -> re.Pattern:
 # "N out of M" or "N in M" in a sentence that speaks of a chance: the sentence, then the pair
 _CHANCE_SENTENCE = _sentence_about("chance|probability|odds|likelihood|fraction|proportion")
 _OUT_OF = re.compile(r"(?<![\d./])(\d+)\s+(?:out\s+of|in)\s+(\d+)(?![\d./])")
+_OUT_OF_LINE = re.compile(r"^[ \t]*(\d+)[ \t]+(?:out[ \t]+of|in)[ \t]+(\d+)[ \t]*\.?[ \t]*$", flags=re.MULTILINE)
 _DENOMINATORS = {"half": 2, "halves": 2, "third": 3, "quarter": 4, "fourth": 4, "fifth": 5, "sixth": 6, "seventh": 7,
                  "eighth": 8, "ninth": 9, "tenth": 10, "eleventh": 11, "twelfth": 12, "sixteenth": 16, "twentieth": 20,
                  "hundredth": 100, "thousandth": 1000}
@@ -174,8 +179,7 @@ def clean_answer(text: str) -> str:
     text = _RATIO_TO.sub(r"\1 \2:\3", text)  # "Dividing both by 4 gives 3 to 4.": 3:4
     text = _RATIO_SENTENCE.sub(lambda m: _RATIO_PAIR.sub(r"\1:\2", m.group()), text)  # "The ratio is 2 : 5": 2:5
     text = _CHANCE_SENTENCE.sub(lambda m: _OUT_OF.sub(r"\1/\2", m.group()), text)  # "The chance is 7 out of 20": 7/20
-    if _OUT_OF.fullmatch(bare := text.strip().rstrip(".").strip()):
-        text = _OUT_OF.sub(r"\1/\2", bare)  # "3 in 10" as the whole answer: 3/10
+    text = _OUT_OF_LINE.sub(r"\1/\2", text)  # "3 in 10" as a line of its own: 3/10
     text = _DOTTED.sub(lambda m: m.group(1).replace(".", "") + (f".{m.group(2)}" if m.group(2) else ""), text)
     text = _DECIMAL_COMMA.sub(r"\1.\2", text)  # "3,5 km" -> 3.5 (a thousands comma has three digits after it)
     text = _SIGN_WORD.sub(r"\1-", text)
@@ -190,6 +194,7 @@ def _framed(text: str) -> str:
     """`text` without what frames a chat reply (the module docstring's first step): rules, quote marks, emoji and the
     closing sign-offs, one after another from the end while something stays before them."""
     text = _SPACES.sub(" ", _EMOJI.sub("", _QUOTE_MARK.sub("", _RULE_LINE.sub("", text)))).translate(_APOSTROPHES)
+    text = _LIST_NUMBER.sub("", text) if len(_LIST_NUMBER.findall(text)) > 1 else text  # a list of two items or more
     while (closing := _SIGN_OFF.search(text)) is not None and text[: closing.start()].strip():
         text = text[: closing.start()].rstrip()
     return text

@@ -124,16 +124,16 @@ def stated_results(text: str, tag: str = "answer") -> list[str]:
 
 def _closing_text(text: str, tag: str = "answer") -> str | None:
     """`text` cleaned (`clean_answer`) and ended where its final statement ends: before a closing paragraph of notes
-    that follows a number ("Check: ...") and the closing comments answers.py leaves out (`without_closing_comment`);
-    None where the completion marks its answer (the mark answers, not a sentence). Every reading of a final statement
-    here starts from it."""
+    that follows a number ("Check: ...") and the closing comments and paragraphs answers.py leaves out
+    (`without_closing_comment`); None where the completion marks its answer (the mark answers, not a sentence). Every
+    reading of a final statement here starts from it."""
     text = clean_answer(text)
     if marked_answer(text, tag) is not None:
         return None
     note = NOTE.search(text)
     if note and NUMBER.search(text, 0, note.start()):
         text = text[: note.start()]
-    return without_closing_comment(text).rstrip()
+    return without_closing_comment(text, paragraphs=True).rstrip()
 
 
 def _last_statement(text: str) -> tuple[int, int] | None:

@@ -5,14 +5,15 @@ The rule reads words as answers.py reads numbers:
   1. after the last answer phrase ("The answer is Thursday.", "Final answer: yes"), the clause it opens names the
      reference;
   2. else, where the reference is a verdict (yes / no, true / false), the last verdict word that stands as an answer
-     ("No.", "Yes, because ...", "So, no."; not "I have no idea.") is the reference; where it is one of a closed class
+     ("No.", "Yes, because ...", "So, no.", "No" ending its line; not "I have no idea.") is the reference; where it is one of a closed class
      (the days of the week, the months, the compass points), the last member of that class the completion names
      ("Monday + 3 days = Thursday.": Thursday; "So it is Wednesday, not Thursday.": Wednesday);
   3. else the final sentence, after the closing notes and checks answers.py leaves out, names the reference and does
      not hedge ("It will be a Thursday.", "**Paris**"; not "It is red or blue.").
 A completion cut off mid-statement (answers.py's CUT_OFF) answers by rule 1 only. A name is matched whole and
 case-insensitively, and not where it is negated ("not Thursday"). A reference of one letter is a choice's label, which
-answers.py reads, and which a final line that opens with it answers too ("B) 12": `states_choice`); a reference
+answers.py reads, and which a final line that opens with it answers too ("B) 12": `states_choice`; the final line
+before a closing paragraph of notes, "Explanation: ...", or one without a number); a reference
 with a digit or a math sign is a number or an expression, which answers_match compares.
 """
 
@@ -65,8 +66,7 @@ def states_words(completion: str, words: str, tag: str = "answer") -> bool:
     if kind is not None:
         found = _named(text, kind, 0, len(text))
         return bool(found) and found[-1].group().lower() == words
-    note = NOTE.search(text)
-    body = without_closing_comment(text[: note.start()] if note else text).rstrip()
+    body = _before_notes(text)
     start = sentence_start(body, len(body.rstrip(".!?*")))
     return not _HEDGE.search(body, start) and bool(_named(body, [words], start, len(body)))
 
@@ -75,7 +75,7 @@ def states_choice(completion: str, label: str) -> bool:
     """Whether the last answer phrase of `completion`, or else its final line, opens with the choice's `label` and
     goes on to its value ("The answer is (B) 12.", "B) 12"; not a line of a list of the choices): a reference of one
     letter answered by its label."""
-    text = without_closing_comment(clean_answer(completion)).rstrip()
+    text = _before_notes(clean_answer(completion), paragraphs=True)  # "Explanation: ..." is not the final line
     if phrases := list(ANSWER_PHRASE.finditer(text)):  # "The answer is (B) 12."
         stated = _CHOICE.match(text, phrases[-1].end())
         return stated is not None and stated.group(1).lower() == label.strip().lower()
@@ -83,6 +83,13 @@ def states_choice(completion: str, label: str) -> bool:
     found = [_CHOICE.match(line) for line in lines[-2:]]
     return found[-1] is not None and found[-1].group(1).lower() == label.strip().lower() and (
         len(found) == 1 or found[0] is None)
+
+
+def _before_notes(text: str, paragraphs: bool = False) -> str:
+    """`text` before its closing paragraph of notes ("Note: ...", "P.S. ...") and its closing comments (answers.py's
+    `without_closing_comment`, with or without the closing paragraphs that hold no number)."""
+    note = NOTE.search(text)
+    return without_closing_comment(text[: note.start()] if note else text, paragraphs=paragraphs).rstrip()
 
 
 def _named(text: str, names: tuple[str, ...] | list[str], start: int, end: int) -> list[re.Match]:
@@ -97,5 +104,5 @@ def _verdicts(pair: tuple[str, str]) -> re.Pattern:
     """A verdict word that stands as an answer: opening a sentence, a line or a clause, or after a conclusion word or
     a link, and ending its clause ("Yes, because ...", "So, no.", "It is true."; not "no idea", "not true")."""
     return re.compile(r"(?:^|[.!?:;(\n]|\b(?:so|thus|hence|therefore|is|are|was|were|'s)\b,?)\s*(" + "|".join(pair)
-                      + r")\b(?=\s*[,.!?;:)]|\s*\$?\(|\s+[\u2014-]|\s*$)",  # "No - 91", "Yes (57 = 3 × 19)"
+                      + r")\b(?=\s*[,.!?;:)]|\s*\$?\(|\s+[\u2014-]|\s*$|[ \t]*\n)",  # "No - 91", "Yes (57 = 3 × 19)", a line
                       flags=re.IGNORECASE)

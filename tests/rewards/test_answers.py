@@ -1010,6 +1010,23 @@ FRAMING = rows(
     ("Both trains meet after 2 hours, 120 km from station A", "120", 1.0),  # a label is no article: not cut off
     ("Each side is 9 cm long, since all three sides are equal", "9", 1.0),  # "are equal" is no link
     ("The number of eggs found by Ava is a", "6", 0.0),  # cut off on an article
+    # a closing paragraph that holds no number, equation, math or answer phrase, after a number
+    ("He has 54 chairs. That's 9 more than last year.\n\nP.S. This kind of problem is common in exams.", "54", 1.0),
+    ("Jerry: 12 marbles\nTom: 36 marbles\n\nIn summary, that is the result.", "12", 1.0),
+    ("Tom has 36 marbles.\n\nThe answer is the number of marbles Jerry has, eleven.", "11", 1.0),  # an answer phrase
+    # bullets, the marks of a numbered list, code fences; "N in M" on a line of its own
+    ("- 28 is the largest of the three.", "28", 1.0),
+    ("1. That's 8 eggs.\n2. Let me double-check: 8 eggs / 12 cups = 2/3 egg per cup. ✓", "8", 1.0),
+    ("1. Jerry: 12 marbles\n2. Tom: 36 marbles", "12", 1.0),
+    ("```text\nHe has 54 chairs. That's 9 more than last year.\n```", "54", 1.0),
+    ("## Solution\n\n3 in 10", "3/10", 1.0),
+    ("It is 12.\n\n3 in 10", "3/10", 1.0),
+    # a postscript is a note; a verdict ends its clause at a line's end; a choice's line comes before a closing note
+    ("Canberra.\n\nP.S. This kind of problem is common in exams.", "Canberra", 1.0),
+    ("It is 12.\n\nP.S. Sydney has 5 million people.", "12", 1.0),
+    ("TRUE\n\n**Explanation:** the steps above show the work.", "True", 1.0),
+    ("Is 91 prime? No\n91 = 7 × 13", "No", 1.0),
+    ("B) 12\n\n**Explanation:** the steps above show the work.", "B", 1.0),
 )
 CLASSES["chat_framing"] = FRAMING
 
