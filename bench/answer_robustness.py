@@ -42,7 +42,8 @@ FRAMINGS = {
     "sign-off: Is there anything else ...?": lambda c: c.rstrip() + "\n\nIs there anything else I can help you with?",
     "closing paragraph: P.S. ...": lambda c: c.rstrip() + "\n\nP.S. This kind of problem is common in exams.",
     "closing paragraph: In summary ...": lambda c: c.rstrip() + "\n\nIn summary, that is the result.",
-    "closing paragraph: **Explanation:** ...": lambda c: c.rstrip() + "\n\n**Explanation:** the steps above show the work.",
+    "closing paragraph: **Explanation:** ...":
+        lambda c: c.rstrip() + "\n\n**Explanation:** the steps above show the work.",
     "preamble: Sure! ...": lambda c: "Sure! Let's solve this step by step.\n\n" + c,
     "preamble: ## Solution": lambda c: "## Solution\n\n" + c,
     "preamble: a think block": lambda c: "<think>\nLet me work through it carefully.\n</think>\n\n" + c,
@@ -57,6 +58,13 @@ FRAMINGS = {
     "no-break spaces": lambda c: c.replace(" ", "\u00a0"),
     "double spaces": lambda c: c.replace(" ", "  "),
     "CRLF line ends": lambda c: c.replace("\n", "\r\n"),
+    "tabs for spaces": lambda c: c.replace(" ", "\t"),
+    "zero-width spaces": lambda c: c.replace(" ", " \u200b"),
+    "thin spaces before units": lambda c: re.sub(r"(\d) ([a-zA-Z])", "\\1\u2009\\2", c),
+    "full-width . , :": lambda c: re.sub(r"\.(\s|$)", "\u3002\\1", c).replace(", ", "\uff0c").replace(": ", "\uff1a"),
+    "heading on the last line": lambda c: (lambda ls: "\n".join(ls[:-1] + ["### " + ls[-1].strip()]))(
+        c.rstrip().split("\n")),
+    "… for the final period": lambda c: re.sub(r"\.\s*$", "…", c.rstrip()),
     "no final period": lambda c: re.sub(r"\.\s*$", "", c.rstrip()),
     "! for the final period": lambda c: re.sub(r"\.\s*$", "!", c.rstrip()),
 }

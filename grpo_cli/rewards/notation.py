@@ -4,9 +4,11 @@ In this order (dashes first: U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, 
   framing   what frames a chat reply and states nothing goes: a markdown rule ("---", "***", "___", "==="), a
             blockquote's ">", a bullet's "-", "*", "•" or "+" at a line's start, the marks of a numbered list of two
             items or more ("1. ", "2) "), a code fence's line ("```python"), emoji (U+1F000-U+1FAFF, U+2600-U+26FF;
-            not the check marks ✓ ✔), and the sign-offs that close it without a digit ("Hope this helps!", "Thank you
-            for the question!", "Let me know if you have any other questions.", "Good luck!"); and typography: curly
-            apostrophes as "'", a no-break space that does not group digits and a run of spaces as one space
+            not the check marks ✓ ✔), zero-width spaces, a heading's "#" (not "####"), and the sign-offs that close
+            it without a digit ("Hope this helps!", "Thank you for the question!", "Let me know if you have any other
+            questions.", "Good luck!"); and typography: curly apostrophes as "'", full-width punctuation ("。", "，",
+            "：") as ASCII, "…" as "...", "!!!" as "!", a no-break or thin space that does not group digits, a tab and a
+            run of spaces as one space
   emphasis  markdown's bold and italics around a span of one line go: "144 ÷ 12 = **12**" -> "144 ÷ 12 = 12", "__12__",
             "*12*" (not a product: "2 * 3 * 4", "2*3*4")
   congruences state their residue: "1234 \equiv 1 \pmod 9", "2^20 ≡ 4 (mod 7)" -> "... = 1", "... = 4"
@@ -71,10 +73,10 @@ _RUN = re.compile(rf"{_ATOM}(?: ?{_ATOM})*")
 _ROOT = re.compile(rf"([{''.join(_ROOTS)}])\s*(\((?:[^()]*)\)|\d+(?:\.\d+)?|[A-Za-z]|\\pi)")
 
 _RULE_LINE = re.compile(r"^[ \t]*(?:(?:-[ \t]*){3,}|(?:\*[ \t]*){3,}|(?:_[ \t]*){3,}|={3,}[ \t]*)$", flags=re.MULTILINE)
-_QUOTE_MARK = re.compile(r"^[ \t]*(?:>[ \t]?)+|^[ \t]*[-*•+][ \t]+(?=\S)|^[ \t]*```.*$",  # ">", bullets, fences
-                         flags=re.MULTILINE)
+_QUOTE_MARK = re.compile(r"^[ \t]*(?:>[ \t]?)+|^[ \t]*[-*•+][ \t]+(?=\S)|^[ \t]*```.*$"  # ">", bullets, fences,
+                         r"|^[ \t]*(?:#{1,3}|#{5,6})[ \t]+(?=[^\s\d$\\-])", flags=re.MULTILINE)  # a heading's "#"
 _LIST_NUMBER = re.compile(r"^[ \t]*\d{1,2}[.)][ \t]+(?=\S)", flags=re.MULTILINE)  # "1. ", "2) ": a list's marks
-_EMOJI = re.compile("[\U0001F000-\U0001FAFF\u2600-\u26FF\uFE0F\u200D]+")
+_EMOJI = re.compile("[ \t]?[\U0001F000-\U0001FAFF\u2600-\u26FF\uFE0F\u200D]+|[\u200b\u200c\u2060\ufeff\u00ad]")
 _SIGN_OFF = re.compile(  # a closing sentence without a digit that only signs off
     r"(?:^|(?<=[.!?✓✔])[ \t]+|\n)[ \t]*(?:i\s+)?(?:hope\s+(?:this|that|it|my)\b"
     r"|happy\s+(?:to\s+help|learning|solving)\b|(?:good|best\s+of)\s+luck\b|cheers\b"
@@ -82,8 +84,11 @@ _SIGN_OFF = re.compile(  # a closing sentence without a digit that only signs of
     r"|you'?re\s+welcome\b|let\s+me\s+know\b|feel\s+free\b|don'?t\s+hesitate\b|is\s+there\s+anything\s+else\b"
     r"|if\s+you\s+(?:have|need)\s+(?:any\s+)?(?:other\s+|more\s+|further\s+)?(?:questions?|help)\b)"
     r"[^\d\n.!?:]{0,80}[.!?]*[ \t\n]*$", flags=re.IGNORECASE)  # one short sentence, the last
-_APOSTROPHES = str.maketrans(dict.fromkeys("\u2019\u2018\u02bc", "'"))
-_SPACES = re.compile(r"(?<!\d)[\u00a0\u202f]|[\u00a0\u202f](?!\d)|(?<=\S)[ \t]{2,}(?=\S)")  # not "1\u00a0000"
+_ASCII_PUNCTUATION = dict(zip("\u3002\uff0c\uff1a\uff1b\uff01\uff1f", ".,:;!?"))  # "。", "，", "：", "；", "！", "？"
+_TYPOGRAPHY = str.maketrans({**dict.fromkeys("\u2019\u2018\u02bc", "'"), "…": "...", **_ASCII_PUNCTUATION})
+_FULL_WIDTH = re.compile(r"[\u3002\uff0c\uff1a\uff1b\uff01\uff1f](?=[^\s*_)\]}\"'])")  # a list's "，": "2，6，18"
+_SPACES = re.compile(r"(?<!\d)[\u00a0\u202f\u2009\u2002-\u2008\u200a]|[\u00a0\u202f\u2009\u2002-\u2008\u200a](?!\d)"
+                     r"|(?<=\S)(?:[ \t]{2,}|\t)(?=\S)|(?<=[^\d\s])([!?])\1+")  # not "1\u00a0000"; "!!!" is "!"
 _EMPHASIS = re.compile(r"(\*\*|__)(?=[^\s*_])([^\n]*?[^\s*_])\1"
                        r"|(?<![\w*\\])([*_])(?=[^\s*_])([^\n*_]*?[^\s*_\\])\3(?![\w*])")
 _DASHES = str.maketrans(dict.fromkeys("\u2212\u2013\u2012\u2010\u2011\ufe63\uff0d", "-"))
@@ -193,7 +198,9 @@ def clean_answer(text: str) -> str:
 def _framed(text: str) -> str:
     """`text` without what frames a chat reply (the module docstring's first step): rules, quote marks, emoji and the
     closing sign-offs, one after another from the end while something stays before them."""
-    text = _SPACES.sub(" ", _EMOJI.sub("", _QUOTE_MARK.sub("", _RULE_LINE.sub("", text)))).translate(_APOSTROPHES)
+    text = _FULL_WIDTH.sub(lambda m: _ASCII_PUNCTUATION[m.group()] + " ", text)  # a space after, as in ASCII
+    text = _EMOJI.sub("", _QUOTE_MARK.sub("", _RULE_LINE.sub("", text))).translate(_TYPOGRAPHY)
+    text = _SPACES.sub(lambda m: m.group(1) or " ", text).replace(" \n", "\n")
     text = _LIST_NUMBER.sub("", text) if len(_LIST_NUMBER.findall(text)) > 1 else text  # a list of two items or more
     while (closing := _SIGN_OFF.search(text)) is not None and text[: closing.start()].strip():
         text = text[: closing.start()].rstrip()

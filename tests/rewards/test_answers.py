@@ -1027,6 +1027,18 @@ FRAMING = rows(
     ("TRUE\n\n**Explanation:** the steps above show the work.", "True", 1.0),
     ("Is 91 prime? No\n91 = 7 × 13", "No", 1.0),
     ("B) 12\n\n**Explanation:** the steps above show the work.", "B", 1.0),
+    # typography: full-width punctuation, an ellipsis, tabs, zero-width and thin spaces, headings' marks
+    ("The farmer has 135 cows。After selling 28，he is left with 107 cows，which is 28 fewer than before。", "107", 1.0),
+    ("Hour 1：600\nHour 2：1200\nHour 5：9600", "9600", 1.0),
+    ("2，6，18，54，162", "162", 1.0),  # a list's comma, not thousands
+    ("**答案是 1020。**", "1020", 1.0),
+    ("Dividing both by 4 gives 3 to 4…", "3:4", 1.0),
+    ("The\ttotal\tis\t1.5\t×\t10⁴\tdollars.", "15000", 1.0),
+    ("He has 54 chairs. That's 9 more than last year.".replace(" ", " \u200b"), "54", 1.0),
+    ("3\u2009in 10", "3/10", 1.0),
+    ("Jerry: 12 marbles\n### Tom: 36 marbles", "12", 1.0),
+    ("**Blue + yellow = green 🎨**", "green", 1.0),
+    ("The answer is B!!!", "B", 1.0),
 )
 CLASSES["chat_framing"] = FRAMING
 
