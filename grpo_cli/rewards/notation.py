@@ -196,8 +196,9 @@ def clean_answer(text: str) -> str:
 
 
 def _framed(text: str) -> str:
-    """`text` without what frames a chat reply (the module docstring's first step): rules, quote marks, emoji and the
-    closing sign-offs, one after another from the end while something stays before them."""
+    """`text` without what frames a chat reply (the module docstring's first step): rules, quote and list marks,
+    fences, emoji, its typography read as ASCII, and the closing sign-offs, one after another from the end while
+    something stays before them."""
     text = _FULL_WIDTH.sub(lambda m: _ASCII_PUNCTUATION[m.group()] + " ", text)  # a space after, as in ASCII
     text = _EMOJI.sub("", _QUOTE_MARK.sub("", _RULE_LINE.sub("", text))).translate(_TYPOGRAPHY)
     text = _SPACES.sub(lambda m: m.group(1) or " ", text).replace(" \n", "\n")

@@ -5,9 +5,9 @@ The rule reads words as answers.py reads numbers:
   1. after the last answer phrase ("The answer is Thursday.", "Final answer: yes"), the clause it opens names the
      reference;
   2. else, where the reference is a verdict (yes / no, true / false), the last verdict word that stands as an answer
-     ("No.", "Yes, because ...", "So, no.", "No" ending its line; not "I have no idea.") is the reference; where it is one of a closed class
-     (the days of the week, the months, the compass points), the last member of that class the completion names
-     ("Monday + 3 days = Thursday.": Thursday; "So it is Wednesday, not Thursday.": Wednesday);
+     ("No.", "Yes, because ...", "So, no.", "No" ending its line; not "I have no idea.") is the reference; where it
+     is one of a closed class (the days of the week, the months, the compass points), the last member of that class
+     the completion names ("Monday + 3 days = Thursday.": Thursday; "So it is Wednesday, not Thursday.": Wednesday);
   3. else the final sentence, after the closing notes and checks answers.py leaves out, names the reference and does
      not hedge ("It will be a Thursday.", "**Paris**"; not "It is red or blue.").
 A completion cut off mid-statement (answers.py's CUT_OFF) answers by rule 1 only. A name is matched whole and
@@ -104,5 +104,5 @@ def _verdicts(pair: tuple[str, str]) -> re.Pattern:
     """A verdict word that stands as an answer: opening a sentence, a line or a clause, or after a conclusion word or
     a link, and ending its clause ("Yes, because ...", "So, no.", "It is true."; not "no idea", "not true")."""
     return re.compile(r"(?:^|[.!?:;(\n]|\b(?:so|thus|hence|therefore|is|are|was|were|'s)\b,?)\s*(" + "|".join(pair)
-                      + r")\b(?=\s*[,.!?;:)]|\s*\$?\(|\s+[\u2014-]|\s*$|[ \t]*\n)",  # "No - 91", "Yes (57 = 3 × 19)", a line
+                      + r")\b(?=\s*[,.!?;:)]|\s*\$?\(|\s+[\u2014-]|\s*$|[ \t]*\n)",  # "No - 91", "Yes (57 = 3 × 19)"
                       flags=re.IGNORECASE)
