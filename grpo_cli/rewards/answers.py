@@ -55,9 +55,7 @@ answer; a number inside a math span (`$...$`, `\(...\)`, `\[...\]`) stands for t
 \frac{3}{4}$` -> `\frac{3}{4}`, `$\sqrt{2}$` -> `\sqrt{2}`), when math-verify can read it. What the rule cannot tell
 apart: a conclusion whose answer comes after a number the clause only mentions, with neither a link nor a preposition
 to tell them apart ("So 3 boxes fill 42 jars" reads 3); box the answer or state it ("the answer is 42") to be read
-right every time.
-
-Whether it equals a reference is numbers.py's `answers_match`.
+right every time. Whether it equals a reference is numbers.py's `answers_match`.
 
 Importing this module must not import math-verify (`grpo validate` stays fast).
 """
@@ -114,9 +112,6 @@ _PERCENT = re.compile(r"\s?(?:\\?%|percent\b)", flags=re.IGNORECASE)
 _HALF_OF_DAY = re.compile(r"\s?([ap])\.?\s?m\b\.?", flags=re.IGNORECASE)
 _CLOSING_PARAGRAPH = re.compile(r"\n[ \t]*\n(?:(?!\n[ \t]*\n)[^\d=$\\])*[.!?)*]\s*$")  # the last, ending a sentence
 _BREAKDOWN = re.compile(r"\s*\$?\d")  # after a colon, a breakdown's parts: "21 marbles: 5 red, 7 blue and 9 green"
-
-
-# --------------------------------------------------------------------------- answer extraction
 
 
 def _number_text(found: str) -> str:
@@ -328,11 +323,14 @@ def _converts(text: str, start: int, remark: re.Match, last: re.Match | Spelled)
     return share and not _PERCENT.match(text, last.end()) and "/" not in last.group()
 
 
-def without_closing_comment(text: str, paragraphs: bool = False) -> str:
+def without_closing_comment(text: str, paragraphs: bool = False, notes: str = "") -> str:
     """`text` less the closing sentences that only check or compare what came before (`CLOSING_COMMENT`: "Check: 2(9)
     - 7 = 11.", "That's 9 more than last year."), while a number stays before them; with `paragraphs` (what a number
     answers), also a closing paragraph that holds no number, equation, math or answer phrase ("P.S. This kind of
-    problem is common in exams.")."""
+    problem is common in exams."); with `notes`, first the closing paragraph of notes (`NOTE`: "Note: ...", "P.S.
+    ..."), "always" or "after a number" only (before any number, a note may hold what a number's reading needs)."""
+    if notes and (note := NOTE.search(text)) and (notes == "always" or NUMBER.search(text, 0, note.start())):
+        text = text[: note.start()]
     while True:
         body = text.rstrip()
         if paragraphs and (last := _CLOSING_PARAGRAPH.search(body)) and not ANSWER_PHRASE.search(body, last.start()) \

@@ -30,11 +30,12 @@ grader does, which lets a policy that names two quantities be right on either (n
 
 from __future__ import annotations
 
+import functools
 import re
 
 from grpo_cli.rewards.answers import ANSWER_PHRASE, CORRECTION, NUMBER, as_answer, numbers_in, without_closing_comment
 from grpo_cli.rewards.clauses import (
-    AFTER_PREPOSITION, ASSUMED, CUT_OFF, NAMED, NOTE, sentence_end, sentence_start, without_aside,
+    AFTER_PREPOSITION, ASSUMED, CUT_OFF, NAMED, sentence_end, sentence_start, without_aside,
 )
 from grpo_cli.rewards.marks import marked_answer
 from grpo_cli.rewards.notation import clean_answer
@@ -122,6 +123,7 @@ def stated_results(text: str, tag: str = "answer") -> list[str]:
     return results if len(results) <= MAX_RESULTS else []
 
 
+@functools.lru_cache(maxsize=4096)  # `accuracy` asks it up to four times a completion (hedges, results, ...)
 def _closing_text(text: str, tag: str = "answer") -> str | None:
     """`text` cleaned (`clean_answer`) and ended where its final statement ends: before a closing paragraph of notes
     that follows a number ("Check: ...") and the closing comments and paragraphs answers.py leaves out
@@ -130,10 +132,7 @@ def _closing_text(text: str, tag: str = "answer") -> str | None:
     text = clean_answer(text)
     if marked_answer(text, tag) is not None:
         return None
-    note = NOTE.search(text)
-    if note and NUMBER.search(text, 0, note.start()):
-        text = text[: note.start()]
-    return without_closing_comment(text, paragraphs=True).rstrip()
+    return without_closing_comment(text, paragraphs=True, notes="after a number").rstrip()
 
 
 def _last_statement(text: str) -> tuple[int, int] | None:

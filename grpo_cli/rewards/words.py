@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 
 from grpo_cli.rewards.answers import ANSWER_PHRASE, without_closing_comment
-from grpo_cli.rewards.clauses import CUT_OFF, NEGATED, NOTE, sentence_end, sentence_start
+from grpo_cli.rewards.clauses import CUT_OFF, NEGATED, sentence_end, sentence_start
 from grpo_cli.rewards.marks import marked_answer
 from grpo_cli.rewards.notation import clean_answer
 
@@ -66,7 +66,7 @@ def states_words(completion: str, words: str, tag: str = "answer") -> bool:
     if kind is not None:
         found = _named(text, kind, 0, len(text))
         return bool(found) and found[-1].group().lower() == words
-    body = _before_notes(text)
+    body = without_closing_comment(text, notes="always").rstrip()
     start = sentence_start(body, len(body.rstrip(".!?*")))
     return not _HEDGE.search(body, start) and bool(_named(body, [words], start, len(body)))
 
@@ -75,7 +75,8 @@ def states_choice(completion: str, label: str) -> bool:
     """Whether the last answer phrase of `completion`, or else its final line, opens with the choice's `label` and
     goes on to its value ("The answer is (B) 12.", "B) 12"; not a line of a list of the choices): a reference of one
     letter answered by its label."""
-    text = _before_notes(clean_answer(completion), paragraphs=True)  # "Explanation: ..." is not the final line
+    # "Explanation: ..." is not the final line
+    text = without_closing_comment(clean_answer(completion), paragraphs=True, notes="always").rstrip()
     if phrases := list(ANSWER_PHRASE.finditer(text)):  # "The answer is (B) 12."
         stated = _CHOICE.match(text, phrases[-1].end())
         return stated is not None and stated.group(1).lower() == label.strip().lower()
@@ -83,13 +84,6 @@ def states_choice(completion: str, label: str) -> bool:
     found = [_CHOICE.match(line) for line in lines[-2:]]
     return found[-1] is not None and found[-1].group(1).lower() == label.strip().lower() and (
         len(found) == 1 or found[0] is None)
-
-
-def _before_notes(text: str, paragraphs: bool = False) -> str:
-    """`text` before its closing paragraph of notes ("Note: ...", "P.S. ...") and its closing comments (answers.py's
-    `without_closing_comment`, with or without the closing paragraphs that hold no number)."""
-    note = NOTE.search(text)
-    return without_closing_comment(text[: note.start()] if note else text, paragraphs=paragraphs).rstrip()
 
 
 def _named(text: str, names: tuple[str, ...] | list[str], start: int, end: int) -> list[re.Match]:
