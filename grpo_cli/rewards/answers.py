@@ -24,24 +24,24 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
   4. otherwise the last sentence (or line) with a number states it: its last number, unless that only comments,
      conditions or scopes what the sentence stated. Left out: a closing paragraph that notes, checks, explains ("Note:
      ...", "Check: 30 - 12 = 18") or holds no number, equation or answer phrase ("P.S. ..."), and a closing sentence
-     that checks, compares or supposes ("That's 9 more than last year."), while a number comes before them; the
-     sentence's tail after ", which is", ", i.e.", " - ", "since", "because", "if", "when", "assuming", "given", "after
-     ...ing", "for the/each", "for 6 cakes", "on 20 litres" (a count of things, not money), ", or about", a comparison
-     (", 6 fewer than Amy"), a range (", from 850 to 1,020"), a share (", 24 in each box", ", or 25¢ each", ", 75% of
-     the 28"), a worth (", worth $7"), what is left or described (", with $20 left over"), a value assumed (", using
-     pi = 3.14"), a time from an event (", 55 minutes after it left") or a purpose ("to complete his collection of
-     50"; "to get 48" where a need is stated), unless a ", which is" tail computes what the sentence did not state ("we
-     add 6 and 8, which is 6 + 8 = 14", "add them together, which is 52", "the total is 29 + 24, which is 53"), gives
-     the count a stated share stands for ("40% of them walk, which is 12") or the rate of a quantity in a time ("18 km
-     in 45 minutes, which is 24 km/h"), or an "if" tail goes on to a consequence ("if they share equally each gets 20 /
-     4 = 5"); the time the stated number took, right after it ("$45 in 3 weeks"); a breakdown after a colon that follows
-     a stated number (its parts before a closing parenthesis); a parenthesis that ends the sentence; but a tail's number
-     that is the total of the sentence's stated numbers is the answer ("50 pages, and in 0.4 minutes 10 pages, for 60
-     pages": 60). A last number right after a preposition gives way to a result the sentence links ("3 x $6 = $18 for 3
-     shirts": 18), and to the sentence's last number when it only says where the stated one came from or went to, what
-     it is out of or its rate, or when the stated one is a rate ("$10 back from her $20 bill", "3 of the 12 eggs", "2.5
-     hours at 60 mph", "60 km/h over the 150 km trip"), not where a link ("left with"), "at" or an appositive names it
-     ("gives an average of 84", "1,020, an increase of 170").
+     that checks, compares, supposes or tries another way ("That's 9 more than last year.", "Alternatively, ..."), while
+     a number comes before them; the sentence's tail after ", which is", ", i.e.", " - ", "since", "because", "if",
+     "when", "assuming", "given", "after ...ing", "for the/each", "for 6 cakes", "on 20 litres" (a count of things, not
+     money), ", or about", a comparison (", 6 fewer than Amy"), a range (", from 850 to 1,020"), a share (", 24 in each
+     box", ", or 25¢ each", ", 75% of the 28"), a worth (", worth $7"), what is left or described (", with $20 left
+     over"), a value assumed (", using pi = 3.14"), a time from an event (", 55 minutes after it left") or a purpose
+     ("to complete his collection of 50"; "to get 48" where a need is stated), unless a ", which is" tail computes what
+     the sentence did not state ("we add 6 and 8, which is 6 + 8 = 14", "add them together, which is 52", "the total is
+     29 + 24, which is 53"), gives the count a stated share stands for ("40% of them walk, which is 12") or the rate of
+     a quantity in a time ("18 km in 45 minutes, which is 24 km/h"), or an "if" tail goes on to a consequence ("if they
+     share equally each gets 20 / 4 = 5"); the time the stated number took, right after it ("$45 in 3 weeks"); a
+     breakdown after a colon that follows a stated number (its parts before a closing parenthesis); a parenthesis that
+     ends the sentence; but a tail's number that is the total of the sentence's stated numbers is the answer ("50 pages,
+     and in 0.4 minutes 10 pages, for 60 pages": 60). A last number right after a preposition gives way to a result the
+     sentence links ("3 x $6 = $18 for 3 shirts": 18), and to the sentence's last number when it only says where the
+     stated one came from or went to, what it is out of or its rate, or when the stated one is a rate ("$10 back from
+     her $20 bill", "3 of the 12 eggs", "2.5 hours at 60 mph", "60 km/h over the 150 km trip"), not where a link ("left
+     with"), "at" or an appositive names it ("gives an average of 84", "1,020, an increase of 170").
   5. (`accuracy` only, where nothing is marked or stated by an answer phrase) the other results the final sentence
      states answer too: "Ben pays $36 and Ana pays $48." is right for 36 and 48 (results.py; not with `strict`).
 A completion cut off mid-statement, whose text ends on a link, an article or an operator ("... found by Ava is", "9 × 2

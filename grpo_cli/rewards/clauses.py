@@ -90,11 +90,12 @@ CONSEQUENCE = re.compile(r"(?<!\bif\s)(?<!\bwhen\s)\b(?:then|each|you|we|they|he
                          r"|will\s+(?:get|have|receive|be|pay|need)|has|have|ends?\s+up\s+with|pays?)\b",
                          flags=re.IGNORECASE)
 CONDITION = re.compile(r",?\s(?:if|when|whenever)\b", flags=re.IGNORECASE)
-# a closing sentence that only checks, compares or offers more: "Check: 2(9) - 7 = 11.", "That's 9 more than last
-# year.", "Let me know if you'd like it in seconds (1200 s)."
+# a closing sentence that only checks, compares, tries another way or offers more: "Check: 2(9) - 7 = 11.", "That's
+# 9 more than last year.", "Alternatively, 80 × 3 = 240.", "Let me know if you'd like it in seconds (1200 s)."
 CLOSING_COMMENT = re.compile(
     r"\**(?:(?:let(?:'s|\s+me|\s+us)\s+|to\s+)?(?:check|checking|verify|verifying|verification|double[- ]check"
-    r"|sanity\s+check)\b|(?:that|this|it|which)(?:'s|\s+is|\s+was|\s+means)\s[^.!?\n]*?(?:\b(?:more|less|fewer"
+    r"|sanity\s+check)\b|(?:alternatively|another\s+way)\b"
+    r"|(?:that|this|it|which)(?:'s|\s+is|\s+was|\s+means)\s[^.!?\n]*?(?:\b(?:more|less|fewer"
     r"|higher|lower|greater|smaller|bigger|larger|longer|shorter|older|younger|cheaper|faster|slower|further|farther)"
     r"\s+than|\b(?:twice|times|half)\s+as)\b)|.*[✓✔]\s*$"
     r"|(?:if|had)\b[^.!?\n]*\bwould(?:\s+have|'ve)\b"  # a counterfactual: "If ..., it would have cost $60."

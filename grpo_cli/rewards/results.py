@@ -10,8 +10,9 @@ the completion is also right when the reference equals one of the results its fi
     before it when it is a remark that names another quantity ("The shirt costs $20 on sale. That's a saving of $5!",
     "Width: 7 cm. (Area would be 77 cm².)", "Girls: 140. Boys would then be 100."), and with the variable the
     sentence before it solves last when it computes nothing itself ("a = 10. Oliver is 20.": 10 and 20); a closing
-    block of labelled lines that compute nothing states each line ("- Peter: 100 stamps / - Quinn: 50 stamps"),
-    unless one labels a total ("Subtotal: $360 / Tax: $54 / Total: $414": 414);
+    block of labelled lines that compute nothing states each line ("- Peter: 100 stamps / - Quinn: 50 stamps"), and
+    a labelled sentence after another states both ("Ann: 2 × 9 = 18 stickers. Bo: 9 stickers."), unless one labels
+    a total ("Subtotal: $360 / Tax: $54 / Total: $414": 414);
   - its results are its numbers less the operands ("15 × 10 = 150": 150 only; "1972/12937 = 3/11": 3/11; "50% of
     800 = 400": 400), the coefficients ("16x"), the negated ("not 40") and those right after a preposition ("from
     $10", "of 240"; not a time the sentence states, "after 8 weeks", nor where a link or an appositive names it: "a
@@ -78,6 +79,7 @@ _LISTED = re.compile(r"\$?\s*(?:,|,?\s*and|&)\s*\$?\s*(?:(\w+)\s*(?:=|is|are)\s*
 # completion states each (`_labelled_block`) unless one labels a total
 _LABELLED = re.compile(r"[ \t]*(?:[-*•][ \t]+)?([A-Za-z][A-Za-z' ]{0,30}?)[ \t]*:[ \t]*\$?(-?\d[\d,]*(?:\.\d+)?)"
                        r"[^\d\n=+*/×÷<>]{0,25}")
+_LABEL = re.compile(r"[ \t]*(?:[-*•][ \t]+)?([A-Za-z][A-Za-z' ]{0,30}?)[ \t]*:")  # "Sam:", "- Tom:"
 _TOTAL_LABEL = re.compile(r"\b(?:total|sum|answer|result|altogether|overall|final)\b", flags=re.IGNORECASE)
 _NAME = re.compile(r"(\w+)\s*(?:=|is|are)\s*\$?$", flags=re.IGNORECASE)
 # ... and the list's last item ends its clause, with no more than a unit after it ("... and 34.", "... and 12, so");
@@ -101,6 +103,9 @@ def stated_results(text: str, tag: str = "answer") -> list[str]:
     before = sentence_start(text, len(text[:start].rstrip()) - 1) if start else 0  # the sentence or line before
     if start and _NAMING_REMARK.match(text, start) and NUMBER.search(text, before, start):
         start = before  # "... costs $20 on sale. That's a saving of $5!": one statement
+    elif start and (line := _LABELLED.fullmatch(text, start, end)) and (prior := _LABEL.match(text, before, start)) \
+            and not _TOTAL_LABEL.search(f"{prior.group(1)} {line.group(1)}"):
+        start = before  # "Sam: 3 × 12 = 36 marbles. Tom: 12 marbles.": a labelled result after another
     if _HEDGE.search(text, start, end) or CORRECTION.search(text, start, end):
         return []
     plain = start and "=" not in text[start:end]  # a final statement that computes nothing

@@ -596,6 +596,10 @@ CLOSING_COMMENTS = rows(
     ("5/5 is 75 L. The full capacity is 75 litres. (The tank still needs 30 L to be full.)", "75", 1.0),  # an aside
     ("5/5 is 75 L. The full capacity is 75 litres. (The tank still needs 30 L to be full.)", "30", 0.0),
     ("It costs $40 (tax included).", "40", 1.0),
+    ("y = 4\n\nAlternatively, we might guess y = 5, which gives 17.", "4", 1.0),  # another way, after the answer
+    ("So the speed is 80 km/h. Alternatively, 80 × 3 = 240 km checks it.", "80", 1.0),
+    ("The area is 60 cm². Another way to see it: 6 rows of 10 squares.", "60", 1.0),
+    ("Alternatively, x = 7.", "7", 1.0),  # ... where none comes before, it states the answer
     ("She runs 35 km a week. That's 10 km more than her brother.", "35", 1.0),
     ("The tower is 120 m tall. This is twice as tall as the church.", "120", 1.0),
     ("So x = 9. Check: 2(9) - 7 = 11. ✓", "9", 1.0),
@@ -970,6 +974,11 @@ RESULTS = rows(
     ("- Peter: 100 stamps\n- Quinn: 50 stamps", "100", 1.0),  # a closing block of labelled lines states each
     ("- Peter: 100 stamps\n- Quinn: 50 stamps", "150", 0.0),
     ("x = 12, so 3x = 36.\n\nJerry: 12 marbles\nTom: 36 marbles", "12", 1.0),
+    ("a + 2a = 27, a = 9. Ann: 2 × 9 = 18 stickers. Bo: 9 stickers.", "18", 1.0),  # labelled sentences, each
+    ("a + 2a = 27, a = 9. Ann: 2 × 9 = 18 stickers. Bo: 9 stickers.", "27", 0.0),
+    ("Cost: $7.35. Change: $2.65.", "7.35", 1.0),
+    ("Subtotal: $40. Total: $46.", "40", 0.0),
+    ("She ran 5 km. Ben: 3 km.", "5", 0.0),  # a sentence without a label is no labelled result
     ("Subtotal: $360\nTax: $54\nTotal: $414", "360", 0.0),  # ... unless a line labels the total
     ("Subtotal: $360\nTax: $54\nTotal: $414", "414", 1.0),
     ("1. Total boxes: 144 / 12 = 12\n2. Sold: 9\n3. Remaining: 12 - 9 = 3", "9", 0.0),  # steps compute
