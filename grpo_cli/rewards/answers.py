@@ -13,14 +13,14 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      wrong." is 42); a stated choice or expression in plain text is taken whole ("The answer is (C).", "So the answer
      is 2x + 3.");
   3. concluded: in the last sentence that holds a number, the clause from its last conclusion word ("so", "thus",
-     "therefore", "hence", "in total", "altogether", "overall"; not "so far", "so that") gives the number after its
-     last result link (=, is, are, equals, gives, makes, yields, has, costs, pays, leaves, ... "So 5 apples and 3
-     apples make 8": 8), or its first number when it has none ("so 42 marbles fit in 6 jars": 42), unless one is a
-     total ("so 6 more days: 16 days in total": 16); numbers right after a preposition ("in 6 jars", "after 2 hours",
-     "more than 40") are passed over while the clause has others, and a trailing remark (", which is ...", "(since
-     ...)") is left out; a last sentence that ends in an equation for an expression gives the expression ("The line is
-     y = 3x - 4."); a conclusion before the sentence's last semicolon concludes its clause only, where the clause
-     after it holds a number ("so 1 part = 70 g; you need 2 parts: 140 g" goes to rule 4);
+     "therefore", "hence", "in total", "altogether", "overall"; not "so far", "so that") gives the number after its last
+     result link (=, is, are, equals, gives, makes, yields, has, costs, pays, leaves, ... "So 5 apples and 3 apples make
+     8": 8), or its first number when it has none ("so 42 marbles fit in 6 jars": 42), unless one is a total ("so 6 more
+     days: 16 days in total": 16); numbers right after a preposition ("in 6 jars", "after 2 hours", "more than 40") are
+     passed over while the clause has others, and a trailing remark (", which is ...", "(since ...)") is left out; a
+     last sentence that ends in an expression after "=" or a link gives it ("The line is y = 3x - 4.", "leaves 2x + 2");
+     a conclusion before the sentence's last semicolon concludes its clause only, where the clause after it holds a
+     number ("so 1 part = 70 g; you need 2 parts: 140 g" goes to rule 4);
   4. otherwise the last sentence (or line) with a number states it: its last number, unless that only comments,
      conditions or scopes what the sentence stated. Left out: a closing paragraph that notes, checks, explains ("Note:
      ...", "Check: 30 - 12 = 18") or holds no number, equation or answer phrase ("P.S. ..."), and a closing sentence
@@ -103,6 +103,7 @@ _CONCLUSION = re.compile(
 _MATH_SPAN = re.compile(
     r"\$\$(.+?)\$\$|\\\((.+?)\\\)|\\\[(.+?)\\\]|(?<![\\$])\$(?![\s$])([^$]+?)(?<![\s\\])\$(?!\d)", flags=re.DOTALL
 )
+_ALGEBRA = re.compile(r"\d[A-Za-z]\b|\b[A-Za-z]\s*[-+*^]|[-+*^]\s*\(?[A-Za-z]\b")  # "2x", "x^2", "a + b"; not "6 m"
 _EXPRESSION = re.compile(r"[\w\s\\{}()\[\]^+\-*/=.,']+")  # what a stated expression is made of
 _TEXT_CMD = re.compile(r"\\(?:text|mathrm|textbf|mbox)\s*\{[^{}]*\}")
 _JUST_STATED = re.compile(r"(?<!\bthe\s)(?<!\bthe\s\$)\b\d[\d.,]*\s*%?(?:\s+[\w-]+){0,2}\s*$", flags=re.IGNORECASE)
@@ -220,9 +221,10 @@ def _stated_answer(text: str) -> str | None:
     if not digits:
         return None
     body = text.rstrip()
-    equation = body.rfind("=", sentence_start(body, len(body.rstrip(".!?*"))))
-    if equation >= 0 and (expression := _stated_expression(body, equation + 1)) is not None:
-        return expression  # a sentence that ends in an equation for an expression: "The line is y = 3x - 4."
+    links = list(LINK.finditer(body, sentence_start(body, len(body.rstrip(".!?*")))))  # the final sentence's links
+    if links and (expression := _stated_expression(body, links[-1].end())) is not None and (
+            links[-1].group() == "=" or _ALGEBRA.search(expression)):  # "The line is y = 3x - 4.", "... leaves 2x + 2."
+        return expression  # a sentence that ends in an expression it states
     start = sentence_start(text, digits[-1].start())
     end = sentence_end(text, digits[-1].end())
     clause = text.rfind(";", start, end) + 1 or start  # the sentence's last clause

@@ -13,11 +13,11 @@ the completion is also right when the reference equals one of the results its fi
     block of labelled lines that compute nothing states each line ("- Peter: 100 stamps / - Quinn: 50 stamps"), and
     a labelled sentence after another states both ("Ann: 2 × 9 = 18 stickers. Bo: 9 stickers."), unless one labels
     a total ("Subtotal: $360 / Tax: $54 / Total: $414": 414);
-  - its results are its numbers less the operands ("15 × 10 = 150": 150 only; "1972/12937 = 3/11": 3/11; "50% of
-    800 = 400": 400), the coefficients ("16x"), the negated ("not 40") and those right after a preposition ("from
-    $10", "of 240"; not a time the sentence states, "after 8 weeks", nor where a link or an appositive names it: "a
-    saving of $20") or listed with one that is ("the sum of 12 and 15"), unless the sentence has nothing else ("It
-    fills in 16 minutes at 15 L/min.": both);
+  - its results are its numbers less the operands ("15 × 10 = 150": 150 only; "1972/12937 = 3/11": 3/11; "50% of 800 =
+    400": 400; "up by 18, which is 30% of 60": 18 and 30), the coefficients ("16x"), the negated ("not 40") and those
+    right after a preposition ("from $10", "of 240"; not a time the sentence states, "after 8 weeks", nor where a link
+    or an appositive names it: "a saving of $20") or listed with one that is ("the sum of 12 and 15"), unless the
+    sentence has nothing else ("It fills in 16 minutes at 15 L/min.": both);
   - numbers with only "and" or a comma between them, the last ending its clause, are a list of candidates, not
     results ("The solutions are x = 3 and x = -2", "32, 33 and 34"; not "$27 in June, and $117 over the year");
   - a condition, a cause or an earlier act after a stated number is a premise ("10 legs if you have 10 shrimps and 13
@@ -36,7 +36,7 @@ import re
 
 from grpo_cli.rewards.answers import ANSWER_PHRASE, CORRECTION, NUMBER, as_answer, numbers_in, without_closing_comment
 from grpo_cli.rewards.clauses import (
-    AFTER_PREPOSITION, ASSUMED, CUT_OFF, NAMED, sentence_end, sentence_start, without_aside,
+    AFTER_PREPOSITION, ASSUMED, COMPUTES, CUT_OFF, NAMED, sentence_end, sentence_start, without_aside,
 )
 from grpo_cli.rewards.marks import marked_answer
 from grpo_cli.rewards.notation import clean_answer
@@ -69,6 +69,7 @@ _OPERATOR_AFTER = re.compile(r"\s*(?:[-+*/×÷·^]|\\(?:times|cdot|div|frac)\b|x
 # a share of a number is an operand too: "50% of 800 = 400", "3/4 of 12 is 9"
 _PERCENT_OF = re.compile(r"\s?(?:\\?%|percent\b)\s*of\s+\$?\s*\d", flags=re.IGNORECASE)
 _OF_NUMBER = re.compile(r"\s+of\s+\$?\s*\d", flags=re.IGNORECASE)
+_RESTATED = re.compile(r"(?:,\s*(?:which|that)\s+(?:is|was)|,\s*i\.e\.,?)\s*$", flags=re.IGNORECASE)
 # a variable solved at the end of the sentence before a plain final statement: "a = 10. Oliver is 20."
 _SOLVED = re.compile(r"(?<![\w^])[A-Za-z]\s*=\s*\$?(-?\d[\d,]*(?:\.\d+)?(?:/\d+)?)\$?\s*[.;!]?\s*$")
 _OPERATOR_BEFORE = re.compile(r"(?:[-+*/×÷·^]|\\(?:times|cdot|div|frac)|\bx)\s*\$?$")
@@ -188,9 +189,13 @@ def _listed(text: str, start: int, a: re.Match, b: re.Match) -> bool:
 
 
 def _share(text: str, m: re.Match) -> bool:
-    """Whether `m` is a percent or a fraction of a number that follows it ("50% of 800", "3/4 of 12")."""
+    """Whether `m` is a percent or a fraction of a number that follows it ("50% of 800", "3/4 of 12"), an operand;
+    not where it restates a stated number and nothing computes after it ("up by 10, which is 25% of 40": 25)."""
     fraction = "/" in m.group() or "frac" in m.group()
-    return bool(_PERCENT_OF.match(text, m.end()) or fraction and _OF_NUMBER.match(text, m.end()))
+    if (of := _PERCENT_OF.match(text, m.end()) or (_OF_NUMBER.match(text, m.end()) if fraction else None)) is None:
+        return False
+    return not (_RESTATED.search(text, max(0, m.start() - 16), m.start())
+                and not COMPUTES.search(text, of.end(), sentence_end(text, of.end())))
 
 
 # a decrease stated by its size: "decreased by 15%", "a loss of $15,000", "overdrawn by $25", "down 7 points"

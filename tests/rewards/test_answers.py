@@ -544,6 +544,11 @@ CHANCES_AND_EQUATIONS = rows(
     ("The probability is 3 out of 8.", "3/8", 1.0),
     ("7 out of 20 balls are green.", "7", 1.0),  # a count
     ("The line is y = 3x - 4.", "3x - 4", 1.0),
+    ("Expanding gives 3x + 9, and subtracting 5 leaves 3x + 4.", "3x + 4", 1.0),  # an expression after a link
+    ("Expanding gives 3x + 9, and subtracting 5 leaves 3x + 4.", "4", 0.0),
+    ("Factoring gives (x - 2)(x + 3).", "(x - 2)(x + 3)", 1.0),
+    ("The rope is 6 m.", "6", 1.0),  # a unit is no expression
+    ("The speed is 6 m/s.", "6", 1.0),
     ("So f(x) = 2x + 1.", "2x + 1", 1.0),
     ("So y = 11.", "11", 1.0),
     ("Solving gives 2x = 18, so x = 9.", "9", 1.0),
@@ -983,6 +988,10 @@ RESULTS = rows(
     ("Subtotal: $360\nTax: $54\nTotal: $414", "414", 1.0),
     ("1. Total boxes: 144 / 12 = 12\n2. Sold: 9\n3. Remaining: 12 - 9 = 3", "9", 0.0),  # steps compute
     ("50% of 800 = 400", "50", 0.0),  # a share of a number is an operand
+    ("The total rose by 18, which is 30 percent of 60.", "30", 1.0),  # ... unless it restates a stated number
+    ("The total rose by 18, which is 30 percent of 60.", "60", 0.0),
+    ("The bill rose by $6, i.e. 20% of $30.", "20", 1.0),
+    ("He saved $12, which is 3/4 of 16 = 12.", "3/4", 0.0),
     ("50% of 800 = 400", "400", 1.0),
     ("So 3/4 of 12 is 9.", "3/4", 0.0),
     ("40% of the class are boys.", "40", 1.0),
