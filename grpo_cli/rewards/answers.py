@@ -13,14 +13,14 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      wrong." is 42); a stated choice or expression in plain text is taken whole ("The answer is (C).", "So the answer
      is 2x + 3.");
   3. concluded: in the last sentence that holds a number, the clause from its last conclusion word ("so", "thus",
-     "therefore", "hence", "in total", "altogether", "overall"; not "so far", "so that") gives the number after its last
-     result link (=, is, are, equals, gives, makes, yields, has, costs, pays, leaves, ... "So 5 apples and 3 apples make
-     8": 8), or its first number when it has none ("so 42 marbles fit in 6 jars": 42), unless one is a total ("so 6 more
-     days: 16 days in total": 16); numbers right after a preposition ("in 6 jars", "after 2 hours", "more than 40") are
-     passed over while the clause has others, and a trailing remark (", which is ...", "(since ...)") is left out; a
-     last sentence that ends in an expression after "=" or a link gives it ("The line is y = 3x - 4.", "leaves 2x + 2");
-     a conclusion before the sentence's last semicolon concludes its clause only, where the clause after it holds a
-     number ("so 1 part = 70 g; you need 2 parts: 140 g" goes to rule 4);
+     "therefore", "hence", "in total", "altogether", "overall", "yes,"; not "so far", "so that") gives the number after
+     its last result link (=, is, are, equals, gives, makes, yields, has, costs, pays, leaves, ... "So 5 apples and 3
+     apples make 8": 8), or its first number when it has none ("so 42 marbles fit in 6 jars": 42), unless one is a total
+     ("so 6 more days: 16 days in total": 16); numbers right after a preposition ("in 6 jars", "after 2 hours", "more
+     than 40") are passed over while the clause has others, and a trailing remark (", which is ...", "(since ...)") is
+     left out; a last sentence that ends in an expression after "=" or a link gives it ("The line is y = 3x - 4.",
+     "leaves 2x + 2"); a conclusion before the sentence's last semicolon concludes its clause only, where the clause
+     after it holds a number ("so 1 part = 70 g; you need 2 parts: 140 g" goes to rule 4);
   4. otherwise the last sentence (or line) with a number states it: its last number, unless that only comments,
      conditions or scopes what the sentence stated. Left out: a closing paragraph that notes, checks, explains ("Note:
      ...", "Check: 30 - 12 = 18") or holds no number, equation or answer phrase ("P.S. ..."), and a closing sentence
@@ -47,15 +47,15 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
 A completion cut off mid-statement, whose text ends on a link, an article or an operator ("... found by Ava is", "9 × 2
 =": a rollout stopped at its max_completion_length), is read by rules 1 and 2 only: what it was about to state is not
 its last number.
-A number is an integer, a decimal, scientific notation ("3.2e4", `3.2 \times 10^{4}`), a fraction ("3/4",
-`\frac{3}{4}`, `\dfrac34`), a mixed number ("3 3/4"), a time or a ratio ("11:30", "3:4"), not an ordinal ("4th") or a
-power's exponent; in rules 2 and 3, after a result link, and in a completion without digits, also the number words
+A number is an integer, a decimal, scientific notation ("3.2e4", `3.2 \times 10^{4}`), a fraction ("3/4", `\frac{3}{4}`,
+`\dfrac34`), a mixed number ("3 3/4"), a time or a ratio ("11:30", "3:4"), millions ("1.26M"), not an ordinal ("4th") or
+a power's exponent; in rules 2 and 3, after a result link, and in a completion without digits, also the number words
 `clean_answer` leaves as words (a lone "one", "two", "zero"); a compound quantity ("2 hours and 30 minutes") is one
 answer; a number inside a math span (`$...$`, `\(...\)`, `\[...\]`) stands for the span's final expression (`$p =
 \frac{3}{4}$` -> `\frac{3}{4}`, `$\sqrt{2}$` -> `\sqrt{2}`), when math-verify can read it. What the rule cannot tell
-apart: a conclusion whose answer comes after a number the clause only mentions, with neither a link nor a preposition
-to tell them apart ("So 3 boxes fill 42 jars" reads 3); box the answer or state it ("the answer is 42") to be read
-right every time. Whether it equals a reference is numbers.py's `answers_match`.
+apart: a conclusion whose answer comes after a number the clause only mentions, with neither a link nor a preposition to
+tell them apart ("So 3 boxes fill 42 jars" reads 3); box the answer or state it ("the answer is 42") to be read right
+every time. Whether it equals a reference is numbers.py's `answers_match`.
 
 Importing this module must not import math-verify (`grpo validate` stays fast).
 """
@@ -96,7 +96,7 @@ CORRECTION = re.compile(
 )
 _CONCLUSION = re.compile(
     r"(?:^|(?<=[.!?;:,\n])|(?<=[.!?;:,]\s)|(?<=\band\s))\s*(?:so|thus|therefore|hence|in\s+total|altogether"
-    r"|overall|in\s+all)\b(?!\s+(?:far|that|on|much|many)\b)", flags=re.IGNORECASE,
+    r"|overall|in\s+all|yes(?=\s*,))\b(?!\s+(?:far|that|on|much|many)\b)", flags=re.IGNORECASE,
 )
 # Math spans; a lone `$` is a math delimiter only as in pandoc: no space inside it, no digit after
 # the closing one, so "costs $5 and $7" holds no span.
@@ -117,11 +117,6 @@ _BREAKDOWN = re.compile(r"\s*\$?\d")  # after a colon, a breakdown's parts: "21 
 
 def _number_text(found: str) -> str:
     return found if "frac" in found else found.replace(",", "")
-
-
-def _last_number(text: str) -> str | None:
-    found = NUMBER.findall(text)
-    return _number_text(found[-1]) if found else None
 
 
 def _final_expression(span: str) -> str:
@@ -158,7 +153,8 @@ def as_answer(text: str, m: re.Match) -> str:
                 return expression
     if re.fullmatch(r"\d{1,2}(?::[0-5]\d)?", m.group()) and (half := _HALF_OF_DAY.match(text, m.end())):
         return f"{m.group()} {half.group(1).upper()}M"  # "4:05 p.m.", "4 pm": the half of the day is the answer's
-    return _number_text(m.group()) + ("%" if _PERCENT.match(text, m.end()) else "")
+    return _number_text(m.group()) + ("%" if _PERCENT.match(text, m.end()) else "M" if text.startswith("M", m.end())
+                                      and not text[m.end() + 1: m.end() + 2].isalnum() else "")  # "1.26M people"
 
 
 def numbers_in(text: str, start: int, end: int, words: bool) -> list[re.Match | Spelled]:
@@ -362,7 +358,7 @@ EXTRACTORS: dict[str, Callable[[str, str], str | None]] = {
     "boxed": lambda text, tag: last_boxed(text),
     "tag": lambda text, tag: last_tag(text, tag),
     "gsm8k": lambda text, tag: after_hashes(text),
-    "last_number": lambda text, tag: _last_number(text),
+    "last_number": lambda text, tag: next((_number_text(n) for n in reversed(NUMBER.findall(text))), None),
 }
 EXTRACT_MODES = tuple(EXTRACTORS)
 

@@ -34,7 +34,7 @@ In this order (dashes first: U+2212 minus, U+2013 en dash, U+2012, U+2010/2011, 
   ratios    "N to M" after a result link, ending its sentence: "gives 3 to 4." -> 3:4 ("from 3 to 4" stays); "N to M"
             and "N : M" in a sentence that speaks of a ratio: "the ratio is 2 : 5" -> 2:5
   odds      "N out of M" or "N in M" where the sentence speaks of a chance, probability, odds, fraction or proportion
-            -> N/M ("the chance is 7 out of 20" -> 7/20, "a 1 in 4 chance" -> 1/4; "7 out of 20 balls are green"
+            -> N/M ("the chance is 7 out of 20" -> 7/20, "one in 6" -> 1/6; "7 out of 20 balls are green"
             stays a count), and as a line of its own ("3 in 10" -> 3/10)
   commas    a decimal comma, one or two digits after it and no number next: "3,5 km" -> 3.5 ("1,234" keeps its comma)
             and thousands grouped by dots before one, or in two groups or more: "1.000,00" -> 1000.00, "1.250.000"
@@ -110,7 +110,7 @@ def _sentence_about(words: str) -> re.Pattern:
 
 # "N out of M" or "N in M" in a sentence that speaks of a chance: the sentence, then the pair
 _CHANCE_SENTENCE = _sentence_about("chance|probability|odds|likelihood|fraction|proportion")
-_OUT_OF = re.compile(r"(?<![\d./])(\d+)\s+(?:out\s+of|in)\s+(\d+)(?![\d./])")
+_OUT_OF = re.compile(r"(?<![\d./])(\d+|\bone)\s+(?:out\s+of|in)\s+(\d+)(?![\d./])", flags=re.IGNORECASE)
 _OUT_OF_LINE = re.compile(r"^[ \t]*(\d+)[ \t]+(?:out[ \t]+of|in)[ \t]+(\d+)[ \t]*\.?[ \t]*$", flags=re.MULTILINE)
 _DENOMINATORS = {"half": 2, "halves": 2, "third": 3, "quarter": 4, "fourth": 4, "fifth": 5, "sixth": 6, "seventh": 7,
                  "eighth": 8, "ninth": 9, "tenth": 10, "eleventh": 11, "twelfth": 12, "sixteenth": 16, "twentieth": 20,
@@ -183,7 +183,8 @@ def clean_answer(text: str) -> str:
     text = _ONE_UNIT.sub("1 ", text)  # "one dollar and 65 cents": a compound quantity
     text = _RATIO_TO.sub(r"\1 \2:\3", text)  # "Dividing both by 4 gives 3 to 4.": 3:4
     text = _RATIO_SENTENCE.sub(lambda m: _RATIO_PAIR.sub(r"\1:\2", m.group()), text)  # "The ratio is 2 : 5": 2:5
-    text = _CHANCE_SENTENCE.sub(lambda m: _OUT_OF.sub(r"\1/\2", m.group()), text)  # "The chance is 7 out of 20": 7/20
+    text = _CHANCE_SENTENCE.sub(lambda m: _OUT_OF.sub(  # "The chance is 7 out of 20": 7/20; "one in six": 1/6
+        lambda p: f"{1 if p.group(1).lower() == 'one' else p.group(1)}/{p.group(2)}", m.group()), text)
     text = _OUT_OF_LINE.sub(r"\1/\2", text)  # "3 in 10" as a line of its own: 3/10
     text = _DOTTED.sub(lambda m: m.group(1).replace(".", "") + (f".{m.group(2)}" if m.group(2) else ""), text)
     text = _DECIMAL_COMMA.sub(r"\1.\2", text)  # "3,5 km" -> 3.5 (a thousands comma has three digits after it)

@@ -195,6 +195,9 @@ def _unit_registry():
         _UNITS = pint.UnitRegistry()
         _UNITS.define("dollar = [currency] = _ = dollars = usd")
         _UNITS.define("cent = dollar / 100 = _ = cents")
+        for name in ("euro = dollar = _ = euros = eur", "rupee = dollar = _ = rupees", "penny = cent = _ = pence",
+                     "paisa = cent = _ = paise"):  # one currency's parts: "57 euros and 75 cents" is 57.75
+            _UNITS.define(name)
     return _UNITS
 
 
@@ -219,6 +222,20 @@ def quantity_values(text: str) -> list[Fraction] | None:
     except (pint.errors.PintError, AttributeError, ValueError, TypeError):  # no unit, or units of different kinds
         return None
     return [Fraction(v).limit_denominator(10**6) for v in values]
+
+
+def same_quantity(a: str, b: str) -> bool:
+    """Whether two numbers with units are one quantity in two units ("4000 m" and "4 km"; not "4 m" and "4 km", nor
+    "3 apples" and "3 apples": a unit pint does not know)."""
+    import pint
+
+    units = _unit_registry()
+    try:
+        x, y = (units.Quantity(float(v), units.parse_units(u))
+                for v, u in (re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*", t).groups() for t in (a, b)))
+        return x.units != y.units and math.isclose(x.to(y.units).magnitude, y.magnitude, rel_tol=1e-6)
+    except (pint.errors.PintError, AttributeError, ValueError, TypeError):
+        return False
 
 
 # --------------------------------------------------------------------------- equivalence

@@ -23,7 +23,8 @@ the completion is also right when the reference equals one of the results its fi
   - a condition, a cause or an earlier act after a stated number is a premise ("10 legs if you have 10 shrimps and 13
     crabs": 10; "35 after buying 15": 35), and so is a value it assumes ("314, using π = 3.14": 314);
   - a sentence that hedges, corrects or goes on to another value states none ("24, or maybe 26", "it could be 45", "I
-    think", "I mean 4", "I thought 1/2 but it is 0.75", "23, then 24"), and neither does one with more than four
+    think", "I mean 4", "I thought 1/2 but it is 0.75", "23, then 24"; "5400 seconds or 1.5 hours" restates one
+    quantity in two units), and neither does one with more than four
     distinct results, or one that names its answer ("The final answer to 7 + 9 = 16 is 20.": rules 1-4 read it).
 `accuracy(..., strict=True)` reads the one answer `extract_answer` gives and nothing else; the default reads as the
 grader does, which lets a policy that names two quantities be right on either (no more than that: a hedge scores 0).
@@ -40,7 +41,7 @@ from grpo_cli.rewards.clauses import (
 )
 from grpo_cli.rewards.marks import marked_answer
 from grpo_cli.rewards.notation import clean_answer
-from grpo_cli.rewards.numbers import read_number
+from grpo_cli.rewards.numbers import read_number, same_quantity
 
 MAX_RESULTS = 4
 # a closing remark that names another quantity of the sentence before it states that sentence's results too: "The shirt
@@ -57,6 +58,7 @@ _NAMES_ANSWER = re.compile(r"\b(?:the|my|our|final|correct)\s+answer\b", flags=r
 # a sentence that offers candidates or doubts its own answer states no result
 _HEDGE = re.compile(r"\b(?:or|maybe|might|could|perhaps|possibly|probably|either|unsure|not\s+sure|guess|think"
                     r"|thought|between|(?<!would )then|but|instead)\b|\?", flags=re.IGNORECASE)
+_OR_UNITS = re.compile(r"(\d+(?:\.\d+)?\s*[A-Za-z]+)\s*,?\s+or\s+(\d+(?:\.\d+)?\s*[A-Za-z]+)\b")
 # a condition, a cause or an earlier act after a stated number: what follows it is a premise, not a result
 _PREMISE = re.compile(r"\b(?:if|since|because|as|assuming|given|provided|unless|when|whenever"
                       r"|(?:after|before|once|while)\s+\w+ing)\b", flags=re.IGNORECASE)
@@ -79,7 +81,7 @@ _LISTED = re.compile(r"\$?\s*(?:,|,?\s*and|&)\s*\$?\s*(?:(\w+)\s*(?:=|is|are)\s*
 # a line that labels one quantity and computes nothing ("- Peter: 100 stamps", "Quinn: 50"); a block of them closing a
 # completion states each (`_labelled_block`) unless one labels a total
 _LABELLED = re.compile(r"[ \t]*(?:[-*•][ \t]+)?([A-Za-z][A-Za-z' ]{0,30}?)[ \t]*:[ \t]*\$?(-?\d[\d,]*(?:\.\d+)?)"
-                       r"[^\d\n=+*/×÷<>]{0,25}")
+                       r"(?:[^\d\n=+*/×÷<>]|\^\{?[23]\}?){0,25}")  # "Area: 144 cm^{2}"
 _LABEL = re.compile(r"[ \t]*(?:[-*•][ \t]+)?([A-Za-z][A-Za-z' ]{0,30}?)[ \t]*:")  # "Sam:", "- Tom:"
 _TOTAL_LABEL = re.compile(r"\b(?:total|sum|answer|result|altogether|overall|final)\b", flags=re.IGNORECASE)
 _NAME = re.compile(r"(\w+)\s*(?:=|is|are)\s*\$?$", flags=re.IGNORECASE)
@@ -107,7 +109,7 @@ def stated_results(text: str, tag: str = "answer") -> list[str]:
     elif start and (line := _LABELLED.fullmatch(text, start, end)) and (prior := _LABEL.match(text, before, start)) \
             and not _TOTAL_LABEL.search(f"{prior.group(1)} {line.group(1)}"):
         start = before  # "Sam: 3 × 12 = 36 marbles. Tom: 12 marbles.": a labelled result after another
-    if _HEDGE.search(text, start, end) or CORRECTION.search(text, start, end):
+    if _hedged(text, start, end) or CORRECTION.search(text, start, end):
         return []
     plain = start and "=" not in text[start:end]  # a final statement that computes nothing
     solved = _SOLVED.search(text, sentence_start(text, start - 1), start) if plain else None
@@ -186,6 +188,13 @@ def _listed(text: str, start: int, a: re.Match, b: re.Match) -> bool:
         return True
     name = _NAME.search(text, start, a.start())
     return name is not None and name.group(1).lower() == between.group(1).lower()
+
+
+def _hedged(text: str, start: int, end: int) -> bool:
+    """Whether text[start:end] hedges (`_HEDGE`), an "or" between one quantity in two units aside ("400000 cm, which is
+    4000 m or 4 km" restates; "24 or 26" hedges)."""
+    restated = [m.span() for m in _OR_UNITS.finditer(text, start, end) if same_quantity(m.group(1), m.group(2))]
+    return any(not any(a <= h.start() < b for a, b in restated) for h in _HEDGE.finditer(text, start, end))
 
 
 def _share(text: str, m: re.Match) -> bool:

@@ -181,6 +181,8 @@ STATED = rows(
     ("Thus the total is 42, which is 2 more than 40.", "42", 1.0),
     ("In total, 6 jars hold 42 marbles.", "42", 1.0),  # a link ("hold") says which number is the result
     ("So 5 apples and 3 apples make 8 apples.", "8", 1.0),
+    ("20 + 8 = 28 wheels. Hmm, wait: bikes have 2 wheels, so 4 × 2 = 8, and yes, 28.", "28", 1.0),  # "yes,"
+    ("20 + 8 = 28 wheels. Hmm, wait: bikes have 2 wheels, so 4 × 2 = 8, and yes, 28.", "8", 0.0),
     ("So far we have 3 apples; adding 5 gives 8.", "8", 1.0),  # "so far" is no conclusion
     ("Let's find the answer: first, 3 + 4 = 7, then 7 * 2 = 14.", "14", 1.0),  # the statement's result
     ("The answer is 7 because 3 + 5 = 8 minus 1.", "7", 1.0),
@@ -440,6 +442,8 @@ COMPOUND_QUANTITIES = rows(  # two numbers with units of one kind are one answer
     ("Each glass holds a quarter litre, 250 millilitres.", "250", 1.0),  # a fraction's unit starts no compound
     ("Each glass holds 3/4 litre, 750 mL.", "750", 1.0),
     ("The remaining amount is 18 dollars and 50 cents.", "18.5", 1.0),
+    ("That comes to 12 euros and 40 cents.", "12.40", 1.0),  # a currency and its cents
+    ("It costs 250 rupees and 50 paise.", "250.5", 1.0),
     ("Her change was one dollar and sixty-five cents.", "1.65", 1.0),  # a lone "one" that starts a compound quantity
     ("It took one hour and 20 minutes.", "80", 1.0),
     ("The times are 2 hours, 3 hours and 4 hours.", "4", 1.0),  # a list, not one quantity
@@ -541,6 +545,8 @@ SCOPES = rows(
 # "N out of M" is a fraction where a chance is spoken of; a sentence that ends in an equation for an expression
 CHANCES_AND_EQUATIONS = rows(
     ("The chance of drawing a green ball is 7 out of 20.", "7/20", 1.0),
+    ("So the chance of drawing a king is one in 13.", "1/13", 1.0),  # "one" in a chance
+    ("So the probability is one in four.", "1/4", 1.0),
     ("The probability is 3 out of 8.", "3/8", 1.0),
     ("7 out of 20 balls are green.", "7", 1.0),  # a count
     ("The line is y = 3x - 4.", "3x - 4", 1.0),
@@ -633,6 +639,8 @@ NAMED_SCOPES_EACH = rows(
     (r"She came third: \boxed{4}", "3", 0.0),  # a marked answer is the only one
     ("2.5M + 0.25M = 2.75M", "2750000", 1.0),  # a capital M: millions, or a unit's M
     ("2.5M + 0.25M = 2.75M", "2.75", 1.0),
+    ("The city now has 2.4M residents.", "2400000", 1.0),  # ... before a noun
+    ("The city now has 2.4M residents.", "2.4", 1.0),
     ("The population is 2.75m.", "2750000", 0.0),  # a small m is metres
     ("All five sides are 7 cm, for a perimeter of 35 cm.", "35", 1.0),  # "for a <name> of" names a result too
     ("The class has 28 students; 7 of them walk.", "7", 1.0),  # a number of a group, not named: unchanged
@@ -983,6 +991,10 @@ RESULTS = rows(
     ("a + 2a = 27, a = 9. Ann: 2 × 9 = 18 stickers. Bo: 9 stickers.", "27", 0.0),
     ("Cost: $7.35. Change: $2.65.", "7.35", 1.0),
     ("Subtotal: $40. Total: $46.", "40", 0.0),
+    ("Length: 9 m. Area: 81 m².", "9", 1.0),  # a unit's power is no computation
+    ("The film lasts 90 minutes, which is 5400 seconds or 1.5 hours.", "1.5", 1.0),  # one quantity in two units
+    ("It is 24 m or 26 m.", "24", 0.0),  # ... not two
+    ("It is 24 m or 26 km.", "24", 0.0),
     ("She ran 5 km. Ben: 3 km.", "5", 0.0),  # a sentence without a label is no labelled result
     ("Subtotal: $360\nTax: $54\nTotal: $414", "360", 0.0),  # ... unless a line labels the total
     ("Subtotal: $360\nTax: $54\nTotal: $414", "414", 1.0),
