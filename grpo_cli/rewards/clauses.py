@@ -118,8 +118,8 @@ LINK_BEFORE = re.compile(r"(?:=|\b(?:is|are|was|were|equals?|makes?|gives?|comes
 NOTE = re.compile(r"\n\s*\n\s*\(?\**(?:(?:note|check|verification|verify|double[- ]check|sanity check|remark"
                   r"|explanation|reasoning|justification)\b|p\.\s?s\.)(?!.*\n\s*\n)", flags=re.IGNORECASE | re.DOTALL)
 # a text that ends mid-statement, on a link, an article or an operator: cut off before its answer ("... Ava is")
-CUT_OFF = re.compile(r"(?:\b(?:is|are|was|were|be|equals|gives?|makes?|of|the|(?-i:a)|an|and|to)|[=+*/×÷(-])\s*$",
-                     flags=re.IGNORECASE)  # not a label ("station A") nor "are equal"
+CUT_OFF = re.compile(r"(?:(?<!\d\sit\s)\b(?:is|are|was|were|be|equals|gives?|makes?|of|the|(?-i:a)|an|and|to)"
+                     r"|[=+*/×÷(-])\s*$", flags=re.IGNORECASE)  # not a label ("station A"), "are equal", "so 29 it is"
 _ASIDE = re.compile(r"\s*\([^()]*\)\s*$")  # a closing parenthesis of its own
 NEGATED = re.compile(r"(?:\bnot|\bnever|n't)\s+(?:\w+\s+)?$", flags=re.IGNORECASE)
 # a sentence ends at ".", "!" or "?" before a space, or at a line's end; not at an abbreviation ("i.e.", "e.g.")

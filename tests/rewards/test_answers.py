@@ -1040,6 +1040,7 @@ FRAMING = rows(
     ("Both trains meet after 2 hours, 120 km from station A", "120", 1.0),  # a label is no article: not cut off
     ("Each side is 9 cm long, since all three sides are equal", "9", 1.0),  # "are equal" is no link
     ("The number of eggs found by Ava is a", "6", 0.0),  # cut off on an article
+    ("Then 4 × 8 = 32, so 32 it is", "32", 1.0),  # "32 it is" ends a statement
     # a closing paragraph that holds no number, equation, math or answer phrase, after a number
     ("He has 54 chairs. That's 9 more than last year.\n\nP.S. This kind of problem is common in exams.", "54", 1.0),
     ("Jerry: 12 marbles\nTom: 36 marbles\n\nIn summary, that is the result.", "12", 1.0),
