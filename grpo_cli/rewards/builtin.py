@@ -36,6 +36,7 @@ from grpo_cli.rewards.marks import reference_text
 from grpo_cli.rewards.numbers import answers_match
 from grpo_cli.rewards.results import hedges, stated_place, stated_results, states_decrease
 from grpo_cli.rewards.steps import token_at
+from grpo_cli.rewards.structured import states_several
 from grpo_cli.rewards.words import states_choice, states_words, word_reference
 
 REWARDS: Registry[Callable[..., list[float | None]]] = Registry("reward")
@@ -56,8 +57,9 @@ def accuracy(
     also right when the reference is one of the results its final sentence states ("Ben pays $36 and Ana pays $48",
     results.py) or a negative reference its final sentence states as a decrease ("a loss of $15,000" for -15000),
     and wrong when that sentence offers a second answer or asks its own ("54, or maybe 56", "so it's 63?"); a
-    reference of words ("Thursday", "Paris") is read as words.py says. No extractable answer scores
-    0.0; a missing reference (None) gives None (no reward for that row).
+    reference of words ("Thursday", "Paris") is read as words.py says, and one of several values, a tuple or a
+    relation ("2, 3", "(5, 7)", "x > 4") as structured.py says. No extractable answer scores 0.0; a missing
+    reference (None) gives None (no reward for that row).
     """
     if answer is None:
         raise ValueError(
@@ -90,6 +92,8 @@ def _right(completion: str, gold: str, predicted: str | None, auto: bool, strict
         return True
     if re.fullmatch(r"[A-Za-z]", gold.strip()) and states_choice(completion, gold):
         return True  # "B) 12"
+    if states_several(completion, gold, tag):
+        return True  # "so x = 2 or x = 3" for "2, 3"; "The midpoint is (5, 7)."; "so x > 4"
     return predicted is None and (place := stated_place(completion, tag)) is not None and answers_match(gold, place)
 
 

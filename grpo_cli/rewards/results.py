@@ -93,12 +93,12 @@ _ITEM_END = re.compile(r"\$?\s*(?:[^\W\d_]+|%|°)?\s*\$?(?:[,;.!?)\n]|$|(?:and|s
 def stated_results(text: str, tag: str = "answer") -> list[str]:
     """The results the final statement of `text` states (the module docstring's rule), cleaned as `extract_answer`'s
     answer is; [] where the completion marks its answer, hedges, or states more than `MAX_RESULTS` results."""
-    text = _closing_text(text, tag)
+    text = closing_text(text, tag)
     if text is None or ANSWER_PHRASE.search(text):
         return []
     if (aside := without_aside(text)) != text and not _NAMING_REMARK.match(text, len(aside)):
         text = aside  # "... is 75 litres. (The tank still needs 30 L to be full.)": an aside, unless it names a result
-    if (last := _last_statement(text)) is None or CUT_OFF.search(text):  # cut off mid-statement: no final statement
+    if (last := last_statement(text)) is None or CUT_OFF.search(text):  # cut off mid-statement: no final statement
         return []
     start, end = last
     if _NAMES_ANSWER.search(text, start, end):  # "The final answer to 7 + 9 = 16 is 20": one answer, named
@@ -132,7 +132,7 @@ def stated_results(text: str, tag: str = "answer") -> list[str]:
 
 
 @functools.lru_cache(maxsize=4096)  # `accuracy` asks it up to four times a completion (hedges, results, ...)
-def _closing_text(text: str, tag: str = "answer") -> str | None:
+def closing_text(text: str, tag: str = "answer") -> str | None:
     """`text` cleaned (`clean_answer`) and ended where its final statement ends: before a closing paragraph of notes
     that follows a number ("Check: ...") and the closing comments and paragraphs answers.py leaves out
     (`without_closing_comment`); None where the completion marks its answer (the mark answers, not a sentence). Every
@@ -143,7 +143,7 @@ def _closing_text(text: str, tag: str = "answer") -> str | None:
     return without_closing_comment(text, paragraphs=True, notes="after a number").rstrip()
 
 
-def _last_statement(text: str) -> tuple[int, int] | None:
+def last_statement(text: str) -> tuple[int, int] | None:
     """Where the last sentence (or line) of `text` with a number begins and ends; None where it has no number."""
     last = None
     for last in NUMBER.finditer(text):
@@ -219,9 +219,9 @@ def states_decrease(text: str, reference: str, tag: str = "answer") -> bool:
     decreased by 15%." for -15, "a loss of $15,000" for -15000): a change asked for as a signed number, answered in
     words. Not where the completion marks its answer or the statement hedges."""
     value = read_number(clean_answer(reference).strip().rstrip("%"))
-    if value is None or value >= 0 or (text := _closing_text(text, tag)) is None:
+    if value is None or value >= 0 or (text := closing_text(text, tag)) is None:
         return False
-    if (last := _last_statement(text)) is None or CUT_OFF.search(text):
+    if (last := last_statement(text)) is None or CUT_OFF.search(text):
         return False
     start, end = last
     return not _HEDGE.search(text, start, end) and any(
@@ -237,8 +237,8 @@ def hedges(text: str, tag: str = "answer") -> bool:
     a second answer or asks its own ("7 × 8 = 54, or maybe 56.", "so it's 63? I'm not sure."): a grader takes neither
     candidate as the answer (a doubt alone does not hedge: "I'm not sure, but it might be 40."). A marked answer never
     hedges."""
-    text = _closing_text(text, tag)
-    last = _last_statement(text) if text is not None else None
+    text = closing_text(text, tag)
+    last = last_statement(text) if text is not None else None
     return last is not None and _UNSURE.search(text, last[0]) is not None
 
 
@@ -252,7 +252,7 @@ _ORDINAL = re.compile(r"\b(\d+)(?:st|nd|rd|th)\b|(?<!\ba\s)(?<!\bper\s)\b(" + "|
 def stated_place(text: str, tag: str = "answer") -> str | None:
     """The place a completion states by an ordinal in its final sentence when nothing else answers ("Ana finished
     3rd.", "She came third.": "3"); None where it marks an answer or that sentence names no ordinal."""
-    if (body := _closing_text(text, tag)) is None:
+    if (body := closing_text(text, tag)) is None:
         return None
     found = list(_ORDINAL.finditer(body, sentence_start(body, len(body.rstrip(".!?*")))))
     if not found:

@@ -5,9 +5,10 @@ The rule reads words as answers.py reads numbers:
   1. after the last answer phrase ("The answer is Thursday.", "Final answer: yes"), the clause it opens names the
      reference;
   2. else, where the reference is a verdict (yes / no, true / false), the last verdict word that stands as an answer
-     ("No.", "Yes, because ...", "So, no.", "No" ending its line; not "I have no idea.") is the reference; where it
-     is one of a closed class (the days of the week, the months, the compass points), the last member of that class
-     the completion names ("Monday + 3 days = Thursday.": Thursday; "So it is Wednesday, not Thursday.": Wednesday);
+     ("No.", "Yes, because ...", "So, no.", "∴ Yes", "No" ending its line; not "I have no idea.") is the reference;
+     where it is one of a closed class (the days of the week, the months, the compass points), the last member of that
+     class the completion names ("Monday + 3 days = Thursday.": Thursday; "So it is Wednesday, not Thursday.":
+     Wednesday);
   3. else the final sentence, after the closing notes and checks answers.py leaves out, names the reference and does
      not hedge ("It will be a Thursday.", "**Paris**"; not "It is red or blue.").
 A completion cut off mid-statement (answers.py's CUT_OFF) answers by rule 1 only. A name is matched whole and
@@ -35,6 +36,8 @@ CLASSES = (
 )
 VERDICTS = (("yes", "no"), ("true", "false"))
 _CHOICE = re.compile(r"\s*(?:\*\*)?\(?([A-Za-z])\)(?:\*\*)?\s+\S")  # a line that opens with a choice's label: "B) 12"
+_LABEL_ONLY = re.compile(r"\s*(?:\*\*)?\(?([A-Za-z])\)?(?:\*\*)?\.?\s*")  # a final line of the label alone: "B", "(B)"
+_OPTION = re.compile(r"\b(?:option|choice)\s+\(?([A-Za-z])\)?(?!\w)", flags=re.IGNORECASE)  # "which is option B"
 _WORDS = re.compile(r"[A-Za-z][A-Za-z'-]+(?:\s+[A-Za-z][A-Za-z'-]*){0,3}")  # one to four words of letters
 _ARTICLE = re.compile(r"^(?:the|a|an)\s+(?=\S)", flags=re.IGNORECASE)
 _HEDGE = re.compile(r"\b(?:or|maybe|might|could|perhaps|possibly|either|unsure|not\s+sure|guess)\b|\?",
@@ -73,17 +76,21 @@ def states_words(completion: str, words: str, tag: str = "answer") -> bool:
 
 def states_choice(completion: str, label: str) -> bool:
     """Whether the last answer phrase of `completion`, or else its final line, opens with the choice's `label` and
-    goes on to its value ("The answer is (B) 12.", "B) 12"; not a line of a list of the choices): a reference of one
-    letter answered by its label."""
+    goes on to its value ("The answer is (B) 12.", "B) 12"; not a line of a list of the choices), or the final line is
+    the label alone ("B", "(B)"), or the final sentence names it as an option ("42, which is option B."): a reference
+    of one letter answered by its label."""
     # "Explanation: ..." is not the final line
     text = without_closing_comment(clean_answer(completion), paragraphs=True, notes="always").rstrip()
     if phrases := list(ANSWER_PHRASE.finditer(text)):  # "The answer is (B) 12."
         stated = _CHOICE.match(text, phrases[-1].end())
         return stated is not None and stated.group(1).lower() == label.strip().lower()
-    lines = text.split("\n")
+    lines, label = text.split("\n"), label.strip().lower()
+    if (bare := _LABEL_ONLY.fullmatch(lines[-1])) is not None:  # "B", "(B)", "**B**" on the final line
+        return bare.group(1).lower() == label
+    if options := list(_OPTION.finditer(text, sentence_start(text, len(text.rstrip(".!?*"))))):
+        return options[-1].group(1).lower() == label  # "42, which is option B."
     found = [_CHOICE.match(line) for line in lines[-2:]]
-    return found[-1] is not None and found[-1].group(1).lower() == label.strip().lower() and (
-        len(found) == 1 or found[0] is None)
+    return found[-1] is not None and found[-1].group(1).lower() == label and (len(found) == 1 or found[0] is None)
 
 
 def _named(text: str, names: tuple[str, ...] | list[str], start: int, end: int) -> list[re.Match]:
@@ -97,6 +104,6 @@ def _named(text: str, names: tuple[str, ...] | list[str], start: int, end: int) 
 def _verdicts(pair: tuple[str, str]) -> re.Pattern:
     """A verdict word that stands as an answer: opening a sentence, a line or a clause, or after a conclusion word or
     a link, and ending its clause ("Yes, because ...", "So, no.", "It is true."; not "no idea", "not true")."""
-    return re.compile(r"(?:^|[.!?:;(\n]|\b(?:so|thus|hence|therefore|is|are|was|were|'s)\b,?)\s*(" + "|".join(pair)
+    return re.compile(r"(?:^|[.!?:;(\n∴]|\b(?:so|thus|hence|therefore|is|are|was|were|'s)\b,?)\s*(" + "|".join(pair)
                       + r")\b(?=\s*[,.!?;:)]|\s*\$?\(|\s+[\u2014-]|\s*$|[ \t]*\n)",  # "No - 91", "Yes (57 = 3 × 19)"
                       flags=re.IGNORECASE)

@@ -1073,6 +1073,31 @@ FRAMING = rows(
 )
 CLASSES["chat_framing"] = FRAMING
 
+# a reference of several values, a tuple or a relation (structured.py); a choice's label alone or named as an option
+SEVERAL = rows(
+    ("(x - 1)(x - 4) = 0, so x = 1 or x = 4.", "1, 4", 1.0),  # a list: every value and no other, in any order
+    ("The solutions are 1 and 4.", "1, 4", 1.0),
+    ("Solutions: 4, 1", "1, 4", 1.0),
+    ("x = 4", "1, 4", 0.0),
+    ("x = -1, x = -4", "1, 4", 0.0),
+    ("So x = 1, 4 or 5.", "1, 4", 0.0),
+    ("The vertex is at (3, -2).", "(3, -2)", 1.0),  # a tuple: each value in its place
+    ("So P(3, -2).", "(3, -2)", 1.0),
+    ("(-2, 3)", "(3, -2)", 0.0),
+    ("3x - 1 > 8, so x > 3.", "x > 3", 1.0),  # a relation, letter first
+    ("3 < x", "x > 3", 1.0),
+    ("x ≥ 3", "x >= 3", 1.0),
+    ("x < 3", "x > 3", 0.0),
+    ("x ≥ 3", "x > 3", 0.0),
+    ("C", "C", 1.0),
+    ("**(C)**", "C", 1.0),
+    ("36, which is option C.", "C", 1.0),
+    ("36, which is option D.", "C", 0.0),
+    ("169 = 13 × 13 ∴ Yes", "Yes", 1.0),  # "∴" concludes a verdict
+    ("169 = 13 × 13 ∴ No", "Yes", 0.0),
+)
+CLASSES["several_values"] = SEVERAL
+
 
 @pytest.mark.parametrize("completion, reference", [
     (r"So $p = \frac{3}{4}$, which gives 5 marbles", "3/4"),
