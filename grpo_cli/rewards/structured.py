@@ -30,7 +30,7 @@ _SIGNS = {"\\ge": ">=", "\\geq": ">=", "≥": ">=", "\\le": "<=", "\\leq": "<=",
 _FLIPPED = {"<": ">", ">": "<", "<=": ">=", ">=": "<=", "!=": "!="}
 _TUPLE_REFERENCE = re.compile(rf"\s*[(\[]\s*({_VALUE}(?:\s*,\s*{_VALUE})+)\s*[)\]]\s*")
 _LIST_REFERENCE = re.compile(rf"\s*(?:[A-Za-z]\s*=\s*)?({_VALUE}(?:\s*(?:,|;|\band\b|\bor\b)\s*{_VALUE})+)\s*")
-_RELATION = re.compile(rf"(?<![\w.\\])([A-Za-z])\s*({_OPERATOR})\s*({_VALUE})(?![\w.])"
+_RELATION = re.compile(rf"(?<![\w.\\])([A-Za-z])\s*({_OPERATOR})\s*({_VALUE})(?!\w|\.\d)"
                        rf"|(?<![\w.])({_VALUE})\s*({_OPERATOR})\s*([A-Za-z])(?![\w(])")
 _TUPLE = re.compile(rf"[(\[]\s*({_VALUE}(?:\s*,\s*{_VALUE})+)\s*[)\]]")
 _CUE = re.compile(r"\b(?:so|thus|therefore|hence)\b|:|∴")  # where a list of values starts: a conclusion or a colon
