@@ -50,8 +50,10 @@ NAMED = re.compile(r"(?:,|'s|\b(?:is|are|was|were|gives?|giving|makes?|making|yi
                    r"|earns?|reach(?:es|ed)?|at|for))\s*(?:a|an)\s+(?:[a-z]+\s+){1,2}of\s+\$?$", flags=re.IGNORECASE)
 # a scope or purpose ends where a new statement begins: "3 choices for the first digit and 4 for the second, giving 12"
 _NO_STATEMENT = r"(?![^.!?\n]*(?:=|[:;]|\b(?:giv(?:es|ing)|makes?|is|are|was|were|equals?|totals?|costs?)\b))"
-# a value the sentence assumes: ", using π = 3.14", "with g = 9.8" (after clean_answer: "with $\\pi= 3.14$")
-_ASSUMED = r",?\s(?:with|using|taking|assuming|for)\s+\$?(?:\\pi|pi|[A-Za-z])\s*(?:=|\\approx)"
+# a value the sentence assumes: ", using π = 3.14", "with g = 9.8" (after clean_answer: "with $\\pi= 3.14$"); not
+# one substituted on the way to the result: "(n - 2)·180 with n = 6 gives 720"
+_ASSUMED = (r",?\s(?:with|using|taking|assuming|for)\s+\$?(?:\\pi|pi|[A-Za-z])\s*(?:=|\\approx)"
+            r"(?![^.!?\n]*\b(?:giv(?:es|ing)|yields?|makes?|equals?|results?\s+in)\b)")
 ASSUMED = re.compile(_ASSUMED, flags=re.IGNORECASE)
 # what follows a statement's number without being its result: a comment (", which is", "(", ", i.e.", " - "), a
 # condition, cause or scope (", since", "because", "if", "when", "assuming", "after ...ing", "for the/each ..."), a

@@ -286,6 +286,8 @@ def _math(text: str, powers: bool = False) -> str:
         core = re.sub(r"^(?:[ +*/=]|\^\{[^{}]*\}|\^)+", "", run).rstrip(" -+*/=^(")  # not from inside a power
         core = re.sub(r"(=[^=]*\d) [A-Za-z](?:/[A-Za-z])*$", r"\1", core)  # a unit after the result: "= 21 L", "m/s"
         core = _after_unopened(core)  # "P(sum = 7) = 1/6 ≈ 0.167": the run begins after the words' parenthesis
+        if (aside := re.match(r"[^()]*\d \(", core)) and core.endswith(")"):
+            core = core[aside.end():-1]  # "2 (47 = 5 × 9 + 2)": a number, then its aside
         if not (any(ch in _MATH_CHARS for ch in core) or (powers and re.search(r"\d\^\{", core))):
             return run
         at = run.index(core)

@@ -334,6 +334,8 @@ WORDS_AROUND_DIGITS = rows(  # what people write in words around or instead of d
 UNICODE_MATH = rows(  # math written in Unicode symbols: read as the LaTeX it stands for
     ("The area is 25\u03c0 square units.", r"25\pi", 1.0),
     ("The answer is \u221a2.", r"\sqrt{2}", 1.0),
+    ("The quotient is 9 (58 = 6 × 9 + 4).", "9", 1.0),  # the math of an aside after the number stays in it
+    ("The quotient is 9 (58 = 6 × 9 + 4).", "4", 0.0),
     ("The answer is \u221a2.", "2", 0.0),  # the root of 2, not 2
     ("So x = 2\u221a3.", r"2\sqrt{3}", 1.0),
     ("The side is \u221b27 = 3 cm.", "3", 1.0),
@@ -505,6 +507,8 @@ SCOPES = rows(
     ("The area is 314 square units, using pi = 3.14.", "314", 1.0),
     ("The fall takes 3 s, taking g = 9.8 m/s².", "3", 1.0),
     ("The area is 314 square units, using pi = 3.14.", "3.14", 0.0),
+    ("(n − 2)·180 with n = 8 gives 1080 degrees.", "1080", 1.0),  # a value substituted on the way to the result
+    ("Substituting, 2r with r = 7 gives 14 cm.", "14", 1.0),
     ("The vertex is at x = 3, where y = -4.", "-4", 1.0),  # "where" states a value
     (r"$1234 \equiv 1 \pmod 9$", "1", 1.0),  # a congruence states its residue
     ("2^20 ≡ 4 (mod 7)", "4", 1.0),
