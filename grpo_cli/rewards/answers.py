@@ -42,6 +42,8 @@ Then the final answer (`extract_answer`, mode `auto`) is, in this order:
      stated one came from or went to, what it is out of or its rate, or when the stated one is a rate ("$10 back from
      her $20 bill", "3 of the 12 eggs", "2.5 hours at 60 mph", "60 km/h over the 150 km trip"), not where a link ("left
      with"), "at" or an appositive names it ("gives an average of 84", "1,020, an increase of 170").
+     4a. an answer stated first, before the two givens it came from, is the answer (opening.py: "18 apples. John
+     started with 30 and gave away 12." is 18);
   5. (`accuracy` only, where nothing is marked or stated by an answer phrase) the other results the final sentence
      states answer too: "Ben pays $36 and Ana pays $48." is right for 36 and 48 (results.py; not with `strict`).
 A completion cut off mid-statement, whose text ends on a link, an article or an operator ("... found by Ava is", "9 × 2
@@ -72,19 +74,10 @@ from grpo_cli.rewards.clauses import (
 )
 from grpo_cli.rewards.marks import after_hashes, last_boxed, last_tag, marked_answer
 from grpo_cli.rewards.notation import clean_answer
-from grpo_cli.rewards.numbers import PLAIN_WORD, QUANTITY, parse_math, quantity_values, sums_to
+from grpo_cli.rewards.opening import opening_number
+from grpo_cli.rewards.numbers import NUMBER, PLAIN_WORD, QUANTITY, parse_math, quantity_values, sums_to
 from grpo_cli.rewards.spelled import Spelled, spelled
 
-_FRAC = r"\\[dt]?frac\s*(?:\{\s*-?\d+(?:\.\d+)?\s*\}|\d)\s*(?:\{\s*-?\d+(?:\.\d+)?\s*\}|\d)"
-_EXPONENT = r"(?:[eE][-+]?\d+|\s*(?:\\times|\\cdot|×|x|\*)\s*10\s*\^\s*\{?\s*[-+]?\d+\s*\}?)(?![\w])"
-# A number as people write it: optional minus (not a subtraction: "3-5" gives 5), thousands
-# separators ("1,000"), decimals, scientific notation ("3.2e4"), simple fractions ("3/4"), mixed numbers
-# ("3 3/4") and LaTeX fractions.
-NUMBER = re.compile(
-    rf"(?<![\w.^])(?<!\^\{{)-?(?:\d{{1,2}}:\d{{2}}(?::\d{{2}})?(?![\d:])|\d+:\d+(?![\d:])"
-    rf"|\d+\s+\d+/\d+(?![\d/]|\.\d)|\d+\s*{_FRAC}|{_FRAC}"
-    rf"|(?:\d{{1,3}}(?:,\d{{3}})+|\d+)(?:\.\d+)?(?:{_EXPONENT}|/\d+(?:\.\d+)?)?|\.\d+)(?!\d|st\b|nd\b|rd\b|th\b)"
-)
 # The last answer phrase: "the answer is", "Final answer:", "answer =", "the answer to part a would be"
 ANSWER_PHRASE = re.compile(
     r"\banswers?\b[^.!?\n\d]{0,40}?(?:\b(?:is|was|would\s+be|will\s+be|should\s+be|must\s+be|equals|comes\s+to)\b"
@@ -349,7 +342,8 @@ def _auto(text: str, tag: str) -> str | None:
     stated = without_aside(without_closing_comment(text, paragraphs=True))  # rules 2-4: no closing checks or asides
     if CUT_OFF.search(stated):
         return _phrase_answer(stated)  # cut off mid-statement: only an answer phrase states an answer
-    return _stated_answer(stated) or _last_number_or_math(stated)
+    opening = opening_number(stated)  # rule 4a: "18 apples. John started with 30 and gave away 12."
+    return _stated_answer(stated) or (as_answer(stated, opening) if opening else _last_number_or_math(stated))
 
 
 # answer extraction modes, in the order the docs and errors list them: (cleaned text, tag) -> the answer or None

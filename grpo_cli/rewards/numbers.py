@@ -34,6 +34,16 @@ from fractions import Fraction
 from grpo_cli.rewards.notation import clean_answer
 from grpo_cli.rewards.spelled import words_value
 
+_NUMBER_FRAC = r"\\[dt]?frac\s*(?:\{\s*-?\d+(?:\.\d+)?\s*\}|\d)\s*(?:\{\s*-?\d+(?:\.\d+)?\s*\}|\d)"
+_EXPONENT = r"(?:[eE][-+]?\d+|\s*(?:\\times|\\cdot|×|x|\*)\s*10\s*\^\s*\{?\s*[-+]?\d+\s*\}?)(?![\w])"
+# A number as people write it: optional minus (not a subtraction: "3-5" gives 5), thousands
+# separators ("1,000"), decimals, scientific notation ("3.2e4"), simple fractions ("3/4"), mixed numbers
+# ("3 3/4") and LaTeX fractions.
+NUMBER = re.compile(
+    rf"(?<![\w.^])(?<!\^\{{)-?(?:\d{{1,2}}:\d{{2}}(?::\d{{2}})?(?![\d:])|\d+:\d+(?![\d:])"
+    rf"|\d+\s+\d+/\d+(?![\d/]|\.\d)|\d+\s*{_NUMBER_FRAC}|{_NUMBER_FRAC}"
+    rf"|(?:\d{{1,3}}(?:,\d{{3}})+|\d+)(?:\.\d+)?(?:{_EXPONENT}|/\d+(?:\.\d+)?)?|\.\d+)(?!\d|st\b|nd\b|rd\b|th\b)"
+)
 _LATEX_COMMAND = re.compile(r"\\[A-Za-z]")
 PLAIN_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
 _MATH_VERIFY_TIMEOUT_S = 5  # math-verify's own default, used where its signal.alarm can work

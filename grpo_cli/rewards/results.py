@@ -42,6 +42,7 @@ from grpo_cli.rewards.clauses import (
 from grpo_cli.rewards.marks import marked_answer
 from grpo_cli.rewards.notation import clean_answer
 from grpo_cli.rewards.numbers import read_number, same_quantity
+from grpo_cli.rewards.opening import opening_number
 
 MAX_RESULTS = 4
 # a closing remark that names another quantity of the sentence before it states that sentence's results too: "The shirt
@@ -94,8 +95,8 @@ def stated_results(text: str, tag: str = "answer") -> list[str]:
     """The results the final statement of `text` states (the module docstring's rule), cleaned as `extract_answer`'s
     answer is; [] where the completion marks its answer, hedges, or states more than `MAX_RESULTS` results."""
     text = closing_text(text, tag)
-    if text is None or ANSWER_PHRASE.search(text):
-        return []
+    if text is None or ANSWER_PHRASE.search(text) or opening_number(text) is not None:
+        return []  # a marked answer, a stated one, or one stated first (answers.py's rule 4a) is the only answer
     if (aside := without_aside(text)) != text and not _NAMING_REMARK.match(text, len(aside)):
         text = aside  # "... is 75 litres. (The tank still needs 30 L to be full.)": an aside, unless it names a result
     if (last := last_statement(text)) is None or CUT_OFF.search(text):  # cut off mid-statement: no final statement

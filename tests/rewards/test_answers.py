@@ -1103,6 +1103,21 @@ SEVERAL = rows(
 )
 CLASSES["several_values"] = SEVERAL
 
+# an answer stated first, then the two givens it came from (opening.py)
+OPENING = rows(
+    ("24 cookies. Mia baked 3 trays of 8.", "24", 1.0),
+    ("24 cookies. Mia baked 3 trays of 8.", "8", 0.0),
+    ("Nine. Of the 20 chairs, 11 are broken.", "9", 1.0),
+    ("$2.25. Split the $9 among the 4 friends.", "2.25", 1.0),
+    ("60 m². A room of 10 m by 6 m.", "60", 1.0),
+    ("Each week: $30. Over 4 weeks: $120.", "120", 1.0),  # a labelled step is no opening answer
+    ("12 per box. 3 boxes hold 36.", "36", 1.0),  # ... nor one a result link goes on from
+    ("Start: 90\nSold: 35\nLeft: 55", "55", 1.0),
+    ("He saves $25 a week. After 8 weeks he has $200, enough for the $180 bike.", "200", 1.0),  # ... nor more givens
+    ("7 rows. Each row has 6 seats, 42 seats in all.", "42", 1.0),
+)
+CLASSES["opening_answer"] = OPENING
+
 
 @pytest.mark.parametrize("completion, reference", [
     (r"So $p = \frac{3}{4}$, which gives 5 marbles", "3/4"),
