@@ -1108,6 +1108,8 @@ OPENING = rows(
     ("24 cookies. Mia baked 3 trays of 8.", "24", 1.0),
     ("24 cookies. Mia baked 3 trays of 8.", "8", 0.0),
     ("Nine. Of the 20 chairs, 11 are broken.", "9", 1.0),
+    ("Sure! Here it is.\n\n24 cookies. Mia baked 3 trays of 8.", "24", 1.0),  # after a preamble
+    ("```text\n24 cookies. Mia baked 3 trays of 8.\n```", "24", 1.0),
     ("$2.25. Split the $9 among the 4 friends.", "2.25", 1.0),
     ("60 m². A room of 10 m by 6 m.", "60", 1.0),
     ("Each week: $30. Over 4 weeks: $120.", "120", 1.0),  # a labelled step is no opening answer
