@@ -26,7 +26,7 @@ set62 on 974ffdc (SmolLM2-135M-Instruct's samples, graded by hand), set63 and se
 8b22c46, set65 and set66 on 93559cf, set67 and set68 on 36709a3, set69 and
 set70 on 35c1284 (SmolLM2-135M-Instruct's samples, graded by hand), set71 and set72 on 633bc5a,
 set73 on 7d39862 (SmolLM2-135M-Instruct's samples, graded by hand), set74 and set75 on 0bf49af, set76 and set77 on 31bdd7b (SmolLM2-135M-Instruct's
-samples, graded by hand), set78 on 31bdd7b, set79 and set80 on 4337b00, set81 and set82 on 0339aa1, set83 and set84 on 8eb6b38, set85 on 4b134af.
+samples, graded by hand), set78 on 31bdd7b, set79 and set80 on 4337b00, set81 and set82 on 0339aa1, set83 and set84 on 8eb6b38, set85 on 4b134af, set86 on 563a419.
 FRESH_FOR names the commits each set can measure.
 
     .venv/bin/python bench/answer_agreement.py [--show]     # --show: each disagreement
@@ -72,7 +72,7 @@ FRESH_FOR = {"set1": "18cadd7 and 7f9b8d4", "set2": "18cadd7 and 15cfb3e", "set3
              "set79": "4337b00", "set80": "4337b00",
              "set81": "0339aa1", "set82": "0339aa1",
              "set83": "8eb6b38", "set84": "8eb6b38",
-             "set85": "4b134af"}
+             "set85": "4b134af", "set86": "563a419"}
 
 
 def math_verify_agrees(completion: str, reference: str) -> bool:
