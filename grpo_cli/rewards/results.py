@@ -15,9 +15,9 @@ the completion is also right when the reference equals one of the results its fi
     a total ("Subtotal: $360 / Tax: $54 / Total: $414": 414);
   - its results are its numbers less the operands ("15 × 10 = 150": 150 only; "1972/12937 = 3/11": 3/11; "50% of 800 =
     400": 400; "up by 18, which is 30% of 60": 18 and 30), the coefficients ("16x"), the negated ("not 40") and those
-    right after a preposition ("from $10", "of 240"; not a time the sentence states, "after 8 weeks", nor where a link
-    or an appositive names it: "a saving of $20") or listed with one that is ("the sum of 12 and 15"), unless the
-    sentence has nothing else ("It fills in 16 minutes at 15 L/min.": both);
+    right after a preposition or "the" ("from $10", "of 240", "the 5 books"; not a time the sentence states, "after 8
+    weeks", nor where a link or an appositive names it: "a saving of $20") or listed with one that is ("the sum of 12
+    and 15"), unless the sentence has nothing else ("It fills in 16 minutes at 15 L/min.": both);
   - numbers with only "and" or a comma between them, the last ending its clause, are a list of candidates, not
     results ("The solutions are x = 3 and x = -2", "32, 33 and 34"; not "$27 in June, and $117 over the year");
   - a condition, a cause or an earlier act after a stated number is a premise ("10 legs if you have 10 shrimps and 13
@@ -47,11 +47,14 @@ from grpo_cli.rewards.opening import opening_number
 MAX_RESULTS = 4
 # a closing remark that names another quantity of the sentence before it states that sentence's results too: "The shirt
 # costs $20 on sale. That's a saving of $5!", "This is a total of 45.", "Width: 7 cm. (Area would be 77 cm².)",
-# "Girls = 140. Boys would then be 100."
+# "Girls = 140. Boys would then be 100.", "They cost $16. That's about $1.33 per pen."
 _NAMING_REMARK = re.compile(r"\s*(?:(?:that|this|which)(?:'s|\s+is|\s+was|\s+means)\s+(?:a|an|the)\s+"
                             r"(?:[a-z]+\s+){1,2}of|\((?:(?:the|its|their)\s+)?[a-z]+(?:\s+[a-z]+)?"
                             r"(?:\s+(?:would\s+be|is|was|are|were)|\s*[:=])"
-                            r"|(?:(?:the|its|their)\s+)?[a-z]+(?:\s+[a-z]+)?\s+would(?:\s+then)?\s+be)\s+\$?\s*\d",
+                            r"|(?:(?:the|its|their)\s+)?[a-z]+(?:\s+[a-z]+)?\s+would(?:\s+then)?\s+be"
+                            r"|(?:that|this)(?:'s|\s+is|\s+means)(?:\s+(?:about|roughly|approximately|around|nearly))?"
+                            r"(?=\s+\$?\s*\d[\d,.]*\s*(?:[a-z]+\s+)?(?:per|each|apiece|a|an)\b))"  # "$1.33 per pen"
+                            r"\s+\$?\s*\d",
                             flags=re.IGNORECASE)
 # a final statement that names its answer states that one only ("The final answer to 7 + 9 = 16 is 20.", "..., which
 # is the final answer."): rules 1-4 read it
@@ -84,6 +87,7 @@ _LISTED = re.compile(r"\$?\s*(?:,|,?\s*and|&)\s*\$?\s*(?:(\w+)\s*(?:=|is|are)\s*
 _LABELLED = re.compile(r"[ \t]*(?:[-*•][ \t]+)?([A-Za-z][A-Za-z' ]{0,30}?)[ \t]*:[ \t]*\$?(-?\d[\d,]*(?:\.\d+)?)"
                        r"(?:[^\d\n=+*/×÷<>]|\^\{?[23]\}?){0,25}")  # "Area: 144 cm^{2}"
 _LABEL = re.compile(r"[ \t]*(?:[-*•][ \t]+)?([A-Za-z][A-Za-z' ]{0,30}?)[ \t]*:")  # "Sam:", "- Tom:"
+_DEFINITE = re.compile(r"\b(?:the|these|those)\s+\$?$", flags=re.IGNORECASE)  # "the 5 books": a given, named
 _TOTAL_LABEL = re.compile(r"\b(?:total|sum|answer|result|altogether|overall|final)\b", flags=re.IGNORECASE)
 _NAME = re.compile(r"(\w+)\s*(?:=|is|are)\s*\$?$", flags=re.IGNORECASE)
 # ... and the list's last item ends its clause, with no more than a unit after it ("... and 34.", "... and 12, so");
@@ -166,15 +170,16 @@ def _labelled_block(text: str) -> list[str]:
 
 
 def _context(text: str, start: int, found: list[re.Match]) -> set[int]:
-    """The indices of `found` that are context only: right after a preposition ("from $10", "of 240"; not a time the
-    sentence states, "after 8 weeks", nor where a link or an appositive names it: "a saving of $20"), or listed right
-    after one that is ("the sum of 12 and 15")."""
+    """The indices of `found` that are context only: right after a preposition or "the" ("from $10", "of 240", "the 5
+    books cost $30"; not a time the sentence states, "after 8 weeks", nor where a link or an appositive names it: "a
+    saving of $20"), or listed right after one that is ("the sum of 12 and 15")."""
     context: set[int] = set()
     for i, m in enumerate(found):
         bare = _LISTED.fullmatch(text, found[i - 1].end(), m.start()) if i - 1 in context else None
         timed = _TIME_BEFORE.search(text, start, m.start()) and _TIME_UNIT.match(text, m.end())
-        if AFTER_PREPOSITION.search(text, start, m.start()) and not NAMED.search(text, start, m.start()) \
-                and not timed or bare is not None and bare.group(1) is None:
+        given = AFTER_PREPOSITION.search(text, start, m.start()) or _DEFINITE.search(text, start, m.start())
+        named = NAMED.search(text, start, m.start())
+        if given and not named and not timed or bare is not None and bare.group(1) is None:
             context.add(i)
     return context
 

@@ -977,6 +977,9 @@ RESULTS = rows(
     ("It costs $25. That's a discount of $5.", "20", 0.0),
     ("He has 12 red and 30 blue. This is a total of 42.", "42", 1.0),
     ("She ran 5 km. That is 2 km more than Ben.", "2", 0.0),  # a comparison stays a closing comment
+    ("The 5 books cost $30. That's about $6 per book.", "30", 1.0),  # a rate of the stated number
+    ("The 5 books cost $30. That's about $6 per book.", "6", 1.0),
+    ("The 5 books cost $30. That's about $6 per book.", "5", 0.0),
     ("Width: 7 cm. (Area would be 77 cm².)", "7", 1.0),  # a parenthesised remark naming another quantity
     ("Width: 7 cm. (Area would be 77 cm².)", "77", 1.0),
     ("Width: 7 cm. (Area would be 77 cm².)", "11", 0.0),
