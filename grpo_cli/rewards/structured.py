@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import re
 
-from grpo_cli.rewards.answers import NUMBER
 from grpo_cli.rewards.clauses import CUT_OFF, LINK
 from grpo_cli.rewards.notation import clean_answer
-from grpo_cli.rewards.numbers import answers_match
+from grpo_cli.rewards.numbers import NUMBER, answers_match
 from grpo_cli.rewards.results import closing_text, last_statement
 
 _VALUE = r"-?\d+(?:\.\d+)?(?:/\d+)?"
@@ -33,7 +32,7 @@ _LIST_REFERENCE = re.compile(rf"\s*(?:[A-Za-z]\s*=\s*)?({_VALUE}(?:\s*(?:,|;|\ba
 _RELATION = re.compile(rf"(?<![\w.\\])([A-Za-z])\s*({_OPERATOR})\s*({_VALUE})(?!\w|\.\d)"
                        rf"|(?<![\w.])({_VALUE})\s*({_OPERATOR})\s*([A-Za-z])(?![\w(])")
 _TUPLE = re.compile(rf"[(\[]\s*({_VALUE}(?:\s*,\s*{_VALUE})+)\s*[)\]]")
-_CUE = re.compile(r"\b(?:so|thus|therefore|hence)\b|:|∴")  # where a list of values starts: a conclusion or a colon
+_CUE = re.compile(r"\b(?:so|thus|therefore|hence)\b|:|∴", flags=re.IGNORECASE)  # a conclusion or a colon
 
 
 def several_reference(reference: str) -> tuple[str, list[str]] | None:
