@@ -91,6 +91,9 @@ TIME_SCOPE = re.compile(
 CONSEQUENCE = re.compile(r"(?<!\bif\s)(?<!\bwhen\s)\b(?:then|each|you|we|they|he|she|it|everyone)\s+(?:gets?|receives?"
                          r"|will\s+(?:get|have|receive|be|pay|need)|has|have|ends?\s+up\s+with|pays?)\b",
                          flags=re.IGNORECASE)
+# a conclusion word ("so", "thus", "in total", "∴"; not "so far", "so that"): what follows it states a result
+CONCLUDES = re.compile(r"\b(?:so|thus|therefore|hence|in\s+total|altogether|overall|in\s+all)\b"
+                       r"(?!\s+(?:far|that|on|much|many)\b)|∴", flags=re.IGNORECASE)
 CONDITION = re.compile(r",?\s(?:if|when|whenever)\b", flags=re.IGNORECASE)
 # a closing sentence that only checks, compares, tries another way or offers more: "Check: 2(9) - 7 = 11.", "That's
 # 9 more than last year.", "Alternatively, 80 × 3 = 240.", "Let me know if you'd like it in seconds (1200 s)."

@@ -16,12 +16,11 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from grpo_cli.rewards.clauses import LINK, SENTENCE_END, sentence_start
+from grpo_cli.rewards.clauses import CONCLUDES, LINK, SENTENCE_END, sentence_start
 from grpo_cli.rewards.numbers import NUMBER, read_number
 
 MAX_WORDS = 8
-_CONCLUDES = re.compile(r"\b(?:so|thus|therefore|hence|in\s+total|altogether|in\s+all|overall)\b|=\s*\$?-?\d",
-                        flags=re.IGNORECASE)
+_COMPUTES = re.compile(r"=\s*\$?-?\d")
 _COMPUTED = re.compile(r"[=+*/×÷^]|\\(?:times|div|cdot|frac)|\s-\s")
 
 
@@ -39,8 +38,8 @@ def opening_number(text: str) -> re.Match | None:
             or (value := read_number(found[0].group().replace(",", ""))) is None:
         return None
     given = list(NUMBER.finditer(rest))
-    if len(given) != 2 or _CONCLUDES.search(rest) or ":" in rest[given[0].end():given[1].start()] \
-            or LINK.search(rest, given[0].end(), given[1].start()):
+    between = rest[given[0].end():given[1].start()] if len(given) == 2 else ""
+    if len(given) != 2 or CONCLUDES.search(rest) or _COMPUTES.search(rest) or ":" in between or LINK.search(between):
         return None
     a, b = (read_number(m.group().replace(",", "")) for m in given)
     return found[0] if a is not None and b is not None and value in _results(a, b) else None

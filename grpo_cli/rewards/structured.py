@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from grpo_cli.rewards.clauses import CUT_OFF, LINK
+from grpo_cli.rewards.clauses import CONCLUDES, CUT_OFF, LINK
 from grpo_cli.rewards.notation import clean_answer
 from grpo_cli.rewards.numbers import NUMBER, answers_match
 from grpo_cli.rewards.results import closing_text, last_statement
@@ -32,7 +32,6 @@ _LIST_REFERENCE = re.compile(rf"\s*(?:[A-Za-z]\s*=\s*)?({_VALUE}(?:\s*(?:,|;|\ba
 _RELATION = re.compile(rf"(?<![\w.\\])([A-Za-z])\s*({_OPERATOR})\s*({_VALUE})(?!\w|\.\d)"
                        rf"|(?<![\w.])({_VALUE})\s*({_OPERATOR})\s*([A-Za-z])(?![\w(])")
 _TUPLE = re.compile(rf"[(\[]\s*({_VALUE}(?:\s*,\s*{_VALUE})+)\s*[)\]]")
-_CUE = re.compile(r"\b(?:so|thus|therefore|hence)\b|:|∴", flags=re.IGNORECASE)  # a conclusion or a colon
 
 
 def several_reference(reference: str) -> tuple[str, list[str]] | None:
@@ -63,7 +62,8 @@ def states_several(completion: str, reference: str, tag: str = "answer") -> bool
     if name == "relation":
         found = [_relation(m) for m in _RELATION.finditer(text, start, end)]
         return bool(found) and found[-1][:2] == values[:2] and answers_match(values[2], found[-1][2])
-    cues = [m.end() for m in _CUE.finditer(text, start, end)]
+    cues = [m.end() for m in CONCLUDES.finditer(text, start, end)]
+    cues += [i + 1 for i, ch in enumerate(text[start:end], start) if ch == ":"]  # "Solutions: 2, 3"
     cues += [m.end() for m in LINK.finditer(text, start, end) if m.group() not in ("=", "\\approx", "≈")]
     stated = [m.group() for m in NUMBER.finditer(text, max(cues, default=start), end)]
     return bool(stated) and all(any(answers_match(v, s) for s in stated) for v in values) and all(
