@@ -343,13 +343,13 @@ def follow(path: Path, emit: Callable[[int, list[Record]], None], records: list[
     waiting = not path.exists()
     while deadline is None or time.monotonic() < deadline:
         time.sleep(poll_s)
-        if waiting and path.exists():
-            waiting = False
-            note(f"following {path}")
         if path.exists() and path.stat().st_size < offset:  # rewritten (a resume drops steps after its checkpoint)
             records.clear()
             offset = 0
         new, skipped, offset = read_from(path, offset)
+        if waiting and path.exists():  # after the read: the file it read from is announced before its steps print
+            waiting = False
+            note(f"following {path}")
         records.extend(new)
         if skipped:
             note(skipped_note(skipped))
